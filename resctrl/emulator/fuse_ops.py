@@ -1,0 +1,134 @@
+"""The FUSE adapter: turns VFS requests into ResctrlKernel calls.
+
+Kernfs files (which resctrl's are) report size 0 and generate their text when read
+at offset 0, and every write() is one command. We reproduce that with direct I/O
+(no page cache between the caller and the kernel model) and zero attribute and
+entry timeouts (a removed group disappears at once).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import stat
+import threading
+import time
+from typing import Callable
+
+import mfusepy
+
+from .kernel import KernelError, ResctrlKernel
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p]
+
+
+class ResctrlOperations(mfusepy.Operations):
+    use_ns = True
+
+    def __init__(self, kernel: ResctrlKernel, on_mounted: Callable[[], None]):
+        self.kernel = kernel
+        self.on_mounted = on_mounted
+        self._handles = itertools.count(1)
+        self._buffers: dict[int, bytes] = {}
+        self._buffers_lock = threading.Lock()
+        self._mount_ns = time.time_ns()
+
+    # -- lifecycle
+    def init(self, path: str) -> None:
+        self.on_mounted()
+
+    # -- metadata
+    def getattr(self, path: str, fh=None) -> dict:
+        with self.kernel.lock:
+            node = self.kernel.lookup(_parts(path))
+        if node.is_dir:
+            mode, nlink = stat.S_IFDIR | 0o755, 2
+        else:
+            mode, nlink = stat.S_IFREG | (0o644 if node.writable else 0o444), 1
+        t = self._mount_ns
+        return {"st_mode": mode, "st_nlink": nlink, "st_size": 0, "st_uid": 0, "st_gid": 0,
+                "st_atime": t, "st_mtime": t, "st_ctime": t}
+
+    def readdir(self, path: str, fh) -> list[str]:
+        with self.kernel.lock:
+            return [".", "..", *self.kernel.readdir(_parts(path))]
+
+    def statfs(self, path: str) -> dict:
+        return {"f_bsize": 4096, "f_namemax": 255}
+
+    # -- files
+    def open(self, path: str, fi) -> int:
+        with self.kernel.lock:
+            node = self.kernel.lookup(_parts(path))
+        if node.is_dir:
+            raise KernelError(errno.EISDIR)
+        fi.direct_io = 1
+        fi.fh = next(self._handles)
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fi) -> bytes:
+        with self._buffers_lock:
+            data = self._buffers.get(fi.fh)
+        if offset == 0 or data is None:
+            # seq_file semantics: reading from the start generates the text anew.
+            with self.kernel.lock:
+                data = self.kernel.read(_parts(path)).encode()
+            with self._buffers_lock:
+                self._buffers[fi.fh] = data
+        return data[offset : offset + size]
+
+    def write(self, path: str, data: bytes, offset: int, fi) -> int:
+        uid, _gid, pid = mfusepy.fuse_get_context()
+        with self.kernel.lock:
+            return self.kernel.write(_parts(path), data, pid, uid)
+
+    def truncate(self, path: str, length: int, fh=None) -> int:
+        # O_TRUNC from a shell redirection; kernfs ignores it.
+        with self.kernel.lock:
+            self.kernel.lookup(_parts(path))
+        return 0
+
+    def release(self, path: str, fi) -> int:
+        with self._buffers_lock:
+            self._buffers.pop(fi.fh, None)
+        return 0
+
+    def flush(self, path: str, fi) -> int:
+        return 0
+
+    # -- directories
+    def mkdir(self, path: str, mode: int) -> int:
+        with self.kernel.lock:
+            self.kernel.mkdir(_parts(path))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        with self.kernel.lock:
+            self.kernel.rmdir(_parts(path))
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        with self.kernel.lock:
+            self.kernel.rename(_parts(old), _parts(new))
+        return 0
+
+    # -- what kernfs refuses
+    def create(self, path: str, mode: int, fi=None) -> int:
+        raise KernelError(errno.EACCES)
+
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        raise KernelError(errno.EACCES)
+
+    def unlink(self, path: str) -> int:
+        raise KernelError(errno.EPERM)
+
+    def chmod(self, path: str, mode: int) -> int:
+        raise KernelError(errno.EPERM)
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        raise KernelError(errno.EPERM)
+
+    def utimens(self, path: str, times=None) -> int:
+        return 0

@@ -1,0 +1,93 @@
+"""Hardware profiles the resctrl emulator can pretend to be.
+
+Each profile is the set of platform facts the kernel would discover from CPUID
+and publish under ``info/``. Values are typical of real parts (see
+``shared/reference/resctrl.md``); where a real part varies, the choice is noted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+MON_EVENTS = ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    vendor: str  # "intel" or "amd"
+    domains: tuple[int, ...]  # L3 cache ids; may have gaps
+    has_l3: bool  # L3 cache allocation (CAT)
+    has_mb: bool  # memory bandwidth allocation (MBA)
+    has_mon: bool  # L3 monitoring (MBM/CMT)
+    cdp: bool = False  # mounted with -o cdp
+    mba_mbps: bool = False  # mounted with -o mba_MBps
+    num_closids_l3: int = 16
+    num_closids_mb: int = 8
+    num_rmids: int = 128
+    cbm_len: int = 11  # bits in the L3 capacity bit mask
+    min_cbm_bits: int = 1
+    l3_bytes: int = 33 * 1024 * 1024  # per domain
+    mb_min: int = 10
+    mb_gran: int = 10
+    mb_max: int = 100
+    delay_linear: bool = True
+    thread_throttle_mode: str | None = "max"
+    mon_scale: int = 40960  # bytes per hardware counter unit
+    local_fraction: float = 0.9  # share of traffic to the local NUMA node
+    peak_bytes_per_s: float = 20e9  # per domain, for the bandwidth model
+    cpus_per_domain: int = 8
+    legacy_format: bool = False  # pre-2025 kernels pad schemata values
+
+    @property
+    def mon_features(self) -> tuple[str, ...]:
+        return MON_EVENTS if self.has_mon else ()
+
+    @property
+    def alloc_capable(self) -> bool:
+        return self.has_l3 or self.has_mb
+
+    @property
+    def ctrl_closids(self) -> int:
+        """CLOSIDs usable by CTRL_MON groups, root included (min over resources)."""
+        counts = []
+        if self.has_l3:
+            counts.append(self.num_closids_l3)
+        if self.has_mb:
+            counts.append(self.num_closids_mb)
+        return min(counts) if counts else 1
+
+    @property
+    def mb_default(self) -> int:
+        # The kernel initialises a new group to "unthrottled": 100 %, 2048 units,
+        # or, in MBps mode, the largest u32.
+        return 0xFFFFFFFF if self.mba_mbps else self.mb_max
+
+    def replace(self, **changes) -> "Profile":
+        return dataclasses.replace(self, **changes)
+
+
+PROFILES: dict[str, Profile] = {
+    "intel": Profile("intel", "intel", (0, 1), has_l3=True, has_mb=True, has_mon=True),
+    "intel-mbps": Profile(
+        "intel-mbps", "intel", (0, 1), has_l3=True, has_mb=True, has_mon=True, mba_mbps=True
+    ),
+    # CDP halves the CLOSIDs (the info files already show the halved number) and
+    # the L3 ids have a gap, as on a two-socket host with socket 1 offline.
+    "intel-cdp": Profile(
+        "intel-cdp", "intel", (0, 2), has_l3=True, has_mb=True, has_mon=True, cdp=True,
+        num_closids_l3=8, num_closids_mb=8,
+    ),
+    # AMD: one L3 domain per CCX, MBA in absolute units of 1/8 GB/s, counters in
+    # 64-byte units, no thread_throttle_mode, non-linear delay.
+    "amd": Profile(
+        "amd", "amd", (0, 1, 2, 3), has_l3=True, has_mb=True, has_mon=True,
+        num_closids_l3=16, num_closids_mb=16, cbm_len=16, min_cbm_bits=0, l3_bytes=32 * 1024 * 1024,
+        mb_min=0, mb_gran=1, mb_max=2048, delay_linear=False, thread_throttle_mode=None,
+        mon_scale=64, cpus_per_domain=8,
+    ),
+    # Monitoring only (e.g. a part with MBM but no allocation features): CTRL_MON
+    # groups cannot be made; MON groups live under the root's mon_groups/.
+    "no-mba": Profile("no-mba", "intel", (0, 1), has_l3=False, has_mb=False, has_mon=True),
+}

@@ -1,0 +1,113 @@
+"""Memory-bandwidth monitoring: counter readings and the rates between them.
+
+A counter file holds a u64 byte count that grows from the group's creation, or a
+word saying why there is no value (``Unavailable``, ``Error``, ``Unassigned``).
+Counters can also go backwards (reconfiguration, a domain going offline and
+back): a rate is only ever computed between two good readings where the later is
+not smaller, over a positive interval, and below a plausibility ceiling.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+MBM_TOTAL = "mbm_total_bytes"
+MBM_LOCAL = "mbm_local_bytes"
+LLC_OCCUPANCY = "llc_occupancy"
+DOMAIN_PREFIX = "mon_L3_"
+
+OK = "ok"
+STATES = ("Unavailable", "Error", "Unassigned")
+#: No memory system moves 10 TB/s through one L3 domain; a rate above this is a glitch.
+DEFAULT_MAX_RATE = 10e12
+
+
+@dataclass(frozen=True)
+class CounterReading:
+    value: int | None  # bytes, None when the kernel gave no value
+    state: str = OK  # "ok" or the kernel's word: Unavailable / Error / Unassigned
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+# domain id -> event name -> reading
+MbmSample = dict[int, dict[str, CounterReading]]
+
+
+def parse_counter(text: str) -> CounterReading:
+    """One counter file's content."""
+    word = text.strip()
+    if word.isdigit():
+        return CounterReading(int(word))
+    if word in STATES:
+        return CounterReading(None, word)
+    raise ValueError(f"unexpected MBM counter content {text!r}")
+
+
+def read_mbm(group_path: str, events: tuple[str, ...] = (MBM_TOTAL, MBM_LOCAL)) -> MbmSample:
+    """Read the counters of one group for every L3 domain currently present.
+
+    A domain that disappears between listing and reading is left out; any other
+    I/O error propagates (the caller's sampler decides what is missing).
+    """
+    mon_data = os.path.join(group_path, "mon_data")
+    sample: MbmSample = {}
+    for name in os.listdir(mon_data):
+        if not name.startswith(DOMAIN_PREFIX):
+            continue  # mon_sub_L3_YY (Sub-NUMA) folds into its parent's numbers
+        domain = int(name[len(DOMAIN_PREFIX):])
+        readings = {}
+        try:
+            for event in events:
+                with open(os.path.join(mon_data, name, event), "rb") as f:
+                    readings[event] = parse_counter(f.read().decode())
+        except FileNotFoundError:
+            continue
+        sample[domain] = readings
+    return sample
+
+
+def rate_between(prev_value: int, prev_t: float, value: int, t: float, max_rate: float = DEFAULT_MAX_RATE) -> float | None:
+    """Bytes/second between two good readings, or None where no honest rate exists."""
+    dt = t - prev_t
+    if dt <= 0 or value < prev_value:
+        return None
+    rate = (value - prev_value) / dt
+    return rate if rate <= max_rate else None
+
+
+class BandwidthMeter:
+    """Turns successive samples of one group into bytes/second per domain.
+
+    ``update(sample, now)`` takes ``now`` from a monotonic clock the caller reads
+    right after sampling. The first sample of a domain, a reset, a missing value or
+    an absurd jump yields None for that domain (and re-baselines); a domain that is
+    gone is dropped.
+    """
+
+    def __init__(self, event: str = MBM_TOTAL, max_rate: float = DEFAULT_MAX_RATE):
+        self.event = event
+        self.max_rate = max_rate
+        self._last: dict[int, tuple[int, float]] = {}
+
+    def update(self, sample: Mapping[int, Mapping[str, CounterReading]], now: float) -> dict[int, float | None]:
+        rates: dict[int, float | None] = {}
+        for domain in list(self._last):
+            if domain not in sample:
+                del self._last[domain]
+        for domain, readings in sample.items():
+            reading = readings.get(self.event)
+            if reading is None or reading.value is None:
+                self._last.pop(domain, None)
+                rates[domain] = None
+                continue
+            prev = self._last.get(domain)
+            rates[domain] = (
+                rate_between(prev[0], prev[1], reading.value, now, self.max_rate) if prev else None
+            )
+            self._last[domain] = (reading.value, now)
+        return rates
