@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     mountpoint = os.path.abspath(args.mountpoint)
     stop = threading.Event()
     servers: list[ControlServer] = []
+    mounted = threading.Event()
 
     def on_mounted() -> None:
+        mounted.set()
         if args.mounts_file:
             opts = ["rw", "relatime"] + (["cdp"] if profile.cdp else []) + (["mba_MBps"] if profile.mba_mbps else [])
             tmp = args.mounts_file + ".tmp"
@@ -90,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mfusepy.FUSE(ResctrlOperations(kernel, on_mounted), mountpoint, foreground=True, raw_fi=True,
                      allow_other=True, default_permissions=True, fsname="resctrl", subtype="resctrl",
-                     attr_timeout=0, entry_timeout=0, negative_timeout=0)
+                     attr_timeout=0, entry_timeout=0, negative_timeout=0, max_threads=16)
+    except RuntimeError as e:
+        # libfuse's fuse_main() returns non-zero when its loop ends by a signal, too;
+        # a mount that came up and was then stopped is a clean exit.
+        if not mounted.is_set():
+            print(f"resctrl.emulator: could not mount {mountpoint}: libfuse error {e}", file=sys.stderr)
+            return 1
     finally:
         stop.set()
         for server in servers:

@@ -1,0 +1,34 @@
+# Everything a fresh Debian machine needs: `make demo`, `make test`, `make bench`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench deps system-deps clean
+
+# libfuse3 for the resctrl emulator (mfusepy loads it through ctypes).
+system-deps:
+	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3'; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
+	else echo "noded: fuse3 is missing; as root: apt-get install fuse3 libfuse3-3" >&2; exit 1; fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+deps: system-deps $(STAMP)
+
+test: deps
+	$(PY) -m pytest
+
+demo: deps
+	$(PY) -m noded.demo
+
+bench: deps
+	$(PY) -m bench.mbm_sample
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

@@ -1,0 +1,75 @@
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from resctrl import Resctrl
+from resctrl.emulator import MountedEmulator
+
+FUSE_MISSING = None
+if not os.path.exists("/dev/fuse"):
+    FUSE_MISSING = "/dev/fuse is absent on this machine"
+elif shutil.which("fusermount3") is None:
+    FUSE_MISSING = "fusermount3 (Debian package fuse3) is not installed"
+
+
+def pytest_collection_modifyitems(config, items):
+    if FUSE_MISSING is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs FUSE: {FUSE_MISSING}")
+    for item in items:
+        if "fuse" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def emulator(tmp_path):
+    """Factory: emulator(profile, *extra_args) -> a mounted MountedEmulator, unmounted after the test."""
+    started = []
+
+    def start(profile="intel", *extra_args):
+        emu = MountedEmulator(profile, workdir=str(tmp_path / f"emu{len(started)}"), extra_args=list(extra_args))
+        started.append(emu)
+        return emu.start()
+
+    yield start
+    for emu in started:
+        emu.stop()
+
+
+@pytest.fixture
+def open_resctrl():
+    def _open(emu, **kw):
+        return Resctrl.open(emu.root, mounts=emu.mounts_file, **kw)
+
+    return _open
+
+
+@pytest.fixture
+def sleeper():
+    """Factory for real placeholder processes, killed after the test."""
+    procs = []
+
+    def start(*args):
+        p = subprocess.Popen(list(args) or ["sleep", "300"])
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def wait_for(predicate, timeout=5.0, interval=0.01, what="condition"):
+    """Poll a condition until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,376 @@
+"""The emulator behaves like the kernel's resctrl, seen the way an admin sees it:
+through plain shell commands on the mounted filesystem. Each test is also a record
+of a kernel behaviour noded relies on (shared/reference/resctrl.md)."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.fuse
+
+
+def sh(cmd: str, cwd: str) -> tuple[int, str, str]:
+    p = subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout, p.stderr
+
+
+def ok(cmd: str, cwd: str) -> str:
+    rc, out, err = sh(cmd, cwd)
+    assert rc == 0, f"{cmd!r} failed: {err}"
+    return out
+
+
+def fails(cmd: str, cwd: str, strerror: str, status: str | None = None) -> None:
+    rc, _out, err = sh(cmd, cwd)
+    assert rc != 0, f"{cmd!r} succeeded, expected {strerror}"
+    assert strerror in err, err
+    if status is not None:
+        assert ok("cat info/last_cmd_status", cwd).strip() == status
+
+
+# ---------------------------------------------------------------- layout
+
+
+def test_info_files_intel(emulator):
+    r = emulator("intel").root
+    assert ok("ls info", r).split() == ["L3", "L3_MON", "MB", "last_cmd_status"]
+    assert ok("cat info/MB/min_bandwidth info/MB/bandwidth_gran info/MB/delay_linear "
+              "info/MB/thread_throttle_mode", r).split() == ["10", "10", "1", "max"]
+    assert ok("cat info/L3_MON/mon_features", r).split() == [
+        "llc_occupancy", "mbm_total_bytes", "mbm_local_bytes"]
+    assert ok("cat info/last_cmd_status", r) == "ok\n"
+
+
+def test_info_files_amd_have_no_thread_throttle_mode(emulator):
+    r = emulator("amd").root
+    assert ok("cat info/MB/min_bandwidth info/MB/bandwidth_gran", r).split() == ["0", "1"]
+    assert not os.path.exists(f"{r}/info/MB/thread_throttle_mode")
+    assert ok("cat schemata", r).splitlines()[-1] == "MB:0=2048;1=2048;2=2048;3=2048"
+
+
+def test_group_files_by_type(emulator):
+    r = emulator("intel").root
+    ok("mkdir g && mkdir g/mon_groups/m", r)
+    assert sorted(ok("ls g", r).split()) == sorted(
+        ["cpus", "cpus_list", "mode", "mon_data", "mon_groups", "schemata", "size", "tasks"])
+    assert sorted(ok("ls g/mon_groups/m", r).split()) == ["cpus", "cpus_list", "mon_data", "tasks"]
+    assert ok("ls g/mon_data", r).split() == ["mon_L3_00", "mon_L3_01"]
+    assert sorted(ok("ls g/mon_data/mon_L3_00", r).split()) == [
+        "llc_occupancy", "mbm_local_bytes", "mbm_total_bytes"]
+    assert ok("cat g/mode", r) == "shareable\n"
+
+
+def test_cdp_names_are_right_aligned_and_domain_ids_have_gaps(emulator):
+    r = emulator("intel-cdp").root
+    assert ok("cat schemata", r).splitlines() == [
+        "L3CODE:0=7ff;2=7ff", "L3DATA:0=7ff;2=7ff", "    MB:0=100;2=100"]
+    assert ok("ls mon_data", r).split() == ["mon_L3_00", "mon_L3_02"]
+    fails("echo 'L3:0=f' > schemata", r, "Invalid argument", "Unknown or unsupported resource name 'L3'")
+
+
+def test_legacy_kernels_pad_values(emulator):
+    r = emulator("intel", "--legacy-format").root
+    ok("mkdir g && echo 'MB:1=50' > g/schemata", r)
+    assert ok("cat g/schemata", r).splitlines() == ["L3:0=7ff;1=7ff", "MB:0=100;1= 50"]
+
+
+def test_mba_mbps_groups_start_unlimited(emulator):
+    r = emulator("intel-mbps").root
+    ok("mkdir g", r)
+    assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=4294967295;1=4294967295"
+    ok("echo 'MB:0=1024;1=5' > g/schemata", r)  # any u32 is accepted in MBps mode
+    assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=1024;1=5"
+    assert ok("cat g/mba_MBps_event", r) == "mbm_local_bytes\n"
+
+
+# ---------------------------------------------------------------- mkdir / rmdir
+
+
+def test_mkdir_rules(emulator):
+    r = emulator("intel").root
+    ok("mkdir ctrl", r)
+    fails("mkdir ctrl/sub", r, "Operation not permitted")
+    fails("mkdir info/x", r, "Operation not permitted")
+    fails("mkdir ctrl/mon_groups/m/deeper", r, "No such file")
+    ok("mkdir ctrl/mon_groups/m && mkdir mon_groups/rootmon", r)
+    fails("mkdir ctrl/mon_groups/m/mon_groups", r, "Operation not permitted")
+    fails("mkdir ctrl", r, "File exists")
+    fails("mkdir $'bad\\nname'", r, "Invalid argument")
+
+
+def test_rmdir_of_fixed_directories_is_refused(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    for d in ("info", "mon_data", "mon_groups", "g/mon_groups", "g/mon_data", "g/mon_data/mon_L3_00"):
+        fails(f"rmdir {d}", r, "Operation not permitted")
+    ok("rmdir g", r)
+    assert not os.path.exists(f"{r}/g")
+
+
+def test_monitoring_only_host_has_no_control_groups(emulator):
+    r = emulator("no-mba").root
+    fails("mkdir g", r, "Operation not permitted")
+    ok("mkdir mon_groups/m", r)
+    assert "schemata" not in ok("ls", r).split()
+
+
+def test_out_of_closids(emulator):
+    r = emulator("intel", "--num-closids", "4").root
+    ok("mkdir a b c", r)  # CLOSID 0 is the root's
+    fails("mkdir d", r, "No space left on device", "Out of CLOSIDs")
+    ok("rmdir b && mkdir d", r)  # freed ids come back
+
+
+def test_out_of_rmids_and_limbo(emulator):
+    r = emulator("intel", "--num-rmids", "4", "--limbo-ms", "600000").root
+    ok("mkdir mon_groups/a mon_groups/b mon_groups/c", r)
+    fails("mkdir mon_groups/d", r, "No space left on device", "Out of RMIDs")
+    ok("rmdir mon_groups/a", r)
+    # The freed RMID waits in limbo until its cache occupancy drains.
+    fails("mkdir mon_groups/d", r, "Device or resource busy", "Out of RMIDs")
+
+
+def test_limbo_rmids_return_after_draining(emulator):
+    emu = emulator("intel", "--num-rmids", "2", "--limbo-ms", "600000")
+    ok("mkdir mon_groups/a && rmdir mon_groups/a", emu.root)
+    fails("mkdir mon_groups/b", emu.root, "Device or resource busy")
+    emu.control.drain_limbo()
+    ok("mkdir mon_groups/b", emu.root)
+
+
+def test_ctrl_group_creation_needs_an_rmid_too(emulator):
+    r = emulator("intel", "--num-rmids", "2", "--limbo-ms", "0").root
+    ok("mkdir mon_groups/a", r)
+    fails("mkdir g", r, "No space left on device", "Out of RMIDs")
+    ok("rmdir mon_groups/a && mkdir g", r)  # the CLOSID was not leaked by the failure
+
+
+# ---------------------------------------------------------------- schemata
+
+
+def test_schemata_errors(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    fails("printf 'MB:0=50' > g/schemata", r, "Invalid argument")  # no trailing newline
+    fails("echo 'MB:0=5' > g/schemata", r, "Invalid argument", "MB value 5 out of range [10,100]")
+    fails("echo 'MB:0=101' > g/schemata", r, "Invalid argument", "MB value 101 out of range [10,100]")
+    fails("echo 'MB:0=abc' > g/schemata", r, "Invalid argument", "Invalid MB value abc")
+    fails("echo 'MB:0=50;0=60' > g/schemata", r, "Invalid argument", "Duplicate domain 0")
+    fails("echo 'XX:0=50' > g/schemata", r, "Invalid argument", "Unknown or unsupported resource name 'XX'")
+    fails("echo 'MB0=50' > g/schemata", r, "Invalid argument", "Missing ':'")
+    fails("echo 'MB:x=50' > g/schemata", r, "Invalid argument", "Missing '=' or non-numeric domain")
+    fails("echo 'L3:0=f7' > g/schemata", r, "Invalid argument", "The mask f7 has non-consecutive 1-bits")
+    # Quirk: an unknown domain id fails with no message.
+    fails("echo 'MB:7=50' > g/schemata", r, "Invalid argument", "ok")
+    assert ok("cat g/schemata", r).splitlines() == ["L3:0=7ff;1=7ff", "MB:0=100;1=100"]
+
+
+def test_schemata_is_all_or_nothing(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    # coreutils echo writes both lines in one write() (bash's builtins write line by line).
+    fails("/bin/echo -e 'L3:0=f\\nMB:0=5' > g/schemata", r, "Invalid argument")
+    assert ok("cat g/schemata", r).splitlines() == ["L3:0=7ff;1=7ff", "MB:0=100;1=100"]
+    ok("/bin/echo -e 'L3:0=f\\nMB:1=30' > g/schemata", r)
+    assert ok("cat g/schemata", r).splitlines() == ["L3:0=f;1=7ff", "MB:0=100;1=30"]
+
+
+def test_intel_mb_rounds_up_to_granularity(emulator):
+    r = emulator("intel").root
+    ok("mkdir g && echo 'MB:0=11;1=29' > g/schemata", r)
+    assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=20;1=30"
+
+
+def test_amd_mb_range(emulator):
+    r = emulator("amd").root
+    ok("mkdir g && echo 'MB:0=0;1=1' > g/schemata", r)
+    fails("echo 'MB:0=2049' > g/schemata", r, "Invalid argument", "MB value 2049 out of range [0,2048]")
+    assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=0;1=1;2=2048;3=2048"
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def test_tasks_real_pids_only(emulator, sleeper):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    fails("echo 999999 > g/tasks", r, "No such process", "No task 999999")
+    p = sleeper()
+    ok(f"echo {p.pid} > g/tasks", r)
+    assert ok("cat g/tasks", r).split() == [str(p.pid)]
+    assert str(p.pid) not in ok("cat tasks", r).split()
+
+
+def test_one_task_per_write_on_older_kernels(emulator, sleeper):
+    r = emulator("intel").root
+    a, b = sleeper(), sleeper()
+    ok("mkdir g", r)
+    fails(f"echo {a.pid},{b.pid} > g/tasks", r, "Invalid argument")
+    assert ok("cat g/tasks", r) == ""
+
+
+def test_comma_lists_on_newer_kernels_stop_at_first_failure(emulator, sleeper):
+    r = emulator("intel", "--tasks-write", "list").root
+    a, b = sleeper(), sleeper()
+    ok("mkdir g", r)
+    fails(f"echo {a.pid},999999,{b.pid} > g/tasks", r, "No such process")
+    assert ok("cat info/last_cmd_status", r).splitlines() == ["No task 999999", "Error while processing task 999999"]
+    assert ok("cat g/tasks", r).split() == [str(a.pid)]
+
+
+def test_pid_zero_is_the_writer(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    out = ok("echo 0 > g/tasks; echo $$; cat g/tasks", r).split()
+    assert out[0] in out[1:]
+
+
+def test_children_inherit_the_group(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    out = ok("echo 0 > g/tasks; sleep 5 & echo $!; cat g/tasks; kill %1", r).split()
+    child = out[0]
+    assert child in out[1:]
+
+
+def test_mon_group_parent_rule(emulator, sleeper):
+    r = emulator("intel").root
+    p = sleeper()
+    ok("mkdir a b && mkdir a/mon_groups/m", r)
+    ok(f"echo {p.pid} > b/tasks", r)
+    fails(f"echo {p.pid} > a/mon_groups/m/tasks", r, "Invalid argument",
+          "Can't move task to different control group")
+    ok(f"echo {p.pid} > a/tasks && echo {p.pid} > a/mon_groups/m/tasks", r)
+    # A CTRL_MON group lists its MON groups' tasks too.
+    assert ok("cat a/tasks", r).split() == [str(p.pid)]
+    assert ok("cat a/mon_groups/m/tasks", r).split() == [str(p.pid)]
+
+
+def test_tasks_return_to_parent_on_rmdir(emulator, sleeper):
+    r = emulator("intel").root
+    p = sleeper()
+    ok(f"mkdir a && mkdir a/mon_groups/m && echo {p.pid} > a/tasks && echo {p.pid} > a/mon_groups/m/tasks", r)
+    ok("rmdir a/mon_groups/m", r)
+    assert ok("cat a/tasks", r).split() == [str(p.pid)]
+    ok("rmdir a", r)
+    assert str(p.pid) in ok("cat tasks", r).split()
+
+
+def test_no_permission_to_move_another_users_task(emulator, sleeper):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a command as another user")
+    r = emulator("intel").root
+    p = sleeper()
+    ok("mkdir g && chmod 0777 g 2>/dev/null; true", r)
+    rc, _out, err = sh(f"setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'echo {p.pid} > g/tasks'", r)
+    # Regular users cannot even open the file (0644, root-owned), as on the kernel.
+    assert rc != 0 and "Permission denied" in err
+
+
+def test_exited_tasks_leave_the_list(emulator):
+    r = emulator("intel").root
+    ok("mkdir g", r)
+    p = subprocess.Popen(["sleep", "300"])
+    ok(f"echo {p.pid} > g/tasks", r)
+    p.kill()
+    p.wait()
+    assert ok("cat g/tasks", r) == ""
+
+
+def test_mon_group_rename_moves_it_between_control_groups(emulator, sleeper):
+    r = emulator("intel").root
+    p = sleeper()
+    ok(f"mkdir a b && mkdir a/mon_groups/m && echo {p.pid} > a/tasks && echo {p.pid} > a/mon_groups/m/tasks", r)
+    ok("mv a/mon_groups/m b/mon_groups/m", r)
+    assert ok("cat b/tasks", r).split() == [str(p.pid)]
+    assert ok("cat a/tasks", r) == ""
+    fails("mv b a2", r, "Operation not permitted", "Source must be a MON group")
+
+
+# ---------------------------------------------------------------- mon_data
+
+
+def read_int(path):
+    with open(path) as f:
+        return int(f.read())
+
+
+def test_counters_grow_from_zero_in_scale_units_and_ctrl_counts_mon(emulator, sleeper):
+    emu = emulator("intel")
+    r = emu.root
+    p = sleeper()
+    ok(f"mkdir g && mkdir g/mon_groups/m && echo {p.pid} > g/tasks && echo {p.pid} > g/mon_groups/m/tasks", r)
+    assert read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes") == 0
+    emu.control.set_demand(p.pid, 5e9, domain=0)
+    first = wait_for(lambda: read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes"), what="traffic")
+    assert first % 40960 == 0
+    wait_for(lambda: read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes") > first, what="growth")
+    m = read_int(f"{r}/g/mon_groups/m/mon_data/mon_L3_00/mbm_total_bytes")
+    g = read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes")
+    assert g >= m > 0
+    assert read_int(f"{r}/g/mon_data/mon_L3_01/mbm_total_bytes") == 0  # no demand on domain 1
+
+
+def test_injected_counter_states_resets_and_offline_domains(emulator, sleeper):
+    emu = emulator("intel")
+    r = emu.root
+    p = sleeper()
+    ok(f"mkdir g && echo {p.pid} > g/tasks", r)
+    emu.control.set_demand(p.pid, 5e9)
+    emu.control.set_counter_state("Unavailable", group="/g", domain=0)
+    assert ok("cat g/mon_data/mon_L3_00/mbm_total_bytes", r) == "Unavailable\n"
+    emu.control.set_counter_state("Error", event="mbm_local_bytes")
+    assert ok("cat g/mon_data/mon_L3_01/mbm_local_bytes", r) == "Error\n"
+    emu.control.set_counter_state(None, group="/g", domain=0)
+    emu.control.set_counter_state(None, event="mbm_local_bytes")
+    before = wait_for(lambda: read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes"), what="traffic")
+    emu.control.reset_counters(group="/g")
+    assert read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes") < before
+    emu.control.set_domain_online(1, False)
+    assert ok("ls g/mon_data", r).split() == ["mon_L3_00"]
+    assert ok("cat g/schemata", r).splitlines() == ["L3:0=7ff", "MB:0=100"]
+    emu.control.set_domain_online(1, True)
+    assert ok("ls g/mon_data", r).split() == ["mon_L3_00", "mon_L3_01"]
+
+
+def test_throttling_lowers_measured_bandwidth(emulator, sleeper):
+    emu = emulator("intel", "--peak-gbps", "20")
+    p = sleeper()
+    ok(f"mkdir g && echo {p.pid} > g/tasks", emu.root)
+    emu.control.set_demand(p.pid, 15e9, domain=0)
+    assert emu.control.rates()["/g"][0] == pytest.approx(15e9)
+    ok("echo 'MB:0=20' > g/schemata", emu.root)
+    assert emu.control.rates()["/g"][0] == pytest.approx(4e9)  # 20 % of a 20 GB/s peak
+
+
+def test_node_peak_is_shared_between_groups(emulator, sleeper):
+    emu = emulator("intel", "--peak-gbps", "10")
+    a, b = sleeper(), sleeper()
+    ok(f"mkdir ga gb && echo {a.pid} > ga/tasks && echo {b.pid} > gb/tasks", emu.root)
+    emu.control.set_demand(a.pid, 10e9, domain=0)
+    emu.control.set_demand(b.pid, 10e9, domain=0)
+    rates = emu.control.rates()
+    assert rates["/ga"][0] == pytest.approx(5e9)
+    assert rates["/gb"][0] == pytest.approx(5e9)
+
+
+def test_amd_and_mbps_throttle_in_their_own_units(emulator, sleeper):
+    amd = emulator("amd")
+    p = sleeper()
+    ok(f"mkdir g && echo {p.pid} > g/tasks && echo 'MB:0=8' > g/schemata", amd.root)
+    amd.control.set_demand(p.pid, 15e9, domain=0)
+    assert amd.control.rates()["/g"][0] == pytest.approx(8 * 0.125e9)
+    mbps = emulator("intel-mbps")
+    ok(f"mkdir g && echo {p.pid} > g/tasks && echo 'MB:0=1024' > g/schemata", mbps.root)
+    mbps.control.set_demand(p.pid, 15e9, domain=0)
+    assert mbps.control.rates()["/g"][0] == pytest.approx(1024 * 2**20)
+
+
+def test_sigterm_unmounts_cleanly(emulator):
+    emu = emulator("intel")
+    emu.proc.terminate()
+    assert emu.proc.wait(timeout=10) == 0
+    assert not os.path.ismount(emu.root)
