@@ -34,8 +34,10 @@ def unescape_mount_field(field: str) -> str:
 def parse_mounts(text: str) -> list[Mount]:
     """Parse /proc/mounts (or /etc/mtab) text; malformed lines are skipped."""
     mounts = []
-    for line in text.splitlines():
-        fields = line.split()
+    # The kernel separates lines by "\n" and fields by " " and escapes only those
+    # (and tab, backslash); any other byte, "\r" included, is part of a field.
+    for line in text.split("\n"):
+        fields = [f for f in line.split(" ") if f]
         if len(fields) < 4:
             continue
         source, target, fstype, options = (unescape_mount_field(f) for f in fields[:4])
