@@ -25,7 +25,7 @@ test: deps
 	$(PY) -m pytest
 
 demo: deps
-	$(PY) -m noded.demo
+	$(PY) -m noded tour
 
 bench: deps
 	$(PY) -m bench.mbm_sample

@@ -111,3 +111,70 @@ class BandwidthMeter:
             )
             self._last[domain] = (reading.value, now)
         return rates
+
+
+class MbmReader:
+    """Reads counters through file descriptors kept open between samples.
+
+    Opening a kernfs file costs a path walk; re-reading it from offset 0 makes the
+    kernel produce a fresh value, so a sampler that reads the same groups every
+    tick keeps the descriptors. A group or domain that went away makes its read
+    fail; the descriptor is closed and the domain left out of that sample. Call
+    ``forget`` when a group is removed and ``close`` at the end.
+    """
+
+    def __init__(self, events: tuple[str, ...] = (MBM_TOTAL, MBM_LOCAL)):
+        self.events = events
+        self._fds: dict[str, int] = {}
+
+    def _read_file(self, path: str) -> bytes | None:
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            self._fds[path] = fd
+        try:
+            return os.pread(fd, 64, 0)
+        except OSError:
+            # ENODEV/ENOENT after the group or domain was removed underneath us.
+            self._close(path)
+            return None
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def read(self, group_path: str, domains: tuple[int, ...] | list[int]) -> MbmSample:
+        """Counters of one group for the given domain ids (list them once per tick
+        with ``resctrl.info.read_domains``)."""
+        sample: MbmSample = {}
+        for domain in domains:
+            base = os.path.join(group_path, "mon_data", f"{DOMAIN_PREFIX}{domain:02d}")
+            readings = {}
+            for event in self.events:
+                raw = self._read_file(os.path.join(base, event))
+                if raw is None:
+                    self._forget_prefix(base + "/")
+                    break
+                readings[event] = parse_counter(raw.decode())
+            else:
+                sample[domain] = readings
+        return sample
+
+    def forget(self, group_path: str) -> None:
+        self._forget_prefix(group_path.rstrip("/") + "/mon_data/")
+
+    def _forget_prefix(self, prefix: str) -> None:
+        for path in [p for p in self._fds if p.startswith(prefix)]:
+            self._close(path)
+
+    @property
+    def open_files(self) -> int:
+        return len(self._fds)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)

@@ -232,3 +232,42 @@ def test_lock_is_an_flock_on_the_root(emulator, open_resctrl):
         with rc.lock():  # re-entrant within the process
             assert check() == "held\n"
     assert check() == "free\n"
+
+
+def test_mbm_reader_keeps_descriptors_and_survives_removals(emulator, open_resctrl, sleeper):
+    from resctrl.info import read_domains
+    from resctrl.mbm import MbmReader
+
+    emu = emulator("intel")
+    rc = open_resctrl(emu)
+    a = rc.root_group().create_mon_group("noded-a")
+    b = rc.root_group().create_mon_group("noded-b")
+    p = sleeper()
+    a.add_tasks([p.pid])
+    emu.control.set_demand(p.pid, 5e9)
+    reader = MbmReader()
+    first = reader.read(a.path, read_domains(rc.root, True))
+    assert set(first) == {0, 1} and reader.open_files == 4
+    wait_for(lambda: reader.read(a.path, (0,))[0]["mbm_total_bytes"].value > first[0]["mbm_total_bytes"].value,
+             what="a kept descriptor to show a fresh value")
+    reader.read(b.path, (0, 1))
+    assert reader.open_files == 8
+    emu.control.set_domain_online(1, False)
+    assert set(reader.read(a.path, (0, 1))) == {0}  # the stale domain is left out
+    assert reader.open_files == 6
+    emu.control.set_domain_online(1, True)
+    assert set(reader.read(a.path, read_domains(rc.root, True))) == {0, 1}
+    b.remove()
+    assert reader.read(b.path, (0, 1)) == {}
+    reader.forget(a.path)
+    assert reader.open_files == 0
+    reader.close()
+
+
+def test_tour_runs_and_leaves_nothing_behind():
+    out = subprocess.run([sys.executable, "-m", "noded", "tour", "--window", "0.2"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "left: none" in out.stdout and "MB value 5 out of range [10,100]" in out.stdout
+    with open("/proc/mounts") as f:
+        assert "resctrl-emu-" not in f.read()

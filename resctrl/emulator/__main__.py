@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mfusepy.FUSE(ResctrlOperations(kernel, on_mounted), mountpoint, foreground=True, raw_fi=True,
                      allow_other=True, default_permissions=True, fsname="resctrl", subtype="resctrl",
-                     attr_timeout=0, entry_timeout=0, negative_timeout=0, max_threads=16)
+                     attr_timeout=1.0, entry_timeout=1.0, negative_timeout=0, max_threads=16)
     except RuntimeError as e:
         # libfuse's fuse_main() returns non-zero when its loop ends by a signal, too;
         # a mount that came up and was then stopped is a clean exit.

@@ -2,8 +2,11 @@
 
 Kernfs files (which resctrl's are) report size 0 and generate their text when read
 at offset 0, and every write() is one command. We reproduce that with direct I/O
-(no page cache between the caller and the kernel model) and zero attribute and
-entry timeouts (a removed group disappears at once).
+(no page cache between the caller and the kernel model). Entries and attributes
+may be cached for a second (path walks through FUSE are the emulator's main cost):
+mkdir, rmdir and rename pass through the VFS, which updates its dentry cache at
+once; a change made behind it (a domain going offline) shows in directory
+listings at once, and opening or reading a vanished file fails with ENOENT.
 """
 
 from __future__ import annotations

@@ -120,6 +120,7 @@ class ResctrlKernel:
         self.demand: dict[int, dict[int, float]] = {}  # tid -> domain -> bytes/s
         self.peak: dict[int, float] = {d: profile.peak_bytes_per_s for d in profile.domains}
         self.last_advance = clock()
+        self._active: dict[int, set[int]] = {}  # domain -> RMIDs with traffic at the last advance
         if profile.has_mon:
             for d in profile.domains:
                 self.counters[(0, d)] = Counter()
@@ -447,11 +448,16 @@ class ResctrlKernel:
             rates: dict[int, float] = {}
             for rmid, rate in got:
                 rates[rmid] = rates.get(rmid, 0.0) + rate * squeeze
-            for (rmid, d), c in self.counters.items():
-                if d == domain:
-                    c.rate = rates.pop(rmid, 0.0)
-                    c.total += c.rate * dt
-                    c.local += c.rate * dt * self.profile.local_fraction
+            # Only counters with traffic now or before need touching (reads are hot).
+            was_active = self._active.get(domain, set())
+            for rmid in was_active | rates.keys():
+                c = self.counters.get((rmid, domain))
+                if c is None:
+                    continue
+                c.rate = rates.get(rmid, 0.0)
+                c.total += c.rate * dt
+                c.local += c.rate * dt * self.profile.local_fraction
+            self._active[domain] = {r for r, v in rates.items() if v > 0}
 
     # -------------------------------------------------------------------- write
     def write(self, parts: list[str], data: bytes, caller_pid: int, caller_uid: int) -> int:
