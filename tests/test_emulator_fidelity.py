@@ -369,8 +369,24 @@ def test_amd_and_mbps_throttle_in_their_own_units(emulator, sleeper):
     assert mbps.control.rates()["/g"][0] == pytest.approx(1024 * 2**20)
 
 
-def test_sigterm_unmounts_cleanly(emulator):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signals_unmount_cleanly(emulator, sig):
+    import signal
+
     emu = emulator("intel")
-    emu.proc.terminate()
+    emu.proc.send_signal(getattr(signal, sig))
     assert emu.proc.wait(timeout=10) == 0
     assert not os.path.ismount(emu.root)
+    assert not os.path.exists(emu.control_path) and not os.path.exists(emu.mounts_file)
+
+
+def test_bad_arguments_are_refused_before_mounting(tmp_path):
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "resctrl.emulator", *a], capture_output=True, text=True)
+    p = run(str(tmp_path / "missing"))
+    assert p.returncode == 2 and "is not a directory" in p.stderr
+    p = run(str(tmp_path), "--num-rmids", "1")
+    assert p.returncode == 2 and "--num-rmids must be at least 2, got 1" in p.stderr
+    p = run(str(tmp_path), "--profile", "sparc")
+    assert p.returncode == 2 and "invalid choice: 'sparc'" in p.stderr
