@@ -113,6 +113,9 @@ class Resctrl:
         return name.startswith(self.prefix)
 
     def _check_owned(self, op: str, path: str, name: str) -> None:
+        if not name or "/" in name or "\n" in name or name in (".", ".."):
+            raise ValueError(f"invalid resctrl group name {name!r} for {op} {path}: "
+                             "one path component without newlines")
         if not self.owns(name):
             raise ForeignGroupError(op, path, status=f"group {name!r} lacks the owner prefix {self.prefix!r}")
 
@@ -208,6 +211,11 @@ class Group:
         """
         result = TaskMoveResult()
         path = os.path.join(self.path, "tasks")
+        tids = list(tids)
+        bad = [t for t in tids if not isinstance(t, int) or t <= 0]
+        if bad:
+            # 0 would move the writer (noded itself); negatives are never task ids.
+            raise ValueError(f"invalid task ids {bad} for {path}: must be positive integers")
         with self.rc.lock():
             try:
                 fd = os.open(path, os.O_WRONLY)

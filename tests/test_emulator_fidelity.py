@@ -61,6 +61,8 @@ def test_group_files_by_type(emulator):
     assert sorted(ok("ls g/mon_data/mon_L3_00", r).split()) == [
         "llc_occupancy", "mbm_local_bytes", "mbm_total_bytes"]
     assert ok("cat g/mode", r) == "shareable\n"
+    ok("echo 'L3:0=3' > g/schemata", r)  # 2 of 11 ways of a 33 MiB cache
+    assert ok("cat g/size", r).splitlines() == ["L3:0=6291456;1=34603008", "MB:0=100;1=100"]
 
 
 def test_cdp_names_are_right_aligned_and_domain_ids_have_gaps(emulator):

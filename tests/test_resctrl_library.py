@@ -271,3 +271,17 @@ def test_tour_runs_and_leaves_nothing_behind():
     assert "left: none" in out.stdout and "MB value 5 out of range [10,100]" in out.stdout
     with open("/proc/mounts") as f:
         assert "resctrl-emu-" not in f.read()
+
+
+def test_bad_names_and_task_ids_are_refused_before_any_write(emulator, open_resctrl):
+    emu = emulator("intel")
+    rc = open_resctrl(emu)
+    for name in ("noded-a/b", "noded-\n", "..", ""):
+        with pytest.raises(ValueError, match="invalid resctrl group name"):
+            rc.create_ctrl_group(name)
+    g = rc.create_ctrl_group("noded-a")
+    with pytest.raises(ValueError, match=r"invalid task ids \[0, -3\]"):
+        g.add_tasks([os.getpid(), 0, -3])
+    assert g.read_tasks() == []  # nothing half-applied
+    assert sorted(os.listdir(emu.root)) == sorted(
+        ["info", "tasks", "cpus", "cpus_list", "schemata", "mode", "size", "mon_data", "mon_groups", "noded-a"])

@@ -347,35 +347,30 @@ class ResctrlKernel:
                 out.append(tid)
         return out
 
-    def _format_schemata(self, group: Group) -> str:
+    def _format_per_domain(self, group: Group, text: Callable[[str, int], str]) -> str:
+        # Both schemata and size print one line per resource, names right-aligned.
         names = self._resources()
         width = max(len(n) for n in names)
-        lines = []
-        for res in names:
-            vals = []
-            for d in self.online:
-                v = group.ctrl[res][d]
-                if res == "MB":
-                    vals.append(f"{d}={v:>3}" if self.profile.legacy_format else f"{d}={v}")
-                else:
-                    digits = (self.profile.cbm_len + 3) // 4
-                    vals.append(f"{d}={v:0{digits}x}" if self.profile.legacy_format else f"{d}={v:x}")
-            lines.append(f"{res:>{width}}:" + ";".join(vals) + "\n")
-        return "".join(lines)
+        return "".join(
+            f"{res:>{width}}:" + ";".join(f"{d}={text(res, group.ctrl[res][d])}" for d in self.online) + "\n"
+            for res in names
+        )
+
+    def _format_schemata(self, group: Group) -> str:
+        legacy = self.profile.legacy_format
+        digits = (self.profile.cbm_len + 3) // 4
+
+        def text(res: str, v: int) -> str:
+            if res == "MB":
+                return f"{v:>3}" if legacy else f"{v}"
+            return f"{v:0{digits}x}" if legacy else f"{v:x}"
+
+        return self._format_per_domain(group, text)
 
     def _format_size(self, group: Group) -> str:
-        names = self._resources()
-        width = max(len(n) for n in names)
-        lines = []
-        for res in names:
-            vals = []
-            for d in self.online:
-                v = group.ctrl[res][d]
-                if res != "MB":
-                    v = self.profile.l3_bytes * bin(v).count("1") // self.profile.cbm_len
-                vals.append(f"{d}={v}")
-            lines.append(f"{res:>{width}}:" + ";".join(vals) + "\n")
-        return "".join(lines)
+        p = self.profile
+        return self._format_per_domain(
+            group, lambda res, v: f"{v if res == 'MB' else p.l3_bytes * bin(v).count('1') // p.cbm_len}")
 
     def _format_cpu_mask(self, cpus: set[int]) -> str:
         # %*pb: zero-padded hex over all CPU ids, a comma between 32-bit words.
