@@ -1,0 +1,132 @@
+"""Jobs found as cgroups: Slurm jobs, Kubernetes pods, systemd units, any glob.
+
+A source names a cgroup hierarchy (the v2 mount, or one v1 hierarchy such as
+``/sys/fs/cgroup/cpuset``) and glob patterns relative to it; every directory a
+pattern matches is one job, and its processes are those in the directory and
+below. The same patterns match a process's own cgroup path (from
+``/proc/PID/cgroup``), so a new process is placed in its job the moment it execs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+from dataclasses import dataclass
+
+KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
+
+# Where each manager puts its jobs, by cgroup version, relative to the hierarchy root.
+DEFAULT_PATTERNS: dict[tuple[str, int], tuple[str, ...]] = {
+    ("slurm", 2): ("system.slice/slurmstepd.scope/job_*",),
+    ("slurm", 1): ("slurm/uid_*/job_*",),
+    ("kubernetes", 2): ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice"),
+    ("kubernetes", 1): ("kubepods/pod*", "kubepods/*/pod*"),
+}
+
+
+def cgroup_version(root: str) -> int:
+    return 2 if os.path.exists(os.path.join(root, "cgroup.controllers")) else 1
+
+
+@dataclass(frozen=True)
+class CgroupSource:
+    kind: str
+    root: str
+    patterns: tuple[str, ...]
+    version: int
+
+    @classmethod
+    def create(cls, kind: str, root: str, patterns: tuple[str, ...] | list[str] | None = None,
+               version: int | None = None) -> "CgroupSource":
+        if kind not in KINDS:
+            raise ValueError(f"job source kind must be one of {KINDS}, not {kind!r}")
+        version = version or cgroup_version(root)
+        pats = tuple(patterns) if patterns else DEFAULT_PATTERNS.get((kind, version), ())
+        if not pats:
+            raise ValueError(f"job source {kind!r} at {root} needs explicit patterns (no default for v{version})")
+        for p in pats:
+            if p.startswith("/") or ".." in p.split("/"):
+                raise ValueError(f"job source pattern {p!r} must be relative to {root} without '..'")
+        return cls(kind, root.rstrip("/"), pats, version)
+
+    @property
+    def mount(self) -> str:
+        """The cgroup filesystem mount the source's root lies in."""
+        path = self.root
+        while not os.path.ismount(path) and path != os.path.dirname(path):
+            path = os.path.dirname(path)
+        return path
+
+    @property
+    def hierarchy(self) -> str:
+        """The controller list naming this hierarchy in /proc/PID/cgroup ('' for v2)."""
+        if self.version == 2:
+            return ""
+        base = os.path.basename(self.mount)
+        return f"name={base}" if base == "systemd" else base
+
+    def job_id(self, rel: str) -> str:
+        name = rel.rsplit("/", 1)[-1]
+        if self.kind == "slurm":
+            return "slurm:" + name.removeprefix("job_")
+        if self.kind == "kubernetes":
+            uid = re.sub(r"\.slice$", "", name).rsplit("pod", 1)[-1]
+            return "k8s:" + uid.replace("_", "-")
+        if self.kind == "systemd":
+            return "systemd:" + name
+        return "cgroup:" + rel
+
+    def match(self, cgroup_path: str) -> str | None:
+        """The job directory (relative to root) a process's cgroup path lies in, if any.
+
+        ``cgroup_path`` is as /proc/PID/cgroup shows it: relative to the mount.
+        """
+        below = [p for p in os.path.relpath(self.root, self.mount).split("/") if p not in ("", ".")]
+        parts = [p for p in cgroup_path.split("/") if p]
+        if parts[: len(below)] != below:
+            return None
+        parts = parts[len(below):]
+        for pattern in self.patterns:
+            pp = pattern.split("/")
+            if len(parts) >= len(pp) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pp)):
+                return "/".join(parts[: len(pp)])
+        return None
+
+    def scan(self) -> dict[str, str]:
+        """job id -> absolute job directory, for every directory the patterns match now."""
+        out = {}
+        for pattern in self.patterns:
+            for path in glob.glob(os.path.join(glob.escape(self.root), pattern)):
+                if os.path.isdir(path):
+                    out[self.job_id(os.path.relpath(path, self.root))] = path
+        return out
+
+
+def read_procs(cgroup_dir: str) -> set[int]:
+    """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike)."""
+    pids: set[int] = set()
+    for dirpath, _dirs, files in os.walk(cgroup_dir):
+        if "cgroup.procs" in files:
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                    pids.update(int(x) for x in f.read().split())
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # removed while we walked
+    return pids
+
+
+def read_process_cgroups(proc: str, pid: int) -> dict[str, str]:
+    """Hierarchy (controller list, '' for v2) -> cgroup path of a process."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            text = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        _hid, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            out[c] = path
+    return out

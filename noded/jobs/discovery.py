@@ -1,0 +1,153 @@
+"""Finding the jobs on the host: cgroup sources, registered process trees, labels."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import replace
+
+import yaml
+
+from .cgroups import CgroupSource, read_procs, read_process_cgroups
+from .model import Job, JobMeta
+
+log = logging.getLogger(__name__)
+
+
+def read_ppids(proc: str) -> dict[int, int]:
+    """pid -> parent pid for every process now."""
+    out = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[int(name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    return out
+
+
+def descendants(root: int, ppids: dict[int, int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in ppids.items():
+        children.setdefault(ppid, []).append(pid)
+    out, stack = set(), [root] if root in ppids else []
+    while stack:
+        pid = stack.pop()
+        if pid not in out:
+            out.add(pid)
+            stack.extend(children.get(pid, ()))
+    return out
+
+
+class LabelFile:
+    """YAML mapping job id -> labels (category, model, requested_cores, priority, exempt).
+
+    Re-read when its mtime changes. A broken file keeps the previous labels and logs
+    why once (a typo must not drop every job's exemption).
+    """
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._mtime: float | None = None
+        self.labels: dict[str, JobMeta] = {}
+        self.error: str | None = None
+
+    def refresh(self) -> dict[str, JobMeta]:
+        if not self.path:
+            return self.labels
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            self.labels, self._mtime = {}, None
+            return self.labels
+        if mtime == self._mtime:
+            return self.labels
+        self._mtime = mtime
+        try:
+            self.labels = parse_labels(self.path)
+            self.error = None
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            self.error = str(e)
+            log.error("labels=%s rejected, keeping the previous ones: %s", self.path, e)
+        return self.labels
+
+
+def parse_labels(path: str) -> dict[str, JobMeta]:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of job id to labels, got {type(data).__name__}")
+    out = {}
+    for job_id, labels in data.items():
+        if not isinstance(labels, dict):
+            raise ValueError(f"{path}: labels of {job_id!r} must be a mapping")
+        out[str(job_id)] = JobMeta.from_mapping(labels, f"{path}: {job_id}")
+    return out
+
+
+class JobDiscovery:
+    """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process."""
+
+    def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None):
+        self.sources = sources
+        self.proc = proc
+        self.labels = labels or LabelFile(None)
+        self._lock = threading.Lock()
+        self._registered: dict[str, tuple[int, JobMeta]] = {}  # job id -> (root pid, meta)
+
+    def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
+        """A process tree as a job (e.g. from a prolog or the admin socket)."""
+        if pid <= 0 or not os.path.exists(f"{self.proc}/{pid}"):
+            raise ValueError(f"cannot register pid {pid}: no such process")
+        job_id = job_id or f"pid:{pid}"
+        with self._lock:
+            self._registered[job_id] = (pid, meta or JobMeta())
+        return job_id
+
+    def unregister(self, job_id: str) -> None:
+        with self._lock:
+            self._registered.pop(job_id, None)
+
+    def discover(self) -> dict[str, Job]:
+        labels = self.labels.refresh()
+        jobs: dict[str, Job] = {}
+        for src in self.sources:
+            for job_id, path in src.scan().items():
+                pids = read_procs(path)
+                if pids:
+                    jobs[job_id] = Job(job_id, src.kind, frozenset(pids), path, labels.get(job_id, JobMeta()))
+        with self._lock:
+            registered = dict(self._registered)
+        if registered:
+            ppids = read_ppids(self.proc)
+            for job_id, (root, meta) in registered.items():
+                pids = descendants(root, ppids)
+                if not pids:
+                    with self._lock:  # the tree is gone: the job ended
+                        self._registered.pop(job_id, None)
+                    continue
+                meta = labels.get(job_id, meta)
+                jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
+        return jobs
+
+    def job_of_new_process(self, pid: int, parent: int | None, known: dict[str, Job]) -> Job | None:
+        """The job a just-exec'd or forked process belongs to, from its cgroup or its parent."""
+        cgroups = read_process_cgroups(self.proc, pid)
+        for src in self.sources:
+            path = cgroups.get(src.hierarchy)
+            rel = src.match(path) if path else None
+            if rel:
+                job_id = src.job_id(rel)
+                prev = known.get(job_id)
+                pids = (prev.pids if prev else frozenset()) | {pid}
+                meta = prev.meta if prev else self.labels.labels.get(job_id, JobMeta())
+                return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta)
+        if parent is not None:
+            for job in known.values():
+                if job.source == "registered" and parent in job.pids:
+                    return replace(job, pids=job.pids | {pid})
+        return None

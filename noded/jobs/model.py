@@ -1,0 +1,44 @@
+"""What a job is: a unit the operator recognises, with stable identity across ticks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CATEGORIES = ("CV", "NLP", "Speech")
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """Optional facts about a job, from its registration or the label file."""
+
+    category: str | None = None  # CODA's CV / NLP / Speech
+    model: str | None = None  # e.g. "ResNet-50", for the simulator and explanations
+    requested_cores: int | None = None
+    priority: int = 0
+    exempt: bool = False  # never throttled
+
+    def __post_init__(self):
+        if self.category is not None and self.category not in CATEGORIES:
+            raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
+        if self.requested_cores is not None and self.requested_cores < 1:
+            raise ValueError(f"requested_cores must be >= 1, not {self.requested_cores}")
+
+    @classmethod
+    def from_mapping(cls, data: dict, where: str) -> "JobMeta":
+        known = {"category", "model", "requested_cores", "priority", "exempt"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{where}: unknown label key(s) {sorted(unknown)}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str  # "slurm:4242", "k8s:<pod uid>", "systemd:train.service", "pid:1234"
+    source: str  # slurm | kubernetes | systemd | cgroup | registered
+    pids: frozenset[int]
+    cgroup: str | None = None  # the job's cgroup directory, where it has one
+    meta: JobMeta = field(default_factory=JobMeta)

@@ -1,0 +1,102 @@
+"""New processes as they happen, through the kernel's process-events connector.
+
+pyroute2's ``ProcEventSocket`` subscribes to fork/exec/exit multicast messages.
+It needs the initial network namespace and CAP_NET_ADMIN; without them noded
+polls instead, and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+NewProcess = Callable[[int, "int | None"], None]  # (pid, parent pid or None)
+
+
+class ProcessEvents:
+    """A thread that calls ``on_new(pid, parent)`` for every exec and new process."""
+
+    def __init__(self, on_new: NewProcess):
+        self.on_new = on_new
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock = None
+        self.unavailable: str | None = None
+        self.events = 0
+
+    def start(self, timeout: float = 5.0) -> bool:
+        """Subscribe; False (with ``unavailable`` set) where the connector cannot be used."""
+        # pyroute2's sockets are bound to the thread (event loop) that made them, so
+        # the listening thread creates its own and reports back.
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="noded-procevents", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.unavailable = f"connector did not answer within {timeout}s"
+        if self.unavailable:
+            log.warning("process_events=unavailable reason=%r; new processes are found by polling only",
+                        self.unavailable)
+            self._stop.set()
+            return False
+        return True
+
+    def _subscribe(self):
+        from pyroute2 import ProcEventSocket
+
+        sock = ProcEventSocket()
+        try:
+            sock.bind()
+            sock.control(listen=True)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _run(self) -> None:
+        try:
+            sock = self._subscribe()
+        except Exception as e:  # EPERM outside the initial netns, ECONNREFUSED, missing module…
+            self.unavailable = f"{type(e).__name__}: {e}"
+            self._ready.set()
+            return
+        self._sock = sock
+        self._ready.set()
+        try:
+            self._listen(sock)
+        finally:
+            try:
+                sock.close()
+            except Exception:
+                pass
+            self._sock = None
+
+    def _listen(self, sock) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([sock], [], [], 0.2)
+            if not ready:
+                continue
+            try:
+                messages = sock.get()
+            except Exception as e:  # ENOBUFS when the kernel dropped events: polling catches up
+                log.debug("process_events read error: %r", e)
+                continue
+            for msg in messages:
+                event = msg.get("event")
+                try:
+                    if event == "PROC_EVENT_EXEC":
+                        self.events += 1
+                        self.on_new(msg["process_tgid"], None)
+                    elif event == "PROC_EVENT_FORK" and msg["child_pid"] == msg["child_tgid"]:
+                        self.events += 1
+                        self.on_new(msg["child_tgid"], msg["parent_tgid"])
+                except Exception:
+                    log.exception("process_events handler failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)

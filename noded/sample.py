@@ -1,0 +1,115 @@
+"""The frozen picture of the node that one tick's policy decides on.
+
+``build_sample`` is pure: it joins what the samplers returned (jobs, NVML,
+bandwidth) into per-job facts: is it a GPU job, on which GPUs, how busy, how much
+memory bandwidth. What could not be measured is None and named in ``missing``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from .jobs.model import Job, JobMeta
+from .jobs.monitoring import MonitorReport
+from .samplers import SamplerStatus
+from .samplers.bandwidth import BandwidthSample
+from .samplers.nvml import GpuSample, NvmlSample
+
+GPU = "gpu"
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class JobSample:
+    id: str
+    source: str
+    pids: frozenset[int]
+    meta: JobMeta
+    kind: str  # gpu | cpu
+    gpus: tuple[str, ...]  # UUIDs of the GPUs it holds a context on
+    gpu_util: float | None  # percent, mean over its GPUs; None when unknown
+    bandwidth_bps: float | None  # over all L3 domains; None when unknown
+    monitoring: str  # own | shared | none
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # monotonic seconds
+    jobs: Mapping[str, JobSample]
+    gpus: tuple[GpuSample, ...]
+    nvml_available: bool
+    nvml_reason: str | None
+    domains: tuple[int, ...]
+    node_bandwidth_bps: Mapping[int, float | None]  # per L3 domain
+    missing: tuple[str, ...]
+    samplers: tuple[SamplerStatus, ...]
+
+    @property
+    def node_bandwidth_total_bps(self) -> float | None:
+        values = list(self.node_bandwidth_bps.values())
+        return None if not values or any(v is None for v in values) else sum(values)
+
+
+def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
+    """A job's share of one GPU's time.
+
+    Per-process SM samples where the job's own processes have them; under MPS the
+    driver credits all client work to the server, so the server's utilisation is
+    split evenly among the MPS clients on that GPU. If nothing per-process exists
+    and the job is alone on the device, the device's utilisation is the job's.
+    """
+    per_pid = dict(gpu.process_sm_util)
+    own = [per_pid[p] for p in pids if p in per_pid]
+    if own:
+        return float(sum(own))
+    clients = [p.pid for p in gpu.processes if p.mps_client]
+    if any(p in pids for p in clients):
+        server = next((p.pid for p in gpu.processes if p.mps_server), None)
+        total = per_pid.get(server) if server is not None else None
+        if total is None:
+            total = gpu.util_gpu
+        return None if total is None else total * sum(p in pids for p in clients) / len(clients)
+    holders = {p.pid for p in gpu.processes if not p.mps_server}
+    if holders and holders <= pids and gpu.util_gpu is not None:
+        return float(gpu.util_gpu)
+    return None
+
+
+def build_sample(
+    t: float,
+    jobs: Mapping[str, Job] | None,
+    monitor: MonitorReport | None,
+    nvml: NvmlSample | None,
+    bandwidth: BandwidthSample | None,
+    samplers: tuple[SamplerStatus, ...] = (),
+) -> Sample:
+    missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok]
+    if nvml is not None and not nvml.available:
+        missing.append(f"nvml: {nvml.reason}")
+    gpus = nvml.gpus if nvml else ()
+    for g in gpus:
+        if g.error:
+            missing.append(f"gpu {g.index}: {g.error}")
+    if bandwidth is not None:
+        missing += bandwidth.missing
+    out: dict[str, JobSample] = {}
+    for job in (jobs or {}).values():
+        held = [g for g in gpus if g.pids() & job.pids]
+        utils = [_job_gpu_util(job.pids, g) for g in held]
+        util = None if not utils or any(u is None for u in utils) else sum(utils) / len(utils)
+        bw = None
+        if bandwidth is not None and job.id in bandwidth.job_bps:
+            rates = bandwidth.job_bps[job.id]
+            bw = None if any(r is None for r in rates.values()) else sum(rates.values())
+        out[job.id] = JobSample(
+            job.id, job.source, job.pids, job.meta, GPU if held else CPU,
+            tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
+            monitor.monitoring.get(job.id, "none") if monitor else "none",
+        )
+    return Sample(
+        t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
+        bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
+        tuple(missing), samplers,
+    )

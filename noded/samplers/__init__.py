@@ -1,0 +1,39 @@
+"""Samplers read one part of the world each tick and return a frozen value.
+
+A sampler that fails raises; ``run_sampler`` turns that into a missing part and a
+``SamplerStatus`` (success, duration, error) so the tick goes on and the metrics say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Generic, Protocol, TypeVar
+
+T = TypeVar("T", covariant=True)
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplerStatus:
+    name: str
+    ok: bool
+    duration_s: float
+    error: str | None = None
+
+
+class Sampler(Protocol[T]):
+    name: str
+
+    def sample(self, now: float) -> T: ...
+
+
+def run_sampler(sampler: Sampler[T], now: float, clock: Callable[[], float] = time.monotonic) -> tuple[T | None, SamplerStatus]:
+    t0 = clock()
+    try:
+        value = sampler.sample(now)
+    except Exception as e:  # a sampler's failure must never stop the tick
+        log.warning("sampler=%s error=%r", sampler.name, e)
+        return None, SamplerStatus(sampler.name, False, clock() - t0, f"{type(e).__name__}: {e}")
+    return value, SamplerStatus(sampler.name, True, clock() - t0)
