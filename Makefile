@@ -26,6 +26,7 @@ test: deps
 
 demo: deps
 	$(PY) -m noded tour
+	$(PY) -m noded sim --scenario scenarios/demo.yaml
 
 bench: deps
 	$(PY) -m bench.mbm_sample

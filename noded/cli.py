@@ -14,7 +14,23 @@ def main(argv: list[str] | None = None) -> int:
     tour = sub.add_parser("tour", help="a scripted tour of the resctrl library against the emulator")
     tour.add_argument("--profile", choices=sorted(PROFILES), default="intel")
     tour.add_argument("--window", type=float, default=1.0, help="measurement window in seconds")
+    sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
+    sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
+    sim.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
     args = parser.parse_args(argv)
+    if args.command == "sim":
+        import logging
+
+        from .sim.run import run_scenario
+        from .sim.scenario import ScenarioError, load_scenario
+
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+        try:
+            scenario = load_scenario(args.scenario)
+        except (OSError, ScenarioError) as e:
+            print(f"noded sim: {e}", file=sys.stderr)
+            return 2
+        return run_scenario(scenario)
     if args.command == "tour":
         from .tour import run_tour
 

@@ -89,10 +89,20 @@ class BandwidthMeter:
     gone is dropped.
     """
 
-    def __init__(self, event: str = MBM_TOTAL, max_rate: float = DEFAULT_MAX_RATE):
+    def __init__(self, event: str = MBM_TOTAL, max_rate: float = DEFAULT_MAX_RATE, dip_tolerance: int = 0):
         self.event = event
         self.max_rate = max_rate
+        # A value derived from several counters read one after another (a residual)
+        # can dip by what moved between the reads; a dip this small means "no traffic",
+        # not a reset. Plain counters use 0: any decrease is a reset.
+        self.dip_tolerance = dip_tolerance
         self._last: dict[int, tuple[int, float]] = {}
+
+    def start_from_zero(self, domains: tuple[int, ...] | list[int], t: float) -> None:
+        """Baseline a group created at ``t``: its counters start at zero at mkdir, so
+        its very first reading already gives a rate."""
+        for d in domains:
+            self._last.setdefault(d, (0, t))
 
     def update(self, sample: Mapping[int, Mapping[str, CounterReading]], now: float) -> dict[int, float | None]:
         rates: dict[int, float | None] = {}
@@ -106,6 +116,10 @@ class BandwidthMeter:
                 rates[domain] = None
                 continue
             prev = self._last.get(domain)
+            if prev and 0 < prev[0] - reading.value <= self.dip_tolerance:
+                rates[domain] = 0.0 if now > prev[1] else None
+                self._last[domain] = (prev[0], now)
+                continue
             rates[domain] = (
                 rate_between(prev[0], prev[1], reading.value, now, self.max_rate) if prev else None
             )

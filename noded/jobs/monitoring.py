@@ -36,6 +36,7 @@ def group_name(prefix: str, job_id: str) -> str:
 @dataclass
 class _Tracked:
     group: MonGroup | None
+    created_at: float | None = None  # when we made the group (its counters start at zero)
     moved: set[int] = field(default_factory=set)  # processes whose threads we moved
     retry_at: float = 0.0
 
@@ -65,6 +66,11 @@ class JobMonitor:
     def groups(self) -> dict[str, MonGroup]:
         with self._lock:
             return {j: t.group for j, t in self._jobs.items() if t.group is not None}
+
+    def created_at(self, job_id: str) -> float | None:
+        with self._lock:
+            t = self._jobs.get(job_id)
+            return t.created_at if t else None
 
     def adopt(self, existing: dict[str, MonGroup]) -> None:
         """Take over groups found at start (by name) for jobs that still run."""
@@ -108,6 +114,7 @@ class JobMonitor:
         name = group_name(self.rc.prefix, job.id)
         try:
             tracked.group = self.rc.root_group().create_mon_group(name)
+            tracked.created_at = self.clock()
             tracked.moved.clear()
             log.info("job=%s monitoring=own group=%s", job.id, name)
         except OutOfRmidsError as e:

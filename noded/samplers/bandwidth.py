@@ -1,18 +1,25 @@
 """Memory bandwidth from resctrl MBM: the node's per domain and each job's.
 
-The node's bandwidth is the sum over every control group (the root and each
-CTRL_MON group, ours or not), since a task counts in exactly one. Descriptors are
-kept open between ticks (``MbmReader``); a reading that is missing makes that
-rate None, never zero, so policy can tell "quiet" from "unknown".
+A task counts in exactly one RMID, so the node's traffic is the sum of every job
+group's and of each control group's *residual* (its total minus the job groups
+inside it, i.e. the tasks in its own RMID). Summing residuals rather than control
+group totals keeps the node rate steady when a job's group is removed (the
+parent's total drops by that group's count, as on the kernel) or created.
+
+Descriptors are kept open between ticks (``MbmReader``); a reading that is
+missing makes that rate None, never zero, so policy can tell quiet from unknown.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
-from resctrl import BandwidthMeter, Resctrl
+from resctrl import BandwidthMeter, CounterReading, Resctrl
 from resctrl.info import read_domains
-from resctrl.mbm import MBM_TOTAL, MbmReader
+from resctrl.mbm import MBM_TOTAL, MbmReader, MbmSample
 
 from ..jobs.monitoring import JobMonitor
 
@@ -25,11 +32,35 @@ class BandwidthSample:
     missing: tuple[str, ...]  # what could not be measured, in words
 
 
+def residual(total: MbmSample, children: list[MbmSample], domains: tuple[int, ...]) -> MbmSample:
+    """A control group's own-RMID counts: its total minus its monitoring groups'."""
+    out: MbmSample = {}
+    for d in domains:
+        values = [total.get(d, {}).get(MBM_TOTAL)] + [c.get(d, {}).get(MBM_TOTAL) for c in children]
+        if any(v is None or v.value is None for v in values):
+            bad = next((v for v in values if v is not None and v.value is None), None)
+            out[d] = {MBM_TOTAL: CounterReading(None, bad.state if bad else "Unavailable")}
+            continue
+        own = values[0].value - sum(v.value for v in values[1:])
+        # Children are read first, so the total can only be larger; a negative
+        # residual means a counter reset somewhere: no honest value this time.
+        out[d] = {MBM_TOTAL: CounterReading(own) if own >= 0 else CounterReading(None, "Unavailable")}
+    return out
+
+
+#: Residual read-order jitter: children's traffic between two reads (20 GB/s for
+#: 10 ms through the emulator; microseconds on a real mount). Real resets drop a
+#: counter to about zero, far below.
+RESIDUAL_DIP_BYTES = 256 << 20
+
+
 class BandwidthSampler:
     name = "resctrl"
 
-    def __init__(self, rc: Resctrl, monitor: JobMonitor, reader: MbmReader | None = None):
+    def __init__(self, rc: Resctrl, monitor: JobMonitor, reader: MbmReader | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.rc = rc
+        self.clock = clock  # rates are taken at the time of reading, not the tick's start
         self.monitor = monitor
         self.reader = reader or MbmReader(events=(MBM_TOTAL,))
         self._meters: dict[str, BandwidthMeter] = {}
@@ -38,24 +69,41 @@ class BandwidthSampler:
         self.reader.forget(path)
         self._meters.pop(path, None)
 
-    def _rates(self, path: str, domains: tuple[int, ...], now: float) -> dict[int, float | None]:
-        meter = self._meters.setdefault(path, BandwidthMeter(MBM_TOTAL))
-        rates = meter.update(self.reader.read(path, domains), now)
-        return {d: rates.get(d) for d in domains}
+    def _meter(self, key: str, domains: tuple[int, ...], created_at: float | None) -> BandwidthMeter:
+        meter = self._meters.get(key)
+        if meter is None:
+            dip = RESIDUAL_DIP_BYTES if key.endswith("#own") else 0
+            meter = self._meters[key] = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
+            if created_at is not None:
+                meter.start_from_zero(domains, created_at)
+        return meter
 
     def sample(self, now: float) -> BandwidthSample:
         domains = read_domains(self.rc.root, True)
-        missing: list[str] = []
+        groups = self.monitor.groups()
+        # Job groups first, then their control groups (see residual()).
+        job_readings = {job_id: self.reader.read(g.path, domains) for job_id, g in groups.items()}
         ctrl_paths = [self.rc.root] + [g.path for g in self.rc.list_ctrl_groups()]
+        ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
+        now = self.clock()
+        job_bps = {
+            job_id: self._rate(groups[job_id].path, readings, domains, now, self.monitor.created_at(job_id))
+            for job_id, readings in job_readings.items()
+        }
         node: dict[int, float | None] = {d: 0.0 for d in domains}
-        for path in ctrl_paths:
-            for d, r in self._rates(path, domains, now).items():
-                node[d] = None if r is None or node[d] is None else node[d] + r
-        for d, r in node.items():
-            if r is None:
-                missing.append(f"node bandwidth on L3 domain {d}")
-        jobs = {job_id: self._rates(g.path, domains, now) for job_id, g in self.monitor.groups().items()}
-        live = set(ctrl_paths) | {g.path for g in self.monitor.groups().values()}
-        for path in [p for p in self._meters if p not in live]:
-            self.forget(path)
-        return BandwidthSample(domains, node, jobs, tuple(missing))
+        for rates in job_bps.values():
+            node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
+        for path, readings in ctrl_readings.items():
+            children = [job_readings[j] for j, g in groups.items() if os.path.dirname(os.path.dirname(g.path)) == path]
+            rates = self._rate(path + "#own", residual(readings, children, domains), domains, now, None)
+            node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
+        missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
+        live = {p + "#own" for p in ctrl_paths} | {g.path for g in groups.values()}
+        for key in [k for k in self._meters if k not in live]:
+            self.forget(key)
+        return BandwidthSample(domains, node, job_bps, tuple(missing))
+
+    def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,
+              created_at: float | None) -> dict[int, float | None]:
+        rates = self._meter(key, domains, created_at).update(readings, now)
+        return {d: rates.get(d) for d in domains}

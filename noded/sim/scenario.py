@@ -1,0 +1,180 @@
+"""Scenario files: what happens on the simulated node, and when.
+
+```yaml
+seed: 7                # noise in GPU utilisation is drawn from this
+duration_s: 30
+tick_s: 0.25           # how often the workload model updates the hardware
+node: {profile: intel, gpus: 4, peak_gbps: 20}
+events:
+  - {at: 0,  start: {id: bert, model: BiDAF, gpu: 0}}
+  - {at: 3,  start: {id: hog, cpu: hog}}            # or cpu_gbps: 14
+  - {at: 12, set: {id: hog, cpu_gbps: 1}}           # the hog calms down
+  - {at: 15, stop: {id: hog}}
+  - {at: 18, fault: {gpu_lost: 1}}                  # or counters: Unavailable|Error|null,
+                                                    #    nvml_lost: true|false, domain_offline: 1
+```
+
+Every key is checked; an error names the file, the event and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from resctrl.emulator.profiles import PROFILES
+
+from .workload import CPU_JOBS, MODELS
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: str
+    model: str | None = None  # GPU job
+    gpu: int | None = None
+    cpu_gbps: float | None = None  # CPU job
+    exempt: bool = False
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.model is not None
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    action: str  # start | stop | set | fault
+    args: dict
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    profile: str = "intel"
+    gpus: int = 4
+    peak_gbps: float = 20.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    duration_s: float
+    events: tuple[Event, ...]
+    node: NodeSpec = NodeSpec()
+    seed: int = 0
+    tick_s: float = 0.25
+    name: str = "scenario"
+    jobs: dict[str, JobSpec] = field(default_factory=dict)
+
+
+def _keys(d: dict, where: str, required: set[str], optional: set[str]) -> None:
+    if not isinstance(d, dict):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(d).__name__}")
+    missing = required - set(d)
+    unknown = set(d) - required - optional
+    if missing:
+        raise ScenarioError(f"{where}: missing key(s) {sorted(missing)}")
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(required | optional)}")
+
+
+def _number(v, where: str, lo: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
+        raise ScenarioError(f"{where}: expected a number >= {lo}, got {v!r}")
+    return float(v)
+
+
+def parse_scenario(text: str, name: str = "scenario") -> Scenario:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{name}: not valid YAML: {e}") from None
+    _keys(data, name, {"duration_s", "events"}, {"seed", "tick_s", "node"})
+    node_d = data.get("node", {})
+    _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps"})
+    node = NodeSpec(**node_d)
+    if node.profile not in PROFILES:
+        raise ScenarioError(f"{name}: node.profile {node.profile!r} is not one of {sorted(PROFILES)}")
+    if not isinstance(node.gpus, int) or not 0 <= node.gpus <= 64:
+        raise ScenarioError(f"{name}: node.gpus must be an integer 0..64, got {node.gpus!r}")
+    _number(node.peak_gbps, f"{name}: node.peak_gbps", 0.1)
+    duration = _number(data["duration_s"], f"{name}: duration_s", 0.1)
+    tick = _number(data.get("tick_s", 0.25), f"{name}: tick_s", 0.01)
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int):
+        raise ScenarioError(f"{name}: seed must be an integer, got {seed!r}")
+    if not isinstance(data["events"], list):
+        raise ScenarioError(f"{name}: events must be a list")
+    events, jobs, live = [], {}, set()
+    last_at = 0.0
+    for i, ev in enumerate(data["events"]):
+        where = f"{name}: events[{i}]"
+        if not isinstance(ev, dict) or "at" not in ev or len(ev) != 2:
+            raise ScenarioError(f"{where}: expected {{at: SECONDS, start|stop|set|fault: {{...}}}}")
+        at = _number(ev["at"], f"{where}.at")
+        if at < last_at:
+            raise ScenarioError(f"{where}.at: {at} is before the previous event ({last_at}); keep events in time order")
+        last_at = at
+        action = next(k for k in ev if k != "at")
+        args = ev[action]
+        w = f"{where}.{action}"
+        if action == "start":
+            _keys(args, w, {"id"}, {"model", "gpu", "cpu", "cpu_gbps", "exempt"})
+            jid = str(args["id"])
+            if jid in jobs:
+                raise ScenarioError(f"{w}.id: job {jid!r} started twice")
+            if "model" in args:
+                if args["model"] not in MODELS:
+                    raise ScenarioError(f"{w}.model: {args['model']!r} is not one of {sorted(MODELS)}")
+                gpu = args.get("gpu", 0)
+                if not isinstance(gpu, int) or not 0 <= gpu < node.gpus:
+                    raise ScenarioError(f"{w}.gpu: {gpu!r} is not a GPU index below {node.gpus}")
+                if "cpu" in args or "cpu_gbps" in args:
+                    raise ScenarioError(f"{w}: a job is a GPU job (model) or a CPU job (cpu/cpu_gbps), not both")
+                spec = JobSpec(jid, model=args["model"], gpu=gpu, exempt=bool(args.get("exempt", False)))
+            else:
+                gbps = _cpu_gbps(args, w)
+                spec = JobSpec(jid, cpu_gbps=gbps, exempt=bool(args.get("exempt", False)))
+            jobs[jid] = spec
+            live.add(jid)
+        elif action in ("stop", "set"):
+            _keys(args, w, {"id"}, {"cpu", "cpu_gbps"} if action == "set" else set())
+            jid = str(args["id"])
+            if jid not in live:
+                raise ScenarioError(f"{w}.id: job {jid!r} is not running at {at}s")
+            if action == "stop":
+                live.discard(jid)
+            else:
+                if jobs[jid].is_gpu:
+                    raise ScenarioError(f"{w}: only a CPU job's bandwidth can be set")
+                args = {"id": jid, "cpu_gbps": _cpu_gbps(args, w)}
+        elif action == "fault":
+            _keys(args, w, set(), {"gpu_lost", "counters", "nvml_lost", "domain_offline", "domain_online"})
+            if len(args) != 1:
+                raise ScenarioError(f"{w}: exactly one fault per event")
+            if "gpu_lost" in args and not (isinstance(args["gpu_lost"], int) and 0 <= args["gpu_lost"] < node.gpus):
+                raise ScenarioError(f"{w}.gpu_lost: {args['gpu_lost']!r} is not a GPU index below {node.gpus}")
+            if "counters" in args and args["counters"] not in ("Unavailable", "Error", "Unassigned", None):
+                raise ScenarioError(f"{w}.counters: expected Unavailable, Error, Unassigned or null")
+        else:
+            raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
+        events.append(Event(at, action, dict(args)))
+    return Scenario(duration, tuple(events), node, seed, tick, name, jobs)
+
+
+def _cpu_gbps(args: dict, where: str) -> float:
+    if ("cpu" in args) == ("cpu_gbps" in args):
+        raise ScenarioError(f"{where}: give exactly one of cpu: {sorted(CPU_JOBS)} or cpu_gbps: NUMBER")
+    if "cpu" in args:
+        if args["cpu"] not in CPU_JOBS:
+            raise ScenarioError(f"{where}.cpu: {args['cpu']!r} is not one of {sorted(CPU_JOBS)}")
+        return CPU_JOBS[args["cpu"]]
+    return _number(args["cpu_gbps"], f"{where}.cpu_gbps")
+
+
+def load_scenario(path: str) -> Scenario:
+    with open(path) as f:
+        return parse_scenario(f.read(), path)
