@@ -7,6 +7,7 @@ the kernel's own ``info/last_cmd_status`` text.
 
 from .errors import (
     ForeignGroupError,
+    GroupNotFoundError,
     NoSuchTaskError,
     NotMountedError,
     OutOfClosidsError,

@@ -46,6 +46,10 @@ class SchemataError(ResctrlError):
     """The kernel refused a schemata write (EINVAL), nothing was applied."""
 
 
+class GroupNotFoundError(ResctrlError):
+    """ENOENT: the group (or a file in it) is gone, e.g. removed by someone else."""
+
+
 class TaskMoveError(ResctrlError):
     """A task could not be moved (EPERM, or EINVAL across control groups)."""
 
@@ -63,12 +67,12 @@ def classify(op: str, path: str, err: int, status: str) -> ResctrlError:
         return RmidsInLimboError(op, path, err, status)
     if op == "mkdir" and err == errnos.ENOSPC:
         return OutOfRmidsError(op, path, err, status)
+    if err == errnos.ENOENT and op in ("open", "rmdir", "rename"):
+        return GroupNotFoundError(op, path, err, status)
     if name == "schemata" and err == errnos.EINVAL:
         return SchemataError(op, path, err, status)
     if name == "tasks" and err == errnos.ESRCH:
         return NoSuchTaskError(op, path, err, status)
     if name == "tasks":
         return TaskMoveError(op, path, err, status)
-    if err == errnos.ENOENT and op in ("open", "read", "listdir") and not status:
-        return NotMountedError(op, path, err, status) if name == "info" else ResctrlError(op, path, err, status)
     return ResctrlError(op, path, err, status)

@@ -1,0 +1,175 @@
+"""Job discovery: cgroup v2-shaped trees, the real v1 cpuset hierarchy, registered
+process trees, labels, and new processes through the process-events connector."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import wait_for
+from noded.jobs import CgroupSource, JobDiscovery, JobMeta, LabelFile, ProcessEvents, cgroup_version
+
+CPUSET = "/sys/fs/cgroup/cpuset"
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def v2_tree(tmp_path, sleeper):
+    """A cgroup v2-shaped tree (the kernel here gives v1): Slurm, Kubernetes, systemd."""
+    root = tmp_path / "cgroup"
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    a, b, c, d = sleeper(), sleeper(), sleeper(), sleeper()
+    write(root / "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/cgroup.procs", f"{a.pid}\n{b.pid}\n")
+    write(root / "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs", f"{c.pid}\n")
+    write(root / "system.slice/slurmstepd.scope/job_17/cgroup.procs", "")  # no processes: no job
+    write(root / "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c_33d4.slice/cri-x.scope/cgroup.procs",
+          f"{d.pid}\n")
+    write(root / "system.slice/train.service/cgroup.procs", f"{d.pid}\n")
+    return str(root), (a, b, c, d)
+
+
+def test_v2_layouts_are_found_with_their_processes(v2_tree):
+    root, (a, b, c, d) = v2_tree
+    assert cgroup_version(root) == 2
+    sources = [CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root),
+               CgroupSource.create("systemd", root, ["system.slice/*.service"])]
+    jobs = JobDiscovery(sources).discover()
+    assert set(jobs) == {"slurm:4242", "k8s:1b2c-33d4", "systemd:train.service"}
+    assert jobs["slurm:4242"].pids == {a.pid, b.pid, c.pid} and jobs["slurm:4242"].source == "slurm"
+    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}
+    # Identity is stable across ticks.
+    assert JobDiscovery(sources).discover()["slurm:4242"] == jobs["slurm:4242"]
+
+
+def test_source_configuration_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="job source 'systemd' at .* needs explicit patterns"):
+        CgroupSource.create("systemd", str(tmp_path))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        CgroupSource.create("lsf", str(tmp_path))
+    with pytest.raises(ValueError, match="must be relative"):
+        CgroupSource.create("cgroup", str(tmp_path), ["../etc/*"])
+
+
+def test_process_cgroup_paths_match_their_job():
+    src = CgroupSource("slurm", "/sys/fs/cgroup", ("system.slice/slurmstepd.scope/job_*",), 2)
+    assert src.match("/system.slice/slurmstepd.scope/job_9/step_0/user/task_0") == "system.slice/slurmstepd.scope/job_9"
+    assert src.match("/system.slice/sshd.service") is None
+    assert src.match("/") is None
+
+
+@pytest.fixture
+def v1_cpuset():
+    """A private subtree of this machine's real cgroup v1 cpuset hierarchy."""
+    if not os.access(CPUSET, os.W_OK):
+        pytest.skip(f"{CPUSET} is not writable here")
+    base = f"{CPUSET}/noded-test-{uuid.uuid4().hex[:8]}"
+    made = []
+
+    def mkcg(rel):
+        path = base
+        for part in [""] + rel.split("/"):
+            path = os.path.join(path, part) if part else path
+            if not os.path.isdir(path):
+                os.mkdir(path)
+                made.append(path)
+                parent = os.path.dirname(path)
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    with open(f"{parent}/{f}") as src, open(f"{path}/{f}", "w") as dst:
+                        dst.write(src.read())
+        return path
+
+    yield base, mkcg
+    for path in reversed(made):
+        with open(f"{path}/cgroup.procs") as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
+        os.rmdir(path)
+
+
+def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_42")
+    p = sleeper()
+    write(f"{job}/cgroup.procs", str(p.pid))
+    src = CgroupSource.create("slurm", base)
+    assert src.version == 1 and src.hierarchy == "cpuset"
+    jobs = JobDiscovery([src]).discover()
+    assert set(jobs) == {"slurm:42"} and jobs["slurm:42"].pids == {p.pid}
+    with open(f"/proc/{p.pid}/cgroup") as f:
+        assert src.match(next(l for l in f.read().splitlines() if ":cpuset:" in l).split(":", 2)[2]) \
+            == "slurm/uid_0/job_42"
+
+
+def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
+    code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        d = JobDiscovery([])
+        jid = d.register(p.pid, "train-1", JobMeta(category="NLP"))
+        job = d.discover()["train-1"]
+        assert p.pid in job.pids and len(job.pids) == 3 and job.meta.category == "NLP"
+    finally:
+        for pid in job.pids:
+            os.kill(pid, 9)
+        p.wait()
+    wait_for(lambda: "train-1" not in d.discover(), what="the job to end with its tree")
+    with pytest.raises(ValueError, match="no such process"):
+        d.register(p.pid)
+
+
+def test_label_file_applies_and_a_broken_one_keeps_the_last_good(tmp_path, sleeper):
+    labels = tmp_path / "labels.yaml"
+    p = sleeper()
+    labels.write_text(f"'pid:{p.pid}': {{category: NLP, exempt: true, requested_cores: 4}}\n")
+    lf = LabelFile(str(labels))
+    d = JobDiscovery([], labels=lf)
+    d.register(p.pid)
+    assert d.discover()[f"pid:{p.pid}"].meta == JobMeta(category="NLP", requested_cores=4, exempt=True)
+    labels.write_text(f"'pid:{p.pid}': {{category: NLP, exmept: true}}\n")
+    os.utime(labels, (time.time() + 5, time.time() + 5))
+    assert d.discover()[f"pid:{p.pid}"].meta.exempt  # kept
+    assert "unknown label key(s) ['exmept']" in lf.error
+
+
+def test_new_process_lands_in_its_job_through_the_connector(v1_cpuset):
+    base, mkcg = v1_cpuset
+    job_dir = mkcg("slurm/uid_0/job_7")
+    d = JobDiscovery([CgroupSource.create("slurm", base)])
+    seen = []
+    events = ProcessEvents(lambda pid, parent: seen.append(d.job_of_new_process(pid, parent, {})))
+    if not events.start():
+        pytest.skip(f"connector unavailable here: {events.unavailable}")
+    try:
+        p = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
+        job = wait_for(lambda: next((j for j in seen if j and p.pid in j.pids), None), what="the exec event")
+        assert job.id == "slurm:7" and job.cgroup == job_dir
+    finally:
+        events.stop()
+        p.kill()
+        p.wait()
+
+
+def test_connector_unavailable_outside_the_initial_network_namespace():
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root")
+    code = ("from noded.jobs import ProcessEvents\n"
+            "e = ProcessEvents(lambda pid, parent: None)\n"
+            "print(e.start(timeout=5), e.unavailable)")
+    out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False ") and "polling only" in out.stderr

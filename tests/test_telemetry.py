@@ -1,0 +1,171 @@
+"""Telemetry on the emulated node: monitoring groups per job, races, RMID scarcity,
+churn without leaks, new processes placed at once, sticky GPU classification."""
+
+import logging
+import os
+import subprocess
+import time
+import tracemalloc
+
+import pytest
+
+from conftest import wait_for
+from noded.jobs import Job, JobDiscovery, JobMonitor
+from noded.samplers.bandwidth import BandwidthSampler
+from noded.samplers.nvml import NvmlSampler
+from noded.sim import fake_nvml as fake
+from noded.telemetry import Telemetry
+
+pytestmark = pytest.mark.fuse
+
+
+def job(jid, *pids):
+    return Job(jid, "registered", frozenset(pids))
+
+
+@pytest.fixture
+def node(emulator, open_resctrl):
+    def make(*emulator_args, profile="intel"):
+        emu = emulator(profile, *emulator_args)
+        rc = open_resctrl(emu)
+        monitor = JobMonitor(rc, clock=time.monotonic, retry_s=3600)
+        return emu, rc, monitor
+
+    return make
+
+
+def mon_groups(rc):
+    return sorted(os.listdir(os.path.join(rc.root, "mon_groups")))
+
+
+def test_each_job_gets_a_group_holding_all_its_threads(node, sleeper):
+    emu, rc, monitor = node()
+    a, b = sleeper(), sleeper()
+    report = monitor.sync({"j1": job("j1", a.pid, b.pid)})
+    group = monitor.groups()["j1"]
+    assert report.monitoring == {"j1": "own"} and sorted(group.read_tasks()) == sorted([a.pid, b.pid])
+    monitor.sync({})
+    assert mon_groups(rc) == []
+
+
+def test_a_process_exiting_between_listing_and_moving_is_reported(node, sleeper):
+    emu, rc, monitor = node()
+    live = sleeper()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # listed by discovery a moment ago, gone now
+    report = monitor.sync({"j": job("j", live.pid, dead.pid)})
+    assert report.vanished == (dead.pid,) and monitor.groups()["j"].read_tasks() == [live.pid]
+
+
+def test_out_of_rmids_falls_back_to_shared_monitoring_without_a_retry_storm(node, sleeper, caplog):
+    emu, rc, monitor = node("--num-rmids", "3", "--limbo-ms", "0")  # two groups besides the root
+    p = [sleeper() for _ in range(3)]
+    jobs = {f"j{i}": job(f"j{i}", p[i].pid) for i in range(3)}
+    with caplog.at_level(logging.WARNING, logger="noded.jobs.monitoring"):
+        for _ in range(5):
+            report = monitor.sync(jobs)
+    assert sorted(report.monitoring.values()) == ["own", "own", "shared"] and report.rmids_exhausted
+    assert sum("rmids=exhausted" in r.message for r in caplog.records) == 1
+    shared = next(j for j, m in report.monitoring.items() if m == "shared")
+    ended = next(j for j, m in report.monitoring.items() if m == "own")
+    del jobs[ended]
+    report = monitor.sync(jobs)  # a freed group is retried at once, not after retry_s
+    assert report.monitoring[shared] == "own" and not report.rmids_exhausted
+
+
+def test_a_group_removed_behind_our_back_is_recreated(node, sleeper):
+    emu, rc, monitor = node()
+    p = sleeper()
+    jobs = {"j": job("j", p.pid)}
+    monitor.sync(jobs)
+    os.rmdir(monitor.groups()["j"].path)  # an operator's rmdir
+    monitor.sync({"j": job("j", p.pid, sleeper().pid)})
+    report = monitor.sync({"j": job("j", p.pid)})
+    assert report.monitoring == {"j": "own"} and p.pid in monitor.groups()["j"].read_tasks()
+
+
+def telemetry_for(rc, discovery, monitor, **kw):
+    bandwidth = BandwidthSampler(rc, monitor)
+    monitor.on_removed = bandwidth.forget
+    return Telemetry(discovery, monitor, NvmlSampler(), bandwidth, **kw)
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_200_short_lived_jobs_leak_no_groups_fds_or_memory(node):
+    emu, rc, monitor = node()
+    fake.install(fake.FakeNvmlLib(fake.make_gpus(2)))
+    discovery = JobDiscovery([])
+    telemetry = telemetry_for(rc, discovery, monitor, process_events=False)
+    try:
+        def churn(n):
+            for _ in range(n):
+                p = subprocess.Popen(["sleep", "300"])
+                discovery.register(p.pid)
+                telemetry.sample()
+                p.kill()
+                p.wait()
+                telemetry.sample()
+
+        churn(20)  # warm up caches and lazily created objects
+        fds = open_fds()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        churn(200)
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+        assert mon_groups(rc) == []
+        assert open_fds() <= fds
+        assert grown < 512 * 1024, f"memory grew by {grown} bytes over 200 jobs"
+        assert telemetry.bandwidth.reader.open_files <= 2 * len(rc.caps.domains)  # the root's only
+    finally:
+        telemetry.close()
+        fake.install(None)
+
+
+@pytest.mark.parametrize("events", [True, False], ids=["connector", "polling"])
+def test_a_new_process_lands_in_its_jobs_group(node, sleeper, events):
+    emu, rc, monitor = node()
+    discovery = JobDiscovery([])
+    telemetry = telemetry_for(rc, discovery, monitor, process_events=events)
+    try:
+        if events and telemetry.events is None:
+            pytest.skip("process-events connector unavailable here")
+        parent = sleeper("sh", "-c", "trap 'sleep 300 & wait' USR1; while :; do sleep 0.05; done")
+        discovery.register(parent.pid, "tree")
+        telemetry.sample()
+        group = monitor.groups()["tree"]
+        # A child of a registered job is in its group: via the connector at once,
+        # via inheritance or the next tick's reconciliation otherwise.
+        parent.send_signal(10)
+        child = wait_for(lambda: next((int(c) for c in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()
+                                       if open(f"/proc/{c}/comm").read().strip() == "sleep"
+                                       and "300" in open(f"/proc/{c}/cmdline").read()), None), what="the child")
+        if not events:
+            telemetry.sample()
+        wait_for(lambda: child in group.read_tasks(), timeout=2, what="the child in the job's group")
+    finally:
+        telemetry.close()
+
+
+def test_a_gpu_job_stays_a_gpu_job_while_its_gpu_is_lost(node, sleeper):
+    emu, rc, monitor = node()
+    gpus = fake.make_gpus(2)
+    fake.install(fake.FakeNvmlLib(gpus))
+    discovery = JobDiscovery([])
+    telemetry = telemetry_for(rc, discovery, monitor, process_events=False)
+    try:
+        p = sleeper()
+        gpus[1].processes[p.pid] = fake.FakeProcess(p.pid, sm_util=50)
+        discovery.register(p.pid, "train")
+        assert telemetry.sample().jobs["train"].kind == "gpu"
+        gpus[1].lost = True
+        s = telemetry.sample()
+        assert s.jobs["train"].kind == "gpu" and s.jobs["train"].gpu_util is None
+        assert "gpu 1: GpuIsLost" in s.missing
+    finally:
+        telemetry.close()
+        fake.install(None)
