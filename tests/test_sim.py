@@ -1,0 +1,121 @@
+"""The simulated node: scenario files, the workload model, and a short run."""
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import wait_for
+from noded.sim.scenario import ScenarioError, parse_scenario
+from noded.sim.workload import MODELS, contention, gpu_utilisation
+
+BASE = "duration_s: 5\nnode: {gpus: 2}\nevents:\n"
+
+
+@pytest.mark.parametrize("events,error", [
+    ("  - {at: 0, start: {id: a, model: GPT-9}}", "events[0].start.model: 'GPT-9' is not one of"),
+    ("  - {at: 0, start: {id: a, model: BiDAF, gpu: 2}}", "events[0].start.gpu: 2 is not a GPU index below 2"),
+    ("  - {at: 0, start: {id: a, cpu: hog, colour: red}}", "events[0].start: unknown key(s) ['colour']"),
+    ("  - {at: 0, start: {id: a, cpu: hog}}\n  - {at: 0, start: {id: a, cpu: hog}}", "job 'a' started twice"),
+    ("  - {at: 2, start: {id: a, cpu: hog}}\n  - {at: 1, stop: {id: a}}", "is before the previous event"),
+    ("  - {at: 1, stop: {id: a}}", "job 'a' is not running at 1.0s"),
+    ("  - {at: 0, start: {id: a, cpu: hog, cpu_gbps: 3}}", "give exactly one of cpu"),
+    ("  - {at: 0, fault: {counters: Weird}}", "expected Unavailable, Error, Unassigned or null"),
+    ("  - {at: 0, explode: {}}", "unknown action 'explode'"),
+])
+def test_scenario_errors_name_the_event_and_key(events, error):
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(BASE + events, "s.yaml")
+    assert error in str(e.value) and str(e.value).startswith("s.yaml")
+
+
+def test_scenario_top_level_errors():
+    with pytest.raises(ScenarioError, match="missing key"):
+        parse_scenario("events: []", "s.yaml")
+    with pytest.raises(ScenarioError, match="node.profile 'sparc'"):
+        parse_scenario("duration_s: 1\nnode: {profile: sparc}\nevents: []", "s.yaml")
+    with pytest.raises(ScenarioError, match="not valid YAML"):
+        parse_scenario("duration_s: [", "s.yaml")
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.integers(0, 8))
+    lines, t = [], 0.0
+    for i in range(n):
+        t += round(draw(st.floats(0, 5)), 2)
+        if draw(st.booleans()):
+            lines.append(f"  - {{at: {t:.2f}, start: {{id: g{i}, model: {draw(st.sampled_from(sorted(MODELS)))}, gpu: "
+                         f"{draw(st.integers(0, 3))}}}}}")
+        else:
+            lines.append(f"  - {{at: {t:.2f}, start: {{id: c{i}, cpu_gbps: {draw(st.floats(0, 100)):.2f}}}}}")
+    return "seed: 3\nduration_s: 60\nnode: {gpus: 4}\nevents:\n" + ("\n".join(lines) if lines else "  []"), n
+
+
+@given(scenarios())
+def test_generated_scenarios_parse_completely(case):
+    text, n = case
+    s = parse_scenario(text.replace("events:\n  []", "events: []"))
+    assert len(s.events) == n and len(s.jobs) == n
+    assert [e.at for e in s.events] == sorted(e.at for e in s.events)
+
+
+@given(st.floats(0, 1), st.floats(0, 1))
+def test_contention_is_monotonic_and_bounded(a, b):
+    lo, hi = sorted((a, b))
+    assert 0 <= contention(lo) <= contention(hi) <= 1
+
+
+def test_models_behave_as_coda_reports():
+    saturated = 1.0
+    for name in ("BiDAF", "Transformer"):  # NLP: at least a 50 % drop
+        m = MODELS[name]
+        assert gpu_utilisation(m, saturated) <= 0.5 * m.solo_util + 1e-9
+    for name in ("VGG16", "InceptionV3", "ResNet-50"):  # insensitive
+        m = MODELS[name]
+        assert gpu_utilisation(m, saturated) >= 0.95 * m.solo_util
+    alexnet, deepspeech, wavenet = MODELS["AlexNet"], MODELS["DeepSpeech"], MODELS["WaveNet"]
+    assert gpu_utilisation(alexnet, saturated) < 0.9 * alexnet.solo_util  # AlexNet is affected
+    assert deepspeech.sensitivity > wavenet.sensitivity  # DeepSpeech more than WaveNet
+    assert max(MODELS.values(), key=lambda m: m.demand_gbps if m.category == "CV" else 0).name == "AlexNet"
+    for m in MODELS.values():  # no contention below the knee
+        assert gpu_utilisation(m, 0.5) == m.solo_util
+
+
+@pytest.mark.fuse
+def test_a_hog_slows_an_nlp_job_on_the_simulated_node_and_it_recovers_when_the_hog_stops():
+    from noded.sim.node import SimNode
+    from noded.sim.run import build_telemetry
+
+    scenario = parse_scenario(
+        "seed: 1\nduration_s: 60\nnode: {gpus: 2, peak_gbps: 8}\nevents:\n"
+        "  - {at: 0, start: {id: bert, model: BiDAF, gpu: 0}}\n"
+        "  - {at: 0.5, start: {id: hog, cpu: hog}}\n"
+        "  - {at: 2.5, stop: {id: hog}}\n", "inline")
+    solo = MODELS["BiDAF"].solo_util
+    with SimNode(scenario) as sim:
+        telemetry = build_telemetry(sim, process_events=False)
+        try:
+            def util_seen():
+                sim.step()
+                return telemetry.sample().jobs.get("sim:bert")
+
+            slow = wait_for(lambda: (j := util_seen()) and j.gpu_util is not None and j.gpu_util < 0.6 * solo and j,
+                            timeout=10, interval=0.1, what="the hog to slow the NLP job")
+            assert slow.kind == "gpu" and slow.meta.category == "NLP"
+            wait_for(lambda: (j := util_seen()) and sim.elapsed > 2.5 and j.gpu_util > 0.9 * solo,
+                     timeout=10, interval=0.1, what="recovery after the hog stopped")
+        finally:
+            telemetry.close()
+        groups = sim.open_resctrl().owned_groups()
+    assert groups == []
+
+
+def test_noded_sim_refuses_a_bad_scenario(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BASE + "  - {at: 0, start: {id: a, cpu: hog, colour: red}}\n")
+    out = subprocess.run([sys.executable, "-m", "noded", "sim", "--scenario", str(bad)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "events[0].start: unknown key(s) ['colour']" in out.stderr
