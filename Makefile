@@ -30,6 +30,8 @@ demo: deps
 
 bench: deps
 	$(PY) -m bench.mbm_sample
+	$(PY) -m bench.tick_cost
+	$(PY) -m bench.exec_latency
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

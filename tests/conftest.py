@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -73,3 +74,39 @@ def wait_for(predicate, timeout=5.0, interval=0.01, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+CPUSET = "/sys/fs/cgroup/cpuset"
+
+
+@pytest.fixture
+def v1_cpuset():
+    """A private subtree of this machine's real cgroup v1 cpuset hierarchy."""
+    if not os.access(CPUSET, os.W_OK):
+        pytest.skip(f"{CPUSET} is not writable here")
+    base = f"{CPUSET}/noded-test-{uuid.uuid4().hex[:8]}"
+    made = []
+
+    def mkcg(rel):
+        path = base
+        for part in [""] + rel.split("/"):
+            path = os.path.join(path, part) if part else path
+            if not os.path.isdir(path):
+                os.mkdir(path)
+                made.append(path)
+                parent = os.path.dirname(path)
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    with open(f"{parent}/{f}") as src, open(f"{path}/{f}", "w") as dst:
+                        dst.write(src.read())
+        return path
+
+    yield base, mkcg
+    for path in reversed(made):
+        with open(f"{path}/cgroup.procs") as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
+        os.rmdir(path)

@@ -6,15 +6,11 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from conftest import wait_for
 from noded.jobs import CgroupSource, JobDiscovery, JobMeta, LabelFile, ProcessEvents, cgroup_version
-
-CPUSET = "/sys/fs/cgroup/cpuset"
-
 
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -64,39 +60,6 @@ def test_process_cgroup_paths_match_their_job():
     assert src.match("/system.slice/slurmstepd.scope/job_9/step_0/user/task_0") == "system.slice/slurmstepd.scope/job_9"
     assert src.match("/system.slice/sshd.service") is None
     assert src.match("/") is None
-
-
-@pytest.fixture
-def v1_cpuset():
-    """A private subtree of this machine's real cgroup v1 cpuset hierarchy."""
-    if not os.access(CPUSET, os.W_OK):
-        pytest.skip(f"{CPUSET} is not writable here")
-    base = f"{CPUSET}/noded-test-{uuid.uuid4().hex[:8]}"
-    made = []
-
-    def mkcg(rel):
-        path = base
-        for part in [""] + rel.split("/"):
-            path = os.path.join(path, part) if part else path
-            if not os.path.isdir(path):
-                os.mkdir(path)
-                made.append(path)
-                parent = os.path.dirname(path)
-                for f in ("cpuset.cpus", "cpuset.mems"):
-                    with open(f"{parent}/{f}") as src, open(f"{path}/{f}", "w") as dst:
-                        dst.write(src.read())
-        return path
-
-    yield base, mkcg
-    for path in reversed(made):
-        with open(f"{path}/cgroup.procs") as f:
-            for pid in f.read().split():
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
-        wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
-        os.rmdir(path)
 
 
 def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):

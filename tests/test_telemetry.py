@@ -3,7 +3,9 @@ churn without leaks, new processes placed at once, sticky GPU classification."""
 
 import logging
 import os
+import signal
 import subprocess
+import sys
 import time
 import tracemalloc
 
@@ -131,24 +133,33 @@ def test_a_new_process_lands_in_its_jobs_group(node, sleeper, events):
     emu, rc, monitor = node()
     discovery = JobDiscovery([])
     telemetry = telemetry_for(rc, discovery, monitor, process_events=events)
+    parent = child = None
     try:
         if events and telemetry.events is None:
             pytest.skip("process-events connector unavailable here")
-        parent = sleeper("sh", "-c", "trap 'sleep 300 & wait' USR1; while :; do sleep 0.05; done")
+        code = ("import signal,subprocess,time\n"
+                "signal.signal(signal.SIGUSR1, lambda *a: print(subprocess.Popen(['sleep','300']).pid, flush=True))\n"
+                "print('up', flush=True)\n"
+                "while True: time.sleep(1)")
+        parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert parent.stdout.readline() == "up\n"
         discovery.register(parent.pid, "tree")
         telemetry.sample()
         group = monitor.groups()["tree"]
         # A child of a registered job is in its group: via the connector at once,
         # via inheritance or the next tick's reconciliation otherwise.
-        parent.send_signal(10)
-        child = wait_for(lambda: next((int(c) for c in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()
-                                       if open(f"/proc/{c}/comm").read().strip() == "sleep"
-                                       and "300" in open(f"/proc/{c}/cmdline").read()), None), what="the child")
+        parent.send_signal(signal.SIGUSR1)
+        child = int(parent.stdout.readline())
         if not events:
             telemetry.sample()
         wait_for(lambda: child in group.read_tasks(), timeout=2, what="the child in the job's group")
     finally:
         telemetry.close()
+        if parent is not None:
+            parent.kill()
+            parent.wait()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
 
 
 def test_a_gpu_job_stays_a_gpu_job_while_its_gpu_is_lost(node, sleeper):
@@ -169,3 +180,24 @@ def test_a_gpu_job_stays_a_gpu_job_while_its_gpu_is_lost(node, sleeper):
     finally:
         telemetry.close()
         fake.install(None)
+
+
+def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(node, v1_cpuset):
+    from noded.jobs import CgroupSource
+
+    emu, rc, monitor = node()
+    base, mkcg = v1_cpuset
+    job_dir = mkcg("slurm/uid_0/job_9")
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+    telemetry = Telemetry(discovery, monitor, None, None, process_events=True)
+    try:
+        if telemetry.events is None:
+            pytest.skip("process-events connector unavailable here")
+        first = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
+        wait_for(lambda: telemetry.sample() and monitor.groups(), what="the job's group")
+        group = monitor.groups()["slurm:9"]
+        p = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
+        # No sample() from here on: only the connector can place it.
+        wait_for(lambda: p.pid in group.read_tasks(), timeout=1.0, what="the new process in its job's group")
+    finally:
+        telemetry.close()

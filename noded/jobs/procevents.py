@@ -8,6 +8,7 @@ polls instead, and says so once.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import threading
 from typing import Callable
@@ -75,16 +76,23 @@ class ProcessEvents:
             self._sock = None
 
     def _listen(self, sock) -> None:
+        # Read datagrams from the socket ourselves and parse them with pyroute2's
+        # marshal: its get() buffers messages internally, so select() on the fd
+        # would not wake for events already read into that buffer.
+        from pyroute2.netlink.connector.cn_proc import ProcEventMarshal
+
+        marshal = ProcEventMarshal()
+        fd = sock.fileno()
         while not self._stop.is_set():
-            ready, _, _ = select.select([sock], [], [], 0.2)
+            ready, _, _ = select.select([fd], [], [], 0.2)
             if not ready:
                 continue
             try:
-                messages = sock.get()
-            except Exception as e:  # ENOBUFS when the kernel dropped events: polling catches up
+                data = os.read(fd, 1 << 16)
+            except OSError as e:  # ENOBUFS when the kernel dropped events: polling catches up
                 log.debug("process_events read error: %r", e)
                 continue
-            for msg in messages:
+            for msg in marshal.parse(data):
                 event = msg.get("event")
                 try:
                     if event == "PROC_EVENT_EXEC":
