@@ -1,0 +1,197 @@
+"""CODA's real-time contention eliminator (Sec. V-D), as a pure function.
+
+``decide(sample, state, config, limits, now)`` -> ``(decision, new_state)``; no I/O,
+no clock, no globals. Levels are abstract steps (1 = mildest); the actuators turn
+a level into an MBA value or a core count.
+
+* Trigger: the busiest L3 domain at or above ``threshold`` of its peak AND at least
+  one GPU job's utilisation more than ``gpu_drop_margin`` below its own baseline
+  (learned while the node was uncontended). Then the heaviest CPU job that can be
+  throttled further goes one step down, at most one step every ``settle_s`` so the
+  effect of the last step is seen before the next ("just enough").
+* Per-job cap: a CPU job above ``cpu_job_cap_gbps`` goes one step down regardless.
+* Release: once the node stays below ``release_threshold`` for ``hold_s``, one step
+  of one job is released, then the hold starts again.
+* GPU jobs and exempt jobs are never throttled; overrides win over everything.
+* Missing data (node bandwidth unknown) never leads to a new throttle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from ..config import ContentionConfig
+from ..sample import CPU, GPU, Sample
+
+GB = 1e9
+CONTENTION = "contention"
+CAP = "cap"
+OVERRIDE = "override"
+
+
+@dataclass(frozen=True)
+class Throttle:
+    level: int  # >= 1
+    cause: str  # contention | cap | override
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    baselines: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    throttles: Mapping[str, Throttle] = field(default_factory=lambda: MappingProxyType({}))
+    calm_since: float | None = None
+    last_step: float | None = None  # when a throttle or release step was last taken
+
+
+@dataclass(frozen=True)
+class Action:
+    job: str
+    from_level: int
+    to_level: int
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "throttle" if self.to_level > self.from_level else "release"
+
+
+@dataclass(frozen=True)
+class Decision:
+    levels: Mapping[str, int]  # desired level per job (jobs at 0 are absent)
+    actions: tuple[Action, ...]
+    triggered: bool
+    node_share: float | None  # busiest domain's share of its peak
+    slowed: tuple[str, ...]  # GPU jobs below their baseline
+    note: str  # why nothing happened, when nothing did
+
+
+def node_share(sample: Sample, peak_bytes_per_domain: float) -> float | None:
+    values = list(sample.node_bandwidth_bps.values())
+    if not values or any(v is None for v in values):
+        return None
+    return max(values) / peak_bytes_per_domain
+
+
+def decide(
+    sample: Sample,
+    state: PolicyState,
+    config: ContentionConfig,
+    peak_bytes_per_domain: float,
+    max_levels: Mapping[str, int],
+    now: float,
+    overrides: Mapping[str, int] = MappingProxyType({}),
+) -> tuple[Decision, PolicyState]:
+    jobs = sample.jobs
+    share = node_share(sample, peak_bytes_per_domain)
+    throttles = {j: t for j, t in state.throttles.items() if j in jobs}
+    actions: list[Action] = []
+
+    def set_level(job: str, level: int, cause: str, reason: str) -> None:
+        old = throttles[job].level if job in throttles else 0
+        if level == old:
+            if level and job in throttles and throttles[job].cause != cause:
+                throttles[job] = Throttle(level, cause)
+            return
+        actions.append(Action(job, old, level, reason))
+        if level:
+            throttles[job] = Throttle(level, cause)
+        else:
+            throttles.pop(job, None)
+
+    # What nobody may throttle, and what operators decided.
+    for job_id, js in jobs.items():
+        if job_id in overrides:
+            set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
+                      f"operator override to level {overrides[job_id]}")
+        elif js.kind == GPU and job_id in throttles:
+            set_level(job_id, 0, CONTENTION, "is a GPU job: never throttled")
+        elif js.meta.exempt and job_id in throttles:
+            set_level(job_id, 0, CONTENTION, "marked exempt")
+        elif job_id in throttles and throttles[job_id].cause == OVERRIDE:
+            set_level(job_id, 0, CONTENTION, "operator override ended")
+
+    # Baselines: learned while the node is quiet and nothing is throttled; a job
+    # that gets faster raises its baseline at any time.
+    baselines = {j: b for j, b in state.baselines.items() if j in jobs and jobs[j].kind == GPU}
+    quiet = share is not None and share < config.threshold and not throttles
+    slowed: list[str] = []
+    for job_id, js in jobs.items():
+        if js.kind != GPU or js.gpu_util is None:
+            continue
+        base = baselines.get(job_id)
+        if base is not None and js.gpu_util < base * (1 - config.gpu_drop_margin):
+            slowed.append(job_id)
+        if base is None:
+            if quiet:
+                baselines[job_id] = js.gpu_util
+        elif quiet or js.gpu_util > base:
+            baselines[job_id] = base + config.baseline_alpha * (js.gpu_util - base)
+    slowed.sort()
+
+    def throttleable(job_id: str) -> bool:
+        js = jobs[job_id]
+        level = throttles[job_id].level if job_id in throttles else 0
+        return (js.kind == CPU and not js.meta.exempt and job_id not in overrides
+                and js.bandwidth_bps is not None and level < max_levels.get(job_id, 0))
+
+    triggered = share is not None and share >= config.threshold and bool(slowed)
+    settled = state.last_step is None or now - state.last_step >= config.settle_s
+    note = ""
+    stepped = False
+    if share is None:
+        note = "holding: node bandwidth unknown"
+    elif triggered and settled:
+        candidates = sorted((j for j in jobs if throttleable(j)), key=lambda j: (-jobs[j].bandwidth_bps, j))
+        if candidates:
+            job = candidates[0]
+            worst = min(slowed, key=lambda j: jobs[j].gpu_util / baselines[j])
+            level = (throttles[job].level if job in throttles else 0) + 1
+            set_level(job, level, CONTENTION,
+                      f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
+                      f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%; heaviest CPU job "
+                      f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
+            stepped = True
+        else:
+            note = "contention, but no CPU job left to throttle"
+    elif triggered:
+        note = "contention: waiting for the last step to settle"
+
+    if config.cpu_job_cap_gbps is not None and settled:
+        cap = config.cpu_job_cap_gbps * GB
+        for job_id in sorted(jobs):
+            bw = jobs[job_id].bandwidth_bps
+            if bw is not None and bw > cap and throttleable(job_id) and not any(a.job == job_id for a in actions):
+                level = (throttles[job_id].level if job_id in throttles else 0) + 1
+                set_level(job_id, level, CAP if job_id not in throttles or throttles[job_id].cause == CAP
+                          else throttles[job_id].cause,
+                          f"{bw / GB:.1f} GB/s above the per-job cap {config.cpu_job_cap_gbps:g} GB/s")
+                stepped = True
+
+    # Release, one step of one job per hold period, once the node is calm.
+    calm_since = state.calm_since
+    if share is not None and share < config.release_threshold and not triggered:
+        calm_since = calm_since if calm_since is not None else now
+    else:
+        calm_since = None
+    last = now if stepped else state.last_step
+    if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
+        releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(jobs[j], config)]
+        if releasable:
+            job = min(releasable, key=lambda j: (throttles[j].level, j))
+            set_level(job, throttles[job].level - 1, throttles[job].cause,
+                      f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {now - calm_since:.0f}s")
+            last = now
+
+    decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(actions), triggered,
+                        share, tuple(slowed), note)
+    return decision, replace(state, baselines=MappingProxyType(baselines), throttles=MappingProxyType(throttles),
+                             calm_since=calm_since, last_step=last)
+
+
+def _over_cap(js, config: ContentionConfig) -> bool:
+    # A job throttled for its own bandwidth stays so while it would still exceed half the cap.
+    if config.cpu_job_cap_gbps is None or js.bandwidth_bps is None:
+        return False
+    return js.bandwidth_bps > 0.5 * config.cpu_job_cap_gbps * GB
