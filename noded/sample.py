@@ -32,6 +32,7 @@ class JobSample:
     gpu_util: float | None  # percent, mean over its GPUs; None when unknown
     bandwidth_bps: float | None  # over all L3 domains; None when unknown
     monitoring: str  # own | shared | none
+    cgroup: str | None = None  # the job's cgroup directory, where it has one
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def build_sample(
         out[job.id] = JobSample(
             job.id, job.source, job.pids, job.meta, GPU if held else CPU,
             tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
-            monitor.monitoring.get(job.id, "none") if monitor else "none",
+            monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
         )
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,

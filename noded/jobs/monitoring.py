@@ -50,11 +50,12 @@ class MonitorReport:
 
 class JobMonitor:
     def __init__(self, rc: Resctrl | None, *, clock: Callable[[], float], retry_s: float = 10.0,
-                 on_removed: Callable[[str], None] | None = None):
+                 on_removed: Callable[[str], None] | None = None, on_moved: Callable[[str], None] | None = None):
         self.rc = rc
         self.clock = clock
         self.retry_s = retry_s
         self.on_removed = on_removed or (lambda path: None)
+        self.on_moved = on_moved or (lambda old_path: None)
         self._jobs: dict[str, _Tracked] = {}
         self._lock = threading.RLock()
         self._exhausted_logged = False
@@ -66,6 +67,17 @@ class JobMonitor:
     def groups(self) -> dict[str, MonGroup]:
         with self._lock:
             return {j: t.group for j, t in self._jobs.items() if t.group is not None}
+
+    def set_group(self, job_id: str, group: MonGroup) -> None:
+        """The job's group moved (under a throttle's control group, or back)."""
+        with self._lock:
+            tracked = self._jobs.get(job_id)
+            if tracked is None or tracked.group is None:
+                return
+            old = tracked.group.path
+            tracked.group = group
+        if old != group.path:
+            self.on_moved(old)
 
     def created_at(self, job_id: str) -> float | None:
         with self._lock:
@@ -138,7 +150,15 @@ class JobMonitor:
         todo = sorted((only or job.pids) - tracked.moved)
         for pid in todo:
             try:
-                result = tracked.group.add_process(pid)
+                try:
+                    result = tracked.group.add_process(pid)
+                except TaskMoveError as e:
+                    if "different control group" not in e.status:
+                        raise
+                    # The group sits under a throttle's control group: a task joins
+                    # that control group first (the kernel's MON-parent rule).
+                    tracked.group.parent.add_process(pid)
+                    result = tracked.group.add_process(pid)
             except TaskMoveError as e:
                 # EPERM and the like will not change by retrying every tick.
                 log.warning("job=%s pid=%d not moved: %s", job.id, pid, e)

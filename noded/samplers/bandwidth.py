@@ -64,10 +64,11 @@ class BandwidthSampler:
         self.monitor = monitor
         self.reader = reader or MbmReader(events=(MBM_TOTAL,))
         self._meters: dict[str, BandwidthMeter] = {}
+        self._ctrl_paths: set[str] = set()
 
     def forget(self, path: str) -> None:
+        """A group at ``path`` was removed or moved: close its descriptors."""
         self.reader.forget(path)
-        self._meters.pop(path, None)
 
     def _meter(self, key: str, domains: tuple[int, ...], created_at: float | None) -> BandwidthMeter:
         meter = self._meters.get(key)
@@ -87,7 +88,7 @@ class BandwidthSampler:
         ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
         now = self.clock()
         job_bps = {
-            job_id: self._rate(groups[job_id].path, readings, domains, now, self.monitor.created_at(job_id))
+            job_id: self._rate(f"job:{job_id}", readings, domains, now, self.monitor.created_at(job_id))
             for job_id, readings in job_readings.items()
         }
         node: dict[int, float | None] = {d: 0.0 for d in domains}
@@ -98,9 +99,12 @@ class BandwidthSampler:
             rates = self._rate(path + "#own", residual(readings, children, domains), domains, now, None)
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
-        live = {p + "#own" for p in ctrl_paths} | {g.path for g in groups.values()}
+        live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
         for key in [k for k in self._meters if k not in live]:
-            self.forget(key)
+            self._meters.pop(key)
+        for path in self._ctrl_paths - set(ctrl_paths):
+            self.reader.forget(path)  # a control group that was removed
+        self._ctrl_paths = set(ctrl_paths)
         return BandwidthSample(domains, node, job_bps, tuple(missing))
 
     def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,

@@ -24,6 +24,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..cpulist import format_cpu_list as _format_cpu_list
+from ..cpulist import parse_cpu_list as _parse_cpu_list
+from ..cpulist import parse_cpu_mask as _parse_cpu_mask
 from . import procfs
 from .profiles import MON_EVENTS, Profile
 
@@ -785,31 +788,3 @@ class ResctrlKernel:
         if rest:
             raise ValueError(f"{path!r} is not a resctrl group")
         return group
-
-
-def _format_cpu_list(cpus: set[int]) -> str:
-    ranges = []
-    for c in sorted(cpus):
-        if ranges and ranges[-1][1] == c - 1:
-            ranges[-1][1] = c
-        else:
-            ranges.append([c, c])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
-
-
-def _parse_cpu_list(text: str) -> set[int]:
-    cpus: set[int] = set()
-    if not text:
-        return cpus
-    for part in text.split(","):
-        a, sep, b = part.partition("-")
-        lo, hi = int(a), int(b) if sep else int(a)
-        if lo < 0 or hi < lo:
-            raise ValueError(text)
-        cpus.update(range(lo, hi + 1))
-    return cpus
-
-
-def _parse_cpu_mask(text: str) -> set[int]:
-    value = int(text.replace(",", ""), 16) if text else 0
-    return {i for i in range(value.bit_length()) if value >> i & 1}

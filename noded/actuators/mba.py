@@ -1,0 +1,165 @@
+"""Throttling with Memory Bandwidth Allocation.
+
+CLOSIDs are scarce (often 8–16), so jobs at the same level share one control group,
+``<prefix>mba-<level>``, whose schemata holds that level's MB value on every domain.
+A job changes level by moving its monitoring group there (a rename, which moves
+its tasks' CLOSID with it), or, for a job without its own monitoring group, by
+moving its processes. Control groups no longer used are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, MonGroup, Resctrl, ResctrlError, normalize_mb
+
+from ..jobs.monitoring import JobMonitor
+from ..sample import Sample
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Applied:
+    job: str
+    level: int
+    writes: tuple[str, ...]  # what was (or, in dry-run, would be) written
+    error: str | None = None
+
+
+def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
+    """The schemata MB value for a share of unthrottled bandwidth, in the host's units."""
+    mb = rc.caps.mb
+    assert mb is not None
+    limits = mb.limits
+    if limits.flavour is MbFlavour.MBPS:
+        return normalize_mb(int(share * peak_bytes_per_domain / MIB), limits)
+    return normalize_mb(round(share * limits.max_bandwidth), limits)
+
+
+class MbaThrottle:
+    kind = "mba"
+
+    def __init__(self, rc: Resctrl, monitor: JobMonitor, levels: tuple[float, ...], peak_bytes_per_domain: float,
+                 *, dry_run: bool = False):
+        if rc.caps.mb is None:
+            raise ValueError("MbaThrottle needs a host with memory bandwidth allocation")
+        self.rc = rc
+        self.monitor = monitor
+        self.levels = levels
+        self.peak = peak_bytes_per_domain
+        self.dry_run = dry_run
+        self.current: dict[str, int] = {}
+        self._ctrl: dict[int, CtrlGroup] = {}
+
+    @property
+    def max_level(self) -> int:
+        return len(self.levels)
+
+    def max_levels(self, sample: Sample) -> dict[str, int]:
+        return {j: self.max_level for j in sample.jobs}
+
+    def ctrl_name(self, level: int) -> str:
+        return f"{self.rc.prefix}mba-{level}"
+
+    def adopt(self) -> None:
+        """After a restart: learn which job groups already sit in which level's control group."""
+        groups = {g.path: j for j, g in self.monitor.groups().items()}
+        for ctrl in self.rc.list_ctrl_groups():
+            if not ctrl.name.startswith(self.ctrl_name(0)[:-1]):
+                continue
+            level = int(ctrl.name.rsplit("-", 1)[1])
+            self._ctrl[level] = ctrl
+            for m in ctrl.list_mon_groups():
+                for path, job in list(groups.items()):
+                    if os.path.basename(path) == m.name:
+                        self.current[job] = level
+                        self.monitor.set_group(job, m)
+
+    def _ensure_ctrl(self, level: int, writes: list[str]) -> CtrlGroup:
+        ctrl = self._ctrl.get(level)
+        if ctrl is None:
+            value = mb_value(self.levels[level - 1], self.rc, self.peak)
+            name = self.ctrl_name(level)
+            writes.append(f"mkdir {name}; schemata MB={value} on every domain")
+            if self.dry_run:
+                return CtrlGroup(self.rc, name, os.path.join(self.rc.root, name))
+            ctrl = self.rc.ensure_ctrl_group(name)
+            ctrl.set_mb(value)
+            self._ctrl[level] = ctrl
+        return ctrl
+
+    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]:
+        out: list[Applied] = []
+        wanted = {j: lvl for j, lvl in levels.items() if j in sample.jobs}
+        for job in sorted(set(self.current) | set(wanted)):
+            level = wanted.get(job, 0)
+            if self.current.get(job, 0) == level:
+                continue
+            if job not in sample.jobs:
+                self.current.pop(job, None)  # ended: its groups went with it
+                continue
+            writes: list[str] = []
+            try:
+                self._move(job, level, sample, writes)
+                out.append(Applied(job, level, tuple(writes)))
+                if level:
+                    self.current[job] = level
+                else:
+                    self.current.pop(job, None)
+            except ResctrlError as e:
+                log.warning("job=%s throttle to level %d failed: %s", job, level, e)
+                out.append(Applied(job, level, tuple(writes), str(e)))
+        self._remove_unused(out)
+        for a in out:
+            verb = "would write" if self.dry_run else "wrote"
+            log.info("job=%s mba_level=%d %s: %s%s", a.job, a.level, verb, "; ".join(a.writes),
+                     f" error={a.error}" if a.error else "")
+        return out
+
+    def _move(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
+        target = self._ensure_ctrl(level, writes) if level else self.rc.root_group()
+        group = self.monitor.groups().get(job)
+        if group is not None:
+            writes.append(f"rename {os.path.relpath(group.path, self.rc.root)} -> "
+                          f"{os.path.relpath(os.path.join(target.path, 'mon_groups', group.name), self.rc.root)}")
+            if not self.dry_run:
+                self.monitor.set_group(job, group.move_to(target))
+            return
+        # Shared monitoring (no RMID of its own): move the processes themselves.
+        for pid in sorted(sample.jobs[job].pids):
+            writes.append(f"tasks {target.name or '/'} <- {pid} (all threads)")
+            if not self.dry_run:
+                target.add_process(pid)
+
+    def _remove_unused(self, out: list[Applied]) -> None:
+        used = set(self.current.values())
+        for level in [lvl for lvl in self._ctrl if lvl not in used]:
+            ctrl = self._ctrl.pop(level)
+            if self.dry_run:
+                continue
+            try:
+                ctrl.remove()
+            except GroupNotFoundError:
+                pass
+            except ResctrlError as e:
+                log.warning("removing %s failed: %s", ctrl.name, e)
+
+    def release_all(self, sample: Sample | None = None) -> None:
+        """Every job back to the root control group; our control groups removed."""
+        for job in list(self.current):
+            group = self.monitor.groups().get(job)
+            try:
+                if group is not None and not self.dry_run:
+                    self.monitor.set_group(job, group.move_to(self.rc.root_group()))
+                elif sample is not None and job in sample.jobs and not self.dry_run:
+                    for pid in sample.jobs[job].pids:
+                        self.rc.root_group().add_process(pid)
+            except ResctrlError as e:
+                log.warning("job=%s release failed: %s", job, e)
+            self.current.pop(job, None)
+        self._remove_unused([])
