@@ -25,8 +25,7 @@ test: deps
 	$(PY) -m pytest
 
 demo: deps
-	$(PY) -m noded tour
-	$(PY) -m noded sim --scenario scenarios/demo.yaml
+	$(PY) -m noded run --sim scenarios/contention.yaml --config scenarios/demo-config.yaml
 
 bench: deps
 	$(PY) -m bench.mbm_sample

@@ -14,10 +14,33 @@ def main(argv: list[str] | None = None) -> int:
     tour = sub.add_parser("tour", help="a scripted tour of the resctrl library against the emulator")
     tour.add_argument("--profile", choices=sorted(PROFILES), default="intel")
     tour.add_argument("--window", type=float, default=1.0, help="measurement window in seconds")
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", default=None, help="YAML config (default: built-in defaults; /etc/noded/noded.yaml "
+                     "on installed hosts)")
+    run.add_argument("--dry-run", action="store_true", help="decide and log every write it would make; make none")
+    run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
+    run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
+    run.add_argument("-v", "--verbose", action="store_true")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file")
     sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
     sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
     sim.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
     args = parser.parse_args(argv)
+    if args.command == "check-config":
+        from .config import ConfigError, load_config
+
+        try:
+            load_config(args.file)
+        except ConfigError as e:
+            print(f"noded check-config: {e}", file=sys.stderr)
+            return 1
+        print(f"{args.file}: ok")
+        return 0
+    if args.command == "run":
+        from .runner import main_run
+
+        return main_run(args)
     if args.command == "sim":
         import logging
 

@@ -84,6 +84,10 @@ class CoreHalving:
                 continue
         return []
 
+    @staticmethod
+    def level_share(level: int) -> float:
+        return 0.5 ** level  # cores halved per level; bandwidth roughly follows
+
     def max_levels(self, sample: Sample) -> dict[str, int]:
         return {j: max_level(len(self.original_cpus(js))) for j, js in sample.jobs.items() if js.kind == CPU}
 

@@ -63,6 +63,10 @@ class MbaThrottle:
     def max_levels(self, sample: Sample) -> dict[str, int]:
         return {j: self.max_level for j in sample.jobs}
 
+    def level_share(self, level: int) -> float:
+        """Share of unthrottled bandwidth a level leaves."""
+        return self.levels[level - 1] if level else 1.0
+
     def ctrl_name(self, level: int) -> str:
         return f"{self.rc.prefix}mba-{level}"
 

@@ -11,7 +11,10 @@ a level into an MBA value or a core count.
   effect of the last step is seen before the next ("just enough").
 * Per-job cap: a CPU job above ``cpu_job_cap_gbps`` goes one step down regardless.
 * Release: once the node stays below ``release_threshold`` for ``hold_s``, one step
-  of one job is released, then the hold starts again.
+  of one job is released, then the hold starts again, but only a step predicted
+  (from the job's bandwidth and ``level_share``) to keep the node below
+  ``release_threshold``; so a job that still pushes hard is not let go into a new
+  round of contention.
 * GPU jobs and exempt jobs are never throttled; overrides win over everything.
 * Missing data (node bandwidth unknown) never leads to a new throttle.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..config import ContentionConfig
 from ..sample import CPU, GPU, Sample
@@ -51,6 +54,7 @@ class Action:
     from_level: int
     to_level: int
     reason: str
+    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended
 
     @property
     def kind(self) -> str:
@@ -82,6 +86,7 @@ def decide(
     max_levels: Mapping[str, int],
     now: float,
     overrides: Mapping[str, int] = MappingProxyType({}),
+    level_share: Callable[[int], float] = lambda level: 0.5 ** level,
 ) -> tuple[Decision, PolicyState]:
     jobs = sample.jobs
     share = node_share(sample, peak_bytes_per_domain)
@@ -94,9 +99,10 @@ def decide(
             if level and job in throttles and throttles[job].cause != cause:
                 throttles[job] = Throttle(level, cause)
             return
-        actions.append(Action(job, old, level, reason))
+        actions.append(Action(job, old, level, reason, cause))
         if level:
-            throttles[job] = Throttle(level, cause)
+            kept = throttles[job].cause if job in throttles and level < old else cause
+            throttles[job] = Throttle(level, kept)
         else:
             throttles.pop(job, None)
 
@@ -106,11 +112,11 @@ def decide(
             set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
                       f"operator override to level {overrides[job_id]}")
         elif js.kind == GPU and job_id in throttles:
-            set_level(job_id, 0, CONTENTION, "is a GPU job: never throttled")
+            set_level(job_id, 0, "gpu_job", "is a GPU job: never throttled")
         elif js.meta.exempt and job_id in throttles:
-            set_level(job_id, 0, CONTENTION, "marked exempt")
+            set_level(job_id, 0, "exempt", "marked exempt")
         elif job_id in throttles and throttles[job_id].cause == OVERRIDE:
-            set_level(job_id, 0, CONTENTION, "operator override ended")
+            set_level(job_id, 0, "override_ended", "operator override ended")
 
     # Baselines: learned while the node is quiet and nothing is throttled; a job
     # that gets faster raises its baseline at any time.
@@ -177,10 +183,19 @@ def decide(
         calm_since = None
     last = now if stepped else state.last_step
     if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
-        releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(jobs[j], config)]
+        def predicted_share(job: str) -> float:
+            # What the node would run at once this job got one step more bandwidth:
+            # releasing into a new contention is the oscillation hysteresis must avoid.
+            level = throttles[job].level
+            bw = jobs[job].bandwidth_bps or 0.0
+            extra = bw * (level_share(level - 1) / level_share(level) - 1.0)
+            return share + extra / peak_bytes_per_domain / max(1, len(sample.domains))
+
+        releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(jobs[j], config)
+                      and predicted_share(j) < config.release_threshold]
         if releasable:
             job = min(releasable, key=lambda j: (throttles[j].level, j))
-            set_level(job, throttles[job].level - 1, throttles[job].cause,
+            set_level(job, throttles[job].level - 1, "calm",
                       f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {now - calm_since:.0f}s")
             last = now
 

@@ -65,6 +65,7 @@ class BandwidthSampler:
         self.reader = reader or MbmReader(events=(MBM_TOTAL,))
         self._meters: dict[str, BandwidthMeter] = {}
         self._ctrl_paths: set[str] = set()
+        self._last_read: float | None = None
 
     def forget(self, path: str) -> None:
         """A group at ``path`` was removed or moved: close its descriptors."""
@@ -76,7 +77,11 @@ class BandwidthSampler:
             dip = RESIDUAL_DIP_BYTES if key.endswith("#own") else 0
             meter = self._meters[key] = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
             if created_at is not None:
-                meter.start_from_zero(domains, created_at)
+                # Counted from zero since mkdir. Rates of all groups are summed into the
+                # node's, so each must cover the same window: the one since our last
+                # read (what the group took over had been counted elsewhere until then).
+                start = created_at if self._last_read is None else min(created_at, self._last_read)
+                meter.start_from_zero(domains, start)
         return meter
 
     def sample(self, now: float) -> BandwidthSample:
@@ -96,7 +101,11 @@ class BandwidthSampler:
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         for path, readings in ctrl_readings.items():
             children = [job_readings[j] for j, g in groups.items() if os.path.dirname(os.path.dirname(g.path)) == path]
-            rates = self._rate(path + "#own", residual(readings, children, domains), domains, now, None)
+            # A control group new since the last read (a throttle level) holds nothing
+            # of its own yet: its residual starts at zero.
+            new = self._last_read is not None and path not in self._ctrl_paths
+            rates = self._rate(path + "#own", residual(readings, children, domains), domains, now,
+                               self._last_read if new else None)
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
@@ -105,6 +114,7 @@ class BandwidthSampler:
         for path in self._ctrl_paths - set(ctrl_paths):
             self.reader.forget(path)  # a control group that was removed
         self._ctrl_paths = set(ctrl_paths)
+        self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing))
 
     def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,

@@ -29,6 +29,18 @@ def _fmt(v: float | None, scale: float = 1.0, spec: str = "5.1f") -> str:
     return "    -" if v is None else format(v / scale, spec)
 
 
+def print_tick(elapsed: float, sample, levels, out) -> None:
+    """One line: node bandwidth, then each job's kind, bandwidth, GPU utilisation and throttle level."""
+    node = sample.node_bandwidth_total_bps
+    jobs = "  ".join(
+        f"{j.id.removeprefix('sim:')}[{j.kind}] {_fmt(j.bandwidth_bps, GB, '.1f')} GB/s"
+        + (f" util {_fmt(j.gpu_util, 1, '.0f')}%" if j.kind == "gpu" else "")
+        + (f" L{levels[j.id]}" if levels.get(j.id) else "")
+        for j in sorted(sample.jobs.values(), key=lambda j: j.id))
+    print(f"t={elapsed:5.1f}s node {_fmt(node, GB)} GB/s  {jobs}"
+          + (f"  missing: {'; '.join(sample.missing)}" if sample.missing else ""), file=out, flush=True)
+
+
 def run_scenario(scenario: Scenario, out=sys.stdout, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     with SimNode(scenario) as sim:
@@ -44,14 +56,7 @@ def run_scenario(scenario: Scenario, out=sys.stdout, stop: threading.Event | Non
                 sample = telemetry.sample()
                 if state.elapsed >= next_print:
                     next_print += 1.0
-                    node = sample.node_bandwidth_total_bps
-                    jobs = "  ".join(
-                        f"{j.id.removeprefix('sim:')}[{j.kind}] bw {_fmt(j.bandwidth_bps, GB, '.1f')}"
-                        + (f" util {_fmt(j.gpu_util, 1, '.0f')}%" if j.kind == "gpu" else "")
-                        for j in sorted(sample.jobs.values(), key=lambda j: j.id))
-                    print(f"t={state.elapsed:5.1f}s node {_fmt(node, GB)} GB/s ({100 * state.node_utilisation:3.0f}%)  "
-                          f"{jobs}" + (f"  missing: {'; '.join(sample.missing)}" if sample.missing else ""),
-                          file=out, flush=True)
+                    print_tick(state.elapsed, sample, {}, out)
                 stop.wait(scenario.tick_s)
         finally:
             telemetry.close()

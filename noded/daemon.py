@@ -1,0 +1,113 @@
+"""The loop: sample -> decide (pure) -> apply the difference -> publish the result.
+
+Fixed-rate on a monotonic clock; a tick that overruns skips the missed slots
+rather than bunching up. ``stop`` (a threading.Event) interrupts the wait at once.
+Metrics read ``last`` (one reference, swapped whole), never the hardware.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping, Protocol
+
+from .actuators.mba import Applied
+from .config import Config
+from .policy.contention import Decision, PolicyState, decide
+from .sample import Sample
+from .telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class Throttle(Protocol):
+    kind: str
+    current: dict[str, int]
+
+    def max_levels(self, sample: Sample) -> dict[str, int]: ...
+
+    def level_share(self, level: int) -> float: ...
+
+    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]: ...
+
+    def release_all(self, sample: Sample | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class TickResult:
+    tick: int
+    t: float
+    sample: Sample
+    decision: Decision
+    applied: tuple[Applied, ...]
+    durations: Mapping[str, float]  # sample, decide, act (seconds)
+    throttle_kind: str | None  # mba | cores | None (nothing can throttle here)
+    levels: Mapping[str, int]  # levels in force after this tick
+
+
+class Daemon:
+    def __init__(self, config: Config, telemetry: Telemetry, throttle: Throttle | None, *,
+                 clock: Callable[[], float] = time.monotonic, extra_info: Mapping[str, str] | None = None):
+        self.config = config
+        self.telemetry = telemetry
+        self.throttle = throttle
+        self.clock = clock
+        self.state = PolicyState()
+        self.overrides: dict[str, int] = {}
+        self.last: TickResult | None = None
+        self.ticks = 0
+        self.overruns = 0
+        self.actions_total: Counter[tuple[str, str]] = Counter()  # (throttle|release, cause)
+        self.extra_info = dict(extra_info or {})
+        self._lock = threading.Lock()
+
+    def tick(self) -> TickResult:
+        t0 = self.clock()
+        sample = self.telemetry.sample()
+        t1 = self.clock()
+        limits = self.throttle.max_levels(sample) if self.throttle else {}
+        decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
+                                      limits, t0, MappingProxyType(dict(self.overrides)),
+                                      self.throttle.level_share if self.throttle else (lambda level: 1.0))
+        t2 = self.clock()
+        applied = tuple(self.throttle.apply(decision.levels, sample)) if self.throttle else ()
+        t3 = self.clock()
+        for a in decision.actions:
+            self.actions_total[(a.kind, a.cause)] += 1
+            log.info("decision=%s job=%s level=%d->%d cause=%s reason=%r", a.kind, a.job, a.from_level, a.to_level,
+                     a.cause, a.reason)
+        self.ticks += 1
+        result = TickResult(self.ticks, t0, sample, decision, applied,
+                            MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
+                            self.throttle.kind if self.throttle else None,
+                            MappingProxyType(dict(self.throttle.current) if self.throttle else {}))
+        self.last = result
+        return result
+
+    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
+        period = self.config.tick_s
+        next_t = self.clock()
+        while not stop.is_set():
+            try:
+                result = self.tick()
+                if on_tick:
+                    on_tick(result)
+            except Exception:
+                # A bug in one tick must not take the node's protection down for good.
+                log.exception("tick failed")
+            next_t += period
+            now = self.clock()
+            if now > next_t:
+                self.overruns += 1
+                next_t = now
+            stop.wait(next_t - now)
+
+    def shutdown(self) -> None:
+        """Release every throttle, restore what we changed, remove our groups."""
+        if self.throttle is not None:
+            self.throttle.release_all(self.last.sample if self.last else None)
+        self.telemetry.close()

@@ -1,0 +1,152 @@
+"""Prometheus metrics from the last tick's result, on a private registry.
+
+A scrape reads ``daemon.last`` and counters kept by the loop; it never touches
+hardware. Names are ``noded_<subsystem>_<name>_<unit>``; GPU series carry the
+labels ``gpu`` (index as a string) and ``UUID`` as dcgm-exporter writes them, so
+the two join in PromQL.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from .daemon import Daemon
+
+
+def _version() -> str:
+    try:
+        return metadata.version("noded")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class NodedCollector:
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    def describe(self):
+        return []  # collected lazily from the last tick; no hardware is touched at registration
+
+    def collect(self):
+        d = self.daemon
+        cfg = d.config
+        info = InfoMetricFamily("noded_build", "noded build information")
+        info.add_metric([], {"version": _version(), "python": platform.python_version(), **d.extra_info})
+        yield info
+
+        ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
+        ticks.add_metric([], d.ticks)
+        yield ticks
+        overruns = CounterMetricFamily("noded_tick_overruns", "Ticks that took longer than the tick period")
+        overruns.add_metric([], d.overruns)
+        yield overruns
+        actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
+                                      labels=["action", "cause"])
+        for (kind, cause), n in sorted(d.actions_total.items()):
+            actions.add_metric([kind, cause], n)
+        yield actions
+
+        peak = GaugeMetricFamily("noded_node_memory_bandwidth_peak_bytes_per_second",
+                                 "Configured peak memory bandwidth of one L3 domain")
+        peak.add_metric([], cfg.peak_bytes_per_domain)
+        yield peak
+        thr = GaugeMetricFamily("noded_contention_threshold_ratio",
+                                "Share of the peak at which contention is acted on, and below which throttles are released",
+                                labels=["threshold"])
+        thr.add_metric(["throttle"], cfg.contention.threshold)
+        thr.add_metric(["release"], cfg.contention.release_threshold)
+        yield thr
+
+        r = d.last
+        if r is None:
+            return
+        s = r.sample
+        dur = GaugeMetricFamily("noded_tick_duration_seconds", "Time the last tick spent in each stage",
+                                labels=["stage"])
+        for stage, v in r.durations.items():
+            dur.add_metric([stage], v)
+        yield dur
+        ok = GaugeMetricFamily("noded_sampler_success", "Whether the sampler succeeded in the last tick (1/0)",
+                               labels=["sampler"])
+        sdur = GaugeMetricFamily("noded_sampler_duration_seconds", "Time the sampler took in the last tick",
+                                 labels=["sampler"])
+        for st in s.samplers:
+            ok.add_metric([st.name], 1.0 if st.ok else 0.0)
+            sdur.add_metric([st.name], st.duration_s)
+        yield ok
+        yield sdur
+        missing = GaugeMetricFamily("noded_inputs_missing", "Inputs that could not be measured in the last tick")
+        missing.add_metric([], len(s.missing))
+        yield missing
+        nvml = GaugeMetricFamily("noded_nvml_available", "Whether NVML answered (0 means a CPU-only view)")
+        nvml.add_metric([], 1.0 if s.nvml_available else 0.0)
+        yield nvml
+
+        node = GaugeMetricFamily("noded_node_memory_bandwidth_bytes_per_second",
+                                 "Memory bandwidth of the node, per L3 domain (MBM)", labels=["domain"])
+        for dom, v in sorted(s.node_bandwidth_bps.items()):
+            if v is not None:
+                node.add_metric([str(dom)], v)
+        yield node
+        share = GaugeMetricFamily("noded_node_memory_bandwidth_ratio",
+                                  "Busiest L3 domain's bandwidth as a share of its peak")
+        if r.decision.node_share is not None:
+            share.add_metric([], r.decision.node_share)
+        yield share
+        contended = GaugeMetricFamily("noded_contention_triggered",
+                                      "1 when node bandwidth is over the threshold and a GPU job is slowed")
+        contended.add_metric([], 1.0 if r.decision.triggered else 0.0)
+        yield contended
+
+        jbw = GaugeMetricFamily("noded_job_memory_bandwidth_bytes_per_second", "Memory bandwidth of a job (MBM)",
+                                labels=["job", "kind"])
+        level = GaugeMetricFamily("noded_job_throttle_level", "Throttle level in force (0 = none)",
+                                  labels=["job", "method"])
+        mon = GaugeMetricFamily("noded_job_monitoring", "How a job's bandwidth is monitored (1 for its mode)",
+                                labels=["job", "mode"])
+        jutil = GaugeMetricFamily("noded_job_gpu_utilization_ratio", "GPU utilisation of a GPU job on a GPU",
+                                  labels=["job", "gpu", "UUID"])
+        index = {g.uuid: g.index for g in s.gpus}
+        for job_id, js in sorted(s.jobs.items()):
+            if js.bandwidth_bps is not None:
+                jbw.add_metric([job_id, js.kind], js.bandwidth_bps)
+            level.add_metric([job_id, r.throttle_kind or "none"], r.levels.get(job_id, 0))
+            mon.add_metric([job_id, js.monitoring], 1.0)
+            if js.gpu_util is not None:
+                for uuid in js.gpus:
+                    jutil.add_metric([job_id, str(index.get(uuid, "")), uuid], js.gpu_util / 100.0)
+        yield jbw
+        yield level
+        yield mon
+        yield jutil
+
+        gutil = GaugeMetricFamily("noded_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "UUID"])
+        for g in s.gpus:
+            if g.util_gpu is not None and g.uuid:
+                gutil.add_metric([str(g.index), g.uuid], g.util_gpu / 100.0)
+        yield gutil
+
+        rc = getattr(d.telemetry.monitor, "rc", None)
+        if rc is not None and rc.caps.mon is not None:
+            groups = d.telemetry.monitor.groups()
+            rmids = GaugeMetricFamily("noded_resctrl_rmids", "RMIDs: total, and used by noded's job groups",
+                                      labels=["state"])
+            rmids.add_metric(["total"], rc.caps.mon.num_rmids)
+            rmids.add_metric(["used_by_noded"], len(groups))
+            yield rmids
+        if rc is not None and rc.caps.alloc_capable:
+            closids = GaugeMetricFamily("noded_resctrl_closids", "CLOSIDs: usable by control groups, and used by noded",
+                                        labels=["state"])
+            closids.add_metric(["total"], rc.caps.max_ctrl_groups)
+            closids.add_metric(["used_by_noded"], len(set(r.levels.values())) if r.throttle_kind == "mba" else 0)
+            yield closids
+
+
+def make_registry(daemon: Daemon) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodedCollector(daemon))
+    return registry
