@@ -107,7 +107,16 @@ class Daemon:
             stop.wait(next_t - now)
 
     def shutdown(self) -> None:
-        """Release every throttle, restore what we changed, remove our groups."""
+        """Release every throttle, restore what we changed, remove our groups.
+
+        Each step runs even when an earlier one failed (resctrl gone, a job gone).
+        """
         if self.throttle is not None:
-            self.throttle.release_all(self.last.sample if self.last else None)
-        self.telemetry.close()
+            try:
+                self.throttle.release_all(self.last.sample if self.last else None)
+            except Exception:
+                log.exception("releasing throttles at shutdown failed")
+        try:
+            self.telemetry.close()
+        except Exception:
+            log.exception("closing telemetry at shutdown failed")

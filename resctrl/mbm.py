@@ -159,7 +159,10 @@ class MbmReader:
     def _close(self, path: str) -> None:
         fd = self._fds.pop(path, None)
         if fd is not None:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # e.g. ENOTCONN from a filesystem that went away: the fd is released anyway
 
     def read(self, group_path: str, domains: tuple[int, ...] | list[int]) -> MbmSample:
         """Counters of one group for the given domain ids (list them once per tick

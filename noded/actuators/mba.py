@@ -115,7 +115,7 @@ class MbaThrottle:
                     self.current[job] = level
                 else:
                     self.current.pop(job, None)
-            except ResctrlError as e:
+            except (ResctrlError, OSError) as e:
                 log.warning("job=%s throttle to level %d failed: %s", job, level, e)
                 out.append(Applied(job, level, tuple(writes), str(e)))
         self._remove_unused(out)
@@ -150,7 +150,7 @@ class MbaThrottle:
                 ctrl.remove()
             except GroupNotFoundError:
                 pass
-            except ResctrlError as e:
+            except (ResctrlError, OSError) as e:
                 log.warning("removing %s failed: %s", ctrl.name, e)
 
     def release_all(self, sample: Sample | None = None) -> None:
@@ -163,7 +163,7 @@ class MbaThrottle:
                 elif sample is not None and job in sample.jobs and not self.dry_run:
                     for pid in sample.jobs[job].pids:
                         self.rc.root_group().add_process(pid)
-            except ResctrlError as e:
+            except (ResctrlError, OSError) as e:
                 log.warning("job=%s release failed: %s", job, e)
             self.current.pop(job, None)
         self._remove_unused([])

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from resctrl import MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError, UnsupportedError
+from resctrl import MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError
 
 from .model import Job
 
@@ -180,7 +180,7 @@ class JobMonitor:
             return False
         try:
             tracked.group.remove()
-        except (ResctrlError, UnsupportedError) as e:
+        except (ResctrlError, OSError) as e:  # OSError: resctrl itself went away
             log.warning("job=%s removing group %s failed: %s", job_id, tracked.group.path, e)
         self.on_removed(tracked.group.path)
         log.info("job=%s ended; removed %s", job_id, tracked.group.name)

@@ -11,6 +11,7 @@ every GPU job's utilisation from it (``workload.gpu_utilisation``).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import subprocess
 import time
@@ -55,6 +56,8 @@ class SimNode:
         self.discovery = JobDiscovery([])
         self.procs: dict[str, subprocess.Popen] = {}
         self.demand_gbps: dict[str, float] = {}
+        self._base_cpus: dict[str, int] = {}  # CPUs a CPU job started with
+        self._granted_cpus: dict[str, int] = {}
         self._next = 0
         self._t0 = 0.0
         self._rng = random.Random(scenario.seed)
@@ -105,6 +108,7 @@ class SimNode:
     def _start_job(self, spec: JobSpec) -> None:
         proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
         self.procs[spec.id] = proc
+        self._base_cpus[spec.id] = self._granted_cpus[spec.id] = len(os.sched_getaffinity(proc.pid))
         model = MODELS.get(spec.model) if spec.model else None
         meta = JobMeta(category=model.category if model else None, model=spec.model, exempt=spec.exempt)
         self.discovery.register(proc.pid, job_id(spec.id), meta)
@@ -116,8 +120,22 @@ class SimNode:
     def _set_demand(self, sim_id: str, gbps: float) -> None:
         assert self.emu is not None and self.emu.control is not None
         self.demand_gbps[sim_id] = gbps
+        # A CPU job's bandwidth follows the cores it may run on (core halving).
+        cores = self._granted_cpus.get(sim_id, 1) / self._base_cpus.get(sim_id, 1)
         # Spread over the L3 domains: a job's threads run on every socket.
-        self.emu.control.set_demand(self.procs[sim_id].pid, gbps * GB / max(1, len(self.domains)))
+        self.emu.control.set_demand(self.procs[sim_id].pid, gbps * cores * GB / max(1, len(self.domains)))
+
+    def _follow_affinity(self) -> None:
+        for sim_id, proc in self.procs.items():
+            if self.scenario.jobs[sim_id].is_gpu:
+                continue
+            try:
+                cpus = len(os.sched_getaffinity(proc.pid))
+            except ProcessLookupError:
+                continue
+            if cpus != self._granted_cpus.get(sim_id):
+                self._granted_cpus[sim_id] = cpus
+                self._set_demand(sim_id, self.demand_gbps[sim_id])
 
     def _stop_job(self, sim_id: str) -> None:
         proc = self.procs.pop(sim_id)
@@ -126,6 +144,8 @@ class SimNode:
         proc.kill()
         proc.wait()
         self.demand_gbps.pop(sim_id, None)
+        self._base_cpus.pop(sim_id, None)
+        self._granted_cpus.pop(sim_id, None)
         log.info("sim: stopped %s", sim_id)
 
     def _fault(self, args: dict) -> None:
@@ -162,6 +182,7 @@ class SimNode:
         assert self.emu is not None and self.emu.control is not None
         elapsed = self.elapsed
         self._apply_due_events(elapsed)
+        self._follow_affinity()
         rates = self.emu.control.rates()
         per_domain = {d: sum(g.get(d, 0.0) for g in rates.values()) for d in self.domains}
         peak = self.scenario.node.peak_gbps * GB
