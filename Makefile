@@ -7,12 +7,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench deps system-deps clean
 
-# libfuse3 for the resctrl emulator (mfusepy loads it through ctypes).
+# libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
+# (Debian package prometheus) for the metrics lint test.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus
 system-deps:
-	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3'; then :; \
+	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
+	    && command -v promtool >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-3 >/dev/null; \
-	else echo "noded: fuse3 is missing; as root: apt-get install fuse3 libfuse3-3" >&2; exit 1; fi
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    $(SYSTEM_PACKAGES) >/dev/null; \
+	else echo "noded: missing system packages; as root: apt-get install $(SYSTEM_PACKAGES)" >&2; exit 1; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

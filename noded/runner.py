@@ -26,11 +26,14 @@ def main_run(args) -> int:
     server, url = serve_metrics(built.daemon, config.metrics.address, config.metrics.port)
     print(f"noded: metrics at {url}", flush=True)
     stop = threading.Event()
-    if args.duration:
-        threading.Timer(args.duration, stop.set).start()
+    timer = threading.Timer(args.duration, stop.set) if args.duration else None
+    if timer:
+        timer.start()
     try:
         run_until_signalled(built.daemon, stop)
     finally:
+        if timer:
+            timer.cancel()
         server.shutdown()
     return 0
 
@@ -59,11 +62,12 @@ def _run_sim(args, config: Config) -> int:
         stop = threading.Event()
         stepper = threading.Thread(target=_step_sim, args=(sim, stop), daemon=True)
         stepper.start()
-        duration = args.duration or scenario.duration_s
-        threading.Timer(duration, stop.set).start()
+        timer = threading.Timer(args.duration or scenario.duration_s, stop.set)
+        timer.start()
         try:
             _run_with_report(built.daemon, stop)
         finally:
+            timer.cancel()
             stop.set()
             stepper.join()
             server.shutdown()

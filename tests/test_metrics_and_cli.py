@@ -1,0 +1,141 @@
+"""Metrics exposition (golden names/types/labels/help, promtool), and the run/check-config CLI."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+from prometheus_client import generate_latest
+
+from noded.actuators.mba import Applied
+from resctrl import CacheInfo, Capabilities, MbFlavour, MbInfo, MbLimits, MonInfo
+from noded.config import Config
+from noded.daemon import TickResult
+from noded.jobs.model import JobMeta
+from noded.metrics import make_registry
+from noded.policy.contention import Action, Decision
+from noded.sample import JobSample, Sample
+from noded.samplers import SamplerStatus
+from noded.samplers.nvml import GpuProcess, GpuSample
+
+CAPS = Capabilities((CacheInfo("L3", 16, 0x7FF, 1),),
+                    MbInfo(8, MbLimits(MbFlavour.PERCENT, 10, 10, 100), True, "max"),
+                    MonInfo(128, ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes"), None), (0, 1), False, False)
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "metrics.txt")
+
+
+def fixed_daemon():
+    gpu = GpuSample(0, "GPU-5e3a0000", "A100", 40, 10, 1, 2, 0, (GpuProcess(11, 1),), ((11, 40),))
+    jobs = {
+        "sim:bert": JobSample("sim:bert", "registered", frozenset({11}), JobMeta(category="NLP"), "gpu",
+                              ("GPU-5e3a0000",), 40.0, 0.5e9, "own"),
+        "sim:hog": JobSample("sim:hog", "registered", frozenset({12}), JobMeta(), "cpu", (), None, 8e9, "own"),
+    }
+    sample = Sample(10.0, MappingProxyType(jobs), (gpu,), True, None, (0, 1),
+                    MappingProxyType({0: 4.5e9, 1: 4.4e9}), ("gpu 1: GpuIsLost",),
+                    (SamplerStatus("jobs", True, 0.004), SamplerStatus("nvml", True, 0.001),
+                     SamplerStatus("resctrl", False, 0.002, "OSError: gone")))
+    action = Action("sim:hog", 0, 1, "node bandwidth 95% >= 75%", "contention")
+    decision = Decision(MappingProxyType({"sim:hog": 1}), (action,), True, 0.95, ("sim:bert",), "")
+    result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
+                        MappingProxyType({"sample": 0.01, "decide": 0.0001, "act": 0.002}), "mba",
+                        MappingProxyType({"sim:hog": 1}))
+    return SimpleNamespace(config=Config(peak_gbps_per_domain=10), ticks=7, overruns=1,
+                           actions_total=Counter({("throttle", "contention"): 1}), last=result,
+                           extra_info={"throttle": "mba", "dry_run": "false"},
+                           telemetry=SimpleNamespace(monitor=SimpleNamespace(rc=SimpleNamespace(caps=CAPS),
+                                                                             groups=lambda: {"sim:bert": None})))
+
+
+def shape(exposition: str) -> str:
+    """HELP/TYPE lines as they are; samples as name{label names}: what the golden file guards."""
+    out = []
+    for line in exposition.splitlines():
+        if line.startswith("#"):
+            out.append(line)
+            continue
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? ", line)
+        labels = sorted(re.findall(r'([a-zA-Z_]+)="', m.group(3) or ""))
+        out.append(f"{m.group(1)}{{{','.join(labels)}}}")
+    return "\n".join(dict.fromkeys(out)) + "\n"
+
+
+def test_exposition_matches_the_golden_file():
+    text = generate_latest(make_registry(fixed_daemon())).decode()
+    assert 'noded_gpu_utilization_ratio{UUID="GPU-5e3a0000",gpu="0"} 0.4' in text
+    assert 'noded_job_throttle_level{job="sim:hog",method="mba"} 1.0' in text
+    assert 'noded_throttle_actions_total{action="throttle",cause="contention"} 1.0' in text
+    if os.environ.get("NODED_UPDATE_GOLDEN"):
+        with open(GOLDEN, "w") as f:
+            f.write(shape(text))
+    with open(GOLDEN) as f:
+        assert shape(text) == f.read()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_promtool_accepts_the_exposition():
+    text = generate_latest(make_registry(fixed_daemon()))
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+    assert p.returncode == 0 and p.stdout.strip() == b"" and p.stderr.strip() == b"", p.stdout + p.stderr
+
+
+def test_check_config(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("tick_s: 0.5\ncontention: {threshold: 0.8}\n")
+    bad.write_text("tick_s: 0.5\ncontention:\n  treshold: 0.8\n")
+    run = lambda f: subprocess.run([sys.executable, "-m", "noded", "check-config", str(f)], capture_output=True,
+                                   text=True, timeout=60)
+    assert run(good).returncode == 0
+    p = run(bad)
+    assert p.returncode == 1 and f"{bad}:3: contention.treshold: unknown key" in p.stderr
+
+
+@pytest.mark.fuse
+def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_clean(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tick_s: 0.25\nmetrics: {port: 0}\ncontention: {hold_s: 1, settle_s: 0.25}\n")
+    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", "scenarios/contention.yaml", "--config",
+                          str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        url = re.fullmatch(r"noded: metrics at (http://127\.0\.0\.1:\d+/metrics)\n", first).group(1)
+        body = ""
+        for line in p.stdout:  # each printed tick means the loop is running
+            if line.startswith("t=") and "hog" in line and "L" in line.split("hog")[1][:40]:
+                body = urllib.request.urlopen(url, timeout=5).read().decode()
+                break
+        assert 'noded_job_throttle_level{job="sim:hog",method="mba"}' in body
+        assert "noded_node_memory_bandwidth_bytes_per_second" in body
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert "throttles released, groups removed" in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.fuse
+def test_dry_run_decides_and_logs_but_writes_nothing(tmp_path, caplog):
+    import logging
+
+    from test_eliminator import NLP_AND_HOG, Harness
+
+    h = Harness(tmp_path, NLP_AND_HOG)
+    try:
+        h.daemon.throttle.dry_run = True
+        h.daemon.telemetry.monitor  # monitoring groups are telemetry, not throttling: still made
+        with caplog.at_level(logging.INFO, logger="noded.actuators.mba"):
+            r = h.until(lambda r: r.applied, 15, "a throttle decision")
+        assert r.applied[0].writes and r.applied[0].writes[0].startswith("mkdir noded-mba-1; schemata MB=")
+        assert h.rc().list_ctrl_groups() == []
+        assert any("would write" in rec.message for rec in caplog.records)
+    finally:
+        h.stop()
