@@ -35,6 +35,7 @@ bench: deps
 	$(PY) -m bench.mbm_sample
 	$(PY) -m bench.tick_cost
 	$(PY) -m bench.exec_latency
+	$(PY) -m bench.reaction
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

@@ -104,7 +104,9 @@ class BandwidthMeter:
         for d in domains:
             self._last.setdefault(d, (0, t))
 
-    def update(self, sample: Mapping[int, Mapping[str, CounterReading]], now: float) -> dict[int, float | None]:
+    def update(self, sample: Mapping[int, Mapping[str, CounterReading]], now: float,
+               dip_tolerance: Mapping[int, int] | None = None) -> dict[int, float | None]:
+        """Rates per domain; ``dip_tolerance`` overrides the meter's own per domain."""
         rates: dict[int, float | None] = {}
         for domain in list(self._last):
             if domain not in sample:
@@ -116,7 +118,8 @@ class BandwidthMeter:
                 rates[domain] = None
                 continue
             prev = self._last.get(domain)
-            if prev and 0 < prev[0] - reading.value <= self.dip_tolerance:
+            tolerance = dip_tolerance.get(domain, self.dip_tolerance) if dip_tolerance else self.dip_tolerance
+            if prev and 0 < prev[0] - reading.value <= tolerance:
                 rates[domain] = 0.0 if now > prev[1] else None
                 self._last[domain] = (prev[0], now)
                 continue

@@ -70,20 +70,6 @@ class MbaThrottle:
     def ctrl_name(self, level: int) -> str:
         return f"{self.rc.prefix}mba-{level}"
 
-    def adopt(self) -> None:
-        """After a restart: learn which job groups already sit in which level's control group."""
-        groups = {g.path: j for j, g in self.monitor.groups().items()}
-        for ctrl in self.rc.list_ctrl_groups():
-            if not ctrl.name.startswith(self.ctrl_name(0)[:-1]):
-                continue
-            level = int(ctrl.name.rsplit("-", 1)[1])
-            self._ctrl[level] = ctrl
-            for m in ctrl.list_mon_groups():
-                for path, job in list(groups.items()):
-                    if os.path.basename(path) == m.name:
-                        self.current[job] = level
-                        self.monitor.set_group(job, m)
-
     def _ensure_ctrl(self, level: int, writes: list[str]) -> CtrlGroup:
         ctrl = self._ctrl.get(level)
         if ctrl is None:

@@ -84,12 +84,6 @@ class JobMonitor:
             t = self._jobs.get(job_id)
             return t.created_at if t else None
 
-    def adopt(self, existing: dict[str, MonGroup]) -> None:
-        """Take over groups found at start (by name) for jobs that still run."""
-        with self._lock:
-            for job_id, group in existing.items():
-                self._jobs[job_id] = _Tracked(group)
-
     def sync(self, jobs: dict[str, Job]) -> MonitorReport:
         vanished: list[int] = []
         with self._lock:

@@ -48,9 +48,9 @@ def residual(total: MbmSample, children: list[MbmSample], domains: tuple[int, ..
     return out
 
 
-#: Residual read-order jitter: children's traffic between two reads (20 GB/s for
-#: 10 ms through the emulator; microseconds on a real mount). Real resets drop a
-#: counter to about zero, far below.
+#: Residual read-order jitter floor. On top of it, a residual may dip by twice what
+#: its children moved while we read (microseconds on a real mount, tens of
+#: milliseconds through the emulator). Real resets drop a counter to about zero.
 RESIDUAL_DIP_BYTES = 256 << 20
 
 
@@ -88,10 +88,12 @@ class BandwidthSampler:
         domains = read_domains(self.rc.root, True)
         groups = self.monitor.groups()
         # Job groups first, then their control groups (see residual()).
+        started = self.clock()
         job_readings = {job_id: self.reader.read(g.path, domains) for job_id, g in groups.items()}
         ctrl_paths = [self.rc.root] + [g.path for g in self.rc.list_ctrl_groups()]
         ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
         now = self.clock()
+        span = now - started
         job_bps = {
             job_id: self._rate(f"job:{job_id}", readings, domains, now, self.monitor.created_at(job_id))
             for job_id, readings in job_readings.items()
@@ -100,12 +102,14 @@ class BandwidthSampler:
         for rates in job_bps.values():
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         for path, readings in ctrl_readings.items():
-            children = [job_readings[j] for j, g in groups.items() if os.path.dirname(os.path.dirname(g.path)) == path]
+            kids = [j for j, g in groups.items() if os.path.dirname(os.path.dirname(g.path)) == path]
             # A control group new since the last read (a throttle level) holds nothing
             # of its own yet: its residual starts at zero.
             new = self._last_read is not None and path not in self._ctrl_paths
-            rates = self._rate(path + "#own", residual(readings, children, domains), domains, now,
-                               self._last_read if new else None)
+            moved = {d: sum(job_bps[j][d] or 0.0 for j in kids) * span for d in domains}
+            tolerance = {d: RESIDUAL_DIP_BYTES + int(2 * moved[d]) for d in domains}
+            rates = self._rate(path + "#own", residual(readings, [job_readings[j] for j in kids], domains), domains,
+                               now, self._last_read if new else None, tolerance)
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
@@ -118,6 +122,6 @@ class BandwidthSampler:
         return BandwidthSample(domains, node, job_bps, tuple(missing))
 
     def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,
-              created_at: float | None) -> dict[int, float | None]:
-        rates = self._meter(key, domains, created_at).update(readings, now)
+              created_at: float | None, dip_tolerance: dict[int, int] | None = None) -> dict[int, float | None]:
+        rates = self._meter(key, domains, created_at).update(readings, now, dip_tolerance)
         return {d: rates.get(d) for d in domains}
