@@ -139,3 +139,9 @@ def test_dry_run_decides_and_logs_but_writes_nothing(tmp_path, caplog):
         assert any("would write" in rec.message for rec in caplog.records)
     finally:
         h.stop()
+
+
+def test_the_shipped_config_documents_the_real_defaults():
+    from noded.config import Config, load_config
+
+    assert load_config("config/noded.yaml") == Config()
