@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from .actuators.mba import Applied
+from .actuators.plan import Applied
 from .config import Config
 from .policy.contention import Decision, PolicyState, decide
 from .sample import Sample

@@ -13,7 +13,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
-from noded.actuators.mba import Applied
+from noded.actuators.plan import Applied
 from resctrl import CacheInfo, Capabilities, MbFlavour, MbInfo, MbLimits, MonInfo
 from noded.config import Config
 from noded.daemon import TickResult
@@ -132,7 +132,7 @@ def test_dry_run_decides_and_logs_but_writes_nothing(tmp_path, caplog):
     try:
         h.daemon.throttle.dry_run = True
         h.daemon.telemetry.monitor  # monitoring groups are telemetry, not throttling: still made
-        with caplog.at_level(logging.INFO, logger="noded.actuators.mba"):
+        with caplog.at_level(logging.INFO, logger="noded.actuators"):
             r = h.until(lambda r: r.applied, 15, "a throttle decision")
         assert r.applied[0].writes and r.applied[0].writes[0].startswith("mkdir noded-mba-1; schemata MB=")
         assert h.rc().list_ctrl_groups() == []

@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Mapping
 
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 from ..sample import CPU, JobSample, Sample
 from ..state import OriginalValues
-from .mba import Applied
+from .plan import LevelThrottle
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +39,13 @@ class _Target:
     where: str  # cgroup directory, or a pid
 
 
-class CoreHalving:
+class CoreHalving(LevelThrottle):
     kind = "cores"
 
     def __init__(self, originals: OriginalValues, *, proc: str = "/proc", dry_run: bool = False):
+        super().__init__(dry_run=dry_run)
         self.originals = originals
         self.proc = proc
-        self.dry_run = dry_run
-        self.current: dict[str, int] = {}
 
     # -- what a job's CPUs are
     def _cpuset_dir(self, js: JobSample) -> str | None:
@@ -137,7 +135,8 @@ class CoreHalving:
             except ProcessLookupError:
                 pass
 
-    def _apply_level(self, js: JobSample, level: int, writes: list[str]) -> None:
+    def _set_level(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
+        js = sample.jobs[job]
         original = self.original_cpus(js)
         if not original:
             raise OSError(f"no CPUs known for job {js.id}")
@@ -156,32 +155,6 @@ class CoreHalving:
             self._set_affinity(pid, cpus, writes)
             if level == 0 and key is not None:
                 self.originals.forget(key)
-
-    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]:
-        out = []
-        wanted = {j: lvl for j, lvl in levels.items() if j in sample.jobs}
-        for job in sorted(set(self.current) | set(wanted)):
-            level = wanted.get(job, 0)
-            if self.current.get(job, 0) == level:
-                continue
-            if job not in sample.jobs:
-                self.current.pop(job, None)
-                continue
-            writes: list[str] = []
-            try:
-                self._apply_level(sample.jobs[job], level, writes)
-                out.append(Applied(job, level, tuple(writes)))
-                if level:
-                    self.current[job] = level
-                else:
-                    self.current.pop(job, None)
-            except OSError as e:
-                log.warning("job=%s cores level %d failed: %s", job, level, e)
-                out.append(Applied(job, level, tuple(writes), str(e)))
-        for a in out:
-            log.info("job=%s cores_level=%d %s: %s%s", a.job, a.level, "would write" if self.dry_run else "wrote",
-                     "; ".join(a.writes), f" error={a.error}" if a.error else "")
-        return out
 
     def release_all(self, sample: Sample | None = None) -> None:
         self.current.clear()

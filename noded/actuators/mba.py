@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from typing import Mapping
 
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, MonGroup, Resctrl, ResctrlError, normalize_mb
 
 from ..jobs.monitoring import JobMonitor
 from ..sample import Sample
+from .plan import LevelThrottle
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Applied:
-    job: str
-    level: int
-    writes: tuple[str, ...]  # what was (or, in dry-run, would be) written
-    error: str | None = None
 
 
 def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
@@ -41,19 +32,18 @@ def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
     return normalize_mb(round(share * limits.max_bandwidth), limits)
 
 
-class MbaThrottle:
+class MbaThrottle(LevelThrottle):
     kind = "mba"
 
     def __init__(self, rc: Resctrl, monitor: JobMonitor, levels: tuple[float, ...], peak_bytes_per_domain: float,
                  *, dry_run: bool = False):
         if rc.caps.mb is None:
             raise ValueError("MbaThrottle needs a host with memory bandwidth allocation")
+        super().__init__(dry_run=dry_run)
         self.rc = rc
         self.monitor = monitor
         self.levels = levels
         self.peak = peak_bytes_per_domain
-        self.dry_run = dry_run
-        self.current: dict[str, int] = {}
         self._ctrl: dict[int, CtrlGroup] = {}
 
     @property
@@ -83,35 +73,7 @@ class MbaThrottle:
             self._ctrl[level] = ctrl
         return ctrl
 
-    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]:
-        out: list[Applied] = []
-        wanted = {j: lvl for j, lvl in levels.items() if j in sample.jobs}
-        for job in sorted(set(self.current) | set(wanted)):
-            level = wanted.get(job, 0)
-            if self.current.get(job, 0) == level:
-                continue
-            if job not in sample.jobs:
-                self.current.pop(job, None)  # ended: its groups went with it
-                continue
-            writes: list[str] = []
-            try:
-                self._move(job, level, sample, writes)
-                out.append(Applied(job, level, tuple(writes)))
-                if level:
-                    self.current[job] = level
-                else:
-                    self.current.pop(job, None)
-            except (ResctrlError, OSError) as e:
-                log.warning("job=%s throttle to level %d failed: %s", job, level, e)
-                out.append(Applied(job, level, tuple(writes), str(e)))
-        self._remove_unused(out)
-        for a in out:
-            verb = "would write" if self.dry_run else "wrote"
-            log.info("job=%s mba_level=%d %s: %s%s", a.job, a.level, verb, "; ".join(a.writes),
-                     f" error={a.error}" if a.error else "")
-        return out
-
-    def _move(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
+    def _set_level(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
         target = self._ensure_ctrl(level, writes) if level else self.rc.root_group()
         group = self.monitor.groups().get(job)
         if group is not None:
@@ -126,7 +88,7 @@ class MbaThrottle:
             if not self.dry_run:
                 target.add_process(pid)
 
-    def _remove_unused(self, out: list[Applied]) -> None:
+    def _after_apply(self) -> None:
         used = set(self.current.values())
         for level in [lvl for lvl in self._ctrl if lvl not in used]:
             ctrl = self._ctrl.pop(level)
@@ -152,4 +114,4 @@ class MbaThrottle:
             except (ResctrlError, OSError) as e:
                 log.warning("job=%s release failed: %s", job, e)
             self.current.pop(job, None)
-        self._remove_unused([])
+        self._after_apply()
