@@ -1,7 +1,8 @@
 """The contention eliminator end to end on the simulated node (issue #4's acceptance)."""
 
-import dataclasses
 import os
+import shutil
+import subprocess
 import threading
 import time
 
@@ -12,6 +13,7 @@ from noded.config import Config, ContentionConfig, MetricsConfig, ResctrlConfig
 from noded.sim.node import SimNode
 from noded.sim.scenario import parse_scenario
 from noded.sim.workload import MODELS
+from resctrl.emulator import MountedEmulator
 
 pytestmark = pytest.mark.fuse
 
@@ -207,4 +209,13 @@ def test_5_faults_never_throttle_blind_and_the_daemon_recovers(harness, tmp_path
     r = h.daemon.tick()  # the simulator cannot step without its emulator; the daemon must
     assert any(s.name == "resctrl" and not s.ok for s in r.sample.samplers) and r.levels == {}
     assert h.daemon.tick().tick == r.tick + 1
-    h.daemon.shutdown()  # and it still shuts down cleanly
+    # Mounted again (empty, as after a reboot of resctrl): groups are made anew, data returns.
+    subprocess.run(["fusermount3", "-u", "-z", emu.root], check=False)
+    h.sim.emu = MountedEmulator("intel", workdir=emu.workdir, extra_args=["--peak-gbps", "8"]).start()
+    h.sim._set_demand("bert", MODELS["BiDAF"].demand_gbps)
+    r = h.until(lambda r: r.sample.node_bandwidth_total_bps is not None
+                and r.sample.jobs["sim:bert"].monitoring == "own"
+                and r.sample.jobs["sim:bert"].bandwidth_bps, 10, "bandwidth back after the remount")
+    assert r.sample.jobs["sim:bert"].bandwidth_bps == pytest.approx(MODELS["BiDAF"].demand_gbps * 1e9, rel=0.3)
+    h.stop()
+    shutil.rmtree(emu.workdir, ignore_errors=True)  # the first emulator's directory, now unmounted

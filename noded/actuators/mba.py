@@ -60,6 +60,22 @@ class MbaThrottle(LevelThrottle):
     def ctrl_name(self, level: int) -> str:
         return f"{self.rc.prefix}mba-{level}"
 
+    def apply(self, levels, sample: Sample):
+        self._reconcile()
+        return super().apply(levels, sample)
+
+    def _reconcile(self) -> None:
+        # Levels in force are where the job groups really are: a group recreated
+        # under the root (resctrl remounted, an operator's rmdir) is at level 0.
+        for level, ctrl in list(self._ctrl.items()):
+            if not os.path.isdir(ctrl.path):
+                del self._ctrl[level]
+        groups = self.monitor.groups()
+        for job, level in list(self.current.items()):
+            group = groups.get(job)
+            if group is not None and os.path.basename(group.parent.path) != self.ctrl_name(level):
+                del self.current[job]
+
     def _ensure_ctrl(self, level: int, writes: list[str]) -> CtrlGroup:
         ctrl = self._ctrl.get(level)
         if ctrl is None:

@@ -79,6 +79,15 @@ class JobMonitor:
         if old != group.path:
             self.on_moved(old)
 
+    def lost(self, job_id: str) -> None:
+        """The job's group is gone (resctrl remounted, an operator's rmdir): make it anew next sync."""
+        with self._lock:
+            tracked = self._jobs.get(job_id)
+            if tracked is not None and tracked.group is not None:
+                log.warning("job=%s group %s is gone; recreating it", job_id, tracked.group.name)
+                tracked.group, tracked.retry_at = None, 0.0
+                tracked.moved.clear()
+
     def created_at(self, job_id: str) -> float | None:
         with self._lock:
             t = self._jobs.get(job_id)

@@ -90,6 +90,8 @@ class BandwidthSampler:
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
         job_readings = {job_id: self.reader.read(g.path, domains) for job_id, g in groups.items()}
+        for job_id in [j for j, r in job_readings.items() if not r and domains]:
+            self.monitor.lost(job_id)  # not one domain readable: the group itself is gone
         ctrl_paths = [self.rc.root] + [g.path for g in self.rc.list_ctrl_groups()]
         ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
         now = self.clock()
