@@ -55,6 +55,8 @@ class ContentionConfig:
     hold_s: float = 10.0
     #: after a throttle step, wait this long for its effect before the next step
     settle_s: float = 2.0
+    #: fail safe: when node bandwidth stays unknown this long, release every throttle
+    missing_release_s: float = 30.0
     #: a GPU job counts as slowed when its utilisation falls this share below its baseline
     gpu_drop_margin: float = 0.10
     #: how fast the uncontended baseline follows a GPU job's utilisation (EWMA weight)
@@ -98,6 +100,7 @@ _RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "contention.release_threshold": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
     "contention.hold_s": (lambda v: v >= 0, ">= 0"),
     "contention.settle_s": (lambda v: v >= 0, ">= 0"),
+    "contention.missing_release_s": (lambda v: v > 0, "positive"),
     "contention.gpu_drop_margin": (lambda v: 0 < v < 1, "a share in (0, 1)"),
     "contention.baseline_alpha": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "contention.cpu_job_cap_gbps": (lambda v: v is None or v > 0, "positive or null"),

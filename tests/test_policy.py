@@ -119,3 +119,17 @@ def test_invariants_over_any_sequence(steps):
         assert all(abs(a.to_level - a.from_level) == 1 or a.to_level == 0 for a in d.actions)
         if node is None:
             assert all(a.kind == "release" for a in d.actions)
+
+
+def test_fail_safe_releases_everything_but_overrides_when_inputs_stay_missing():
+    cfg = ContentionConfig(settle_s=0, missing_release_s=5)
+    _, state = run([sample(4, js("nlp", GPU, 80), js("hog", CPU, bw=3 * GB), js("pinned", CPU, bw=1 * GB), t=0),
+                    sample(9.5, js("nlp", GPU, 40), js("hog", CPU, bw=8 * GB), js("pinned", CPU, bw=1 * GB), t=1)],
+                   cfg=cfg, overrides={"pinned": 2})
+    assert dict((j, t.level) for j, t in state.throttles.items()) == {"hog": 1, "pinned": 2}
+    blind = [sample(None, js("nlp", GPU, 40), js("hog", CPU, bw=8 * GB), js("pinned", CPU, bw=1 * GB), t=t)
+             for t in (2, 4, 6, 7, 8)]
+    ds, state = run(blind, state, cfg=cfg, overrides={"pinned": 2})
+    assert [d.levels.get("hog", 0) for d in ds] == [1, 1, 1, 0, 0]  # held for 5 s, then released
+    assert ds[3].actions[0].cause == "inputs_missing" and "fail safe" in ds[3].note
+    assert all(d.levels["pinned"] == 2 for d in ds)  # the operator's decision stands

@@ -16,7 +16,9 @@ a level into an MBA value or a core count.
   ``release_threshold``; so a job that still pushes hard is not let go into a new
   round of contention.
 * GPU jobs and exempt jobs are never throttled; overrides win over everything.
-* Missing data (node bandwidth unknown) never leads to a new throttle.
+* Missing data (node bandwidth unknown) never leads to a new throttle; when it stays
+  missing for ``missing_release_s`` every throttle but an operator's is released
+  (fail safe: noded does not hold throttles blind).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class PolicyState:
     throttles: Mapping[str, Throttle] = field(default_factory=lambda: MappingProxyType({}))
     calm_since: float | None = None
     last_step: float | None = None  # when a throttle or release step was last taken
+    missing_since: float | None = None  # since when node bandwidth has been unknown
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class Action:
     from_level: int
     to_level: int
     reason: str
-    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended
+    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended | inputs_missing
 
     @property
     def kind(self) -> str:
@@ -118,10 +121,11 @@ def decide(
         elif job_id in throttles and throttles[job_id].cause == OVERRIDE:
             set_level(job_id, 0, "override_ended", "operator override ended")
 
-    # Baselines: learned while the node is quiet and nothing is throttled; a job
-    # that gets faster raises its baseline at any time.
+    # Baselines: learned while the node is quiet and no contention throttle is
+    # propping it up; a job that gets faster raises its baseline at any time.
     baselines = {j: b for j, b in state.baselines.items() if j in jobs and jobs[j].kind == GPU}
-    quiet = share is not None and share < config.threshold and not throttles
+    quiet = share is not None and share < config.threshold and not any(
+        t.cause == CONTENTION for t in throttles.values())
     slowed: list[str] = []
     for job_id, js in jobs.items():
         if js.kind != GPU or js.gpu_util is None:
@@ -146,7 +150,12 @@ def decide(
     settled = state.last_step is None or now - state.last_step >= config.settle_s
     note = ""
     stepped = False
-    if share is None:
+    missing_since = (state.missing_since if state.missing_since is not None else now) if share is None else None
+    if share is None and now - missing_since >= config.missing_release_s:
+        note = f"fail safe: node bandwidth unknown for {now - missing_since:.0f}s, throttles released"
+        for job in [j for j, t in throttles.items() if t.cause != OVERRIDE]:
+            set_level(job, 0, "inputs_missing", note)
+    elif share is None:
         note = "holding: node bandwidth unknown"
     elif triggered and settled:
         candidates = sorted((j for j in jobs if throttleable(j)), key=lambda j: (-jobs[j].bandwidth_bps, j))
@@ -202,7 +211,7 @@ def decide(
     decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(actions), triggered,
                         share, tuple(slowed), note)
     return decision, replace(state, baselines=MappingProxyType(baselines), throttles=MappingProxyType(throttles),
-                             calm_since=calm_since, last_step=last)
+                             calm_since=calm_since, last_step=last, missing_since=missing_since)
 
 
 def _over_cap(js, config: ContentionConfig) -> bool:
