@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -86,16 +84,3 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     server, _thread = start_http_server(port, addr=address, registry=make_registry(daemon))
     host, bound = server.server_address[:2]
     return server, f"http://{host}:{bound}/metrics"
-
-
-def run_until_signalled(daemon: Daemon, stop: threading.Event | None = None) -> None:
-    stop = stop or threading.Event()
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    try:
-        daemon.run(stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        daemon.shutdown()

@@ -81,6 +81,8 @@ class Config:
     #: the node's peak memory bandwidth per L3 domain, GB/s (from `bench calibrate`)
     peak_gbps_per_domain: float = 50.0
     state_dir: str = "/var/lib/noded"
+    #: pid file (one noded per host) and, later, the admin socket
+    runtime_dir: str = "/run/noded"
     nvml: bool = True
     resctrl: ResctrlConfig = field(default_factory=ResctrlConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
@@ -64,6 +64,39 @@ class Daemon:
         self.actions_total: Counter[tuple[str, str]] = Counter()  # (throttle|release, cause)
         self.extra_info = dict(extra_info or {})
         self._lock = threading.Lock()
+        self._reload = threading.Event()
+        self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
+
+    def request_reload(self) -> None:
+        """Safe from a signal handler: the reload happens between two ticks."""
+        self._reload.set()
+
+    def reload(self, new: Config) -> list[str]:
+        """Take a new config's tunables now; returns the changed keys that need a restart
+        (those keep their running values: they shape what was built at start)."""
+        old = self.config
+        restart_only = {"resctrl": old.resctrl, "jobs": old.jobs, "metrics": old.metrics, "state_dir": old.state_dir,
+                        "runtime_dir": old.runtime_dir, "nvml": old.nvml}
+        needs_restart = [k for k, v in restart_only.items() if getattr(new, k) != v]
+        for k in ("mba_levels", "method"):
+            if getattr(new.contention, k) != getattr(old.contention, k):
+                needs_restart.append(f"contention.{k}")
+        contention = replace(new.contention, mba_levels=old.contention.mba_levels, method=old.contention.method)
+        self.config = replace(new, contention=contention, **restart_only)
+        if hasattr(self.throttle, "peak"):
+            self.throttle.peak = self.config.peak_bytes_per_domain  # new MBps levels use it
+        return needs_restart
+
+    def _maybe_reload(self) -> None:
+        if not self._reload.is_set() or self.reloader is None:
+            return
+        self._reload.clear()
+        new = self.reloader()
+        if new is None:
+            return  # refused: the reloader logged why; the running config stays
+        restart = self.reload(new)
+        log.warning("config reloaded%s", f"; these changes need a restart and were not applied: {', '.join(restart)}"
+                    if restart else "")
 
     def tick(self) -> TickResult:
         t0 = self.clock()
@@ -89,9 +122,10 @@ class Daemon:
         return result
 
     def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
-        period = self.config.tick_s
         next_t = self.clock()
         while not stop.is_set():
+            self._maybe_reload()
+            period = self.config.tick_s
             try:
                 result = self.tick()
                 if on_tick:

@@ -1,16 +1,36 @@
-"""`noded run`: the daemon on this host, or (``--sim``) on the simulated node."""
+"""`noded run`: the daemon on this host, or (``--sim``) on the simulated node.
+
+Signals: SIGTERM/SIGINT stop the loop, release every throttle, restore what was
+changed and remove noded's groups; SIGHUP reloads the config (a bad one is refused
+with its reason and the running one kept). Under systemd the notify protocol says
+READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
+import tempfile
 import threading
+from contextlib import ExitStack
 
-from .app import build_daemon, run_until_signalled, serve_metrics
+from .app import build_daemon, serve_metrics
 from .config import Config, ConfigError, load_config
+from .daemon import Daemon, TickResult
+from .lockfile import AlreadyRunning, InstanceLock
+from .sdnotify import SystemdNotifier
 
 log = logging.getLogger(__name__)
+
+
+def status_line(result: TickResult) -> str:
+    s, d = result.sample, result.decision
+    gpu = sum(1 for j in s.jobs.values() if j.kind == "gpu")
+    share = "unknown" if d.node_share is None else f"{d.node_share:.0%} of peak"
+    return (f"{len(s.jobs)} jobs ({gpu} GPU), node bandwidth {share}, {len(result.levels)} throttled"
+            + (f", {len(s.missing)} inputs missing" if s.missing else ""))
 
 
 def main_run(args) -> int:
@@ -20,76 +40,97 @@ def main_run(args) -> int:
     except ConfigError as e:
         print(f"noded run: {e}", file=sys.stderr)
         return 1
-    if args.sim:
-        return _run_sim(args, config)
-    built = build_daemon(config, dry_run=args.dry_run)
-    server, url = serve_metrics(built.daemon, config.metrics.address, config.metrics.port)
-    print(f"noded: metrics at {url}", flush=True)
-    stop = threading.Event()
-    timer = threading.Timer(args.duration, stop.set) if args.duration else None
-    if timer:
-        timer.start()
-    try:
-        run_until_signalled(built.daemon, stop)
-    finally:
-        if timer:
-            timer.cancel()
-        server.shutdown()
-    return 0
+    with ExitStack() as stack:
+        discovery = None
+        sim = None
+        if args.sim:
+            from .sim.node import SimNode
+            from .sim.scenario import ScenarioError, load_scenario
 
-
-def _run_sim(args, config: Config) -> int:
-    from .sim.node import SimNode
-    from .sim.scenario import ScenarioError, load_scenario
-
-    try:
-        scenario = load_scenario(args.sim)
-    except (OSError, ScenarioError) as e:
-        print(f"noded run: {e}", file=sys.stderr)
-        return 2
-    import tempfile
-
-    with SimNode(scenario) as sim, tempfile.TemporaryDirectory(prefix="noded-state-") as state_dir:
-        config = dataclasses.replace(
-            config, peak_gbps_per_domain=scenario.node.peak_gbps, state_dir=state_dir,
-            resctrl=dataclasses.replace(config.resctrl, root=sim.emu.root, mounts=sim.emu.mounts_file))
-        built = build_daemon(config, dry_run=args.dry_run, discovery=sim.discovery)
-        server, url = serve_metrics(built.daemon, config.metrics.address, config.metrics.port)
-        print(f"noded: metrics at {url}", flush=True)
-        print(f"noded: simulated node, {scenario.node.gpus} GPUs, profile {scenario.node.profile!r}, "
-              f"peak {scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
-              f"{built.daemon.throttle.kind if built.daemon.throttle else 'nothing'}; {scenario.name}", flush=True)
-        stop = threading.Event()
-        stepper = threading.Thread(target=_step_sim, args=(sim, stop), daemon=True)
-        stepper.start()
-        timer = threading.Timer(args.duration or scenario.duration_s, stop.set)
-        timer.start()
+            try:
+                scenario = load_scenario(args.sim)
+            except (OSError, ScenarioError) as e:
+                print(f"noded run: {e}", file=sys.stderr)
+                return 2
+            sim = stack.enter_context(SimNode(scenario))
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
+            config = dataclasses.replace(
+                config, peak_gbps_per_domain=scenario.node.peak_gbps, state_dir=f"{scratch}/state",
+                runtime_dir=f"{scratch}/run",
+                resctrl=dataclasses.replace(config.resctrl, root=sim.emu.root, mounts=sim.emu.mounts_file))
+            discovery = sim.discovery
         try:
-            _run_with_report(built.daemon, stop)
-        finally:
-            timer.cancel()
-            stop.set()
-            stepper.join()
-            server.shutdown()
-    print("noded: stopped; throttles released, groups removed, simulated node torn down.")
+            stack.enter_context(InstanceLock(config.runtime_dir))
+        except AlreadyRunning as e:
+            print(f"noded run: {e}", file=sys.stderr)
+            return 1
+        built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
+        daemon = built.daemon
+        if args.config:
+            daemon.reloader = lambda: _reload(args.config)
+        server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
+        stack.callback(server.shutdown)
+        print(f"noded: metrics at {url}", flush=True)
+        stop = threading.Event()
+        duration = args.duration or (sim.scenario.duration_s if sim else None)
+        if duration:
+            timer = threading.Timer(duration, stop.set)
+            timer.start()
+            stack.callback(timer.cancel)
+        on_tick = _notifier_hook(SystemdNotifier())
+        if sim is not None:
+            print(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
+                  f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
+                  f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}", flush=True)
+            on_tick = _with_sim(sim, stop, stack, on_tick)
+        run_with_signals(daemon, stop, on_tick)
+    print("noded: stopped; throttles released, groups removed" + (", simulated node torn down." if args.sim else "."),
+          flush=True)
     return 0
 
 
-def _step_sim(sim, stop: threading.Event) -> None:
-    while not stop.is_set():
-        sim.step()
-        stop.wait(sim.scenario.tick_s)
+def _reload(path: str) -> Config | None:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        log.error("config reload refused, keeping the running config: %s", e)
+        return None
 
 
-def _run_with_report(daemon, stop: threading.Event) -> None:
-    import signal
+def _notifier_hook(notifier: SystemdNotifier):
+    state = {"ready": False}
 
+    def on_tick(result: TickResult) -> None:
+        if not notifier.enabled:
+            return
+        line = status_line(result)
+        if not state["ready"]:
+            notifier.ready(line)
+            state["ready"] = True
+        else:
+            notifier.status(line)
+        notifier.watchdog()
+
+    on_tick.notifier = notifier  # type: ignore[attr-defined]
+    return on_tick
+
+
+def _with_sim(sim, stop: threading.Event, stack: ExitStack, on_tick):
     from .sim.run import print_tick
 
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def step() -> None:
+        while not stop.is_set():
+            sim.step()
+            stop.wait(sim.scenario.tick_s)
+
+    stepper = threading.Thread(target=step, name="noded-sim", daemon=True)
+    stepper.start()
+    stack.callback(stepper.join)
+    stack.callback(stop.set)
     state = {"next": 0.0, "t0": None}
 
-    def report(result):
+    def report(result: TickResult) -> None:
+        on_tick(result)
         if state["t0"] is None:
             state["t0"] = result.t
         elapsed = result.t - state["t0"]
@@ -100,9 +141,25 @@ def _run_with_report(daemon, stop: threading.Event) -> None:
             state["next"] += 1.0
             print_tick(elapsed, result.sample, result.levels, sys.stdout)
 
+    return report
+
+
+def run_with_signals(daemon: Daemon, stop: threading.Event, on_tick=None) -> None:
+    notifier = getattr(on_tick, "notifier", None) or SystemdNotifier()
+
+    def on_stop(*_):
+        stop.set()
+
+    def on_hup(*_):
+        daemon.request_reload()
+
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_stop),
+                signal.SIGINT: signal.signal(signal.SIGINT, on_stop),
+                signal.SIGHUP: signal.signal(signal.SIGHUP, on_hup)}
     try:
-        daemon.run(stop, on_tick=report)
+        daemon.run(stop, on_tick=on_tick)
     finally:
+        notifier.stopping()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         daemon.shutdown()

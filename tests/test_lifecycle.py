@@ -1,0 +1,201 @@
+"""Operating noded: the systemd unit, the notify protocol, one instance per host,
+SIGHUP reloads, SIGTERM and SIGKILL (issue #5)."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import wait_for
+
+UNIT = os.path.join(os.path.dirname(__file__), "..", "systemd", "noded.service")
+
+
+def cpu_only_config(tmp_path, **extra):
+    """A config for this machine: no resctrl mounted, no NVML: a CPU-only node."""
+    lines = {"tick_s": "0.1", "state_dir": str(tmp_path / "state"), "runtime_dir": str(tmp_path / "run"),
+             "metrics": "{address: 127.0.0.1, port: 0}",
+             "resctrl": f"{{root: {tmp_path / 'no-resctrl'}, mounts: /proc/mounts}}"}
+    lines.update(extra)
+    path = tmp_path / "noded.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in lines.items()))
+    return path
+
+
+class NotifySocket:
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(10)
+
+    def recv(self) -> dict[str, str]:
+        data = self.sock.recv(4096).decode()
+        return dict(line.split("=", 1) for line in data.splitlines())
+
+    def close(self):
+        self.sock.close()
+
+
+def start(cfg, env=None, *extra):
+    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_the_unit_file_verifies(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
+    (root / "usr/local/bin").mkdir(parents=True)
+    (root / "usr/local/bin/noded").write_text("#!/bin/sh\n")
+    (root / "usr/local/bin/noded").chmod(0o755)
+    (root / "bin").mkdir()
+    shutil.copy("/bin/kill", root / "bin/kill")
+    (root / "etc/systemd/system").mkdir(parents=True)
+    shutil.copy(UNIT, root / "etc/systemd/system/noded.service")
+    p = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}",
+                        "/etc/systemd/system/noded.service"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    text = open(UNIT).read()
+    for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "ExecReload=/bin/kill -HUP $MAINPID",
+                 "RuntimeDirectory=noded", "StateDirectory=noded", "ConfigurationDirectory=noded"):
+        assert line in text
+
+
+def test_notify_ready_after_the_first_tick_then_status_and_watchdog(tmp_path, procs):
+    notify = NotifySocket(tmp_path / "notify")
+    try:
+        p = start(cpu_only_config(tmp_path), {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "1000000"},
+                  "--duration", "2")
+        procs.append(p)
+        first = notify.recv()
+        assert first["READY"] == "1" and re.fullmatch(r"0 jobs \(0 GPU\), node bandwidth unknown, 0 throttled"
+                                                      r", \d+ inputs missing", first["STATUS"])
+        messages = []
+        while "STOPPING" not in (m := notify.recv()):
+            messages.append(m)
+        watchdogs = sum(m.get("WATCHDOG") == "1" for m in messages)
+        assert 12 <= watchdogs <= 21  # one per 0.1 s tick over the remaining ~1.9 s
+        assert all("READY" not in m for m in messages)
+        assert p.wait(timeout=20) == 0
+    finally:
+        notify.close()
+
+
+def test_a_second_instance_refuses_to_start(tmp_path, procs):
+    notify = NotifySocket(tmp_path / "notify")
+    try:
+        cfg = cpu_only_config(tmp_path)
+        first = start(cfg, {"NOTIFY_SOCKET": notify.path})
+        procs.append(first)
+        assert notify.recv()["READY"] == "1"
+        second = subprocess.run([sys.executable, "-m", "noded", "run", "--config", str(cfg)], capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 1
+        assert f"noded is already running on this host (pid {first.pid}; lock {tmp_path}/run/noded.pid)" \
+            in second.stderr
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=20) == 0
+        assert not os.path.exists(tmp_path / "run" / "noded.pid")
+    finally:
+        notify.close()
+
+
+def scrape(url):
+    return urllib.request.urlopen(url, timeout=5).read().decode()
+
+
+def test_sighup_reloads_and_a_broken_config_is_refused(tmp_path, procs):
+    cfg = cpu_only_config(tmp_path)
+    p = start(cfg)
+    procs.append(p)
+    url = re.fullmatch(r"noded: metrics at (\S+)\n", p.stdout.readline()).group(1)
+    wait_for(lambda: 'threshold="throttle"} 0.75' in scrape(url), what="the first tick")
+    good = cfg.read_text()
+    cfg.write_text(good + "contention: {treshold: 0.8}\n")
+    p.send_signal(signal.SIGHUP)
+    # The refusal is logged with its reason; the daemon keeps going on the old config.
+    err = ""
+    while "config reload refused" not in err:
+        err = p.stderr.readline()
+    assert "contention.treshold: unknown key" in err
+    assert p.poll() is None and 'threshold="throttle"} 0.75' in scrape(url)
+    cfg.write_text(good + "contention: {threshold: 0.8}\n")
+    p.send_signal(signal.SIGHUP)
+    wait_for(lambda: 'threshold="throttle"} 0.8' in scrape(url), what="the new threshold in force")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+
+
+@pytest.mark.fuse
+def test_sigterm_with_100_jobs_is_quick_and_leaves_nothing(tmp_path, procs):
+    lines = [f"  - {{at: 0, start: {{id: c{i}, cpu_gbps: 0.1}}}}" for i in range(100)]
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("seed: 1\nduration_s: 600\nnode: {gpus: 2, peak_gbps: 50}\nevents:\n" + "\n".join(lines) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tick_s: 0.2\nmetrics: {port: 0}\n")
+    mounts_before = fuse_resctrl_mounts()
+    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", str(scenario), "--config", str(cfg)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(p)
+    for line in p.stdout:
+        if line.startswith("t=") and line.count("[cpu]") == 100 and " - GB/s" not in line.split("[cpu]")[0]:
+            break
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 0
+    elapsed = time.monotonic() - t0
+    assert elapsed < 2.0, f"took {elapsed:.2f}s to stop with 100 jobs"
+    assert fuse_resctrl_mounts() == mounts_before
+
+
+def fuse_resctrl_mounts():
+    with open("/proc/mounts") as f:
+        return sorted(line.split()[1] for line in f if line.split()[2] == "fuse.resctrl")
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("profile", ["intel", "no-mba"])
+def test_sigkill_in_the_middle_of_a_throttle_then_start_is_a_clean_start(tmp_path, profile):
+    from test_eliminator import NLP_AND_HOG, Harness
+
+    from noded.app import build_daemon
+
+    h = Harness(tmp_path, NLP_AND_HOG, profile=profile)
+    try:
+        h.until(lambda r: "sim:hog" in r.levels, 15, "the hog throttled")
+        hog = next(iter(h.results[-1].sample.jobs["sim:hog"].pids))
+        throttled_cpus = os.sched_getaffinity(hog)
+        # SIGKILL: nothing of the daemon runs any more (its listener thread dies with it).
+        if h.daemon.telemetry.events:
+            h.daemon.telemetry.events.stop()
+        rc = h.rc()
+        assert rc.owned_groups() != []
+        # The next start, with the same state directory, puts the node back as a clean start would.
+        rebuilt = build_daemon(h.config, discovery=h.sim.discovery)
+        assert rc.owned_groups() == [] and rc.list_ctrl_groups() == []  # the hog's tasks are back in the root
+        if profile == "no-mba":
+            assert len(throttled_cpus) < os.cpu_count()
+            assert os.sched_getaffinity(hog) == set(range(os.cpu_count()))
+            assert any("restored 1 values changed before a crash" in n for n in rebuilt.notes)
+        rebuilt.daemon.shutdown()
+    finally:
+        h.sim.stop()
