@@ -70,6 +70,16 @@ class ContentionConfig:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    #: the admin socket; null: noded.sock in runtime_dir
+    socket: str | None = None
+    #: members of this group (and root) may use it; the socket is root:group 0660
+    group: str = "noded-admin"
+    #: a client that sends nothing for this long is dropped
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     address: str = "127.0.0.1"
     port: int = 9464
@@ -88,10 +98,15 @@ class Config:
     jobs: JobsConfig = field(default_factory=JobsConfig)
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
 
     @property
     def peak_bytes_per_domain(self) -> float:
         return self.peak_gbps_per_domain * GB
+
+    @property
+    def admin_socket(self) -> str:
+        return self.admin.socket or f"{self.runtime_dir.rstrip('/')}/noded.sock"
 
 
 # Range checks: dotted key -> (predicate, what it must be)
@@ -110,6 +125,7 @@ _RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
                               and list(v) == sorted(v, reverse=True), "shares in (0, 1), mildest first"),
     "contention.method": (lambda v: v in ("auto", "mba", "cores"), "one of auto, mba, cores"),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a TCP port (0 picks a free one)"),
+    "admin.timeout_s": (lambda v: 0 < v <= 300, "in (0, 300] seconds"),
     "jobs.rmid_retry_s": (lambda v: v > 0, "positive"),
     "jobs.sources.kind": (lambda v: v in ("slurm", "kubernetes", "systemd", "cgroup"),
                           "one of slurm, kubernetes, systemd, cgroup"),

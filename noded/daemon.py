@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
@@ -57,7 +57,9 @@ class Daemon:
         self.throttle = throttle
         self.clock = clock
         self.state = PolicyState()
-        self.overrides: dict[str, int] = {}
+        self.overrides = None  # an admin.overrides.OverrideStore, where the admin interface runs
+        self.paused: str | None = None  # why the eliminator is paused, if it is
+        self.history: dict[str, deque] = {}  # job -> its last decisions, for `nodectl explain`
         self.last: TickResult | None = None
         self.ticks = 0
         self.overruns = 0
@@ -76,7 +78,7 @@ class Daemon:
         (those keep their running values: they shape what was built at start)."""
         old = self.config
         restart_only = {"resctrl": old.resctrl, "jobs": old.jobs, "metrics": old.metrics, "state_dir": old.state_dir,
-                        "runtime_dir": old.runtime_dir, "nvml": old.nvml}
+                        "runtime_dir": old.runtime_dir, "nvml": old.nvml, "admin": old.admin}
         needs_restart = [k for k, v in restart_only.items() if getattr(new, k) != v]
         for k in ("mba_levels", "method"):
             if getattr(new.contention, k) != getattr(old.contention, k):
@@ -103,17 +105,29 @@ class Daemon:
         sample = self.telemetry.sample()
         t1 = self.clock()
         limits = self.throttle.max_levels(sample) if self.throttle else {}
+        overrides = {j: o.level for j, o in self.overrides.active().items()} if self.overrides else {}
+        if self.paused:
+            # Paused: nothing is throttled automatically (the policy still learns its
+            # baselines); only what operators set explicitly holds.
+            limits = {j: lvl for j, lvl in limits.items() if j in overrides}
+            self.state = replace(self.state, throttles=MappingProxyType(
+                {j: t for j, t in self.state.throttles.items() if j in overrides}))
         decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
-                                      limits, t0, MappingProxyType(dict(self.overrides)),
+                                      limits, t0, MappingProxyType(overrides),
                                       self.throttle.level_share if self.throttle else (lambda level: 1.0))
+        if self.paused:
+            decision = replace(decision, note=f"paused: {self.paused}")
         t2 = self.clock()
         applied = tuple(self.throttle.apply(decision.levels, sample)) if self.throttle else ()
         t3 = self.clock()
         for a in decision.actions:
             self.actions_total[(a.kind, a.cause)] += 1
+            self.history.setdefault(a.job, deque(maxlen=10)).append((t0, a))
             log.info("decision=%s job=%s level=%d->%d cause=%s reason=%r", a.kind, a.job, a.from_level, a.to_level,
                      a.cause, a.reason)
         self.ticks += 1
+        for job in [j for j in self.history if j not in sample.jobs]:
+            del self.history[job]
         result = TickResult(self.ticks, t0, sample, decision, applied,
                             MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
                             self.throttle.kind if self.throttle else None,

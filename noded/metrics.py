@@ -61,6 +61,16 @@ class NodedCollector:
         thr.add_metric(["release"], cfg.contention.release_threshold)
         yield thr
 
+        active = GaugeMetricFamily("noded_override_active", "Operator overrides in force (1 each), and who set them",
+                                   labels=["job", "kind", "uid"])
+        store = getattr(d, "overrides", None)
+        for o in sorted(store.current().values(), key=lambda o: o.job) if store else ():
+            active.add_metric([o.job, o.kind, str(o.set_by_uid)], 1.0)
+        yield active
+        paused = GaugeMetricFamily("noded_eliminator_paused", "1 while an operator has paused the eliminator")
+        paused.add_metric([], 1.0 if getattr(d, "paused", None) else 0.0)
+        yield paused
+
         r = d.last
         if r is None:
             return

@@ -14,8 +14,11 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from contextlib import ExitStack
 
+from .admin.overrides import OverrideStore
+from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
 from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
@@ -70,6 +73,10 @@ def main_run(args) -> int:
             daemon.reloader = lambda: _reload(args.config)
         server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
         stack.callback(server.shutdown)
+        daemon.overrides = OverrideStore(config.state_dir, time.time)
+        admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
+                            timeout_s=config.admin.timeout_s).start()
+        stack.callback(admin.stop)
         print(f"noded: metrics at {url}", flush=True)
         stop = threading.Event()
         duration = args.duration or (sim.scenario.duration_s if sim else None)

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from noded.actuators.plan import Applied
+from noded.admin.overrides import Override
 from resctrl import CacheInfo, Capabilities, MbFlavour, MbInfo, MbLimits, MonInfo
 from noded.config import Config
 from noded.daemon import TickResult
@@ -48,7 +49,9 @@ def fixed_daemon():
                         MappingProxyType({"sim:hog": 1}))
     return SimpleNamespace(config=Config(peak_gbps_per_domain=10), ticks=7, overruns=1,
                            actions_total=Counter({("throttle", "contention"): 1}), last=result,
-                           extra_info={"throttle": "mba", "dry_run": "false"},
+                           extra_info={"throttle": "mba", "dry_run": "false"}, paused=None,
+                           overrides=SimpleNamespace(current=lambda: {
+                               "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}),
                            telemetry=SimpleNamespace(monitor=SimpleNamespace(rc=SimpleNamespace(caps=CAPS),
                                                                              groups=lambda: {"sim:bert": None})))
 
@@ -71,6 +74,7 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_gpu_utilization_ratio{UUID="GPU-5e3a0000",gpu="0"} 0.4' in text
     assert 'noded_job_throttle_level{job="sim:hog",method="mba"} 1.0' in text
     assert 'noded_throttle_actions_total{action="throttle",cause="contention"} 1.0' in text
+    assert 'noded_override_active{job="sim:hog",kind="throttle",uid="1000"} 1.0' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

@@ -1,0 +1,1 @@
+"""The local admin interface: a Unix socket (JSON lines) and `nodectl`."""
