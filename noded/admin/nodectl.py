@@ -1,0 +1,205 @@
+"""nodectl: the operator's client for noded's admin socket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import time
+from typing import Any
+
+from .protocol import VERSION, encode
+
+DEFAULT_SOCKET = "/run/noded/noded.sock"
+GB = 1e9
+
+
+class NodectlError(Exception):
+    pass
+
+
+def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(encode({"version": VERSION, "command": command, "args": args or {}}))
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+    except FileNotFoundError:
+        raise NodectlError(f"no admin socket at {path}: is noded running?") from None
+    except PermissionError:
+        raise NodectlError(f"permission denied on {path}: run as root or as a member of noded's admin group") from None
+    except OSError as e:
+        raise NodectlError(f"{path}: {e.strerror or e}") from None
+    if not buf:
+        raise NodectlError(f"{path}: noded closed the connection without an answer")
+    reply = json.loads(buf)
+    if not reply.get("ok"):
+        raise NodectlError(reply.get("error", "unknown error"))
+    return reply["result"]
+
+
+def parse_duration(text: str) -> float:
+    """'90', '30s', '15m', '2h', '1d' -> seconds."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 90, 30s, 15m, 2h, 1d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v / GB:.1f}"
+
+
+def _pct(v: float | None, scale: float = 1.0) -> str:
+    return "-" if v is None else f"{v * scale:.0f}%"
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = []
+    node = st.get("node")
+    state = f"PAUSED ({st['paused']})" if st["paused"] else "active"
+    lines.append(f"noded {state}; throttling with {st['throttle_method'] or 'nothing'}; tick {st['tick_s']:g}s; "
+                 f"threshold {st['threshold']:.0%} (release below {st['release_threshold']:.0%}) of "
+                 f"{st['peak_bytes_per_s_per_domain'] / GB:g} GB/s per domain")
+    if node is None:
+        lines.append("no tick yet")
+        return "\n".join(lines) + "\n"
+    doms = ", ".join(f"L3 {d}: {_gbps(v)} GB/s" for d, v in sorted(node["bandwidth_bytes_per_s"].items()))
+    lines.append(f"node: {_pct(node['share_of_peak'], 100)} of peak ({doms})"
+                 + ("; CONTENTION" if node["contention"] else "") + (f"; {node['note']}" if node["note"] else ""))
+    if st["gpus"]:
+        lines.append("gpus: " + "  ".join(f"{g['gpu']}:{_pct(g['util'])}" + (f"({g['error']})" if g["error"] else "")
+                                          for g in st["gpus"]))
+    lines.append("")
+    lines.append(format_jobs(st["jobs"]).rstrip("\n"))
+    if st["overrides"]:
+        lines.append("")
+        lines.append("overrides:")
+        for o in st["overrides"]:
+            ttl = "until released" if o["expires_in_s"] is None else f"{o['expires_in_s']:.0f}s left"
+            lines.append(f"  {o['job']}: {o['kind']} level {o['level']} by uid {o['set_by_uid']}, {ttl}"
+                         + (f" ({o['reason']})" if o["reason"] else ""))
+    if st["missing"]:
+        lines.append("")
+        lines.append("missing: " + "; ".join(st["missing"]))
+    return "\n".join(lines) + "\n"
+
+
+def format_jobs(jobs: list[dict[str, Any]]) -> str:
+    rows = [("JOB", "KIND", "GB/s", "GPU", "LEVEL", "NOTE")]
+    for j in jobs:
+        note = ", ".join(n for n, on in (("override", j["override"]), ("exempt", j["exempt"]),
+                                         (f"monitoring {j['monitoring']}", j["monitoring"] != "own")) if on)
+        rows.append((j["job"], j["kind"], _gbps(j["bandwidth_bytes_per_s"]),
+                     _pct(j["gpu_util"]) if j["kind"] == "gpu" else "", str(j["level"] or ""), note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows)
+
+
+def format_explain(e: dict[str, Any]) -> str:
+    lines = [f"{e['job']}: {e['kind']} job, throttle level {e['level']}, {_gbps(e['bandwidth_bytes_per_s'])} GB/s"
+             + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
+             f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {e['threshold']:.0%}; "
+             f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
+    lines += [f"  - {w}" for w in e["why"]]
+    if e["decisions"]:
+        lines.append("last decisions:")
+        lines += [f"  {d['seconds_ago']:>6.1f}s ago  {d['action']} {d['from']}->{d['to']} ({d['cause']}): {d['reason']}"
+                  for d in e["decisions"]]
+    else:
+        lines.append("no decisions about it yet")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="nodectl", description="Inspect and override noded on this host.")
+    ap.add_argument("--socket", default=os.environ.get("NODED_SOCKET", DEFAULT_SOCKET))
+    ap.add_argument("--json", action="store_true", help="print the raw answer as JSON")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="node bandwidth, GPUs, jobs, throttles, overrides")
+    sub.add_parser("jobs", help="the jobs and their throttle levels")
+    p = sub.add_parser("throttle", help="hold a job at a throttle level (an override)")
+    p.add_argument("job")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--level", type=int)
+    g.add_argument("--cores", type=int, help="hosts without MBA: leave the job this many cores")
+    p.add_argument("--ttl", type=parse_duration, help="expire after this long (e.g. 30m)")
+    p.add_argument("--reason", default="")
+    p = sub.add_parser("release", help="drop the override on a job")
+    p.add_argument("job")
+    p = sub.add_parser("exempt", help="never throttle a job (an override)")
+    p.add_argument("job")
+    p.add_argument("--ttl", type=parse_duration)
+    p.add_argument("--reason", default="")
+    p = sub.add_parser("pause", help="stop automatic throttling (overrides still hold)")
+    p.add_argument("--reason", default="")
+    sub.add_parser("resume", help="resume automatic throttling")
+    p = sub.add_parser("explain", help="why a job is throttled or not")
+    p.add_argument("job")
+    p = sub.add_parser("top", help="a live status view")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: until Ctrl-C)")
+    args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except NodectlError as e:
+        print(f"nodectl: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args) -> int:
+    path = args.socket
+    cmd = args.command
+    if cmd == "top":
+        n = 0
+        while True:
+            text = format_status(request(path, "status"))
+            sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + text)
+            sys.stdout.flush()
+            n += 1
+            if args.iterations and n >= args.iterations:
+                return 0
+            time.sleep(args.interval)  # the refresh period of a live view
+    call_args: dict[str, Any] = {}
+    if cmd in ("throttle", "release", "exempt", "explain"):
+        call_args["job"] = args.job
+    if cmd == "throttle":
+        call_args.update({"level": args.level} if args.level is not None else {"cores": args.cores})
+    if cmd in ("throttle", "exempt"):
+        if args.ttl is not None:
+            call_args["ttl_s"] = args.ttl
+        call_args["reason"] = args.reason
+    if cmd == "pause":
+        call_args["reason"] = args.reason
+    result = request(path, cmd, call_args)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    elif cmd == "status":
+        sys.stdout.write(format_status(result))
+    elif cmd == "jobs":
+        sys.stdout.write(format_jobs(result))
+    elif cmd == "explain":
+        sys.stdout.write(format_explain(result))
+    elif cmd in ("throttle", "exempt"):
+        ttl = "until released" if result["expires_in_s"] is None else f"for {result['expires_in_s']:.0f}s"
+        print(f"{result['job']}: {result['kind']} level {result['level']} {ttl}")
+    elif cmd == "release":
+        print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
+    else:
+        print("paused: " + result["paused"] if result["paused"] else "resumed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

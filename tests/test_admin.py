@@ -1,0 +1,183 @@
+"""The admin socket and nodectl (issue #5): commands, overrides that persist and
+expire, peers checked with SO_PEERCRED, and requests that are garbage, too big,
+unknown or silent."""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import wait_for
+from noded.admin import nodectl
+from noded.admin.overrides import Override, OverrideStore
+from noded.admin.protocol import MAX_REQUEST_BYTES
+from noded.admin.server import AdminServer
+
+pytestmark = pytest.mark.fuse
+
+
+class WallClock:
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def admin(tmp_path):
+    from test_eliminator import NLP_AND_HOG, Harness
+
+    h = Harness(tmp_path, NLP_AND_HOG)
+    clock = WallClock()
+    store = OverrideStore(h.config.state_dir, clock)
+    h.daemon.overrides = store
+    # A directory anyone may traverse, as /run/noded is to the admin group: only the
+    # socket's own mode and the peer check keep others out.
+    rundir = tempfile.mkdtemp(prefix="noded-admin-")
+    os.chmod(rundir, 0o755)
+    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, store, group="root", timeout_s=0.5,
+                         wall_clock=clock).start()
+    yield h, server, clock
+    server.stop()
+    h.stop()
+    shutil.rmtree(rundir, ignore_errors=True)
+
+
+def ctl(server, *argv, capsys):
+    code = nodectl.main(["--socket", server.path, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog):
+    h, server, clock = admin
+    h.until(lambda r: "sim:hog" in r.levels, 15, "the hog throttled")
+    code, out, _ = ctl(server, "status", capsys=capsys)
+    assert code == 0 and "throttling with mba" in out and "sim:hog" in out and "sim:bert" in out
+    code, out, _ = ctl(server, "--json", "jobs", capsys=capsys)
+    jobs = {j["job"]: j for j in json.loads(out)}
+    assert jobs["sim:hog"]["level"] >= 1 and jobs["sim:bert"]["kind"] == "gpu"
+    code, out, _ = ctl(server, "explain", "sim:hog", capsys=capsys)
+    assert "throttle 0->1 (contention)" in out and "GPU job sim:bert" in out
+    with caplog.at_level(logging.WARNING, logger="noded.admin.overrides"):
+        code, out, _ = ctl(server, "exempt", "sim:hog", "--ttl", "10m", "--reason", "debugging", capsys=capsys)
+    assert code == 0 and out == "sim:hog: exempt level 0 for 600s\n"
+    assert any("override=set job=sim:hog exempt level=0 uid=0" in r.message for r in caplog.records)
+    h.until(lambda r: "sim:hog" not in r.levels, 5, "the exemption in force")
+    assert 'noded_override_active{job="sim:hog",kind="exempt",uid="0"} 1.0' in scrape(h)
+    code, out, _ = ctl(server, "status", capsys=capsys)
+    assert "sim:hog: exempt level 0 by uid 0, 600s left (debugging)" in out
+    code, out, _ = ctl(server, "release", "sim:hog", capsys=capsys)
+    assert out == "sim:hog: override removed\n"
+    code, out, _ = ctl(server, "pause", "--reason", "maintenance", capsys=capsys)
+    assert out == "paused: maintenance\n"
+    for _ in range(8):
+        assert h.tick().levels == {}  # paused: nothing throttled automatically
+    assert ctl(server, "throttle", "sim:hog", "--level", "2", capsys=capsys)[0] == 0
+    assert h.tick().levels == {"sim:hog": 2}  # an operator's override holds even while paused
+    ctl(server, "resume", capsys=capsys)
+    code, _, err = ctl(server, "throttle", "sim:hog", "--cores", "1", capsys=capsys)
+    assert code == 1 and "this host throttles with mba: use --level" in err
+    code, _, err = ctl(server, "explain", "nope", capsys=capsys)
+    assert code == 1 and err == "nodectl: no such job 'nope'\n"
+
+
+def scrape(h):
+    from prometheus_client import generate_latest
+
+    from noded.metrics import make_registry
+
+    return generate_latest(make_registry(h.daemon)).decode()
+
+
+def test_overrides_persist_across_restarts_and_expire(tmp_path):
+    clock = WallClock()
+    store = OverrideStore(str(tmp_path), clock)
+    store.set(Override("a", 2, 1000, "r", clock(), clock() + 60))
+    store.set(Override("b", 0, 0, "", clock(), None))
+    again = OverrideStore(str(tmp_path), clock)  # the daemon restarted
+    assert set(again.active()) == {"a", "b"} and again.active()["a"].set_by_uid == 1000
+    clock.t += 61
+    assert set(again.active()) == {"b"}
+    assert set(OverrideStore(str(tmp_path), clock).active()) == {"b"}  # the expiry was persisted
+    (tmp_path / "overrides.json").write_text('{"a": {"level": 2}}')
+    with pytest.raises(ValueError, match="not a valid overrides file"):
+        OverrideStore(str(tmp_path), clock)
+
+
+def raw(path, payload: bytes, timeout=5.0) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(payload)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        return buf
+
+
+@pytest.mark.parametrize("payload,error", [
+    (b"garbage\n", "not a JSON object"),
+    (b"[1,2]\n", "not a JSON object"),
+    (b'{"version": 2, "command": "status"}\n', "unsupported protocol version 2"),
+    (b'{"version": 1, "command": "reboot"}\n', "unknown command 'reboot'"),
+    (b'{"version": 1, "command": "status", "extra": 1}\n', "unknown request field(s) ['extra']"),
+    (b'{"version": 1, "command": "throttle", "args": {"job": "x"}}\n', "give exactly one of level or cores"),
+    (b'{"version": 1, "command": "throttle", "args": {"job": "x", "level": 0}}\n', "level must be an integer from 1"),
+    (b'{"version": 1, "command": "exempt", "args": {"job": "x", "ttl_s": -5}}\n', "ttl_s must be a number"),
+    (b'{"version": 1, "command": "explain", "args": {}}\n', "missing argument 'job'"),
+])
+def test_bad_requests_get_an_error_reply(admin, payload, error):
+    _, server, _ = admin
+    reply = json.loads(raw(server.path, payload))
+    assert reply["ok"] is False and error in reply["error"]
+
+
+def test_oversized_and_silent_clients_neither_crash_nor_block_the_server(admin):
+    h, server, _ = admin
+    reply = json.loads(raw(server.path, b"x" * (MAX_REQUEST_BYTES + 100) + b"\n"))
+    assert reply == {"ok": False, "error": f"request larger than {MAX_REQUEST_BYTES} bytes", "version": 1}
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(server.path)
+    try:
+        h.tick()
+        # Served while the silent one waits; then the silent one is dropped after timeout_s.
+        assert json.loads(raw(server.path, b'{"version": 1, "command": "status"}\n'))["ok"] is True
+        silent.settimeout(5)
+        t0 = time.monotonic()
+        assert silent.recv(100) == b""
+        assert time.monotonic() - t0 < 2
+    finally:
+        silent.close()
+
+
+CLIENT = ("import json,socket,sys\n"
+          "s=socket.socket(socket.AF_UNIX);\n"
+          "try:\n  s.connect(sys.argv[1])\nexcept OSError as e:\n  print('connect', e.strerror); sys.exit(0)\n"
+          "s.sendall(b'{\"version\":1,\"command\":\"status\"}\\n'); print(s.recv(4096).decode().strip())")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_non_admin_user_is_refused(admin, tmp_path):
+    _, server, _ = admin
+    assert oct(os.stat(server.path).st_mode & 0o777) == "0o660"
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", CLIENT,
+                 server.path]
+    # The socket's mode keeps them out...
+    out = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "connect Permission denied", out.stderr
+    # ...and were it opened up by mistake, SO_PEERCRED still does.
+    os.chmod(server.path, 0o666)
+    out = subprocess.run(as_nobody, capture_output=True, text=True, timeout=30)
+    reply = json.loads(out.stdout)
+    assert reply["ok"] is False and reply["error"] == "permission denied: uid 65534 is neither root nor in the admin group"
