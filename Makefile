@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench deps system-deps clean
+.PHONY: demo test bench deps system-deps clean install uninstall
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test.
@@ -39,3 +39,34 @@ bench: deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
+
+# Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
+# the systemd unit, a commented default config (kept if one exists), and the admin
+# group. DESTDIR stages everything under another root to inspect it (the venv's
+# scripts then point into DESTDIR: stage, look, but ship with a plain install).
+# The venv is made from the system's Python: the unit's ProtectHome=yes hides
+# /root and /home, so an interpreter living there would not start.
+INSTALL_PYTHON ?= /usr/bin/python3
+APPDIR ?= /opt/noded
+BINDIR ?= /usr/local/bin
+UNITDIR ?= /etc/systemd/system
+CONFDIR ?= /etc/noded
+ADMIN_GROUP ?= noded-admin
+
+install:
+	$(INSTALL_PYTHON) -m venv $(DESTDIR)$(APPDIR)
+	$(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check .
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR)
+	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
+	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
+	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
+	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
+	@if [ -z "$(DESTDIR)" ]; then getent group $(ADMIN_GROUP) >/dev/null || groupadd --system $(ADMIN_GROUP); \
+	  systemctl daemon-reload 2>/dev/null || true; \
+	  echo "installed; now: systemctl enable --now noded"; fi
+
+uninstall:
+	@if [ -z "$(DESTDIR)" ]; then systemctl disable --now noded 2>/dev/null || true; fi
+	rm -f $(DESTDIR)$(UNITDIR)/noded.service $(DESTDIR)$(BINDIR)/noded $(DESTDIR)$(BINDIR)/nodectl
+	rm -rf $(DESTDIR)$(APPDIR)
+	@echo "kept $(CONFDIR)/noded.yaml, /var/lib/noded and the $(ADMIN_GROUP) group; remove them by hand if wanted"

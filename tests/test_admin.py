@@ -87,6 +87,8 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
     assert code == 1 and "this host throttles with mba: use --level" in err
     code, _, err = ctl(server, "explain", "nope", capsys=capsys)
     assert code == 1 and err == "nodectl: no such job 'nope'\n"
+    code, out, _ = ctl(server, "top", "--iterations", "2", "--interval", "0.05", capsys=capsys)
+    assert code == 0 and out.count("\x1b[H\x1b[2J") == 2 and out.count("JOB ") == 2
 
 
 def scrape(h):

@@ -199,3 +199,22 @@ def test_sigkill_in_the_middle_of_a_throttle_then_start_is_a_clean_start(tmp_pat
         rebuilt.daemon.shutdown()
     finally:
         h.sim.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="make install uses the system Python")
+def test_make_install_and_uninstall(tmp_path):
+    stage = tmp_path / "stage"
+    p = subprocess.run(["make", "install", f"DESTDIR={stage}"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert open(stage / "etc/systemd/system/noded.service").read() == open(UNIT).read()
+    assert os.readlink(stage / "usr/local/bin/nodectl") == "/opt/noded/bin/nodectl"
+    check = subprocess.run([str(stage / "opt/noded/bin/noded"), "check-config", str(stage / "etc/noded/noded.yaml")],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
+    (stage / "etc/noded/noded.yaml").write_text("tick_s: 0.5\n")  # an operator's edit survives a reinstall
+    subprocess.run(["make", "install", f"DESTDIR={stage}"], capture_output=True, timeout=600, check=True)
+    assert (stage / "etc/noded/noded.yaml").read_text() == "tick_s: 0.5\n"
+    p = subprocess.run(["make", "uninstall", f"DESTDIR={stage}"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and not (stage / "opt/noded").exists()
+    assert not (stage / "etc/systemd/system/noded.service").exists() and (stage / "etc/noded/noded.yaml").exists()
