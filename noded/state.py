@@ -14,6 +14,35 @@ import threading
 from typing import Any
 
 
+def read_json_object(path: str, what: str) -> dict[str, Any]:
+    """A JSON object from the state directory; {} when the file does not exist yet."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); expected {what}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of {what}")
+    return data
+
+
+def write_json_atomically(path: str, data: Any) -> None:
+    """Write, fsync, rename over, fsync the directory: a crash leaves the old or the new file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 class OriginalValues:
     def __init__(self, state_dir: str):
         self.path = os.path.join(state_dir, "originals.json")
@@ -22,27 +51,10 @@ class OriginalValues:
         self._values: dict[str, Any] = self._load()
 
     def _load(self) -> dict[str, Any]:
-        try:
-            with open(self.path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{self.path}: expected a JSON object of recorded original values")
-        return data
+        return read_json_object(self.path, "recorded original values")
 
     def _save(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._values, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_json_atomically(self.path, self._values)
 
     def record(self, key: str, value: Any) -> None:
         """Keep the first value seen for ``key`` (an earlier crash's record wins)."""

@@ -6,12 +6,13 @@ restart; everything else in the control loop runs on the monotonic clock.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from dataclasses import asdict, dataclass
 from typing import Callable
+
+from ..state import read_json_object, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -39,23 +40,14 @@ class OverrideStore:
         self._items: dict[str, Override] = self._load()
 
     def _load(self) -> dict[str, Override]:
-        try:
-            with open(self.path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return {}
+        data = read_json_object(self.path, "overrides")
         try:
             return {job: Override(**v) for job, v in data.items()}
         except (TypeError, AttributeError) as e:
             raise ValueError(f"{self.path}: not a valid overrides file ({e})") from None
 
     def _save(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({j: asdict(o) for j, o in self._items.items()}, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, {j: asdict(o) for j, o in self._items.items()})
 
     def set(self, override: Override) -> None:
         with self._lock:
