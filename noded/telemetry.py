@@ -61,10 +61,10 @@ class Telemetry:
     def events_unavailable(self) -> str | None:
         return None if self.events else "process-events connector not in use"
 
-    def _on_new_process(self, pid: int, parent: int | None) -> None:
+    def _on_new_process(self, pid: int) -> None:
         with self._lock:
             known = dict(self._known)
-        job = self.discovery.job_of_new_process(pid, parent, known)
+        job = self.discovery.job_of_new_process(pid, known)
         if job is None:
             return
         with self._lock:

@@ -113,7 +113,7 @@ def test_new_process_lands_in_its_job_through_the_connector(v1_cpuset):
     job_dir = mkcg("slurm/uid_0/job_7")
     d = JobDiscovery([CgroupSource.create("slurm", base)])
     seen = []
-    events = ProcessEvents(lambda pid, parent: seen.append(d.job_of_new_process(pid, parent, {})))
+    events = ProcessEvents(lambda pid: seen.append(d.job_of_new_process(pid, {})))
     if not events.start():
         pytest.skip(f"connector unavailable here: {events.unavailable}")
     try:
@@ -130,7 +130,7 @@ def test_connector_unavailable_outside_the_initial_network_namespace():
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs unshare and root")
     code = ("from noded.jobs import ProcessEvents\n"
-            "e = ProcessEvents(lambda pid, parent: None)\n"
+            "e = ProcessEvents(lambda pid: None)\n"
             "print(e.start(timeout=5), e.unavailable)")
     out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=30)

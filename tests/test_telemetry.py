@@ -201,3 +201,15 @@ def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(nod
         wait_for(lambda: p.pid in group.read_tasks(), timeout=1.0, what="the new process in its job's group")
     finally:
         telemetry.close()
+
+
+def test_a_task_in_someone_elses_control_group_is_left_there(node, sleeper):
+    emu, rc, monitor = node()
+    p = sleeper()
+    os.mkdir(f"{emu.root}/their-group")  # another tool's allocation
+    with open(f"{emu.root}/their-group/tasks", "w") as f:
+        f.write(str(p.pid))
+    monitor.sync({"j": job("j", p.pid)})
+    with open(f"{emu.root}/their-group/tasks") as f:
+        assert f.read().split() == [str(p.pid)]
+    assert monitor.groups()["j"].read_tasks() == []

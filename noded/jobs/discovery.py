@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import replace
 
 import yaml
 
@@ -134,8 +133,8 @@ class JobDiscovery:
                 jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
         return jobs
 
-    def job_of_new_process(self, pid: int, parent: int | None, known: dict[str, Job]) -> Job | None:
-        """The job a just-exec'd or forked process belongs to, from its cgroup or its parent."""
+    def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:
+        """The job a just-exec'd process belongs to, from its cgroup (None: not a job's)."""
         cgroups = read_process_cgroups(self.proc, pid)
         for src in self.sources:
             path = cgroups.get(src.hierarchy)
@@ -146,8 +145,4 @@ class JobDiscovery:
                 pids = (prev.pids if prev else frozenset()) | {pid}
                 meta = prev.meta if prev else self.labels.labels.get(job_id, JobMeta())
                 return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta)
-        if parent is not None:
-            for job in known.values():
-                if job.source == "registered" and parent in job.pids:
-                    return replace(job, pids=job.pids | {pid})
         return None

@@ -156,11 +156,14 @@ class JobMonitor:
                 try:
                     result = tracked.group.add_process(pid)
                 except TaskMoveError as e:
-                    if "different control group" not in e.status:
+                    # The kernel's MON-parent rule: a task joins a monitoring group only
+                    # from that group's control group. Under one of our throttle levels the
+                    # task goes there first; a task in someone else's control group stays
+                    # where its owner put it (moving it would undo their allocation).
+                    parent = tracked.group.parent
+                    if "different control group" not in e.status or not self.rc.owns(parent.name):
                         raise
-                    # The group sits under a throttle's control group: a task joins
-                    # that control group first (the kernel's MON-parent rule).
-                    tracked.group.parent.add_process(pid)
+                    parent.add_process(pid)
                     result = tracked.group.add_process(pid)
             except TaskMoveError as e:
                 # EPERM and the like will not change by retrying every tick.

@@ -15,11 +15,11 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-NewProcess = Callable[[int, "int | None"], None]  # (pid, parent pid or None)
+NewProcess = Callable[[int], None]  # the pid of a process that just exec'd
 
 
 class ProcessEvents:
-    """A thread that calls ``on_new(pid, parent)`` for every exec and new process."""
+    """A thread that calls ``on_new(pid)`` for every exec on the host."""
 
     def __init__(self, on_new: NewProcess):
         self.on_new = on_new
@@ -95,12 +95,12 @@ class ProcessEvents:
             for msg in marshal.parse(data):
                 event = msg.get("event")
                 try:
+                    # Exec only: a forked child inherits its parent's resctrl group in
+                    # the kernel; what needs placing is a process put into a job's
+                    # cgroup from outside (a Slurm step, a container) and then exec'd.
                     if event == "PROC_EVENT_EXEC":
                         self.events += 1
-                        self.on_new(msg["process_tgid"], None)
-                    elif event == "PROC_EVENT_FORK" and msg["child_pid"] == msg["child_tgid"]:
-                        self.events += 1
-                        self.on_new(msg["child_tgid"], msg["parent_tgid"])
+                        self.on_new(msg["process_tgid"])
                 except Exception:
                     log.exception("process_events handler failed")
 
