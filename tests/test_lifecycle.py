@@ -164,7 +164,7 @@ def test_sigterm_with_100_jobs_is_quick_and_leaves_nothing(tmp_path, procs):
     assert p.wait(timeout=20) == 0
     elapsed = time.monotonic() - t0
     assert elapsed < 2.0, f"took {elapsed:.2f}s to stop with 100 jobs"
-    assert fuse_resctrl_mounts() == mounts_before
+    assert set(fuse_resctrl_mounts()) <= set(mounts_before)  # the run's own emulator is unmounted
 
 
 def fuse_resctrl_mounts():
