@@ -1,0 +1,175 @@
+"""numba kernels for co-location decisions, over plain numpy arrays.
+
+Each kernel has a plain-Python twin in ``reference.py`` that tests use as the
+oracle on random inputs. ``cache=True`` writes the compiled code to numba's cache
+(``NUMBA_CACHE_DIR``; the systemd unit points it into the state directory), so a
+host pays the JIT cost once, not at every daemon start.
+
+Features of a candidate co-location (one GPU's jobs after admitting one more):
+``[1, ΣC, ΣM, n_jobs, Σbatch]``, with C and M time-normalised (%, see profiles).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+N_FEATURES = 5
+
+
+@numba.njit(cache=True)
+def features(sum_c: float, sum_m: float, n_jobs: float, sum_batch: float) -> np.ndarray:
+    out = np.empty(N_FEATURES)
+    out[0] = 1.0
+    out[1] = sum_c
+    out[2] = sum_m
+    out[3] = n_jobs
+    out[4] = sum_batch
+    return out
+
+
+@numba.njit(cache=True)
+def predict_speedup(coef: np.ndarray, sum_c: float, sum_m: float, n_jobs: float, sum_batch: float) -> float:
+    """δ̂ from the linear model (NaN when no model is fitted: coef all NaN)."""
+    x = features(sum_c, sum_m, n_jobs, sum_batch)
+    s = 0.0
+    for i in range(N_FEATURES):
+        s += coef[i] * x[i]
+    return s
+
+
+@numba.njit(cache=True)
+def place(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, threshold_c, coef):
+    """The thesis's Algorithm 2: take pending jobs by ascending C, put each on the GPU
+    with the lowest ΣC (room permitting); stop at the first job whose co-location
+    would break the threshold or predict a slowdown (δ̂ < 1).
+
+    Returns (gpu index per job, -1 for not placed; predicted δ per job, NaN where
+    no model is fitted or the job runs alone).
+    """
+    m = job_c.shape[0]
+    n = gpu_c.shape[0]
+    assign = np.full(m, -1, dtype=np.int64)
+    delta = np.full(m, np.nan)
+    c = gpu_c.copy()
+    mm = gpu_m.copy()
+    cnt = gpu_n.copy()
+    bs = gpu_batch.copy()
+    order = np.argsort(job_c, kind="mergesort")
+    fitted = not np.isnan(coef[0])
+    for k in range(m):
+        j = order[k]
+        best = -1
+        for g in range(n):
+            if cnt[g] < max_per_gpu and (best < 0 or c[g] < c[best]):
+                best = g
+        if best < 0:
+            break
+        if cnt[best] > 0:
+            sc = c[best] + job_c[j]
+            if sc > threshold_c:
+                break
+            if fitted:
+                d = predict_speedup(coef, sc, mm[best] + job_m[j], cnt[best] + 1.0, bs[best] + job_batch[j])
+                if d < 1.0:
+                    break
+                delta[j] = d
+        assign[j] = best
+        c[best] += job_c[j]
+        mm[best] += job_m[j]
+        cnt[best] += 1
+        bs[best] += job_batch[j]
+    return assign, delta
+
+
+@numba.njit(cache=True)
+def _solve(A, b):
+    """Gaussian elimination with partial pivoting (numba's np.linalg would need SciPy's
+    LAPACK, a heavy dependency for a 5x5 system)."""
+    n = A.shape[0]
+    M = np.empty((n, n + 1))
+    M[:, :n] = A
+    M[:, n] = b
+    for col in range(n):
+        piv = col
+        for r in range(col + 1, n):
+            if abs(M[r, col]) > abs(M[piv, col]):
+                piv = r
+        if piv != col:
+            for k in range(n + 1):
+                M[col, k], M[piv, k] = M[piv, k], M[col, k]
+        for r in range(col + 1, n):
+            f = M[r, col] / M[col, col]
+            for k in range(col, n + 1):
+                M[r, k] -= f * M[col, k]
+    x = np.zeros(n)
+    for r in range(n - 1, -1, -1):
+        s = M[r, n]
+        for k in range(r + 1, n):
+            s -= M[r, k] * x[k]
+        x[r] = s / M[r, r]
+    return x
+
+
+@numba.njit(cache=True)
+def fit_linear(X, y, l2):
+    """Ridge least squares: (XᵀX + l2·I)⁻¹ Xᵀy (the intercept column is not penalised)."""
+    n, p = X.shape
+    A = np.zeros((p, p))
+    b = np.zeros(p)
+    for r in range(n):
+        for i in range(p):
+            b[i] += X[r, i] * y[r]
+            for j in range(p):
+                A[i, j] += X[r, i] * X[r, j]
+    for i in range(1, p):
+        A[i, i] += l2
+    return _solve(A, b)
+
+
+@numba.njit(cache=True)
+def fit_logistic(X, y, iterations, learning_rate, l2):
+    """Logistic regression by batch gradient descent on standardised columns
+    (column 0 is the intercept); returns weights for the raw features."""
+    n, p = X.shape
+    mean = np.zeros(p)
+    std = np.ones(p)
+    for j in range(1, p):
+        mean[j] = X[:, j].mean()
+        s = X[:, j].std()
+        std[j] = s if s > 0 else 1.0
+    Z = (X - mean) / std
+    for i in range(n):
+        Z[i, 0] = 1.0
+    w = np.zeros(p)
+    for _ in range(iterations):
+        grad = np.zeros(p)
+        for i in range(n):
+            z = 0.0
+            for j in range(p):
+                z += Z[i, j] * w[j]
+            e = 1.0 / (1.0 + np.exp(-z)) - y[i]
+            for j in range(p):
+                grad[j] += e * Z[i, j]
+        for j in range(p):
+            w[j] -= learning_rate * (grad[j] / n + (l2 * w[j] if j > 0 else 0.0))
+    # Back to raw features: z = w0 + Σ w_j (x_j - mean_j) / std_j
+    raw = np.empty(p)
+    raw[0] = w[0]
+    for j in range(1, p):
+        raw[j] = w[j] / std[j]
+        raw[0] -= w[j] * mean[j] / std[j]
+    return raw
+
+
+@numba.njit(cache=True)
+def predict_admit(weights, X):
+    """Probability that each row's co-location speeds things up (logistic model)."""
+    n = X.shape[0]
+    out = np.empty(n)
+    for i in range(n):
+        z = 0.0
+        for j in range(X.shape[1]):
+            z += X[i, j] * weights[j]
+        out[i] = 1.0 / (1.0 + np.exp(-z))
+    return out
