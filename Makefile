@@ -36,6 +36,7 @@ bench: deps
 	$(PY) -m bench.tick_cost
 	$(PY) -m bench.exec_latency
 	$(PY) -m bench.reaction
+	$(PY) -m bench.colocation
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
