@@ -160,6 +160,17 @@ class FakeNvmlLib:
         ctypes.cast(ctypes.pointer(ptr), ctypes.POINTER(ctypes.c_void_p)).contents.value = _HANDLE_BASE + i
         return SUCCESS
 
+    def c_nvmlDeviceGetHandleByUUID(self, uuid, device):
+        wanted = uuid.value.decode()
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                if gpu.lost:
+                    return pynvml.NVML_ERROR_GPU_IS_LOST
+                ptr = _out(device)
+                ctypes.cast(ctypes.pointer(ptr), ctypes.POINTER(ctypes.c_void_p)).contents.value = _HANDLE_BASE + gpu.index
+                return SUCCESS
+        return pynvml.NVML_ERROR_NOT_FOUND
+
     def c_nvmlDeviceGetIndex(self, handle, index):
         gpu, rc = self._gpu(handle, "nvmlDeviceGetIndex")
         if gpu:
