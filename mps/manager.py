@@ -46,6 +46,17 @@ class MpsTimeout(MpsError):
     """The control daemon did not answer in time."""
 
 
+def all_gpu_uuids() -> list[str]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class ComputeModes:
     """EXCLUSIVE_PROCESS on the GPUs MPS serves, and back, through NVML."""
 

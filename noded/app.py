@@ -74,6 +74,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         throttle = cores
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    if config.colocation.enabled:
+        daemon.colocation = build_colocation(config, clock)
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, notes)
@@ -84,3 +86,22 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     server, _thread = start_http_server(port, addr=address, registry=make_registry(daemon))
     host, bound = server.server_address[:2]
     return server, f"http://{host}:{bound}/metrics"
+
+
+def build_colocation(config: Config, clock: Callable[[], float]):
+    """The co-location service with its MPS control daemon, started."""
+    from mps.manager import ComputeModes, MpsControl, all_gpu_uuids
+
+    from .colocation.admission import ColocationRule
+    from .colocation.profiles import load_profiles
+    from .colocation.service import Colocation
+
+    cc = config.colocation
+    profiles = load_profiles(cc.profiles) if cc.profiles else {}
+    gpus = list(cc.mps.gpus)
+    modes = ComputeModes(gpus or all_gpu_uuids()) if cc.mps.exclusive_process else None
+    mps = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=gpus or None, compute_modes=modes,
+                     clock=clock)
+    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu), profiles, mps=mps, clock=clock)
+    service.start()
+    return service

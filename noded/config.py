@@ -80,6 +80,29 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class MpsConfig:
+    control: str = "/usr/bin/nvidia-cuda-mps-control"
+    #: CUDA_MPS_PIPE_DIRECTORY; null: mps/ in runtime_dir. Clients must use the same.
+    pipe_dir: str | None = None
+    log_dir: str = "/var/log/noded/mps"
+    #: GPUs MPS serves, by UUID; empty: all of them
+    gpus: tuple[str, ...] = ()
+    #: put those GPUs in EXCLUSIVE_PROCESS compute mode while MPS runs (NVIDIA's advice)
+    exclusive_process: bool = True
+
+
+@dataclass(frozen=True)
+class ColocationConfig:
+    enabled: bool = False
+    #: compact profile file (model -> batch size -> {C, M, window_us})
+    profiles: str | None = None
+    #: ΣC (time-normalised, average occupancy %) one GPU may hold
+    threshold_c: float = 60.0
+    max_jobs_per_gpu: int = 3
+    mps: MpsConfig = field(default_factory=MpsConfig)
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     address: str = "127.0.0.1"
     port: int = 9464
@@ -99,10 +122,15 @@ class Config:
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    colocation: ColocationConfig = field(default_factory=ColocationConfig)
 
     @property
     def peak_bytes_per_domain(self) -> float:
         return self.peak_gbps_per_domain * GB
+
+    @property
+    def mps_pipe_dir(self) -> str:
+        return self.colocation.mps.pipe_dir or f"{self.runtime_dir.rstrip('/')}/mps"
 
     @property
     def admin_socket(self) -> str:
@@ -126,6 +154,8 @@ _RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "contention.method": (lambda v: v in ("auto", "mba", "cores"), "one of auto, mba, cores"),
     "metrics.port": (lambda v: 0 <= v <= 65535, "a TCP port (0 picks a free one)"),
     "admin.timeout_s": (lambda v: 0 < v <= 300, "in (0, 300] seconds"),
+    "colocation.threshold_c": (lambda v: 0 < v <= 1000, "in (0, 1000]"),
+    "colocation.max_jobs_per_gpu": (lambda v: 1 <= v <= 48, "from 1 to 48 (MPS's client limit)"),
     "jobs.rmid_retry_s": (lambda v: v > 0, "positive"),
     "jobs.sources.kind": (lambda v: v in ("slurm", "kubernetes", "systemd", "cgroup"),
                           "one of slurm, kubernetes, systemd, cgroup"),

@@ -60,6 +60,7 @@ class Daemon:
         self.overrides = None  # an admin.overrides.OverrideStore, where the admin interface runs
         self.paused: str | None = None  # why the eliminator is paused, if it is
         self.history: dict[str, deque] = {}  # job -> its last decisions, for `nodectl explain`
+        self.colocation = None  # a colocation.service.Colocation where co-location is enabled
         self.last: TickResult | None = None
         self.ticks = 0
         self.overruns = 0
@@ -78,7 +79,8 @@ class Daemon:
         (those keep their running values: they shape what was built at start)."""
         old = self.config
         restart_only = {"resctrl": old.resctrl, "jobs": old.jobs, "metrics": old.metrics, "state_dir": old.state_dir,
-                        "runtime_dir": old.runtime_dir, "nvml": old.nvml, "admin": old.admin}
+                        "runtime_dir": old.runtime_dir, "nvml": old.nvml, "admin": old.admin,
+                        "colocation": old.colocation}
         needs_restart = [k for k, v in restart_only.items() if getattr(new, k) != v]
         for k in ("mba_levels", "method"):
             if getattr(new.contention, k) != getattr(old.contention, k):
@@ -119,6 +121,8 @@ class Daemon:
             decision = replace(decision, note=f"paused: {self.paused}")
         t2 = self.clock()
         applied = tuple(self.throttle.apply(decision.levels, sample)) if self.throttle else ()
+        if self.colocation is not None:
+            self.colocation.tick(sample)
         t3 = self.clock()
         for a in decision.actions:
             self.actions_total[(a.kind, a.cause)] += 1
@@ -168,3 +172,8 @@ class Daemon:
             self.telemetry.close()
         except Exception:
             log.exception("closing telemetry at shutdown failed")
+        if self.colocation is not None:
+            try:
+                self.colocation.close()  # MPS stopped, compute modes restored
+            except Exception:
+                log.exception("stopping MPS at shutdown failed")

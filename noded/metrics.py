@@ -9,6 +9,7 @@ the two join in PromQL.
 from __future__ import annotations
 
 import platform
+from collections import Counter
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry
@@ -70,6 +71,22 @@ class NodedCollector:
         paused = GaugeMetricFamily("noded_eliminator_paused", "1 while an operator has paused the eliminator")
         paused.add_metric([], 1.0 if getattr(d, "paused", None) else 0.0)
         yield paused
+
+        colo = getattr(d, "colocation", None)
+        if colo is not None:
+            adm = CounterMetricFamily("noded_admission_decisions", "Co-location admission decisions",
+                                      labels=["result"])
+            for result, n in sorted(colo.decisions.items()):
+                adm.add_metric([result], n)
+            yield adm
+            held = GaugeMetricFamily("noded_colocation_jobs", "Jobs admitted onto each GPU by noded",
+                                     labels=["UUID"])
+            for uuid, n in sorted(Counter(r.gpu_uuid for r in colo.reservations()).items()):
+                held.add_metric([uuid], n)
+            yield held
+            mps = GaugeMetricFamily("noded_mps_up", "1 while the MPS control daemon answers")
+            mps.add_metric([], 1.0 if colo.mps_state in ("ok", "restarted") else 0.0)
+            yield mps
 
         r = d.last
         if r is None:

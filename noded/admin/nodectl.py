@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("resume", help="resume automatic throttling")
     p = sub.add_parser("explain", help="why a job is throttled or not")
     p.add_argument("job")
+    p = sub.add_parser("admit", help="ask whether a GPU job may share a GPU; prints the environment it must use")
+    p.add_argument("--job", required=True, help="the job's id as noded will see it, e.g. slurm:$SLURM_JOB_ID")
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--profile", help="an Nsight Compute CSV (ncu --csv --page raw) or a profile YAML file")
+    p.add_argument("--gpu", default="auto", help="auto, or a GPU UUID")
     p = sub.add_parser("top", help="a live status view")
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: until Ctrl-C)")
@@ -171,6 +177,8 @@ def _run(args) -> int:
             if args.iterations and n >= args.iterations:
                 return 0
             time.sleep(args.interval)  # the refresh period of a live view
+    if cmd == "admit":
+        return _admit(args)
     call_args: dict[str, Any] = {}
     if cmd in ("throttle", "release", "exempt", "explain"):
         call_args["job"] = args.job
@@ -199,6 +207,43 @@ def _run(args) -> int:
     else:
         print("paused: " + result["paused"] if result["paused"] else "resumed")
     return 0
+
+
+ADMIT_REFUSED = 3  # exit status of `nodectl admit` when the job is refused
+
+
+def _admit(args) -> int:
+    from ..colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
+
+    call: dict[str, Any] = {"job": args.job, "model": args.model, "batch_size": args.batch_size, "gpu": args.gpu}
+    if args.profile:
+        # The profile is read here, as the caller, and sent as numbers: the daemon never
+        # opens paths on a client's behalf.
+        try:
+            if args.profile.endswith(".csv"):
+                with open(args.profile) as f:
+                    p = parse_ncu_csv(f.read(), model=args.model, batch_size=args.batch_size, source=args.profile)
+            else:
+                found = load_profiles(args.profile).get((args.model, args.batch_size))
+                if found is None:
+                    raise NodectlError(f"{args.profile} has no profile for {args.model} at batch size "
+                                       f"{args.batch_size}")
+                p = found
+        except (OSError, ProfileError) as e:
+            raise NodectlError(str(e)) from None
+        call["profile"] = {"c": p.c, "m": p.m, "window_us": p.window_us, "source": p.source}
+    result = request(args.socket, "admit", call)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    elif result["admit"]:
+        speed = "" if result["predicted_speedup"] is None else f", predicted speedup {result['predicted_speedup']:.2f}"
+        print(f"# admitted {result['job']} on GPU {result['gpu_index']} ({result['gpu_uuid']}){speed}: "
+              f"{result['reason']}")
+        for k, v in sorted(result["env"].items()):
+            print(f"export {k}={v}")
+    else:
+        print(f"# refused {result['job']}: {result['reason']}")
+    return 0 if result["admit"] else ADMIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -44,6 +44,37 @@ def _cores(v: Any) -> int:
     return v
 
 
+def _model(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > 128:
+        raise RequestError("model must be a non-empty string of at most 128 characters")
+    return v
+
+
+def _batch(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
+        raise RequestError("batch_size must be a positive integer")
+    return v
+
+
+def _gpu(v: Any) -> str:
+    if not isinstance(v, str) or not (v == "auto" or v.startswith("GPU-")) or len(v) > 96:
+        raise RequestError("gpu must be 'auto' or a GPU UUID (GPU-...)")
+    return v
+
+
+def _profile(v: Any) -> dict | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {"c", "m", "window_us", "source"}:
+        raise RequestError("profile must be an object with exactly c, m, window_us and source")
+    nums = [v["c"], v["m"], v["window_us"]]
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in nums) or not nums[2]:
+        raise RequestError("profile: c and m must be >= 0 and window_us > 0")
+    if not isinstance(v["source"], str) or len(v["source"]) > 512:
+        raise RequestError("profile: source must be a string")
+    return v
+
+
 def _reason(v: Any) -> str:
     if not isinstance(v, str) or len(v) > 500:
         raise RequestError("reason must be a string of at most 500 characters")
@@ -61,6 +92,8 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "exempt": {"job": (True, _job), "ttl_s": (False, _ttl), "reason": (False, _reason)},
     "pause": {"reason": (False, _reason)},
     "resume": {},
+    "admit": {"job": (True, _job), "model": (True, _model), "batch_size": (True, _batch), "gpu": (False, _gpu),
+              "profile": (False, _profile)},
 }
 
 

@@ -159,6 +159,8 @@ class AdminServer:
             d.paused = None
             log.warning("eliminator=resumed uid=%d", uid)
             return {"paused": None}
+        if command == "admit":
+            return self.admit(args, uid)
         if command == "release":
             cleared = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared}
@@ -168,6 +170,22 @@ class AdminServer:
         override = Override(args["job"], level, uid, args.get("reason", ""), now, now + ttl if ttl else None)
         self.store.set(override)
         return self._override_json(override)
+
+    def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        from ..colocation.profiles import JobProfile
+
+        service = self.daemon.colocation
+        if service is None:
+            raise RequestError("co-location is not enabled on this node (colocation.enabled)")
+        p = args.get("profile")
+        profile = None if p is None else JobProfile(args["model"], args["batch_size"], float(p["c"]), float(p["m"]),
+                                                    float(p["window_us"]), f"{p['source']} (sent by uid {uid})")
+        last = self.daemon.last
+        d = service.admit(args["job"], last.sample if last else None, model=args["model"],
+                          batch_size=args["batch_size"], profile=profile, gpu=args.get("gpu", "auto"))
+        return {"admit": d.admit, "job": d.job, "gpu_uuid": d.gpu_uuid, "gpu_index": d.gpu_index,
+                "predicted_speedup": d.predicted_speedup, "reason": d.reason, "env": d.env,
+                "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}
 
     def _level_for_cores(self, job: str, cores: int) -> int:
         throttle = self.daemon.throttle
