@@ -102,6 +102,9 @@ def build_colocation(config: Config, clock: Callable[[], float]):
     modes = ComputeModes(gpus or all_gpu_uuids()) if cc.mps.exclusive_process else None
     mps = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=gpus or None, compute_modes=modes,
                      clock=clock)
-    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu), profiles, mps=mps, clock=clock)
+    from .colocation.outcomes import Outcomes
+
+    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu), profiles, mps=mps, clock=clock,
+                         outcomes=Outcomes(config.state_dir))
     service.start()
     return service

@@ -133,6 +133,11 @@ class Config:
         return self.colocation.mps.pipe_dir or f"{self.runtime_dir.rstrip('/')}/mps"
 
     @property
+    def report_socket(self) -> str:
+        """Where training jobs report iteration times (only `report`, from the job itself)."""
+        return f"{self.runtime_dir.rstrip('/')}/report.sock"
+
+    @property
     def admin_socket(self) -> str:
         return self.admin.socket or f"{self.runtime_dir.rstrip('/')}/noded.sock"
 

@@ -17,7 +17,7 @@ class InstanceLock:
         self._fd: int | None = None
 
     def acquire(self) -> "InstanceLock":
-        os.makedirs(self.runtime_dir, mode=0o750, exist_ok=True)
+        os.makedirs(self.runtime_dir, mode=0o755, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -77,6 +77,10 @@ def main_run(args) -> int:
         admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
                             timeout_s=config.admin.timeout_s).start()
         stack.callback(admin.stop)
+        if daemon.colocation is not None:
+            reports = AdminServer(config.report_socket, daemon, None, group=None, timeout_s=config.admin.timeout_s,
+                                  reports_only=True).start()
+            stack.callback(reports.stop)
         print(f"noded: metrics at {url}", flush=True)
         stop = threading.Event()
         duration = args.duration or (sim.scenario.duration_s if sim else None)

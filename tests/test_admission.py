@@ -1,7 +1,9 @@
 """Admission end to end on the simulated node with the MPS stand-in, and the
 reservation lifecycle."""
 
+import json
 import os
+import shutil
 import sys
 from types import MappingProxyType
 
@@ -105,3 +107,95 @@ def test_a_reservation_lasts_while_its_job_runs():
     now[0] += 601  # never appeared
     service.tick(sample_with())
     assert service.reservations() == [] and service.decisions == {"admit": 2, "refuse": 1}
+
+
+def test_observed_speedups_become_records_and_a_fitted_model(tmp_path):
+    from noded.colocation.outcomes import Outcomes
+
+    out = Outcomes(str(tmp_path), min_samples=2)
+    for _ in range(2):
+        out.report("a", 1.0, frozenset())
+        out.report("b", 2.0, frozenset())
+        out.report("a", 1.5, frozenset({"b"}))
+        out.report("b", 2.4, frozenset({"a"}))
+    rec = out.observe(frozenset({"a", "b"}), {"a": (10.0, 5.0, 64.0), "b": (20.0, 8.0, 64.0)})
+    assert rec.delta == pytest.approx((1.0 + 2.0) / 2.4) and rec.sum_c == 30.0 and rec.n_jobs == 2
+    assert out.observe(frozenset({"a", "b"}), {}) is None  # recorded once
+    with pytest.raises(ValueError, match="only 1 co-location records"):
+        out.fit()
+    import json
+    import random
+
+    rng = random.Random(3)
+    with open(out.records_path, "a") as f:
+        for _ in range(40):
+            c = rng.uniform(10, 90)
+            f.write(json.dumps({"jobs": ["x", "y"], "sum_c": c, "sum_m": c * 0.7, "n_jobs": rng.choice([2, 3]),
+                                "sum_batch": 128.0, "delta": 2.0 - 0.015 * c + rng.gauss(0, 0.01)}) + "\n")
+    model = out.fit()
+    assert model["records"] == 41 and model["mean_abs_error"] < 0.1
+    # A restarted service decides with the fitted model.
+    service = Colocation(ColocationRule(), {}, mps=None, clock=lambda: 0.0, outcomes=Outcomes(str(tmp_path)))
+    assert service.rule.coef == tuple(model["linear"])
+
+
+def test_a_job_alone_on_its_gpu_teaches_its_model_profile_through_nvml():
+    now = [0.0]
+    service = Colocation(ColocationRule(), {}, mps=None, clock=lambda: now[0], probation_s=10)
+    gpu = GpuSample(0, "GPU-a", "A100", 35, 20, 0, 1, 0)
+    js = JobSample("slurm:9", "slurm", frozenset({5}), JobMeta(model="BERT", batch_size=32), "gpu", ("GPU-a",),
+                   30.0, None, "own")
+    s = Sample(0.0, MappingProxyType({js.id: js}), (gpu,), True, None, (), MappingProxyType({}), (), ())
+    for t in range(0, 12, 2):
+        now[0] = float(t)
+        service.tick(s)
+    p = service.learned[("BERT", 32)]
+    assert p.source == "nvml:slurm:9" and p.c_norm == pytest.approx(30.0) and p.m_norm == pytest.approx(20.0)
+    d = service.admit("slurm:10", sample_with(), model="BERT", batch_size=32)
+    assert d.admit and d.sources[0] == "nvml:slurm:9"
+
+
+@pytest.mark.fuse
+def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
+    import subprocess
+    import sys as _sys
+
+    from noded.admin.server import AdminServer
+    from noded.colocation.outcomes import Outcomes
+    from noded.jobs.model import JobMeta as Meta
+    from test_eliminator import Harness
+
+    h = Harness(tmp_path, "  []", gpus=1)
+    try:
+        h.daemon.colocation = Colocation(ColocationRule(), {}, mps=None, clock=h.daemon.clock,
+                                         outcomes=Outcomes(str(tmp_path / "st")))
+        import tempfile
+
+        rundir = tempfile.mkdtemp(prefix="noded-report-")
+        os.chmod(rundir, 0o755)  # as /run/noded is: others reach the 0666 socket, and only it
+        server = AdminServer(os.path.join(rundir, "report.sock"), h.daemon, None, group=None,
+                             reports_only=True).start()
+        code = ("import sys\nfrom noded.colocation.client import report_iteration\nsys.stdin.readline()\n"
+                f"print(report_iteration(0.25, job=sys.argv[1], socket_path={server.path!r}), flush=True)")
+        job = subprocess.Popen([_sys.executable, "-c", code, "train"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+        h.sim.discovery.register(job.pid, "train", Meta())
+        h.tick()
+        job.stdin.write("go\n")
+        job.stdin.flush()
+        assert job.stdout.readline() == "True\n"  # the job itself
+        job.wait()
+        assert h.daemon.colocation.outcomes._solo == {"train": [0.25]}
+        if os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists("/usr/bin/python3"):
+            # Another user's process may not speak for the job (root and the admin group may).
+            raw = ("import json,socket,sys\ns=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                   "s.sendall(b'{\"version\":1,\"command\":\"report\",\"args\":{\"job\":\"train\",\"iteration_s\":1}}\\n')\n"
+                   "print(s.recv(4096).decode().strip())")
+            out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                  "-c", raw, server.path], capture_output=True, text=True, timeout=30)
+            reply = json.loads(out.stdout)
+            assert not reply["ok"] and "is not part of job 'train'" in reply["error"], out.stderr
+        server.stop()
+        shutil.rmtree(rundir, ignore_errors=True)
+    finally:
+        h.stop()

@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--profile", help="an Nsight Compute CSV (ncu --csv --page raw) or a profile YAML file")
     p.add_argument("--gpu", default="auto", help="auto, or a GPU UUID")
+    p = sub.add_parser("model", help="the co-location speedup model")
+    p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
     p = sub.add_parser("top", help="a live status view")
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: until Ctrl-C)")
@@ -179,6 +181,14 @@ def _run(args) -> int:
             time.sleep(args.interval)  # the refresh period of a live view
     if cmd == "admit":
         return _admit(args)
+    if cmd == "model":
+        m = request(path, "model_fit")
+        if args.json:
+            print(json.dumps(m, indent=2, sort_keys=True))
+        else:
+            print(f"fitted from {m['records']} records; mean absolute error of the predicted speedup "
+                  f"{m['mean_abs_error']:.3f}")
+        return 0
     call_args: dict[str, Any] = {}
     if cmd in ("throttle", "release", "exempt", "explain"):
         call_args["job"] = args.job

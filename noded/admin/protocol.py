@@ -75,6 +75,12 @@ def _profile(v: Any) -> dict | None:
     return v
 
 
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+        raise RequestError("iteration_s must be a number of seconds in (0, 86400]")
+    return float(v)
+
+
 def _reason(v: Any) -> str:
     if not isinstance(v, str) or len(v) > 500:
         raise RequestError("reason must be a string of at most 500 characters")
@@ -94,6 +100,8 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "resume": {},
     "admit": {"job": (True, _job), "model": (True, _model), "batch_size": (True, _batch), "gpu": (False, _gpu),
               "profile": (False, _profile)},
+    "report": {"job": (True, _job), "iteration_s": (True, _seconds)},
+    "model_fit": {},
 }
 
 

@@ -36,8 +36,12 @@ def peer_groups(pid: int) -> set[int]:
 
 
 class AdminServer:
-    def __init__(self, path: str, daemon: Daemon, store: OverrideStore, *, group: str | None,
-                 timeout_s: float = 5.0, wall_clock: Callable[[], float] = time.time):
+    def __init__(self, path: str, daemon: Daemon, store: OverrideStore | None, *, group: str | None,
+                 timeout_s: float = 5.0, wall_clock: Callable[[], float] = time.time,
+                 reports_only: bool = False):
+        # reports_only: the socket training jobs use (mode 0666): it takes only `report`,
+        # and only from a process of the job reported on.
+        self.reports_only = reports_only
         self.path = path
         self.daemon = daemon
         self.store = store
@@ -63,7 +67,9 @@ class AdminServer:
             sock.bind(self.path)
         finally:
             os.umask(old)
-        if self.gid is not None:
+        if self.reports_only:
+            os.chmod(self.path, 0o666)
+        elif self.gid is not None:
             os.chown(self.path, 0 if os.geteuid() == 0 else -1, self.gid)
             os.chmod(self.path, 0o660)
         sock.listen(16)
@@ -109,7 +115,7 @@ class AdminServer:
             with conn:
                 conn.settimeout(self.timeout_s)
                 pid, uid, gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-                if not self.authorised(pid, uid, gid):
+                if not self.reports_only and not self.authorised(pid, uid, gid):
                     log.warning("admin: refused uid=%d gid=%d pid=%d", uid, gid, pid)
                     conn.sendall(reply_error(f"permission denied: uid {uid} is neither root nor in the admin group"))
                     return
@@ -119,6 +125,10 @@ class AdminServer:
                     return
                 try:
                     command, args = parse_request(line)
+                    if self.reports_only and command != "report":
+                        raise RequestError(f"this socket takes only 'report'; {command!r} goes to the admin socket")
+                    if self.reports_only and not self.authorised(pid, uid, gid):
+                        self._check_reporter(args["job"], pid)
                     result = self.dispatch(command, args, uid)
                 except RequestError as e:
                     conn.sendall(reply_error(str(e)))
@@ -130,6 +140,11 @@ class AdminServer:
             log.exception("admin: request failed")
         finally:
             self._handlers.discard(threading.current_thread())
+
+    def _check_reporter(self, job: str, pid: int) -> None:
+        last = self.daemon.last
+        if last is None or job not in last.sample.jobs or pid not in last.sample.jobs[job].pids:
+            raise RequestError(f"process {pid} is not part of job {job!r}: a job reports only for itself")
 
     def _read_line(self, conn: socket.socket) -> bytes | None:
         buf = b""
@@ -161,6 +176,17 @@ class AdminServer:
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)
+        if command in ("report", "model_fit"):
+            service = d.colocation
+            if service is None:
+                raise RequestError("co-location is not enabled on this node (colocation.enabled)")
+            try:
+                if command == "model_fit":
+                    log.warning("colocation model fit requested by uid %d", uid)
+                    return service.fit()
+                return service.report(args["job"], args["iteration_s"], d.last.sample if d.last else None)
+            except ValueError as e:
+                raise RequestError(str(e)) from None
         if command == "release":
             cleared = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared}

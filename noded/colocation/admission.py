@@ -119,7 +119,8 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
         why = (f"ΣC on GPU {chosen.index} becomes {chosen.sum_c + profile.c_norm:.1f} <= {rule.threshold_c:g} with "
                f"{n_after} jobs" + (f"; predicted speedup δ̂ = {d:.2f}" if d is not None else ""))
     env = {"CUDA_VISIBLE_DEVICES": chosen.uuid,
-           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(10, 100 // n_after))}
+           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(10, 100 // n_after)),
+           "NODED_JOB": job}  # for noded.colocation.client.report_iteration
     if pipe_dir:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
     return Decision(True, job, chosen.uuid, chosen.index, d, why, env, sources,

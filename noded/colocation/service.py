@@ -12,13 +12,18 @@ from typing import Callable
 from mps.manager import MpsControl
 
 from ..sample import Sample
+import dataclasses
+
 from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
+from .outcomes import Outcomes
 from .profiles import JobProfile
 
 log = logging.getLogger(__name__)
 
 #: A reservation for a job that never shows up on the node is dropped after this.
 UNSEEN_GRACE_S = 600.0
+#: A job alone on its GPU is measured this long through NVML before its profile is learned.
+PROBATION_S = 60.0
 
 
 @dataclass
@@ -30,12 +35,20 @@ class _Held:
 
 class Colocation:
     def __init__(self, rule: ColocationRule, profiles: dict[tuple[str, int], JobProfile], *,
-                 mps: MpsControl | None, clock: Callable[[], float]):
+                 mps: MpsControl | None, clock: Callable[[], float], outcomes: Outcomes | None = None,
+                 probation_s: float = PROBATION_S):
         self.rule = rule
         self.profiles = profiles
         self.mps = mps
         self.clock = clock
+        self.outcomes = outcomes
+        self.probation_s = probation_s
+        self.learned: dict[tuple[str, int], JobProfile] = {}  # from NVML, for models without a profile
+        self._probation: dict[str, tuple[float, list[float], list[float]]] = {}  # job -> (since, sm%, mem%)
         self._held: dict[str, _Held] = {}
+        model = outcomes.load_model() if outcomes else None
+        if model is not None and self.rule.coef is None:
+            self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
         self._lock = threading.Lock()
         self.decisions: Counter[str] = Counter()
         self.mps_state = "off" if mps is None else "starting"
@@ -54,6 +67,7 @@ class Colocation:
         if self.mps is not None:
             self.mps_state = self.mps.health()
         now = self.clock()
+        self._learn_from_nvml(sample, now)
         with self._lock:
             for job, held in list(self._held.items()):
                 if job in sample.jobs:
@@ -63,10 +77,65 @@ class Colocation:
                     log.info("colocation job=%s reservation on %s released (job %s)", job,
                              held.reservation.gpu_uuid, "ended" if held.seen else "never appeared")
 
+    def _learn_from_nvml(self, sample: Sample, now: float) -> None:
+        """A GPU job alone on its GPU, with a model and batch size in its labels, is
+        measured for ``probation_s``: its mean SM and memory utilisation become that
+        model's profile (source "nvml") where no profile file has one."""
+        alone = {}
+        for g in sample.gpus:
+            holders = [j for j in sample.jobs.values() if g.uuid in j.gpus]
+            if len(holders) == 1 and not g.lost and g.util_memory is not None:
+                alone[holders[0].id] = (holders[0], g.util_memory)
+        for job in [j for j in self._probation if j not in alone]:
+            del self._probation[job]  # no longer alone (or gone): start again later
+        for job_id, (js, mem) in alone.items():
+            key = (js.meta.model, js.meta.batch_size)
+            if None in key or key in self.profiles or key in self.learned or js.gpu_util is None:
+                continue
+            since, sm, mm = self._probation.setdefault(job_id, (now, [], []))
+            sm.append(js.gpu_util)
+            mm.append(float(mem))
+            if now - since >= self.probation_s:
+                window = (now - since) * 1e6
+                self.learned[key] = JobProfile(key[0], key[1], sum(sm) / len(sm) * window,
+                                               sum(mm) / len(mm) * window, window, f"nvml:{job_id}")
+                del self._probation[job_id]
+                log.info("colocation learned profile model=%s batch=%d from %s over %.0fs: C/W=%.1f%% M/W=%.1f%%",
+                         key[0], key[1], job_id, now - since, sum(sm) / len(sm), sum(mm) / len(mm))
+
+    def report(self, job: str, seconds: float, sample: Sample | None) -> dict:
+        """An iteration time from a job; returns whether it ran alone or with whom."""
+        if self.outcomes is None:
+            raise ValueError("outcomes are not recorded on this node")
+        with self._lock:
+            mine = self._held.get(job)
+            uuid = mine.reservation.gpu_uuid if mine else None
+            if uuid is None and sample is not None and job in sample.jobs and sample.jobs[job].gpus:
+                uuid = sample.jobs[job].gpus[0]
+            peers = frozenset(h.reservation.job for h in self._held.values()
+                              if h.reservation.gpu_uuid == uuid and h.reservation.job != job)
+            features = {h.reservation.job: (h.reservation.profile.c_norm, h.reservation.profile.m_norm,
+                                            float(h.reservation.batch_size)) for h in self._held.values()}
+        self.outcomes.report(job, seconds, peers)
+        record = self.outcomes.observe(peers | {job}, features) if peers else None
+        if record is not None:
+            log.info("colocation observed jobs=%s speedup=%.2f", ",".join(record.jobs), record.delta)
+        return {"job": job, "alone": not peers, "peers": sorted(peers),
+                "observed_speedup": None if record is None else record.delta}
+
+    def fit(self) -> dict:
+        if self.outcomes is None:
+            raise ValueError("outcomes are not recorded on this node")
+        model = self.outcomes.fit()
+        self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
+        log.warning("colocation model refitted from %d records (mean abs error %.3f)", model["records"],
+                    model["mean_abs_error"])
+        return model
+
     def admit(self, job: str, sample: Sample | None, *, model: str, batch_size: int,
               profile: JobProfile | None = None, gpu: str = "auto") -> Decision:
         if profile is None:
-            profile = self.profiles.get((model, batch_size))
+            profile = self.profiles.get((model, batch_size)) or self.learned.get((model, batch_size))
         if sample is None:
             return self._count(Decision(False, job, None, None, None, "noded has not sampled the node yet"))
         if profile is None:

@@ -12,7 +12,8 @@ class JobMeta:
     """Optional facts about a job, from its registration or the label file."""
 
     category: str | None = None  # CODA's CV / NLP / Speech
-    model: str | None = None  # e.g. "ResNet-50", for the simulator and explanations
+    model: str | None = None  # e.g. "ResNet-50", for the simulator, explanations and co-location
+    batch_size: int | None = None  # with model: the co-location profile this job is measured into
     requested_cores: int | None = None
     priority: int = 0
     exempt: bool = False  # never throttled
@@ -25,7 +26,7 @@ class JobMeta:
 
     @classmethod
     def from_mapping(cls, data: dict, where: str) -> "JobMeta":
-        known = {"category", "model", "requested_cores", "priority", "exempt"}
+        known = {"category", "model", "batch_size", "requested_cores", "priority", "exempt"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"{where}: unknown label key(s) {sorted(unknown)}; known: {sorted(known)}")
