@@ -57,7 +57,8 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         code, out = admit("slurm:1", "VGG11", 64)
         assert code == 0 and f"export CUDA_VISIBLE_DEVICES={gpu.uuid}" in out
         assert f"export CUDA_MPS_PIPE_DIRECTORY={tmp_path}/run/mps" in out and "ACTIVE_THREAD_PERCENTAGE=100" in out
-        assert "GPU 0 is free" in out
+        assert "GPU 0 is free" in out and "export NODED_JOB=slurm:1" in out
+        assert f"export CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={gpu.memory_total // 3 >> 20}M" in out
         code, out = admit("slurm:2", "SE-Net", 64)
         assert code == 0 and "becomes 27.0 <= 60 with 2 jobs" in out and "ACTIVE_THREAD_PERCENTAGE=50" in out
         code, out = admit("slurm:3", "ResNet-50", 256)  # the high-occupancy one

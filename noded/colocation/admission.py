@@ -45,6 +45,7 @@ class GpuLoad:
     n_jobs: int
     sum_batch: float
     sources: tuple[str, ...]
+    memory_total: int | None = None  # bytes
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def gpu_loads(sample: Sample, reservations: list[Reservation]) -> list[GpuLoad]:
             m += float(g.util_memory or 0)
             n += len(others) - len(mine)
             sources.append("nvml")
-        loads.append(GpuLoad(g.uuid, g.index, c, m, n, float(sum(r.batch_size for r in mine)), tuple(sources)))
+        loads.append(GpuLoad(g.uuid, g.index, c, m, n, float(sum(r.batch_size for r in mine)), tuple(sources),
+                             g.memory_total))
     return loads
 
 
@@ -121,6 +123,10 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
     env = {"CUDA_VISIBLE_DEVICES": chosen.uuid,
            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(10, 100 // n_after)),
            "NODED_JOB": job}  # for noded.colocation.client.report_iteration
+    if chosen.memory_total:
+        # An equal share of device memory per possible client, so a late-comer always fits;
+        # device 0 is the one CUDA_VISIBLE_DEVICES leaves visible.
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={chosen.memory_total // rule.max_jobs_per_gpu >> 20}M"
     if pipe_dir:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
     return Decision(True, job, chosen.uuid, chosen.index, d, why, env, sources,

@@ -173,3 +173,14 @@ def predict_admit(weights, X):
             z += X[i, j] * weights[j]
         out[i] = 1.0 / (1.0 + np.exp(-z))
     return out
+
+
+def warm_up() -> None:
+    """Compile (or load from the JIT cache) every kernel, at daemon start rather than
+    at the first admission."""
+    one = np.ones(2)
+    place(one, one, one, np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1), 3, 60.0,
+          np.full(N_FEATURES, np.nan))
+    X = np.ones((4, N_FEATURES))
+    fit_linear(X, np.ones(4), 1e-3)
+    predict_admit(fit_logistic(X, np.ones(4), 1, 0.1, 0.0), X)

@@ -54,6 +54,9 @@ class Colocation:
         self.mps_state = "off" if mps is None else "starting"
 
     def start(self) -> None:
+        from . import kernels
+
+        kernels.warm_up()
         if self.mps is not None:
             self.mps.start()
             self.mps_state = "ok"
