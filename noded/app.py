@@ -104,7 +104,8 @@ def build_colocation(config: Config, clock: Callable[[], float]):
                      clock=clock)
     from .colocation.outcomes import Outcomes
 
-    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu), profiles, mps=mps, clock=clock,
+    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu, multi_user=cc.mps.multi_user), profiles,
+                         mps=mps, clock=clock,
                          outcomes=Outcomes(config.state_dir))
     service.start()
     return service

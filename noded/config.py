@@ -89,6 +89,8 @@ class MpsConfig:
     gpus: tuple[str, ...] = ()
     #: put those GPUs in EXCLUSIVE_PROCESS compute mode while MPS runs (NVIDIA's advice)
     exclusive_process: bool = True
+    #: the MPS daemon serves several users at once (else one user's jobs per GPU)
+    multi_user: bool = False
 
 
 @dataclass(frozen=True)

@@ -131,13 +131,15 @@ def test_observed_speedups_become_records_and_a_fitted_model(tmp_path):
     with open(out.records_path, "a") as f:
         for _ in range(40):
             c = rng.uniform(10, 90)
-            f.write(json.dumps({"jobs": ["x", "y"], "sum_c": c, "sum_m": c * 0.7, "n_jobs": rng.choice([2, 3]),
+            f.write(json.dumps({"jobs": ["x", "y"], "sum_c": c, "sum_m": rng.uniform(10, 60), "n_jobs": rng.choice([2, 3]),
                                 "sum_batch": 128.0, "delta": 2.0 - 0.015 * c + rng.gauss(0, 0.01)}) + "\n")
     model = out.fit()
     assert model["records"] == 41 and model["mean_abs_error"] < 0.1
+    # δ = 2 - 0.015·ΣC crosses 1 near ΣC = 67: the threshold the host's own data gives.
+    assert model["threshold_c"] == pytest.approx(66.7, abs=4)
     # A restarted service decides with the fitted model.
     service = Colocation(ColocationRule(), {}, mps=None, clock=lambda: 0.0, outcomes=Outcomes(str(tmp_path)))
-    assert service.rule.coef == tuple(model["linear"])
+    assert service.rule.coef == tuple(model["linear"]) and service.rule.threshold_c == model["threshold_c"]
 
 
 def test_a_job_alone_on_its_gpu_teaches_its_model_profile_through_nvml():
@@ -200,3 +202,15 @@ def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
         shutil.rmtree(rundir, ignore_errors=True)
     finally:
         h.stop()
+
+
+def test_mps_serves_one_users_jobs_per_gpu_unless_multi_user():
+    p = JobProfile("m", 8, 10e6, 5e6, 1e6, "test")
+    service = Colocation(ColocationRule(), {}, mps=None, clock=lambda: 0.0)
+    assert service.admit("a", sample_with(), model="m", batch_size=8, profile=p, uid=1000).admit
+    d = service.admit("b", sample_with(), model="m", batch_size=8, profile=p, uid=1001)
+    assert not d.admit and "serve another user's MPS clients" in d.reason
+    assert service.admit("c", sample_with(), model="m", batch_size=8, profile=p, uid=1000).admit
+    multi = Colocation(ColocationRule(multi_user=True), {}, mps=None, clock=lambda: 0.0)
+    assert multi.admit("a", sample_with(), model="m", batch_size=8, profile=p, uid=1000).admit
+    assert multi.admit("b", sample_with(), model="m", batch_size=8, profile=p, uid=1001).admit

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, required=True)
     p.add_argument("--profile", help="an Nsight Compute CSV (ncu --csv --page raw) or a profile YAML file")
     p.add_argument("--gpu", default="auto", help="auto, or a GPU UUID")
+    p.add_argument("--uid", type=int, help="the user the job runs as (MPS serves one user per GPU)")
     p = sub.add_parser("model", help="the co-location speedup model")
     p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
     p = sub.add_parser("top", help="a live status view")
@@ -226,6 +227,8 @@ def _admit(args) -> int:
     from ..colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
 
     call: dict[str, Any] = {"job": args.job, "model": args.model, "batch_size": args.batch_size, "gpu": args.gpu}
+    if args.uid is not None:
+        call["uid"] = args.uid
     if args.profile:
         # The profile is read here, as the caller, and sent as numbers: the daemon never
         # opens paths on a client's behalf.

@@ -81,6 +81,12 @@ def _seconds(v: Any) -> float:
     return float(v)
 
 
+def _uid(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**32:
+        raise RequestError("uid must be a user id (a non-negative integer)")
+    return v
+
+
 def _reason(v: Any) -> str:
     if not isinstance(v, str) or len(v) > 500:
         raise RequestError("reason must be a string of at most 500 characters")
@@ -99,7 +105,7 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "pause": {"reason": (False, _reason)},
     "resume": {},
     "admit": {"job": (True, _job), "model": (True, _model), "batch_size": (True, _batch), "gpu": (False, _gpu),
-              "profile": (False, _profile)},
+              "profile": (False, _profile), "uid": (False, _uid)},
     "report": {"job": (True, _job), "iteration_s": (True, _seconds)},
     "model_fit": {},
 }

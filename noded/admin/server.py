@@ -208,7 +208,8 @@ class AdminServer:
                                                     float(p["window_us"]), f"{p['source']} (sent by uid {uid})")
         last = self.daemon.last
         d = service.admit(args["job"], last.sample if last else None, model=args["model"],
-                          batch_size=args["batch_size"], profile=profile, gpu=args.get("gpu", "auto"))
+                          batch_size=args["batch_size"], profile=profile, gpu=args.get("gpu", "auto"),
+                          uid=args.get("uid"))
         return {"admit": d.admit, "job": d.job, "gpu_uuid": d.gpu_uuid, "gpu_index": d.gpu_index,
                 "predicted_speedup": d.predicted_speedup, "reason": d.reason, "env": d.env,
                 "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}

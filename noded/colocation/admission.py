@@ -26,6 +26,8 @@ class ColocationRule:
     threshold_c: float = 60.0  # ΣC (time-normalised, %) a GPU may hold
     max_jobs_per_gpu: int = 3
     coef: tuple[float, ...] | None = None  # fitted linear model of δ over kernels.features, or None
+    #: MPS serves one user's clients at a time unless its daemon runs multi-user
+    multi_user: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Reservation:
     gpu_uuid: str
     profile: JobProfile
     batch_size: int
+    uid: int | None = None  # the user the job runs as, where the caller said
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class GpuLoad:
     sum_batch: float
     sources: tuple[str, ...]
     memory_total: int | None = None  # bytes
+    uids: frozenset[int] = frozenset()  # users of the jobs admitted here
 
 
 @dataclass(frozen=True)
@@ -81,16 +85,24 @@ def gpu_loads(sample: Sample, reservations: list[Reservation]) -> list[GpuLoad]:
             n += len(others) - len(mine)
             sources.append("nvml")
         loads.append(GpuLoad(g.uuid, g.index, c, m, n, float(sum(r.batch_size for r in mine)), tuple(sources),
-                             g.memory_total))
+                             g.memory_total, frozenset(r.uid for r in mine if r.uid is not None)))
     return loads
 
 
 def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad], rule: ColocationRule,
-           gpu: str = "auto", *, pipe_dir: str | None = None) -> Decision:
+           gpu: str = "auto", *, pipe_dir: str | None = None, uid: int | None = None) -> Decision:
     pool = [l for l in loads if gpu in ("auto", l.uuid)]
     if not pool:
         return Decision(False, job, None, None, None,
                         f"no such GPU {gpu!r}" if gpu != "auto" else "no GPU can be read on this node")
+    if not rule.multi_user and uid is not None:
+        # One user's MPS server per GPU: another user's jobs there rule the GPU out.
+        others = [l for l in pool if l.uids - {uid}]
+        pool = [l for l in pool if not (l.uids - {uid})]
+        if not pool:
+            return Decision(False, job, None, None, None,
+                            f"GPU(s) {', '.join(str(l.index) for l in others)} serve another user's MPS clients "
+                            "(MPS is not multi-user here)")
     coef = np.array(rule.coef, dtype=np.float64) if rule.coef else np.full(kernels.N_FEATURES, np.nan)
     assign, delta = kernels.place(
         np.array([profile.c_norm]), np.array([profile.m_norm]), np.array([float(batch_size)]),

@@ -94,8 +94,13 @@ class Outcomes:
         linear = kernels.fit_linear(X, y, 1e-6)
         logistic = kernels.fit_logistic(X, (y > 1.0).astype(np.float64), 500, 0.5, 1e-4)
         predicted = X @ linear
+        # The ΣC at which the fitted model crosses δ = 1 for this host's typical other
+        # features: the thesis's threshold, derived from the host's own data.
+        others = linear[0] + X[:, 2:].mean(axis=0) @ linear[2:]
+        threshold = float((1.0 - others) / linear[1]) if linear[1] < 0 else None
         model = {"linear": linear.tolist(), "logistic": logistic.tolist(), "records": len(recs),
-                 "mean_abs_error": float(np.mean(np.abs(predicted - y)))}
+                 "mean_abs_error": float(np.mean(np.abs(predicted - y))),
+                 "threshold_c": threshold if threshold is not None and threshold > 0 else None}
         write_json_atomically(self.model_path, model)
         return model
 

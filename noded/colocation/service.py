@@ -49,6 +49,8 @@ class Colocation:
         model = outcomes.load_model() if outcomes else None
         if model is not None and self.rule.coef is None:
             self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
+            if model.get("threshold_c") is not None:
+                self.rule = dataclasses.replace(self.rule, threshold_c=model["threshold_c"])
         self._lock = threading.Lock()
         self.decisions: Counter[str] = Counter()
         self.mps_state = "off" if mps is None else "starting"
@@ -131,12 +133,14 @@ class Colocation:
             raise ValueError("outcomes are not recorded on this node")
         model = self.outcomes.fit()
         self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
+        if model.get("threshold_c") is not None:
+            self.rule = dataclasses.replace(self.rule, threshold_c=model["threshold_c"])
         log.warning("colocation model refitted from %d records (mean abs error %.3f)", model["records"],
                     model["mean_abs_error"])
         return model
 
     def admit(self, job: str, sample: Sample | None, *, model: str, batch_size: int,
-              profile: JobProfile | None = None, gpu: str = "auto") -> Decision:
+              profile: JobProfile | None = None, gpu: str = "auto", uid: int | None = None) -> Decision:
         if profile is None:
             profile = self.profiles.get((model, batch_size)) or self.learned.get((model, batch_size))
         if sample is None:
@@ -154,9 +158,9 @@ class Colocation:
                                             f"{job} is already admitted on {r.gpu_uuid}"))
             reservations = [h.reservation for h in self._held.values()]
             decision = decide(job, profile, batch_size, gpu_loads(sample, reservations), self.rule, gpu,
-                              pipe_dir=self.mps.pipe_dir if self.mps else None)
+                              pipe_dir=self.mps.pipe_dir if self.mps else None, uid=uid)
             if decision.admit:
-                self._held[job] = _Held(Reservation(job, decision.gpu_uuid, profile, batch_size), self.clock())
+                self._held[job] = _Held(Reservation(job, decision.gpu_uuid, profile, batch_size, uid), self.clock())
         return self._count(decision)
 
     def _count(self, d: Decision) -> Decision:
