@@ -73,6 +73,7 @@ def main_run(args) -> int:
             daemon.reloader = lambda: _reload(args.config)
         server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
         stack.callback(server.shutdown)
+        print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
         daemon.overrides = OverrideStore(config.state_dir, time.time)
         admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
                             timeout_s=config.admin.timeout_s).start()
@@ -81,7 +82,6 @@ def main_run(args) -> int:
             reports = AdminServer(config.report_socket, daemon, None, group=None, timeout_s=config.admin.timeout_s,
                                   reports_only=True).start()
             stack.callback(reports.stop)
-        print(f"noded: metrics at {url}", flush=True)
         stop = threading.Event()
         duration = args.duration or (sim.scenario.duration_s if sim else None)
         if duration:
