@@ -1,0 +1,72 @@
+"""The bandwidth stressor: rate control, JSON output, footprint, clean shutdown.
+Tolerances are generous: tests check behaviour, `make bench` checks numbers."""
+
+import json
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.stress import ramp_target
+
+STRESS = [sys.executable, "-m", "bench.stress", "--size", "64", "--json"]
+
+
+def run(*args, timeout=60):
+    p = subprocess.run(STRESS + list(args), capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    return lines[:-1], lines[-1]["summary"]
+
+
+def test_holds_a_target_and_reports_each_second_in_json():
+    samples, summary = run("--target-gbps", "1.0", "--duration", "3")
+    assert [round(s["t"]) for s in samples] == [1, 2, 3]
+    for s in samples:
+        assert set(s) == {"t", "achieved_gbps", "target_gbps"} and s["target_gbps"] == 1.0
+    for s in samples[1:]:  # after the first second
+        assert s["achieved_gbps"] == pytest.approx(1.0, rel=0.25)
+    assert summary["kernel"] == "triad" and summary["mean_gbps"] == pytest.approx(1.0, rel=0.25)
+
+
+def test_full_speed_has_no_target_and_beats_a_low_target():
+    samples, summary = run("--duration", "2", "--kernel", "copy")
+    assert all(s["target_gbps"] is None for s in samples) and summary["mean_gbps"] > 1.5
+
+
+def test_a_low_target_does_not_spin_the_cpu():
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run("--target-gbps", "0.2", "--duration", "3")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # Interpreter start and the JIT cache load cost about a second; pacing must not add a spinning core.
+    assert cpu < 2.5, f"{cpu:.1f} s of CPU for a 3 s run at a low target"
+
+
+def test_sigterm_stops_it_with_a_summary():
+    p = subprocess.Popen(STRESS + ["--target-gbps", "0.5"], stdout=subprocess.PIPE, text=True)
+    assert "achieved_gbps" in p.stdout.readline()
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0 and json.loads(out.splitlines()[-1])["summary"]["seconds"] >= 1.0
+
+
+def test_bad_arguments_are_refused():
+    p = subprocess.run(STRESS + ["--ramp", "sine"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--ramp shapes a target: give --target-gbps too" in p.stderr
+
+
+@given(st.sampled_from(["steps", "sine", "square"]), st.floats(0.1, 100), st.floats(0, 1000), st.floats(1, 60))
+def test_ramps_stay_between_a_tenth_and_all_of_the_target(profile, base, t, period):
+    v = ramp_target(profile, base, t, period)
+    assert 0.1 * base - 1e-9 <= v <= base + 1e-9
+
+
+def test_ramp_shapes():
+    assert [ramp_target("steps", 8.0, t, 4.0) for t in (0, 1, 2, 3)] == [2.0, 4.0, 6.0, 8.0]
+    assert [ramp_target("square", 8.0, t, 4.0) for t in (0, 3)] == [8.0, pytest.approx(0.8)]
+    assert ramp_target(None, 5.0, 10, 4.0) == 5.0 and ramp_target("sine", None, 1, 4.0) is None
