@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench deps system-deps clean install uninstall
+.PHONY: demo test bench bench-deps deps system-deps clean install uninstall
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test.
@@ -31,12 +31,20 @@ test: deps
 demo: deps
 	$(PY) -m noded run --sim scenarios/contention.yaml --config scenarios/demo-config.yaml
 
-bench: deps
+# stress-ng and mbw: the stressor's baselines.
+bench-deps:
+	@if command -v stress-ng >/dev/null && command -v mbw >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stress-ng mbw >/dev/null; \
+	else echo "noded: bench baselines missing; as root: apt-get install stress-ng mbw" >&2; exit 1; fi
+
+bench: deps bench-deps
 	$(PY) -m bench.mbm_sample
 	$(PY) -m bench.tick_cost
 	$(PY) -m bench.exec_latency
 	$(PY) -m bench.reaction
 	$(PY) -m bench.colocation
+	$(PY) -m bench.stress_compare
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

@@ -75,7 +75,7 @@ def ramp_target(profile: str | None, base: float | None, t: float, period: float
 
 class Stressor:
     def __init__(self, threads: int, size_mib: int, kernel: str, cpus: list[int] | None,
-                 target_gbps: float | None, ramp: str | None, ramp_period: float, chunk_kib: int = 256):
+                 target_gbps: float | None, ramp: str | None, ramp_period: float, chunk_kib: int = 4096):
         n = size_mib * (1 << 20) // 8
         self.a = np.full(n, 1.0)
         self.b = np.full(n, 2.0)
