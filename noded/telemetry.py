@@ -57,10 +57,6 @@ class Telemetry:
             if not self.events.start():
                 self.events = None
 
-    @property
-    def events_unavailable(self) -> str | None:
-        return None if self.events else "process-events connector not in use"
-
     def _on_new_process(self, pid: int) -> None:
         with self._lock:
             known = dict(self._known)
