@@ -6,14 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from mps.manager import MpsControl
 
 from ..sample import Sample
-import dataclasses
-
 from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from .outcomes import Outcomes
 from .profiles import JobProfile
@@ -48,9 +46,9 @@ class Colocation:
         self._held: dict[str, _Held] = {}
         model = outcomes.load_model() if outcomes else None
         if model is not None and self.rule.coef is None:
-            self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
+            self.rule = replace(self.rule, coef=tuple(model["linear"]))
             if model.get("threshold_c") is not None:
-                self.rule = dataclasses.replace(self.rule, threshold_c=model["threshold_c"])
+                self.rule = replace(self.rule, threshold_c=model["threshold_c"])
         self._lock = threading.Lock()
         self.decisions: Counter[str] = Counter()
         self.mps_state = "off" if mps is None else "starting"
@@ -132,9 +130,9 @@ class Colocation:
         if self.outcomes is None:
             raise ValueError("outcomes are not recorded on this node")
         model = self.outcomes.fit()
-        self.rule = dataclasses.replace(self.rule, coef=tuple(model["linear"]))
+        self.rule = replace(self.rule, coef=tuple(model["linear"]))
         if model.get("threshold_c") is not None:
-            self.rule = dataclasses.replace(self.rule, threshold_c=model["threshold_c"])
+            self.rule = replace(self.rule, threshold_c=model["threshold_c"])
         log.warning("colocation model refitted from %d records (mean abs error %.3f)", model["records"],
                     model["mean_abs_error"])
         return model

@@ -78,10 +78,8 @@ def _handle(kernel: ResctrlKernel, req: dict[str, Any]) -> dict[str, Any]:
             kernel.advance(kernel.clock())
             out: dict[str, dict[str, float]] = {}
             for path, group in _all_groups(kernel):
-                out[path] = {
-                    str(d): sum(kernel.counters[(r, d)].rate for r in [group.rmid] if (r, d) in kernel.counters)
-                    for d in kernel.online
-                }
+                out[path] = {str(d): kernel.counters[(group.rmid, d)].rate if (group.rmid, d) in kernel.counters
+                             else 0.0 for d in kernel.online}
             return {"rates": out}
         if op == "task":
             st = kernel.resolve_task(int(req["tid"]))

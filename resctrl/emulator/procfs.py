@@ -65,10 +65,10 @@ def threads_of(proc: str, pid: int) -> list[int]:
 
 
 def children_of(proc: str, tid: int) -> list[int]:
-    """Direct children of a thread (needs CONFIG_PROC_CHILDREN; empty otherwise)."""
-    pid = tid
+    """Direct children of a thread (needs CONFIG_PROC_CHILDREN; empty otherwise).
+    /proc/TID works for any thread id, so TID/task/TID is the thread's own entry."""
     try:
-        with open(f"{proc}/{pid}/task/{tid}/children") as f:
+        with open(f"{proc}/{tid}/task/{tid}/children") as f:
             return [int(c) for c in f.read().split()]
     except (FileNotFoundError, ProcessLookupError):
         return []
