@@ -34,6 +34,18 @@ def max_clients_per_device(compute_major: int) -> int:
     return 48 if compute_major >= 7 else 16
 
 
+def client_limit(uuids: list[str]) -> int:
+    """The MPS client limit that binds on these GPUs: the lowest of theirs."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return min(max_clients_per_device(pynvml.nvmlDeviceGetCudaComputeCapability(
+            pynvml.nvmlDeviceGetHandleByUUID(u))[0]) for u in uuids)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class MpsError(RuntimeError):
     pass
 

@@ -90,7 +90,7 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
 
 def build_colocation(config: Config, clock: Callable[[], float]):
     """The co-location service with its MPS control daemon, started."""
-    from mps.manager import ComputeModes, MpsControl, all_gpu_uuids
+    from mps.manager import ComputeModes, MpsControl, all_gpu_uuids, client_limit
 
     from .colocation.admission import ColocationRule
     from .colocation.profiles import load_profiles
@@ -99,12 +99,19 @@ def build_colocation(config: Config, clock: Callable[[], float]):
     cc = config.colocation
     profiles = load_profiles(cc.profiles) if cc.profiles else {}
     gpus = list(cc.mps.gpus)
-    modes = ComputeModes(gpus or all_gpu_uuids()) if cc.mps.exclusive_process else None
+    served = gpus or all_gpu_uuids()
+    modes = ComputeModes(served) if cc.mps.exclusive_process else None
+    max_jobs = cc.max_jobs_per_gpu
+    limit = client_limit(served) if served else max_jobs
+    if max_jobs > limit:
+        log.warning("colocation.max_jobs_per_gpu %d exceeds MPS's %d clients per device on these GPUs; using %d",
+                    max_jobs, limit, limit)
+        max_jobs = limit
     mps = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=gpus or None, compute_modes=modes,
                      clock=clock)
     from .colocation.outcomes import Outcomes
 
-    service = Colocation(ColocationRule(cc.threshold_c, cc.max_jobs_per_gpu, multi_user=cc.mps.multi_user), profiles,
+    service = Colocation(ColocationRule(cc.threshold_c, max_jobs, multi_user=cc.mps.multi_user), profiles,
                          mps=mps, clock=clock,
                          outcomes=Outcomes(config.state_dir))
     service.start()

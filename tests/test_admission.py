@@ -214,3 +214,25 @@ def test_mps_serves_one_users_jobs_per_gpu_unless_multi_user():
     multi = Colocation(ColocationRule(multi_user=True), {}, mps=None, clock=lambda: 0.0)
     assert multi.admit("a", sample_with(), model="m", batch_size=8, profile=p, uid=1000).admit
     assert multi.admit("b", sample_with(), model="m", batch_size=8, profile=p, uid=1001).admit
+
+
+@pytest.mark.fuse
+def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
+    import dataclasses
+    import logging
+
+    from noded.app import build_colocation
+    from noded.config import ColocationConfig, MpsConfig
+    from test_eliminator import Harness
+
+    h = Harness(tmp_path, "  []", gpus=1)
+    try:
+        h.sim.gpus[0].compute_capability = (6, 1)  # pre-Volta: 16 MPS clients per device
+        config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
+            enabled=True, max_jobs_per_gpu=40, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
+        with caplog.at_level(logging.WARNING, logger="noded.app"):
+            h.daemon.colocation = build_colocation(config, h.daemon.clock)
+        assert h.daemon.colocation.rule.max_jobs_per_gpu == 16
+        assert any("exceeds MPS's 16 clients per device" in r.message for r in caplog.records)
+    finally:
+        h.stop()

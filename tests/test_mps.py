@@ -131,5 +131,10 @@ def test_restarts_back_off_while_starting_keeps_failing(mps):
     assert m.health() == "restarted"
 
 
-def test_client_limits_by_architecture():
+def test_client_limits_by_architecture(gpus):
+    from mps.manager import client_limit
+
     assert max_clients_per_device(7) == 48 and max_clients_per_device(9) == 48 and max_clients_per_device(6) == 16
+    assert client_limit([g.uuid for g in gpus]) == 48  # A100s (8.0)
+    gpus[1].compute_capability = (6, 0)  # a Pascal GPU in the set binds
+    assert client_limit([g.uuid for g in gpus]) == 16
