@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
+from ..procstat import STARTTIME, stat_fields
 from ..sample import CPU, JobSample, Sample
 from ..state import OriginalValues
 from .plan import LevelThrottle
@@ -91,13 +92,8 @@ class CoreHalving(LevelThrottle):
 
     def _affinity_key(self, pid: int) -> str | None:
         # The start time tells a reused pid from the process we recorded.
-        try:
-            with open(f"{self.proc}/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            return None
-        start = stat[stat.rindex(b")") + 2 :].split()[19].decode()
-        return f"affinity:{pid}:{start}"
+        fields = stat_fields(self.proc, pid)
+        return None if fields is None else f"affinity:{pid}:{fields[STARTTIME].decode()}"
 
     # -- writes
     def _write_cpuset_tree(self, root: str, cpus: list[int], writes: list[str]) -> None:

@@ -8,6 +8,7 @@ import threading
 
 import yaml
 
+from ..procstat import PPID, stat_fields
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
 from .model import Job, JobMeta
 
@@ -18,14 +19,8 @@ def read_ppids(proc: str) -> dict[int, int]:
     """pid -> parent pid for every process now."""
     out = {}
     for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{name}/stat", "rb") as f:
-                stat = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out[int(name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        if name.isdigit() and (fields := stat_fields(proc, int(name))) is not None:
+            out[int(name)] = int(fields[PPID])
     return out
 
 

@@ -72,7 +72,3 @@ def children_of(proc: str, tid: int) -> list[int]:
             return [int(c) for c in f.read().split()]
     except (FileNotFoundError, ProcessLookupError):
         return []
-
-
-def thread_exists(proc: str, tid: int) -> bool:
-    return os.path.exists(f"{proc}/{tid}/stat")
