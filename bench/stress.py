@@ -24,36 +24,63 @@ import sys
 import threading
 import time
 
+import llvmlite.ir as ir
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 GB = 1e9
 BYTES_PER_ELEMENT = {"copy": 16, "scale": 16, "add": 24, "triad": 24}
 SCALAR = 3.0
 
 
+@intrinsic
+def _stream_store(typingctx, array, index, value):
+    """``array[index] = value`` as a non-temporal (streaming) store.
+
+    Streaming stores write around the cache: no read-for-ownership of the line first,
+    so the bytes STREAM counts are the bytes that cross the memory bus (and what MBM
+    counts on a real host), and the stressor is not held back by reading what it is
+    about to overwrite. ``index`` must be in range: nothing checks it here.
+    """
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        store = builder.store(args[2], builder.gep(data, [args[1]]))
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return types.void(array, index, value), codegen
+
+
+# Each kernel works on views of [lo, hi) indexed from 0: with the bounds as loop limits
+# numba must allow for negative indices (wrap-around), which stops LLVM vectorising.
 @numba.njit(nogil=True, cache=True)
 def _copy(a, b, c, lo, hi):
-    for i in range(lo, hi):
-        c[i] = a[i]
+    src, dst = a[lo:hi], c[lo:hi]
+    for i in range(dst.shape[0]):
+        _stream_store(dst, i, src[i])
 
 
 @numba.njit(nogil=True, cache=True)
 def _scale(a, b, c, lo, hi):
-    for i in range(lo, hi):
-        b[i] = SCALAR * c[i]
+    src, dst = c[lo:hi], b[lo:hi]
+    for i in range(dst.shape[0]):
+        _stream_store(dst, i, SCALAR * src[i])
 
 
 @numba.njit(nogil=True, cache=True)
 def _add(a, b, c, lo, hi):
-    for i in range(lo, hi):
-        c[i] = a[i] + b[i]
+    x, y, dst = a[lo:hi], b[lo:hi], c[lo:hi]
+    for i in range(dst.shape[0]):
+        _stream_store(dst, i, x[i] + y[i])
 
 
 @numba.njit(nogil=True, cache=True)
 def _triad(a, b, c, lo, hi):
-    for i in range(lo, hi):
-        a[i] = b[i] + SCALAR * c[i]
+    y, z, dst = b[lo:hi], c[lo:hi], a[lo:hi]
+    for i in range(dst.shape[0]):
+        _stream_store(dst, i, y[i] + SCALAR * z[i])
 
 
 KERNELS = {"copy": _copy, "scale": _scale, "add": _add, "triad": _triad}
@@ -73,13 +100,37 @@ def ramp_target(profile: str | None, base: float | None, t: float, period: float
     raise ValueError(f"unknown ramp profile {profile!r}")
 
 
+class Pacer:
+    """One token bucket for all threads: credit accrues at the target rate and a thread
+    that finds the work done ahead of it sleeps off the lead. Sharing it lets a thread
+    that got more CPU make up for one that got less, so the total holds the target.
+    Credit never runs more than ``burst`` bytes ahead of the work, so falling behind
+    (the target was above what the memory gives) is not repaid later as a spike."""
+
+    def __init__(self, burst: int):
+        self.burst = burst
+        self.allowed = 0.0
+        self.last: float | None = None
+        self.lock = threading.Lock()
+
+    def lead_s(self, done: int, target_gbps: float, now: float) -> float:
+        """Seconds the work is ahead of the credit (0 if not ahead)."""
+        rate = target_gbps * GB
+        with self.lock:
+            if self.last is not None:
+                self.allowed += rate * (now - self.last)
+            self.allowed = min(self.allowed, done + self.burst)
+            self.last = now
+            return max(0.0, (done - self.allowed) / rate)
+
+
 class Stressor:
     def __init__(self, threads: int, size_mib: int, kernel: str, cpus: list[int] | None,
                  target_gbps: float | None, ramp: str | None, ramp_period: float, chunk_kib: int = 4096):
         n = size_mib * (1 << 20) // 8
         self.a = np.full(n, 1.0)
         self.b = np.full(n, 2.0)
-        self.c = np.zeros(n)
+        self.c = np.full(n, 0.0)  # written now, so its pages are not faulted in on the clock
         self.kernel = kernel
         self.threads = threads
         self.cpus = cpus
@@ -88,6 +139,7 @@ class Stressor:
         self.ramp_period = ramp_period
         self.chunk = max(1024, chunk_kib * 1024 // 8)
         self.done = [0] * threads  # bytes moved, per thread
+        self.pacer = Pacer(burst=2 * threads * self.chunk * BYTES_PER_ELEMENT[kernel])
         self.stop = threading.Event()
         self.t0 = 0.0
 
@@ -102,29 +154,21 @@ class Stressor:
         fn = KERNELS[self.kernel]
         per_element = BYTES_PER_ELEMENT[self.kernel]
         pos = lo_all
-        allowed = 0.0  # bytes this thread may have moved by now (paced runs)
-        last = time.monotonic()
         while not self.stop.is_set():
             hi = min(pos + self.chunk, hi_all)
             fn(self.a, self.b, self.c, pos, hi)
             self.done[k] += (hi - pos) * per_element
             pos = hi if hi < hi_all else lo_all
-            target = self.target_at(time.monotonic() - self.t0)
-            if target is None:
-                continue
-            # Pacing: credit accrues at this thread's share of the target; sleep off any lead.
             now = time.monotonic()
-            allowed = min(allowed + target * GB / self.threads * (now - last), self.done[k] + 4 * self.chunk * 8)
-            last = now
-            ahead = (self.done[k] - allowed) / (target * GB / self.threads) if target > 0 else 0.05
-            if ahead > 0:
-                self.stop.wait(min(ahead, 0.05))
-                now2 = time.monotonic()
-                allowed += target * GB / self.threads * (now2 - last)
-                last = now2
+            target = self.target_at(now - self.t0)
+            if target is not None:
+                lead = self.pacer.lead_s(sum(self.done), target, now)
+                if lead > 0:
+                    self.stop.wait(min(lead, 0.05))
 
     def run(self, duration: float | None, report) -> dict:
         KERNELS[self.kernel](self.a, self.b, self.c, 0, min(1024, self.a.shape[0]))  # compile before timing
+        cpu0 = time.process_time()
         self.t0 = time.monotonic()
         workers = [threading.Thread(target=self._worker, args=(k,), daemon=True) for k in range(self.threads)]
         for w in workers:
@@ -153,8 +197,9 @@ class Stressor:
         for w in workers:
             w.join()
         elapsed = time.monotonic() - self.t0
+        cpu = time.process_time() - cpu0  # the run's own CPU, without start-up (arrays, JIT cache)
         return {"seconds": round(elapsed, 3), "bytes": sum(self.done),
-                "mean_gbps": round(sum(self.done) / elapsed / GB, 3), "kernel": self.kernel,
+                "mean_gbps": round(sum(self.done) / elapsed / GB, 3), "cpu_s": round(cpu, 3), "kernel": self.kernel,
                 "threads": self.threads, "target_gbps": self.target, "ramp": self.ramp}
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.stress import ramp_target
+from bench.stress import Pacer, ramp_target
 
 STRESS = [sys.executable, "-m", "bench.stress", "--size", "64", "--json"]
 
@@ -45,6 +45,21 @@ def test_a_low_target_does_not_spin_the_cpu():
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Interpreter start and the JIT cache load cost about a second; pacing must not add a spinning core.
     assert cpu < 2.5, f"{cpu:.1f} s of CPU for a 3 s run at a low target"
+
+
+def test_the_summary_reports_the_runs_own_cpu_and_it_is_small_at_a_low_target():
+    _, summary = run("--target-gbps", "0.2", "--duration", "2")
+    assert 0 <= summary["cpu_s"] < 0.5 * summary["seconds"]
+
+
+def test_the_pacer_holds_the_work_to_the_credit_and_does_not_repay_a_shortfall():
+    pacer = Pacer(burst=100)
+    assert pacer.lead_s(0, 1e-9, now=0.0) == 0.0  # 1 byte/s
+    assert pacer.lead_s(50, 1e-9, now=10.0) == pytest.approx(40.0)  # 10 bytes of credit, 50 done
+    assert pacer.lead_s(50, 1e-9, now=60.0) == 0.0  # caught up
+    # Far behind: credit stops at done + burst, so the work after it is not a spike.
+    assert pacer.lead_s(60, 1e-9, now=10_000.0) == 0.0
+    assert pacer.lead_s(260, 1e-9, now=10_000.0) == pytest.approx(100.0)
 
 
 def test_sigterm_stops_it_with_a_summary():
