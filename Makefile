@@ -20,7 +20,7 @@ system-deps:
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
 deps: system-deps $(STAMP)

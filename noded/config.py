@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 
 GB = 1e9
+#: the node peak when neither the config nor a calibration gives one (GB/s per L3 domain)
+DEFAULT_PEAK_GBPS = 50.0
 
 
 class ConfigError(ValueError):
@@ -113,8 +115,9 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class Config:
     tick_s: float = 1.0
-    #: the node's peak memory bandwidth per L3 domain, GB/s (from `bench calibrate`)
-    peak_gbps_per_domain: float = 50.0
+    #: the node's peak memory bandwidth per L3 domain, GB/s; None: the calibration in
+    #: state_dir (noded.calibration), else DEFAULT_PEAK_GBPS
+    peak_gbps_per_domain: float | None = None
     state_dir: str = "/var/lib/noded"
     #: pid file (one noded per host) and, later, the admin socket
     runtime_dir: str = "/run/noded"
@@ -128,7 +131,9 @@ class Config:
 
     @property
     def peak_bytes_per_domain(self) -> float:
-        return self.peak_gbps_per_domain * GB
+        """Settled by noded.calibration.with_node_peak at start; the default stands in before that."""
+        peak = self.peak_gbps_per_domain if self.peak_gbps_per_domain is not None else DEFAULT_PEAK_GBPS
+        return peak * GB
 
     @property
     def mps_pipe_dir(self) -> str:
@@ -147,7 +152,7 @@ class Config:
 # Range checks: dotted key -> (predicate, what it must be)
 _RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "tick_s": (lambda v: 0.01 <= v <= 60, "between 0.01 and 60 seconds"),
-    "peak_gbps_per_domain": (lambda v: v > 0, "positive"),
+    "peak_gbps_per_domain": (lambda v: v is None or v > 0, "positive, or null for the calibrated peak"),
     "contention.threshold": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
     "contention.release_threshold": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
     "contention.hold_s": (lambda v: v >= 0, ">= 0"),

@@ -8,7 +8,6 @@ READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import sys
@@ -20,6 +19,7 @@ from contextlib import ExitStack
 from .admin.overrides import OverrideStore
 from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
+from .calibration import CalibrationError, with_node_peak
 from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
 from .lockfile import AlreadyRunning, InstanceLock
@@ -57,14 +57,16 @@ def main_run(args) -> int:
                 return 2
             sim = stack.enter_context(SimNode(scenario))
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
-            config = dataclasses.replace(
-                config, peak_gbps_per_domain=scenario.node.peak_gbps, state_dir=f"{scratch}/state",
-                runtime_dir=f"{scratch}/run",
-                resctrl=dataclasses.replace(config.resctrl, root=sim.emu.root, mounts=sim.emu.mounts_file))
+            config = sim.configure(config, scratch)
             discovery = sim.discovery
         try:
             stack.enter_context(InstanceLock(config.runtime_dir))
         except AlreadyRunning as e:
+            print(f"noded run: {e}", file=sys.stderr)
+            return 1
+        try:
+            config, peak_note = with_node_peak(config)
+        except CalibrationError as e:
             print(f"noded run: {e}", file=sys.stderr)
             return 1
         built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
@@ -74,6 +76,7 @@ def main_run(args) -> int:
         server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
         stack.callback(server.shutdown)
         print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
+        print(f"noded: {peak_note}", flush=True)
         daemon.overrides = OverrideStore(config.state_dir, time.time)
         admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
                             timeout_s=config.admin.timeout_s).start()
@@ -102,8 +105,10 @@ def main_run(args) -> int:
 
 def _reload(path: str) -> Config | None:
     try:
-        return load_config(path)
-    except ConfigError as e:
+        config, note = with_node_peak(load_config(path))
+        log.info("reload: %s", note)
+        return config
+    except (ConfigError, CalibrationError) as e:
         log.error("config reload refused, keeping the running config: %s", e)
         return None
 

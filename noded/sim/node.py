@@ -10,6 +10,7 @@ every GPU job's utilisation from it (``workload.gpu_utilisation``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -21,6 +22,7 @@ from typing import Callable
 from resctrl import Resctrl
 from resctrl.emulator import MountedEmulator
 
+from ..config import Config
 from ..jobs.discovery import JobDiscovery
 from ..jobs.model import JobMeta
 from . import fake_nvml
@@ -75,6 +77,15 @@ class SimNode:
         self._t0 = self.clock()
         return self
 
+    def configure(self, config: Config, scratch: str) -> Config:
+        """``config`` pointed at this node: its emulator, its peak, and state and runtime
+        directories under ``scratch`` (a simulated run must not touch the host's)."""
+        assert self.emu is not None
+        return dataclasses.replace(
+            config, peak_gbps_per_domain=self.scenario.node.peak_gbps, state_dir=f"{scratch}/state",
+            runtime_dir=f"{scratch}/run",
+            resctrl=dataclasses.replace(config.resctrl, root=self.emu.root, mounts=self.emu.mounts_file))
+
     def open_resctrl(self, **kw) -> Resctrl:
         assert self.emu is not None
         return Resctrl.open(self.emu.root, mounts=self.emu.mounts_file, **kw)
@@ -106,7 +117,14 @@ class SimNode:
 
     # -- the scenario
     def _start_job(self, spec: JobSpec) -> None:
-        proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
+        if spec.command is None:
+            proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
+        else:
+            try:
+                proc = subprocess.Popen(spec.command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+            except OSError as e:
+                raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(spec.command)}: {e}") from None
         self.procs[spec.id] = proc
         self._base_cpus[spec.id] = self._granted_cpus[spec.id] = len(os.sched_getaffinity(proc.pid))
         model = MODELS.get(spec.model) if spec.model else None
@@ -115,7 +133,8 @@ class SimNode:
         self._set_demand(spec.id, model.demand_gbps if model else spec.cpu_gbps or 0.0)
         if model is not None:
             self.gpus[spec.gpu].processes[proc.pid] = fake_nvml.FakeProcess(proc.pid, sm_util=int(model.solo_util))
-        log.info("sim: started %s pid=%d (%s)", spec.id, proc.pid, spec.model or f"CPU {spec.cpu_gbps} GB/s")
+        log.info("sim: started %s pid=%d (%s)%s", spec.id, proc.pid, spec.model or f"CPU {spec.cpu_gbps} GB/s",
+                 f": {' '.join(spec.command)}" if spec.command else "")
 
     def _set_demand(self, sim_id: str, gbps: float) -> None:
         assert self.emu is not None and self.emu.control is not None

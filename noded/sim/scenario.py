@@ -7,6 +7,7 @@ tick_s: 0.25           # how often the workload model updates the hardware
 node: {profile: intel, gpus: 4, peak_gbps: 20}
 events:
   - {at: 0,  start: {id: bert, model: BiDAF, gpu: 0}}
+  - {at: 0,  start: {id: cv, model: AlexNet, gpu: 1, command: "python3 -m bench.victims decode"}}
   - {at: 3,  start: {id: hog, cpu: hog}}            # or cpu_gbps: 14
   - {at: 12, set: {id: hog, cpu_gbps: 1}}           # the hog calms down
   - {at: 15, stop: {id: hog}}
@@ -14,11 +15,15 @@ events:
                                                     #    nvml_lost: true|false, domain_offline: 1
 ```
 
-Every key is checked; an error names the file, the event and the key.
+Every key is checked; an error names the file, the event and the key. A job's
+process is ``sleep infinity`` unless ``command`` (a string split as the shell
+would, or a list) names a real workload to run in its place, such as a victim
+of ``bench/victims``; its output is discarded.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 import yaml
@@ -39,6 +44,7 @@ class JobSpec:
     gpu: int | None = None
     cpu_gbps: float | None = None  # CPU job
     exempt: bool = False
+    command: tuple[str, ...] | None = None  # the job's process (None: a placeholder)
 
     @property
     def is_gpu(self) -> bool:
@@ -122,8 +128,9 @@ def parse_scenario(text: str, name: str = "scenario") -> Scenario:
         args = ev[action]
         w = f"{where}.{action}"
         if action == "start":
-            _keys(args, w, {"id"}, {"model", "gpu", "cpu", "cpu_gbps", "exempt"})
+            _keys(args, w, {"id"}, {"model", "gpu", "cpu", "cpu_gbps", "exempt", "command"})
             jid = str(args["id"])
+            command = _command(args.get("command"), f"{w}.command")
             if jid in jobs:
                 raise ScenarioError(f"{w}.id: job {jid!r} started twice")
             if "model" in args:
@@ -134,10 +141,11 @@ def parse_scenario(text: str, name: str = "scenario") -> Scenario:
                     raise ScenarioError(f"{w}.gpu: {gpu!r} is not a GPU index below {node.gpus}")
                 if "cpu" in args or "cpu_gbps" in args:
                     raise ScenarioError(f"{w}: a job is a GPU job (model) or a CPU job (cpu/cpu_gbps), not both")
-                spec = JobSpec(jid, model=args["model"], gpu=gpu, exempt=bool(args.get("exempt", False)))
+                spec = JobSpec(jid, model=args["model"], gpu=gpu, exempt=bool(args.get("exempt", False)),
+                               command=command)
             else:
                 gbps = _cpu_gbps(args, w)
-                spec = JobSpec(jid, cpu_gbps=gbps, exempt=bool(args.get("exempt", False)))
+                spec = JobSpec(jid, cpu_gbps=gbps, exempt=bool(args.get("exempt", False)), command=command)
             jobs[jid] = spec
             live.add(jid)
         elif action in ("stop", "set"):
@@ -163,6 +171,23 @@ def parse_scenario(text: str, name: str = "scenario") -> Scenario:
             raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
         events.append(Event(at, action, dict(args)))
     return Scenario(duration, tuple(events), node, seed, tick, name, jobs)
+
+
+def _command(value, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            argv = shlex.split(value)
+        except ValueError as e:
+            raise ScenarioError(f"{where}: {e}") from None
+    elif isinstance(value, list) and all(isinstance(a, str) for a in value):
+        argv = list(value)
+    else:
+        raise ScenarioError(f"{where}: expected a command line (a string or a list of strings), got {value!r}")
+    if not argv:
+        raise ScenarioError(f"{where}: empty command")
+    return tuple(argv)
 
 
 def _cpu_gbps(args: dict, where: str) -> float:

@@ -1,0 +1,231 @@
+"""The contention scenario on this machine: real processes in real cpusets.
+
+The victim runs in a cpuset of its own CPUs, the stressor in one spanning all of
+them (on a 2-core host: the victim on CPU 1, the stressor on 0-1), and noded halves
+the stressor's cpuset when it acts - a real write to ``cpuset.cpus``, felt by the
+victim for real. What this machine lacks is replaced at the lowest boundary only:
+resctrl by the emulator (profile ``no-mba``: MBM counters, no MBA, as on a host
+whose RDT has no allocation), whose counters integrate the bandwidth each process
+reports about itself (no hardware counter exists here to measure it), and NVML by
+the fake, with one GPU whose utilisation follows the victim's measured throughput
+(solo: ``SOLO_UTIL``). noded is built exactly as ``noded run`` builds it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import uuid
+
+from noded.config import Config, ContentionConfig, JobsConfig, JobSourceConfig, ResctrlConfig
+from noded.sim import fake_nvml
+from resctrl.emulator import MountedEmulator
+
+from .noded_run import NodedRun
+from .procs import ReportingProcess
+
+GB = 1e9
+SOLO_UTIL = 90  # the victim's GPU utilisation when alone (percent)
+FEED_S = 0.2  # how often reported rates are passed on to the emulator and the fake GPU
+
+
+def find_cpuset_root() -> str:
+    """The cpuset hierarchy: cgroup v1's cpuset mount, or v2's unified one with the controller."""
+    if os.path.exists("/sys/fs/cgroup/cpuset/cpuset.cpus"):
+        return "/sys/fs/cgroup/cpuset"
+    try:
+        with open("/sys/fs/cgroup/cgroup.controllers") as f:
+            if "cpuset" in f.read().split():
+                return "/sys/fs/cgroup"
+    except OSError:
+        pass
+    raise RuntimeError("no cpuset cgroup hierarchy here (neither /sys/fs/cgroup/cpuset nor v2 with cpuset)")
+
+
+class Cpusets:
+    """A private subtree of the cpuset hierarchy; removed (processes killed) on close."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.base = os.path.join(root, f"noded-bench-{uuid.uuid4().hex[:8]}")
+        self.made: list[str] = []
+        self.v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))
+
+    def _read(self, path: str, name: str) -> str:
+        for n in (name, f"{name}.effective"):
+            try:
+                with open(os.path.join(path, n)) as f:
+                    value = f.read().strip()
+            except FileNotFoundError:
+                continue
+            if value:
+                return value
+        raise RuntimeError(f"{path}: no {name}")
+
+    def make(self, rel: str, cpus: str) -> str:
+        if not self.made:
+            os.mkdir(self.base)
+            self.made.append(self.base)
+            if self.v2:
+                with open(os.path.join(self.base, "cgroup.subtree_control"), "w") as f:
+                    f.write("+cpuset")
+            else:
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    with open(os.path.join(self.base, name), "w") as f:
+                        f.write(self._read(self.root, name))
+        path = os.path.join(self.base, rel)
+        os.mkdir(path)
+        self.made.append(path)
+        with open(os.path.join(path, "cpuset.mems"), "w") as f:
+            f.write(self._read(self.base, "cpuset.mems"))
+        with open(os.path.join(path, "cpuset.cpus"), "w") as f:
+            f.write(cpus)
+        return path
+
+    def cpus(self, rel: str) -> str:
+        return self._read(os.path.join(self.base, rel), "cpuset.cpus")
+
+    def close(self) -> None:
+        for path in reversed(self.made):
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        os.kill(int(pid), 9)
+            except (OSError, ValueError):
+                pass
+        for path in reversed(self.made):
+            for _ in range(200):  # a killed process leaves its cgroup when it has exited
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    threading.Event().wait(0.01)
+        self.made.clear()
+
+
+class CpusetNode:
+    name = "this machine (real cpusets, core halving)"
+    unit = "samples/s"  # what the victim column measures
+    key = "cpusets"
+
+    def __init__(self, victim: str, peak_gbps: float, *, victim_cpus: str, stressor_cpus: str,
+                 stressor_threads: int, size_mib: int = 256, tick_s: float = 0.5):
+        self.victim_name = victim
+        self.peak_gbps = peak_gbps
+        self.victim_cpus, self.stressor_cpus = victim_cpus, stressor_cpus
+        self.stressor_threads = stressor_threads
+        self.size_mib = size_mib
+        self.tick_s = tick_s
+        self.cpusets = Cpusets(find_cpuset_root())
+        self.tmp = tempfile.TemporaryDirectory(prefix="noded-bench-")
+        self.emu: MountedEmulator | None = None
+        self.gpu: fake_nvml.FakeGpu | None = None
+        self.victim: ReportingProcess | None = None
+        self.stressor: ReportingProcess | None = None
+        self.solo_rate: float | None = None
+        self._stop = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, name="feed", daemon=True)
+
+    def start(self) -> "CpusetNode":
+        try:
+            victim_cg = self.cpusets.make("victim", self.victim_cpus)
+            self.cpusets.make("stressor", self.stressor_cpus)
+            self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
+                                       extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
+            self.gpu = fake_nvml.make_gpus(1)[0]
+            fake_nvml.install(fake_nvml.FakeNvmlLib([self.gpu]))
+            self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg)
+            if not self.victim.wait_reports(2, timeout=120):
+                raise RuntimeError(f"the victim did not report: {self.victim.failure()}")
+            self.gpu.processes[self.victim.pid] = fake_nvml.FakeProcess(self.victim.pid, sm_util=SOLO_UTIL)
+            self._feeder.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _feed(self) -> None:
+        """Pass each process's reported bandwidth to the emulator, the victim's pace to the GPU."""
+        assert self.emu is not None and self.emu.control is not None and self.gpu is not None
+        sent: dict[int, float] = {}
+        while not self._stop.wait(FEED_S):
+            for proc, key in ((self.victim, "approx_gbps"), (self.stressor, "achieved_gbps")):
+                latest = proc.latest() if proc is not None and proc.proc.poll() is None else None
+                if latest is not None and sent.get(proc.pid) != latest[key]:
+                    self.emu.control.set_demand(proc.pid, latest[key] * GB, domain=0)
+                    sent[proc.pid] = latest[key]
+            latest = self.victim.latest() if self.victim else None
+            if latest is not None and self.solo_rate:
+                util = int(round(min(100, SOLO_UTIL * latest["samples_per_s"] / self.solo_rate)))
+                self.gpu.processes[self.victim.pid].sm_util = util
+                self.gpu.util_gpu = util
+
+    def config(self) -> Config:
+        assert self.emu is not None
+        return Config(
+            tick_s=self.tick_s, peak_gbps_per_domain=self.peak_gbps, state_dir=f"{self.tmp.name}/state",
+            runtime_dir=f"{self.tmp.name}/run",
+            resctrl=ResctrlConfig(root=self.emu.root, mounts=self.emu.mounts_file),
+            jobs=JobsConfig(sources=(JobSourceConfig("cgroup", self.cpusets.base, ("victim", "stressor")),)),
+            contention=ContentionConfig(method="cores", hold_s=4.0, settle_s=1.0))
+
+    def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
+        """Victim alone (share None) or beside the stressor at ``share`` of the peak."""
+        assert self.victim is not None
+        noded = NodedRun(self.config()).start() if with_noded else None
+        try:
+            self.victim.wait_reports(len(self.victim.reports) + warmup_s, timeout=warmup_s + 30)
+            if share is not None:
+                target = [] if share >= 1 else ["--target-gbps", f"{share * self.peak_gbps:.3f}"]
+                self.stressor = ReportingProcess(
+                    "bench.stress", ["--threads", str(self.stressor_threads), "--size", str(self.size_mib), *target],
+                    cgroup=os.path.join(self.cpusets.base, "stressor"))
+                if not self.stressor.wait_reports(1, timeout=120):
+                    raise RuntimeError(f"the stressor did not report: {self.stressor.failure()}")
+            first = len(self.victim.reports)
+            for k in range(seconds):
+                self.victim.wait_reports(first + k + 1, timeout=30)
+                if progress:
+                    progress(k + 1, seconds)
+            victim = self.victim.since(first)
+            stressor = self.stressor.since(0) if self.stressor else []
+            cpus_during = self.cpusets.cpus("stressor")
+        finally:
+            if self.stressor is not None:
+                self.stressor.stop()
+                self.stressor = None
+            if noded is not None:
+                noded.stop()
+        rate = statistics.mean(r["samples_per_s"] for r in victim)
+        if share is None and not with_noded:
+            self.solo_rate = rate
+        node = statistics.mean(r["approx_gbps"] for r in victim) + (
+            statistics.mean(r["achieved_gbps"] for r in stressor[1:]) if len(stressor) > 1 else 0.0)
+        return {"victim": round(rate, 2), "node_gbps": round(node, 2),
+                "victim_per_second": [r["samples_per_s"] for r in victim],
+                "stressor_cpus_at_end": cpus_during if share is not None else None,
+                "actions": noded.actions if noded else [], "throttle": noded.throttle_kind if noded else None}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._feeder.is_alive():
+            self._feeder.join()
+        for proc in (self.stressor, self.victim):
+            if proc is not None:
+                proc.stop()
+        fake_nvml.install(None)
+        if self.emu is not None:
+            self.emu.stop()
+            self.emu = None
+        self.cpusets.close()
+        self.tmp.cleanup()
+
+    def __enter__(self) -> "CpusetNode":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
