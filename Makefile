@@ -38,13 +38,9 @@ bench-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends stress-ng mbw >/dev/null; \
 	else echo "noded: bench baselines missing; as root: apt-get install stress-ng mbw" >&2; exit 1; fi
 
+# Runs every benchmark named in bench/RESULTS.md and puts its output there.
 bench: deps bench-deps
-	$(PY) -m bench.mbm_sample
-	$(PY) -m bench.tick_cost
-	$(PY) -m bench.exec_latency
-	$(PY) -m bench.reaction
-	$(PY) -m bench.colocation
-	$(PY) -m bench.stress_compare
+	$(PY) -m bench.report
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out

@@ -1,0 +1,69 @@
+"""The node peak: a number in the config wins; else the calibration in the state
+directory (what `python -m bench.scenario calibrate` writes); else the default, said so."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noded.calibration import Calibration, CalibrationError, read_calibration, with_node_peak, write_calibration
+from noded.config import DEFAULT_PEAK_GBPS, Config, parse_config
+from tests.test_lifecycle import cpu_only_config
+
+CAL = Calibration(12.5, 1, "2026-11-22T05:00:00+00:00", "python -m bench.scenario calibrate")
+
+
+def test_the_calibration_is_used_when_the_config_leaves_the_peak_unset(tmp_path):
+    write_calibration(str(tmp_path), CAL)
+    config, note = with_node_peak(Config(state_dir=str(tmp_path)))
+    assert config.peak_gbps_per_domain == 12.5 and config.peak_bytes_per_domain == 12.5e9
+    assert "measured 2026-11-22T05:00:00+00:00 by `python -m bench.scenario calibrate`" in note
+
+
+def test_a_peak_in_the_config_wins_over_the_calibration(tmp_path):
+    write_calibration(str(tmp_path), CAL)
+    config, note = with_node_peak(parse_config(f"peak_gbps_per_domain: 30\nstate_dir: {tmp_path}\n"))
+    assert config.peak_gbps_per_domain == 30 and "from the config" in note
+
+
+def test_without_either_the_default_stands_and_the_note_says_how_to_measure(tmp_path):
+    config, note = with_node_peak(Config(state_dir=str(tmp_path)))
+    assert config.peak_gbps_per_domain == DEFAULT_PEAK_GBPS
+    assert "a default" in note and "python -m bench.scenario calibrate" in note
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("{not json", "not valid JSON"),
+    ('{"peak_gbps_per_domain": 10}', "expected the keys"),
+    (json.dumps({**CAL.__dict__, "peak_gbps_per_domain": -3}), "must be a positive number, got -3"),
+    (json.dumps({**CAL.__dict__, "peak_gbps_per_domain": True}), "must be a positive number, got True"),
+])
+def test_a_bad_calibration_file_is_an_error_naming_the_file(tmp_path, content, expected):
+    (tmp_path / "calibration.json").write_text(content)
+    with pytest.raises(CalibrationError, match=expected) as e:
+        read_calibration(str(tmp_path))
+    assert str(tmp_path / "calibration.json") in str(e.value)
+
+
+@given(st.floats(0.01, 1e4, allow_nan=False), st.integers(1, 16), st.text(max_size=40))
+def test_calibrations_round_trip(tmp_path_factory, peak, domains, command):
+    d = str(tmp_path_factory.mktemp("cal"))
+    cal = Calibration(peak, domains, "2026-11-22T05:00:00+00:00", command)
+    write_calibration(d, cal)
+    assert read_calibration(d) == cal
+
+
+def test_noded_run_reports_the_calibrated_peak_and_refuses_a_bad_file(tmp_path):
+    cfg = cpu_only_config(tmp_path)
+    write_calibration(str(tmp_path / "state"), CAL)
+    p = subprocess.run([sys.executable, "-m", "noded", "run", "--config", str(cfg), "--duration", "0.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "noded: node peak 12.5 GB/s per L3 domain (measured" in p.stdout
+    (tmp_path / "state" / "calibration.json").write_text("[]")
+    p = subprocess.run([sys.executable, "-m", "noded", "run", "--config", str(cfg), "--duration", "0.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "calibration.json: expected a JSON object" in p.stderr

@@ -1,0 +1,130 @@
+"""bench.scenario's plumbing on tiny runs: the contention matrix on this machine's real
+cpusets and on the simulated node, calibrate, and what they leave behind (nothing)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.scenario.contention import describe_actions, table
+from bench.scenario.cpuset_node import CpusetNode, find_cpuset_root
+from noded.calibration import read_calibration, with_node_peak
+from noded.config import Config
+from noded.sim.node import SimNode
+from noded.sim.scenario import ScenarioError, parse_scenario
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.fuse
+
+try:
+    CPUSET_ROOT = find_cpuset_root()
+except RuntimeError:
+    CPUSET_ROOT = None
+needs_cpusets = pytest.mark.skipif(CPUSET_ROOT is None or not os.access(CPUSET_ROOT, os.W_OK)
+                                   or len(os.sched_getaffinity(0)) < 2,
+                                   reason="needs a writable cpuset hierarchy and 2 CPUs")
+
+
+def leftovers():
+    cgroups = [d for d in os.listdir(CPUSET_ROOT) if d.startswith("noded-bench-")] if CPUSET_ROOT else []
+    with open("/proc/mounts") as f:
+        mounts = [line for line in f if "noded-bench" in line or "noded-sim" in line]
+    return cgroups + mounts
+
+
+@needs_cpusets
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing(tmp_path):
+    out = tmp_path / "results"
+    p = subprocess.run([sys.executable, "-m", "bench.scenario", "contention", "--nodes", "cpusets,sim", "--shares",
+                        "100", "--seconds", "2", "--warmup", "1", "--peak-gbps", "5", "--out", str(out)],
+                       capture_output=True, text=True, timeout=280)
+    assert p.returncode == 0, p.stderr
+    data = json.loads((out / "contention.json").read_text())
+    assert data["command"].startswith("python -m bench.scenario contention --nodes cpusets,sim")
+    assert [n["key"] for n in data["nodes"]] == ["cpusets", "sim"]
+    for node in data["nodes"]:
+        cells = node["cells"]
+        assert [(c["share"], c["noded"]) for c in cells] == [(None, False), (1.0, False), (1.0, True)]
+        assert cells[0]["victim_normalised"] == 1.0 and all(c["victim"] > 0 for c in cells)
+        assert cells[2]["throttle"] == ("cores" if node["key"] == "cpusets" else "mba")
+    assert (out / "contention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "this machine (real cpusets, core halving)" in p.stdout and "simulated node" in p.stdout
+    assert "[3/3] sim: stressor 100%, noded on" in p.stderr  # progress, one line per step off a terminal
+    assert leftovers() == []
+
+
+@needs_cpusets
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
+    with CpusetNode("tokenise", 5.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=2, size_mib=64) as node:
+        node.run_cell(None, False, warmup_s=1, seconds=2)
+        assert node.solo_rate > 0
+        cell = node.run_cell(1.0, True, warmup_s=2, seconds=8)
+        # The stressor takes CPU 1 from the victim: noded sees the GPU job slow at a
+        # saturated node and halves the stressor's cpuset, a real cgroup write.
+        assert [a["kind"] for a in cell["actions"]][:1] == ["throttle"], cell
+        assert cell["stressor_cpus_at_end"] == "0"
+        assert node.cpusets.cpus("stressor") == "0-1"  # restored when noded stopped
+    assert leftovers() == []
+
+
+def test_calibrate_writes_where_noded_reads(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench.scenario", "calibrate", "--seconds", "2", "--size", "32",
+                        "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    cal = read_calibration(str(tmp_path))
+    assert cal.peak_gbps_per_domain > 0 and cal.domains >= 1
+    assert cal.command == f"python -m bench.scenario calibrate --seconds 2 --size 32 --state-dir {tmp_path}"
+    assert with_node_peak(Config(state_dir=str(tmp_path)))[0].peak_gbps_per_domain == cal.peak_gbps_per_domain
+
+
+@pytest.mark.parametrize("args, message", [
+    (["contention", "--nodes", "gpu"], "--nodes: unknown node(s) ['gpu']"),
+    (["contention", "--shares", "0,50"], "each share must be in (0, 100]"),
+    (["contention", "--seconds", "1"], "--seconds must be at least 2"),
+    (["calibrate", "--seconds", "1"], "--seconds must be at least 2"),
+])
+def test_bad_arguments_are_refused_by_name(args, message):
+    p = subprocess.run([sys.executable, "-m", "bench.scenario", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and message in p.stderr
+
+
+def test_the_table_normalises_to_the_victim_alone_and_names_noded_actions():
+    result = {"node": "n", "unit": "samples/s", "peak_gbps": 10.0, "victim_solo": 100.0, "cells": [
+        {"share": None, "noded": False, "victim_normalised": 1.0, "node_gbps": 1.0, "node_share_of_peak": 0.1,
+         "actions": [], "throttle": None},
+        {"share": 1.0, "noded": True, "victim_normalised": 0.95, "node_gbps": 7.0, "node_share_of_peak": 0.7,
+         "actions": [{"t": 2.5, "job": "cgroup:stressor", "kind": "throttle", "from": 0, "to": 1, "reason": "x"}],
+         "throttle": "cores"}]}
+    text = table(result)
+    assert "alone 100; node peak 10.0 GB/s" in text
+    assert "    100%    on        0.95       7.0     70%  halved cores at 2.5s" in text
+    assert describe_actions([], "mba") == "none" and describe_actions([], None) == "-"
+
+
+def test_a_sim_job_runs_its_command_as_its_process():
+    scenario = parse_scenario("duration_s: 5\nnode: {gpus: 1}\nevents:\n"
+                              "  - {at: 0, start: {id: v, model: AlexNet, gpu: 0, command: [sleep, '31']}}\n")
+    assert scenario.jobs["v"].command == ("sleep", "31")
+    with SimNode(scenario) as sim:
+        sim.step()
+        pid = sim.procs["v"].pid
+        wait_for(lambda: open(f"/proc/{pid}/cmdline").read() == "sleep\x0031\x00", what="the command running")
+        assert pid in sim.gpus[0].processes  # on its GPU, as a placeholder would be
+
+
+@pytest.mark.parametrize("command, message", [
+    ("''", "empty command"),
+    ("[1, 2]", "expected a command line"),
+    ("'a \"b'", "No closing quotation"),
+])
+def test_a_bad_command_is_refused_by_event_and_key(command, message):
+    with pytest.raises(ScenarioError, match=message) as e:
+        parse_scenario(f"duration_s: 5\nevents:\n  - {{at: 0, start: {{id: v, cpu: hog, command: {command}}}}}\n",
+                       "s.yaml")
+    assert "s.yaml: events[0].start.command" in str(e.value)
