@@ -128,3 +128,17 @@ def test_a_bad_command_is_refused_by_event_and_key(command, message):
         parse_scenario(f"duration_s: 5\nevents:\n  - {{at: 0, start: {{id: v, cpu: hog, command: {command}}}}}\n",
                        "s.yaml")
     assert "s.yaml: events[0].start.command" in str(e.value)
+
+
+@needs_cpusets
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_on_a_host_with_resctrl_the_cpuset_node_uses_it_and_mba(emulator):
+    host = emulator("intel")  # stands in for a host's own resctrl mount, MBA included
+    with CpusetNode("tokenise", 5.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=1, size_mib=32,
+                    resctrl=(host.root, host.mounts_file)) as node:
+        assert node.emu is None and "resctrl at" in node.name
+        node.run_cell(None, False, warmup_s=1, seconds=2)
+        cell = node.run_cell(0.25, True, warmup_s=1, seconds=2)
+        assert cell["throttle"] == "mba"
+    assert leftovers() == []

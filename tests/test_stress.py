@@ -27,7 +27,8 @@ def test_holds_a_target_and_reports_each_second_in_json():
     samples, summary = run("--target-gbps", "1.0", "--duration", "3")
     assert [round(s["t"]) for s in samples] == [1, 2, 3]
     for s in samples:
-        assert set(s) == {"t", "achieved_gbps", "target_gbps"} and s["target_gbps"] == 1.0
+        assert set(s) == {"t", "achieved_gbps", "target_gbps", "busy"} and s["target_gbps"] == 1.0
+        assert 0 < s["busy"] < 0.9  # mostly pacing at a low target
     for s in samples[1:]:  # after the first second
         assert s["achieved_gbps"] == pytest.approx(1.0, rel=0.25)
     assert summary["kernel"] == "triad" and summary["mean_gbps"] == pytest.approx(1.0, rel=0.25)

@@ -3,11 +3,12 @@
     python -m bench.scenario calibrate [--seconds 10] [--state-dir /var/lib/noded]
     python -m bench.scenario contention [--victim decode|tokenise] [--nodes cpusets,sim]
                                         [--shares 25,50,75,100] [--seconds 12] [--warmup 3]
-                                        [--peak-gbps X] [--out bench/results]
+                                        [--peak-gbps X] [--resctrl auto|host|emulator]
+                                        [--out bench/results]
 
 ``contention`` runs the victim alone and beside the stressor at each share of the
-peak, without and with noded, on this machine's real cpusets (core halving) and on
-the simulated node (MBA); it prints a table and writes contention.json and
+peak, without and with noded, on this machine's real cpusets (core halving; on a host
+with RDT, its resctrl and MBA) and on the simulated node (MBA); it prints a table and writes contention.json and
 contention.png in ``--out``. ``calibrate`` measures the peak (all CPUs, triad) and
 writes it where noded reads it. Progress goes to stderr.
 """
@@ -74,6 +75,21 @@ def node_peak(args, progress: Progress) -> float:
     return peak
 
 
+def host_resctrl(choice: str) -> tuple[str, str] | None:
+    """The host's resctrl (root, mounts file) when it has one and ``choice`` allows it."""
+    if choice == "emulator":
+        return None
+    from resctrl import Resctrl, ResctrlError
+
+    try:
+        Resctrl.open("/sys/fs/resctrl")
+    except (ResctrlError, OSError) as e:
+        if choice == "host":
+            raise SystemExit(f"bench.scenario: --resctrl host, but {e}") from None
+        return None
+    return "/sys/fs/resctrl", "/proc/mounts"
+
+
 def contention(args, progress: Progress) -> int:
     from .plot import plot
 
@@ -93,7 +109,8 @@ def contention(args, progress: Progress) -> int:
                 print("bench.scenario: the cpuset scenario needs at least 2 CPUs", file=sys.stderr)
                 return 1
             node = CpusetNode(args.victim, node_peak(args, progress), victim_cpus=str(cpus[-1]),
-                              stressor_cpus=",".join(map(str, cpus)), stressor_threads=len(cpus))
+                              stressor_cpus=",".join(map(str, cpus)), stressor_threads=len(cpus),
+                              resctrl=host_resctrl(args.resctrl))
         else:
             from .sim_node import SimulatedNode
 
@@ -135,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--shares", type=_shares, default=SHARES, help="stressor levels in %% of peak, e.g. 25,50,75,100")
     c.add_argument("--seconds", type=int, default=12, help="measured seconds per cell")
     c.add_argument("--warmup", type=int, default=3, help="seconds of the victim alone before the stressor starts")
+    c.add_argument("--resctrl", choices=("auto", "host", "emulator"), default="auto",
+                   help="cpusets node: the host's resctrl (MBM, and MBA where present) or the emulator; "
+                        "auto: the host's when mounted")
     c.add_argument("--peak-gbps", type=float, help="the node's peak (default: the calibration, else measured now)")
     c.add_argument("--state-dir", default="/var/lib/noded", help="where calibrate wrote calibration.json")
     c.add_argument("--out", default="bench/results", help="folder for contention.json and contention.png")

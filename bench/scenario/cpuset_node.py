@@ -9,6 +9,11 @@ whose RDT has no allocation), whose counters integrate the bandwidth each proces
 reports about itself (no hardware counter exists here to measure it), and NVML by
 the fake, with one GPU whose utilisation follows the victim's measured throughput
 (solo: ``SOLO_UTIL``). noded is built exactly as ``noded run`` builds it.
+
+On a host with RDT (``resctrl`` given: the host's mount) the emulator is not used:
+MBM counts the processes' traffic itself and noded throttles with MBA where the host
+has it (``contention.method: auto``), else halves cores. NVML stays the fake GPU:
+the victim is a CPU-side pipeline standing in for a training job.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import uuid
 
 from noded.config import Config, ContentionConfig, JobsConfig, JobSourceConfig, ResctrlConfig
 from noded.sim import fake_nvml
+from resctrl.cpulist import parse_cpu_list
 from resctrl.emulator import MountedEmulator
 
 from .noded_run import NodedRun
@@ -108,12 +114,15 @@ class Cpusets:
 
 
 class CpusetNode:
-    name = "this machine (real cpusets, core halving)"
     unit = "samples/s"  # what the victim column measures
     key = "cpusets"
 
     def __init__(self, victim: str, peak_gbps: float, *, victim_cpus: str, stressor_cpus: str,
-                 stressor_threads: int, size_mib: int = 256, tick_s: float = 0.5):
+                 stressor_threads: int, size_mib: int = 256, tick_s: float = 0.5,
+                 resctrl: tuple[str, str] | None = None):
+        self.resctrl = resctrl  # (root, mounts file) of the host's resctrl; None: the emulator
+        self.name = ("this machine (real cpusets, core halving)" if resctrl is None else
+                     f"this host (real cpusets, resctrl at {resctrl[0]}: MBA where present)")
         self.victim_name = victim
         self.peak_gbps = peak_gbps
         self.victim_cpus, self.stressor_cpus = victim_cpus, stressor_cpus
@@ -127,15 +136,23 @@ class CpusetNode:
         self.victim: ReportingProcess | None = None
         self.stressor: ReportingProcess | None = None
         self.solo_rate: float | None = None
+        self._affinity: set[int] | None = None
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name="feed", daemon=True)
 
     def start(self) -> "CpusetNode":
+        # This process (noded, the feeder) and the emulator it starts keep off the victim's
+        # CPUs, as a host's daemons keep to its housekeeping cores: what the victim loses
+        # is then the stressor's doing, not the harness's.
+        self._affinity = os.sched_getaffinity(0)
+        victim = set(parse_cpu_list(self.victim_cpus))
+        os.sched_setaffinity(0, (set(parse_cpu_list(self.stressor_cpus)) - victim) or self._affinity)
         try:
             victim_cg = self.cpusets.make("victim", self.victim_cpus)
             self.cpusets.make("stressor", self.stressor_cpus)
-            self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
-                                       extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
+            if self.resctrl is None:
+                self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
+                                           extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
             self.gpu = fake_nvml.make_gpus(1)[0]
             fake_nvml.install(fake_nvml.FakeNvmlLib([self.gpu]))
             self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg)
@@ -150,13 +167,16 @@ class CpusetNode:
 
     def _feed(self) -> None:
         """Pass each process's reported bandwidth to the emulator, the victim's pace to the GPU."""
-        assert self.emu is not None and self.emu.control is not None and self.gpu is not None
+        assert self.gpu is not None
+        control = self.emu.control if self.emu is not None else None
         sent: dict[int, float] = {}
         while not self._stop.wait(FEED_S):
             for proc, key in ((self.victim, "approx_gbps"), (self.stressor, "achieved_gbps")):
+                if control is None:
+                    break  # a host's MBM counts the traffic itself
                 latest = proc.latest() if proc is not None and proc.proc.poll() is None else None
                 if latest is not None and sent.get(proc.pid) != latest[key]:
-                    self.emu.control.set_demand(proc.pid, latest[key] * GB, domain=0)
+                    control.set_demand(proc.pid, latest[key] * GB, domain=0)
                     sent[proc.pid] = latest[key]
             latest = self.victim.latest() if self.victim else None
             if latest is not None and self.solo_rate:
@@ -165,13 +185,16 @@ class CpusetNode:
                 self.gpu.util_gpu = util
 
     def config(self) -> Config:
-        assert self.emu is not None
+        if self.emu is not None:
+            resctrl, method = ResctrlConfig(root=self.emu.root, mounts=self.emu.mounts_file), "cores"
+        else:
+            assert self.resctrl is not None
+            resctrl, method = ResctrlConfig(root=self.resctrl[0], mounts=self.resctrl[1]), "auto"
         return Config(
             tick_s=self.tick_s, peak_gbps_per_domain=self.peak_gbps, state_dir=f"{self.tmp.name}/state",
-            runtime_dir=f"{self.tmp.name}/run",
-            resctrl=ResctrlConfig(root=self.emu.root, mounts=self.emu.mounts_file),
+            runtime_dir=f"{self.tmp.name}/run", resctrl=resctrl,
             jobs=JobsConfig(sources=(JobSourceConfig("cgroup", self.cpusets.base, ("victim", "stressor")),)),
-            contention=ContentionConfig(method="cores", hold_s=4.0, settle_s=1.0))
+            contention=ContentionConfig(method=method, hold_s=4.0, settle_s=1.0))
 
     def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
         """Victim alone (share None) or beside the stressor at ``share`` of the peak."""
@@ -223,6 +246,9 @@ class CpusetNode:
             self.emu = None
         self.cpusets.close()
         self.tmp.cleanup()
+        if self._affinity is not None:
+            os.sched_setaffinity(0, self._affinity)
+            self._affinity = None
 
     def __enter__(self) -> "CpusetNode":
         return self.start()
