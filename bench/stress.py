@@ -18,7 +18,6 @@ SIGINT stops it cleanly with a summary.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -31,6 +30,8 @@ import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic
+
+from bench.jsonlines import emit
 
 GB = 1e9
 BYTES_PER_ELEMENT = {"copy": 16, "scale": 16, "add": 24, "triad": 24}
@@ -107,11 +108,14 @@ class Pacer:
     """One token bucket for all threads: credit accrues at the target rate and a thread
     that finds the work done ahead of it sleeps off the lead. Sharing it lets a thread
     that got more CPU make up for one that got less, so the total holds the target.
-    Credit never runs more than ``burst`` bytes ahead of the work, so falling behind
-    (the target was above what the memory gives) is not repaid later as a spike."""
+    Credit runs at most ``burst_s`` of the target (and at least ``burst`` bytes) ahead
+    of the work: enough to make up a brief dip in what the memory gives within the
+    same second, not so much that a long shortfall (a target above what the memory
+    gives) comes back later as a spike."""
 
-    def __init__(self, burst: int):
+    def __init__(self, burst: int, burst_s: float = 0.1):
         self.burst = burst
+        self.burst_s = burst_s
         self.allowed = 0.0
         self.last: float | None = None
         self.lock = threading.Lock()
@@ -122,7 +126,7 @@ class Pacer:
         with self.lock:
             if self.last is not None:
                 self.allowed += rate * (now - self.last)
-            self.allowed = min(self.allowed, done + self.burst)
+            self.allowed = min(self.allowed, done + max(self.burst, rate * self.burst_s))
             self.last = now
             return max(0.0, (done - self.allowed) / rate)
 
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(sample: dict) -> None:
         if args.json:
-            print(json.dumps(sample), flush=True)
+            if not emit(sample):
+                stressor.stop.set()  # nobody is reading: stop as on SIGTERM
         else:
             target = "full speed" if sample["target_gbps"] is None else f"target {sample['target_gbps']:.2f}"
             print(f"\rt={sample['t']:7.1f}s  {sample['achieved_gbps']:7.2f} GB/s  ({target})   ", end="",
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = stressor.run(args.duration, report)
     if args.json:
-        print(json.dumps({"summary": summary}), flush=True)
+        emit({"summary": summary})
     else:
         print(f"\n{args.kernel}: {summary['mean_gbps']:.2f} GB/s on average over {summary['seconds']:.1f} s, "
               f"{args.threads} thread(s)", file=sys.stderr)

@@ -86,3 +86,11 @@ def test_ramp_shapes():
     assert [ramp_target("steps", 8.0, t, 4.0) for t in (0, 1, 2, 3)] == [2.0, 4.0, 6.0, 8.0]
     assert [ramp_target("square", 8.0, t, 4.0) for t in (0, 3)] == [8.0, pytest.approx(0.8)]
     assert ramp_target(None, 5.0, 10, 4.0) == 5.0 and ramp_target("sine", None, 1, 4.0) is None
+
+
+def test_a_reader_that_goes_away_stops_it_quietly():
+    p = subprocess.Popen(STRESS + ["--target-gbps", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "achieved_gbps" in p.stdout.readline()
+    p.stdout.close()  # as `| head -1` does
+    assert p.wait(timeout=30) == 0
+    assert "Traceback" not in p.stderr.read()

@@ -10,12 +10,13 @@ SIGTERM or SIGINT stops it cleanly.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 import threading
 import time
+
+from bench.jsonlines import emit
 
 from . import VICTIMS, make_victim
 
@@ -68,16 +69,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(line: dict) -> None:
         if args.json:
-            print(json.dumps(line), flush=True)
+            if not emit(line):
+                stop.set()  # nobody is reading: stop as on SIGTERM
         else:
             print(f"\rt={line['t']:7.1f}s  {line['samples_per_s']:9.1f} samples/s  ~{line['approx_gbps']:.2f} GB/s  ",
                   end="", file=sys.stderr, flush=True)
 
-    print(json.dumps({"ready": args.name}) if args.json else f"{args.name}: running", flush=True,
-          file=sys.stdout if args.json else sys.stderr)
+    if args.json:
+        emit({"ready": args.name})
+    else:
+        print(f"{args.name}: running", file=sys.stderr, flush=True)
     summary = run(victim, args.duration, report, stop)
     if args.json:
-        print(json.dumps({"summary": summary}), flush=True)
+        emit({"summary": summary})
     else:
         print(f"\n{args.name}: {summary['samples_per_s']:.1f} samples/s over {summary['seconds']:.1f} s",
               file=sys.stderr)
