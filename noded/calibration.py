@@ -59,14 +59,13 @@ def write_calibration(state_dir: str, calibration: Calibration) -> str:
 
 
 def with_node_peak(config: Config) -> tuple[Config, str]:
-    """The config with its node peak settled, and a line saying where the peak came from."""
+    """The config with its node peak settled, and where that peak came from."""
     if config.peak_gbps_per_domain is not None:
-        return config, f"node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain (from the config)"
+        return config, "from the config"
     cal = read_calibration(config.state_dir)
     if cal is None:
         return (dataclasses.replace(config, peak_gbps_per_domain=DEFAULT_PEAK_GBPS),
-                f"node peak {DEFAULT_PEAK_GBPS:g} GB/s per L3 domain (a default: no peak_gbps_per_domain in the "
-                f"config and no {calibration_path(config.state_dir)}; run `python -m bench.scenario calibrate`)")
+                f"a default: no peak_gbps_per_domain in the config and no {calibration_path(config.state_dir)}; "
+                f"run `python -m bench.scenario calibrate`")
     return (dataclasses.replace(config, peak_gbps_per_domain=cal.peak_gbps_per_domain),
-            f"node peak {cal.peak_gbps_per_domain:g} GB/s per L3 domain (measured {cal.measured_at} by "
-            f"`{cal.command}`, {calibration_path(config.state_dir)})")
+            f"measured {cal.measured_at} by `{cal.command}`, {calibration_path(config.state_dir)}")

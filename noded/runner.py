@@ -46,6 +46,7 @@ def main_run(args) -> int:
     with ExitStack() as stack:
         discovery = None
         sim = None
+        settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
         if args.sim:
             from .sim.node import SimNode
             from .sim.scenario import ScenarioError, load_scenario
@@ -59,24 +60,27 @@ def main_run(args) -> int:
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
             config = sim.configure(config, scratch)
             discovery = sim.discovery
+
+            def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
+                return sim.configure(c, scratch), "from the scenario"
         try:
             stack.enter_context(InstanceLock(config.runtime_dir))
         except AlreadyRunning as e:
             print(f"noded run: {e}", file=sys.stderr)
             return 1
         try:
-            config, peak_note = with_node_peak(config)
+            config, peak_note = settle(config)
         except CalibrationError as e:
             print(f"noded run: {e}", file=sys.stderr)
             return 1
         built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
         daemon = built.daemon
         if args.config:
-            daemon.reloader = lambda: _reload(args.config)
+            daemon.reloader = lambda: _reload(args.config, settle)
         server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
         stack.callback(server.shutdown)
         print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
-        print(f"noded: {peak_note}", flush=True)
+        print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
         daemon.overrides = OverrideStore(config.state_dir, time.time)
         admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
                             timeout_s=config.admin.timeout_s).start()
@@ -103,10 +107,10 @@ def main_run(args) -> int:
     return 0
 
 
-def _reload(path: str) -> Config | None:
+def _reload(path: str, settle) -> Config | None:
     try:
-        config, note = with_node_peak(load_config(path))
-        log.info("reload: %s", note)
+        config, source = settle(load_config(path))
+        log.info("reload: node peak %g GB/s per L3 domain (%s)", config.peak_gbps_per_domain, source)
         return config
     except (ConfigError, CalibrationError) as e:
         log.error("config reload refused, keeping the running config: %s", e)

@@ -109,7 +109,7 @@ def contention(args, progress: Progress) -> int:
                 print("bench.scenario: the cpuset scenario needs at least 2 CPUs", file=sys.stderr)
                 return 1
             node = CpusetNode(args.victim, node_peak(args, progress), victim_cpus=str(cpus[-1]),
-                              stressor_cpus=",".join(map(str, cpus)), stressor_threads=len(cpus),
+                              stressor_cpus=",".join(map(str, cpus)), stressor_threads=args.stressor_threads or 2 * len(cpus),
                               resctrl=host_resctrl(args.resctrl))
         else:
             from .sim_node import SimulatedNode
@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--resctrl", choices=("auto", "host", "emulator"), default="auto",
                    help="cpusets node: the host's resctrl (MBM, and MBA where present) or the emulator; "
                         "auto: the host's when mounted")
+    c.add_argument("--stressor-threads", type=int,
+                   help="cpusets node: the stressor's threads (default: two per CPU; CODA set its stressor's "
+                        "pressure by its thread count)")
     c.add_argument("--peak-gbps", type=float, help="the node's peak (default: the calibration, else measured now)")
     c.add_argument("--state-dir", default="/var/lib/noded", help="where calibrate wrote calibration.json")
     c.add_argument("--out", default="bench/results", help="folder for contention.json and contention.png")
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--nodes: unknown node(s) {bad}; use cpusets, sim or both")
         if args.seconds < 2 or args.warmup < 1:
             ap.error("--seconds must be at least 2 and --warmup at least 1")
+        if args.stressor_threads is not None and args.stressor_threads < 1:
+            ap.error(f"--stressor-threads must be at least 1, got {args.stressor_threads}")
         if args.peak_gbps is not None and args.peak_gbps <= 0:
             ap.error(f"--peak-gbps must be positive, got {args.peak_gbps}")
         return contention(args, Progress())

@@ -26,7 +26,6 @@ import uuid
 
 from noded.config import Config, ContentionConfig, JobsConfig, JobSourceConfig, ResctrlConfig
 from noded.sim import fake_nvml
-from resctrl.cpulist import parse_cpu_list
 from resctrl.emulator import MountedEmulator
 
 from .noded_run import NodedRun
@@ -136,17 +135,10 @@ class CpusetNode:
         self.victim: ReportingProcess | None = None
         self.stressor: ReportingProcess | None = None
         self.solo_rate: float | None = None
-        self._affinity: set[int] | None = None
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name="feed", daemon=True)
 
     def start(self) -> "CpusetNode":
-        # This process (noded, the feeder) and the emulator it starts keep off the victim's
-        # CPUs, as a host's daemons keep to its housekeeping cores: what the victim loses
-        # is then the stressor's doing, not the harness's.
-        self._affinity = os.sched_getaffinity(0)
-        victim = set(parse_cpu_list(self.victim_cpus))
-        os.sched_setaffinity(0, (set(parse_cpu_list(self.stressor_cpus)) - victim) or self._affinity)
         try:
             victim_cg = self.cpusets.make("victim", self.victim_cpus)
             self.cpusets.make("stressor", self.stressor_cpus)
@@ -155,7 +147,8 @@ class CpusetNode:
                                            extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
             self.gpu = fake_nvml.make_gpus(1)[0]
             fake_nvml.install(fake_nvml.FakeNvmlLib([self.gpu]))
-            self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg)
+            self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg,
+                                           cpus=self.victim_cpus)
             if not self.victim.wait_reports(2, timeout=120):
                 raise RuntimeError(f"the victim did not report: {self.victim.failure()}")
             self.gpu.processes[self.victim.pid] = fake_nvml.FakeProcess(self.victim.pid, sm_util=SOLO_UTIL)
@@ -206,7 +199,7 @@ class CpusetNode:
                 target = [] if share >= 1 else ["--target-gbps", f"{share * self.peak_gbps:.3f}"]
                 self.stressor = ReportingProcess(
                     "bench.stress", ["--threads", str(self.stressor_threads), "--size", str(self.size_mib), *target],
-                    cgroup=os.path.join(self.cpusets.base, "stressor"))
+                    cgroup=os.path.join(self.cpusets.base, "stressor"), cpus=self.stressor_cpus)
                 if not self.stressor.wait_reports(1, timeout=120):
                     raise RuntimeError(f"the stressor did not report: {self.stressor.failure()}")
             first = len(self.victim.reports)
@@ -246,9 +239,7 @@ class CpusetNode:
             self.emu = None
         self.cpusets.close()
         self.tmp.cleanup()
-        if self._affinity is not None:
-            os.sched_setaffinity(0, self._affinity)
-            self._affinity = None
+
 
     def __enter__(self) -> "CpusetNode":
         return self.start()

@@ -1,5 +1,5 @@
 """A benchmark process that reports one JSON object per line on stdout (the stressor,
-a victim), started in a given cgroup, with its latest report always at hand."""
+a victim), started in a given cgroup with given CPUs, its latest report always at hand."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ class ReportingProcess:
     """``python -m MODULE ARGS --json``, moved into ``cgroup`` (a directory with
     ``cgroup.procs``) before it execs, so every thread it makes starts there."""
 
-    def __init__(self, module: str, args: list[str], *, cgroup: str | None = None):
+    def __init__(self, module: str, args: list[str], *, cgroup: str | None = None, cpus: str | None = None):
         argv = [sys.executable, "-m", module, *args, "--json"]
+        if cpus is not None:
+            # An affinity set on this process is inherited, and the kernel keeps it within
+            # any cpuset the child joins: start the workload with the CPUs it is meant to have.
+            argv = ["taskset", "-c", cpus, *argv]
         if cgroup is not None:
             # The shell joins the cgroup, then execs: no instant of the workload runs outside it.
             argv = ["sh", "-c", f'echo $$ > {shlex.quote(cgroup)}/cgroup.procs && exec "$@"', "sh", *argv]
