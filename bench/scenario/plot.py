@@ -28,8 +28,9 @@ def plot(results: list[dict], victim: str, path: str) -> str:
         ax.set_title(result["node"], fontsize=9)
         ax.set_ylim(0, 1.2)
     axes[0][0].set_ylabel(f"{victim} victim, normalised performance")
-    axes[0][-1].legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))  # room for the legend above the panels
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
