@@ -62,13 +62,10 @@ def machine() -> str:
 
 def refresh(text: str, only: str | None, runner=run, today: str | None = None) -> str:
     lines = text.split("\n")
-    outputs = {}
-    for command, start, end in list(blocks(lines)):
-        if only is None or only in command:
-            outputs[start] = runner(command).rstrip("\n").split("\n")
-    for command, start, end in reversed(list(blocks(lines))):  # from the end: indices stay valid
-        if start in outputs:
-            lines[start + 1:end] = outputs[start]
+    chosen = [(command, start, end) for command, start, end in blocks(lines) if only is None or only in command]
+    outputs = [runner(command).rstrip("\n").split("\n") for command, _, _ in chosen]
+    for (_, start, end), output in reversed(list(zip(chosen, outputs))):  # from the end: indices stay valid
+        lines[start + 1:end] = output
     stamp = f"_Refreshed by `make bench` on {today or datetime.date.today().isoformat()}, {machine()}._"
     at = next((i for i, line in enumerate(lines) if STAMP.match(line)), None)
     if at is None:

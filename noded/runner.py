@@ -58,19 +58,18 @@ def main_run(args) -> int:
                 return 2
             sim = stack.enter_context(SimNode(scenario))
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
-            config = sim.configure(config, scratch)
             discovery = sim.discovery
 
             def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
                 return sim.configure(c, scratch), "from the scenario"
         try:
-            stack.enter_context(InstanceLock(config.runtime_dir))
-        except AlreadyRunning as e:
+            config, peak_note = settle(config)
+        except CalibrationError as e:
             print(f"noded run: {e}", file=sys.stderr)
             return 1
         try:
-            config, peak_note = settle(config)
-        except CalibrationError as e:
+            stack.enter_context(InstanceLock(config.runtime_dir))
+        except AlreadyRunning as e:
             print(f"noded run: {e}", file=sys.stderr)
             return 1
         built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)

@@ -70,7 +70,7 @@ def node_peak(args, progress: Progress) -> float:
         return cal.peak_gbps_per_domain * cal.domains
     from .calibrate import measure_peak_gbps
 
-    peak, _ = measure_peak_gbps(5, 256, lambda done, total: progress("measuring the peak", done, total))
+    peak = measure_peak_gbps(5, 256, lambda done, total: progress("measuring the peak", done, total))
     progress.line(f"peak: {peak:.1f} GB/s measured now (no calibration in {args.state_dir})")
     return peak
 
@@ -109,7 +109,8 @@ def contention(args, progress: Progress) -> int:
                 print("bench.scenario: the cpuset scenario needs at least 2 CPUs", file=sys.stderr)
                 return 1
             node = CpusetNode(args.victim, node_peak(args, progress), victim_cpus=str(cpus[-1]),
-                              stressor_cpus=",".join(map(str, cpus)), stressor_threads=args.stressor_threads or 2 * len(cpus),
+                              stressor_cpus=",".join(map(str, cpus)),
+                              stressor_threads=args.stressor_threads or 2 * len(cpus),
                               resctrl=host_resctrl(args.resctrl))
         else:
             from .sim_node import SimulatedNode

@@ -30,8 +30,8 @@ def l3_domains(sysfs: str = "/sys/devices/system/cpu") -> int:
     return max(1, len(lists))
 
 
-def measure_peak_gbps(seconds: float, size_mib: int, progress=None) -> tuple[float, list[float]]:
-    """Median per-second rate of the triad at full speed on all CPUs, and the rates."""
+def measure_peak_gbps(seconds: float, size_mib: int, progress=None) -> float:
+    """Median per-second rate of the triad at full speed on all CPUs."""
     cpus = sorted(os.sched_getaffinity(0))
     stressor = ReportingProcess("bench.stress", ["--threads", str(len(cpus)), "--cpus", ",".join(map(str, cpus)),
                                                  "--size", str(size_mib), "--duration", str(seconds)])
@@ -44,12 +44,12 @@ def measure_peak_gbps(seconds: float, size_mib: int, progress=None) -> tuple[flo
     rates = [r["achieved_gbps"] for r in stressor.reports[1:]]
     if not rates:
         raise RuntimeError(f"the stressor gave no rates: {stressor.failure()}")
-    return statistics.median(rates), rates
+    return statistics.median(rates)
 
 
 def calibrate(state_dir: str, command: str, seconds: float = 10, size_mib: int = 512,
               progress=None) -> tuple[Calibration, str]:
-    total, _ = measure_peak_gbps(seconds, size_mib, progress)
+    total = measure_peak_gbps(seconds, size_mib, progress)
     domains = l3_domains()
     cal = Calibration(round(total / domains, 2), domains,
                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)

@@ -18,17 +18,19 @@ the victim is a CPU-side pipeline standing in for a training job.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
 import threading
 import uuid
 
-from noded.config import Config, ContentionConfig, JobsConfig, JobSourceConfig, ResctrlConfig
+from noded.actuators.cores import read_cpuset_file
+from noded.config import Config, JobsConfig, JobSourceConfig, ResctrlConfig
 from noded.sim import fake_nvml
 from resctrl.emulator import MountedEmulator
 
-from .noded_run import NodedRun
+from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
 from .procs import ReportingProcess
 
 GB = 1e9
@@ -59,15 +61,10 @@ class Cpusets:
         self.v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))
 
     def _read(self, path: str, name: str) -> str:
-        for n in (name, f"{name}.effective"):
-            try:
-                with open(os.path.join(path, n)) as f:
-                    value = f.read().strip()
-            except FileNotFoundError:
-                continue
-            if value:
-                return value
-        raise RuntimeError(f"{path}: no {name}")
+        value = read_cpuset_file(path, name)
+        if not value:
+            raise RuntimeError(f"{path}: no {name}")
+        return value
 
     def make(self, rel: str, cpus: str) -> str:
         if not self.made:
@@ -164,18 +161,20 @@ class CpusetNode:
         control = self.emu.control if self.emu is not None else None
         sent: dict[int, float] = {}
         while not self._stop.wait(FEED_S):
-            for proc, key in ((self.victim, "approx_gbps"), (self.stressor, "achieved_gbps")):
-                if control is None:
-                    break  # a host's MBM counts the traffic itself
-                latest = proc.latest() if proc is not None and proc.proc.poll() is None else None
-                if latest is not None and sent.get(proc.pid) != latest[key]:
-                    control.set_demand(proc.pid, latest[key] * GB, domain=0)
-                    sent[proc.pid] = latest[key]
+            if control is not None:  # (a host's MBM counts the traffic itself)
+                self._feed_bandwidth(control, sent)
             latest = self.victim.latest() if self.victim else None
             if latest is not None and self.solo_rate:
                 util = int(round(min(100, SOLO_UTIL * latest["samples_per_s"] / self.solo_rate)))
                 self.gpu.processes[self.victim.pid].sm_util = util
                 self.gpu.util_gpu = util
+
+    def _feed_bandwidth(self, control, sent: dict[int, float]) -> None:
+        for proc, key in ((self.victim, "approx_gbps"), (self.stressor, "achieved_gbps")):
+            latest = proc.latest() if proc is not None and proc.proc.poll() is None else None
+            if latest is not None and sent.get(proc.pid) != latest[key]:
+                control.set_demand(proc.pid, latest[key] * GB, domain=0)
+                sent[proc.pid] = latest[key]
 
     def config(self) -> Config:
         if self.emu is not None:
@@ -187,7 +186,7 @@ class CpusetNode:
             tick_s=self.tick_s, peak_gbps_per_domain=self.peak_gbps, state_dir=f"{self.tmp.name}/state",
             runtime_dir=f"{self.tmp.name}/run", resctrl=resctrl,
             jobs=JobsConfig(sources=(JobSourceConfig("cgroup", self.cpusets.base, ("victim", "stressor")),)),
-            contention=ContentionConfig(method=method, hold_s=4.0, settle_s=1.0))
+            contention=dataclasses.replace(SCENARIO_CONTENTION, method=method))
 
     def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
         """Victim alone (share None) or beside the stressor at ``share`` of the peak."""
@@ -223,8 +222,7 @@ class CpusetNode:
             statistics.mean(r["achieved_gbps"] for r in stressor[1:]) if len(stressor) > 1 else 0.0)
         return {"victim": round(rate, 2), "node_gbps": round(node, 2),
                 "victim_per_second": [r["samples_per_s"] for r in victim],
-                "stressor_cpus_at_end": cpus_during if share is not None else None,
-                "actions": noded.actions if noded else [], "throttle": noded.throttle_kind if noded else None}
+                "stressor_cpus_at_end": cpus_during if share is not None else None, **outcome(noded)}
 
     def close(self) -> None:
         self._stop.set()
@@ -239,7 +237,6 @@ class CpusetNode:
             self.emu = None
         self.cpusets.close()
         self.tmp.cleanup()
-
 
     def __enter__(self) -> "CpusetNode":
         return self.start()

@@ -8,8 +8,18 @@ import threading
 import time
 
 from noded.app import build_daemon
-from noded.config import Config
+from noded.config import Config, ContentionConfig
 from noded.jobs.discovery import JobDiscovery
+
+
+#: Faster reactions than the production defaults (as the demo's), so a scenario cell of a
+#: dozen seconds shows noded settle: the same on every node.
+SCENARIO_CONTENTION = ContentionConfig(hold_s=4.0, settle_s=1.0)
+
+
+def outcome(noded: "NodedRun | None") -> dict:
+    """What noded did in a cell (nothing, and no throttle, when it did not run)."""
+    return {"actions": noded.actions if noded else [], "throttle": noded.throttle_kind if noded else None}
 
 
 class NodedRun:

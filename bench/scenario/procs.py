@@ -13,6 +13,9 @@ import threading
 import time
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `bench` imports
+
+
 class ReportingProcess:
     """``python -m MODULE ARGS --json``, moved into ``cgroup`` (a directory with
     ``cgroup.procs``) before it execs, so every thread it makes starts there."""
@@ -29,10 +32,9 @@ class ReportingProcess:
         self.argv = argv
         self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: it can never fill and block
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                     cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                                     cwd=REPO_ROOT)
         self.reports: list[dict] = []
         self.summary: dict | None = None
-        self.ready = threading.Event()
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -53,7 +55,6 @@ class ReportingProcess:
                     self.summary = obj["summary"]
                 elif "t" in obj:
                     self.reports.append(obj)
-                self.ready.set()
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import threading
+import time
 
-from noded.config import Config, ContentionConfig
+from noded.config import Config
 from noded.sim.node import SimNode
 from noded.sim.scenario import Event, JobSpec, NodeSpec, Scenario
 
-from .noded_run import NodedRun
+from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
 
 #: the CODA model each victim stands for on the simulated node
 MODEL_OF = {"decode": "AlexNet", "tokenise": "Transformer"}
@@ -49,30 +49,27 @@ class SimulatedNode:
     def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
         scenario = contention_scenario(self.victim_name, share, warmup_s, seconds)
         states = []
-        stop = threading.Event()
         with SimNode(scenario) as sim, tempfile.TemporaryDirectory(prefix="noded-bench-sim-") as scratch:
             noded = None
             if with_noded:
-                config = sim.configure(Config(tick_s=self.tick_s, contention=ContentionConfig(hold_s=4.0, settle_s=1.0)),
-                                       scratch)
+                config = sim.configure(Config(tick_s=self.tick_s, contention=SCENARIO_CONTENTION), scratch)
                 noded = NodedRun(config, discovery=sim.discovery).start()
             try:
                 shown = 0
-                while not sim.finished and not stop.is_set():
+                while not sim.finished:
                     state = sim.step()
                     if state.elapsed >= warmup_s + 1.0:  # the first second beside the stressor is its ramp
                         states.append(state)
                     if progress and int(state.elapsed) > shown:
                         shown = int(state.elapsed)
                         progress(min(shown, int(scenario.duration_s)), int(scenario.duration_s))
-                    stop.wait(scenario.tick_s)
+                    time.sleep(scenario.tick_s)  # the simulation runs in real time
             finally:
                 if noded is not None:
                     noded.stop()
         util = statistics.mean(s.gpu_util["victim"] for s in states if "victim" in s.gpu_util)
         return {"victim": round(util, 2), "node_gbps": round(statistics.mean(s.granted_gbps for s in states), 2),
-                "node_utilisation": round(statistics.mean(s.node_utilisation for s in states), 3),
-                "actions": noded.actions if noded else [], "throttle": noded.throttle_kind if noded else None}
+                **outcome(noded)}
 
     def close(self) -> None:
         pass

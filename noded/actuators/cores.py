@@ -34,6 +34,20 @@ def max_level(ncpus: int) -> int:
     return max(0, ncpus.bit_length() - 1)  # halvings until one CPU is left
 
 
+
+def read_cpuset_file(path: str, name: str) -> str:
+    """A cgroup's ``cpuset.cpus`` or ``cpuset.mems``, or its ``.effective`` where cgroup v2
+    leaves the file empty to inherit the parent's; '' where neither says."""
+    for n in (name, f"{name}.effective"):
+        try:
+            with open(os.path.join(path, n)) as f:
+                value = f.read().strip()
+        except FileNotFoundError:
+            continue
+        if value:
+            return value
+    return ""
+
 @dataclass(frozen=True)
 class _Target:
     kind: str  # cpuset | affinity
@@ -55,15 +69,7 @@ class CoreHalving(LevelThrottle):
         return None
 
     def _read_cpuset(self, path: str) -> list[int]:
-        for name in ("cpuset.cpus", "cpuset.cpus.effective"):  # v2 leaves cpuset.cpus empty to inherit
-            try:
-                with open(os.path.join(path, name)) as f:
-                    cpus = parse_cpu_list(f.read())
-            except FileNotFoundError:
-                continue
-            if cpus:
-                return sorted(cpus)
-        return []
+        return sorted(parse_cpu_list(read_cpuset_file(path, "cpuset.cpus")))
 
     def original_cpus(self, js: JobSample) -> list[int]:
         path = self._cpuset_dir(js)

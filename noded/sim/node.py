@@ -117,14 +117,12 @@ class SimNode:
 
     # -- the scenario
     def _start_job(self, spec: JobSpec) -> None:
-        if spec.command is None:
-            proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL)
-        else:
-            try:
-                proc = subprocess.Popen(spec.command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
-            except OSError as e:
-                raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(spec.command)}: {e}") from None
+        argv = spec.command or ("sleep", "infinity")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        except OSError as e:
+            raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(argv)}: {e}") from None
         self.procs[spec.id] = proc
         self._base_cpus[spec.id] = self._granted_cpus[spec.id] = len(os.sched_getaffinity(proc.pid))
         model = MODELS.get(spec.model) if spec.model else None
