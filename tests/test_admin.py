@@ -157,10 +157,44 @@ def test_oversized_and_silent_clients_neither_crash_nor_block_the_server(admin):
         assert json.loads(raw(server.path, b'{"version": 1, "command": "status"}\n'))["ok"] is True
         silent.settimeout(5)
         t0 = time.monotonic()
+        reply = silent.recv(4096)
+        assert json.loads(reply) == {"ok": False, "error": "no complete request within 0.5s: dropped", "version": 1}
         assert silent.recv(100) == b""
         assert time.monotonic() - t0 < 2
     finally:
         silent.close()
+
+
+def test_a_command_that_fails_is_answered_with_its_error_not_a_closed_connection(admin, capsys, caplog):
+    h, server, _ = admin
+    h.tick()
+    # The override store cannot save: its file's place is taken by a directory that
+    # is not empty, so the atomic rename fails (a real failure, from the kernel).
+    os.makedirs(os.path.join(server.store.path, "in-the-way"))
+    with caplog.at_level(logging.ERROR, logger="noded.admin.server"):
+        code, out, err = ctl(server, "throttle", "sim:hog", "--level", "1", capsys=capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("nodectl: throttle failed: ") and "closed the connection" not in err, err
+    assert any("throttle from uid 0 failed" in r.message for r in caplog.records)
+    # The server is still there for the next request.
+    assert ctl(server, "status", capsys=capsys)[0] == 0
+
+
+def test_nodectl_gives_up_at_its_deadline_with_a_clear_message(tmp_path, capsys):
+    # A "daemon" that accepts and never answers: nodectl's deadline covers the whole call.
+    path = str(tmp_path / "mute.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
+        mute.bind(path)
+        mute.listen(4)
+        t0 = time.monotonic()
+        code = nodectl.main(["--socket", path, "--timeout", "0.5", "status"])
+        took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert code == 1 and err == f"nodectl: {path}: noded did not answer within 0.5s (nothing received); " \
+                                "is it overloaded or stopped?\n"
+    assert took < 5
+    code = nodectl.main(["--socket", str(tmp_path / "absent.sock"), "status"])
+    assert code == 1 and "is noded running?" in capsys.readouterr().err
 
 
 CLIENT = ("import json,socket,sys\n"

@@ -21,30 +21,61 @@ class NodectlError(Exception):
     pass
 
 
-def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+#: how long nodectl waits for noded, connecting, asking and reading the answer together
+DEFAULT_TIMEOUT_S = 10.0
+#: a reply larger than this is not noded's (a status of thousands of jobs is a few MiB)
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """One request and its reply, all within ``timeout`` seconds (not per read: a daemon
+    that answers a byte at a time cannot hold nodectl longer)."""
+    deadline = time.monotonic() + timeout
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+    buf = b""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
+            s.settimeout(remaining())
             s.connect(path)
-            s.sendall(encode({"version": VERSION, "command": command, "args": args or {}}))
-            buf = b""
+            payload = memoryview(encode({"version": VERSION, "command": command, "args": args or {}}))
+            while payload:
+                s.settimeout(remaining())
+                payload = payload[s.send(payload):]
             while not buf.endswith(b"\n"):
+                s.settimeout(remaining())
                 chunk = s.recv(65536)
                 if not chunk:
                     break
                 buf += chunk
+                if len(buf) > MAX_REPLY_BYTES:
+                    raise NodectlError(f"{path}: a reply larger than {MAX_REPLY_BYTES} bytes: not noded's")
+    except TimeoutError:
+        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s "
+                           f"({'a partial answer' if buf else 'nothing received'}); is it overloaded or stopped?") from None
     except FileNotFoundError:
         raise NodectlError(f"no admin socket at {path}: is noded running?") from None
     except PermissionError:
         raise NodectlError(f"permission denied on {path}: run as root or as a member of noded's admin group") from None
+    except ConnectionRefusedError:
+        raise NodectlError(f"{path}: nothing is listening (noded stopped or is starting?)") from None
     except OSError as e:
         raise NodectlError(f"{path}: {e.strerror or e}") from None
     if not buf:
         raise NodectlError(f"{path}: noded closed the connection without an answer")
-    reply = json.loads(buf)
-    if not reply.get("ok"):
+    try:
+        reply = json.loads(buf)
+        ok, result = reply.get("ok"), reply.get("result")
+    except (ValueError, AttributeError):
+        raise NodectlError(f"{path}: not an answer from noded: {buf[:200]!r}") from None
+    if not ok:
         raise NodectlError(reply.get("error", "unknown error"))
-    return reply["result"]
+    return result
 
 
 def parse_duration(text: str) -> float:
@@ -53,6 +84,13 @@ def parse_duration(text: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 90, 30s, 15m, 2h, 1d")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _positive_duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"bad timeout {text!r}: it must be more than 0")
+    return seconds
 
 
 def _gbps(v: float | None) -> str:
@@ -124,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nodectl", description="Inspect and override noded on this host.")
     ap.add_argument("--socket", default=os.environ.get("NODED_SOCKET", DEFAULT_SOCKET))
     ap.add_argument("--json", action="store_true", help="print the raw answer as JSON")
+    ap.add_argument("--timeout", type=_positive_duration, default=DEFAULT_TIMEOUT_S,
+                    help=f"give up when noded has not answered within this long (default {DEFAULT_TIMEOUT_S:g}s)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="node bandwidth, GPUs, jobs, throttles, overrides")
     sub.add_parser("jobs", help="the jobs and their throttle levels")
@@ -173,7 +213,7 @@ def _run(args) -> int:
     if cmd == "top":
         n = 0
         while True:
-            text = format_status(request(path, "status"))
+            text = format_status(request(path, "status", timeout=args.timeout))
             sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + text)
             sys.stdout.flush()
             n += 1
@@ -183,7 +223,7 @@ def _run(args) -> int:
     if cmd == "admit":
         return _admit(args)
     if cmd == "model":
-        m = request(path, "model_fit")
+        m = request(path, "model_fit", timeout=args.timeout)
         if args.json:
             print(json.dumps(m, indent=2, sort_keys=True))
         else:
@@ -201,7 +241,7 @@ def _run(args) -> int:
         call_args["reason"] = args.reason
     if cmd == "pause":
         call_args["reason"] = args.reason
-    result = request(path, cmd, call_args)
+    result = request(path, cmd, call_args, timeout=args.timeout)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     elif cmd == "status":
@@ -245,7 +285,7 @@ def _admit(args) -> int:
         except (OSError, ProfileError) as e:
             raise NodectlError(str(e)) from None
         call["profile"] = {"c": p.c, "m": p.m, "window_us": p.window_us, "source": p.source}
-    result = request(args.socket, "admit", call)
+    result = request(args.socket, "admit", call, timeout=args.timeout)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     elif result["admit"]:

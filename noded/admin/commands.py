@@ -1,0 +1,160 @@
+"""The admin commands: what each request does, on the daemon's control state.
+
+The transport (noded.admin.server) checks who the peer is and parses the request;
+it calls an ``AdminCommands`` with ``(command, args, peer)`` and sends back what it
+returns, or the error it raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable
+
+from ..daemon import Daemon
+from ..server.stream import Peer
+from .overrides import Override, OverrideStore
+from .protocol import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class AdminCommands:
+    def __init__(self, daemon: Daemon, store: OverrideStore | None, *, wall_clock: Callable[[], float] = time.time):
+        self.daemon = daemon
+        self.store = store
+        self.wall_clock = wall_clock
+
+    def __call__(self, command: str, args: dict[str, Any], peer: Peer) -> Any:
+        return self.dispatch(command, args, peer.uid)
+
+    def _check_reporter(self, job: str, pid: int) -> None:
+        last = self.daemon.last
+        if last is None or job not in last.sample.jobs or pid not in last.sample.jobs[job].pids:
+            raise RequestError(f"process {pid} is not part of job {job!r}: a job reports only for itself")
+
+    def dispatch(self, command: str, args: dict[str, Any], uid: int) -> Any:
+        d = self.daemon
+        if command == "status":
+            return self.status()
+        if command == "jobs":
+            return self.status()["jobs"]
+        if command == "explain":
+            return self.explain(args["job"])
+        if command == "pause":
+            d.paused = args.get("reason") or f"paused by uid {uid}"
+            log.warning("eliminator=paused uid=%d reason=%r", uid, d.paused)
+            return {"paused": d.paused}
+        if command == "resume":
+            d.paused = None
+            log.warning("eliminator=resumed uid=%d", uid)
+            return {"paused": None}
+        if command == "admit":
+            return self.admit(args, uid)
+        if command in ("report", "model_fit"):
+            service = d.colocation
+            if service is None:
+                raise RequestError("co-location is not enabled on this node (colocation.enabled)")
+            try:
+                if command == "model_fit":
+                    log.warning("colocation model fit requested by uid %d", uid)
+                    return service.fit()
+                return service.report(args["job"], args["iteration_s"], d.last.sample if d.last else None)
+            except ValueError as e:
+                raise RequestError(str(e)) from None
+        if command == "release":
+            cleared = self.store.clear(args["job"], uid)
+            return {"job": args["job"], "override_cleared": cleared}
+        now = self.wall_clock()
+        ttl = args.get("ttl_s")
+        level = 0 if command == "exempt" else args.get("level") or self._level_for_cores(args["job"], args["cores"])
+        override = Override(args["job"], level, uid, args.get("reason", ""), now, now + ttl if ttl else None)
+        self.store.set(override)
+        return self._override_json(override)
+
+    def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        from ..colocation.profiles import JobProfile
+
+        service = self.daemon.colocation
+        if service is None:
+            raise RequestError("co-location is not enabled on this node (colocation.enabled)")
+        p = args.get("profile")
+        profile = None if p is None else JobProfile(args["model"], args["batch_size"], float(p["c"]), float(p["m"]),
+                                                    float(p["window_us"]), f"{p['source']} (sent by uid {uid})")
+        last = self.daemon.last
+        d = service.admit(args["job"], last.sample if last else None, model=args["model"],
+                          batch_size=args["batch_size"], profile=profile, gpu=args.get("gpu", "auto"),
+                          uid=args.get("uid"))
+        return {"admit": d.admit, "job": d.job, "gpu_uuid": d.gpu_uuid, "gpu_index": d.gpu_index,
+                "predicted_speedup": d.predicted_speedup, "reason": d.reason, "env": d.env,
+                "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}
+
+    def _level_for_cores(self, job: str, cores: int) -> int:
+        throttle = self.daemon.throttle
+        last = self.daemon.last
+        if throttle is None or throttle.kind != "cores":
+            raise RequestError(f"this host throttles with {throttle.kind if throttle else 'nothing'}: use --level")
+        if last is None or job not in last.sample.jobs:
+            raise RequestError(f"no such job {job!r}")
+        n = len(throttle.original_cpus(last.sample.jobs[job]))
+        if not n:
+            raise RequestError(f"no CPUs known for job {job!r}")
+        # The halving level that leaves at most `cores` CPUs.
+        return max(1, math.ceil(math.log2(n / cores))) if cores < n else 1
+
+    def _override_json(self, o: Override) -> dict[str, Any]:
+        return {"job": o.job, "kind": o.kind, "level": o.level, "set_by_uid": o.set_by_uid, "reason": o.reason,
+                "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock())}
+
+    def status(self) -> dict[str, Any]:
+        d = self.daemon
+        r = d.last
+        overrides = self.store.active()
+        out: dict[str, Any] = {
+            "paused": d.paused, "ticks": d.ticks, "tick_s": d.config.tick_s,
+            "throttle_method": d.throttle.kind if d.throttle else None,
+            "threshold": d.config.contention.threshold, "release_threshold": d.config.contention.release_threshold,
+            "peak_bytes_per_s_per_domain": d.config.peak_bytes_per_domain,
+            "overrides": [self._override_json(o) for o in overrides.values()],
+        }
+        if r is None:
+            return {**out, "node": None, "gpus": [], "jobs": [], "missing": []}
+        s = r.sample
+        out["node"] = {"share_of_peak": r.decision.node_share, "bandwidth_bytes_per_s": dict(s.node_bandwidth_bps),
+                       "contention": r.decision.triggered, "note": r.decision.note}
+        out["gpus"] = [{"gpu": g.index, "uuid": g.uuid, "util": g.util_gpu, "error": g.error} for g in s.gpus]
+        out["jobs"] = [{"job": j.id, "kind": j.kind, "bandwidth_bytes_per_s": j.bandwidth_bps, "gpu_util": j.gpu_util,
+                        "level": r.levels.get(j.id, 0), "override": j.id in overrides, "exempt": j.meta.exempt,
+                        "monitoring": j.monitoring} for j in sorted(s.jobs.values(), key=lambda j: j.id)]
+        out["missing"] = list(s.missing)
+        return out
+
+    def explain(self, job: str) -> dict[str, Any]:
+        d = self.daemon
+        r = d.last
+        if r is None or job not in r.sample.jobs:
+            raise RequestError(f"no such job {job!r}")
+        js = r.sample.jobs[job]
+        why: list[str] = []
+        if js.kind == "gpu":
+            why.append("a GPU job: never throttled")
+        if js.meta.exempt:
+            why.append("marked exempt in its labels")
+        o = self.store.active().get(job)
+        if o is not None:
+            why.append(f"operator override ({o.kind}, level {o.level}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
+        if d.paused:
+            why.append(f"the eliminator is paused: {d.paused}")
+        if r.decision.note:
+            why.append(r.decision.note)
+        now = r.t
+        return {
+            "job": job, "kind": js.kind, "level": r.levels.get(job, 0), "bandwidth_bytes_per_s": js.bandwidth_bps,
+            "gpu_util": js.gpu_util, "baseline": d.state.baselines.get(job),
+            "node_share_of_peak": r.decision.node_share, "threshold": d.config.contention.threshold,
+            "slowed_gpu_jobs": list(r.decision.slowed), "why": why,
+            "decisions": [{"seconds_ago": round(now - t, 1), "action": a.kind, "from": a.from_level,
+                           "to": a.to_level, "cause": a.cause, "reason": a.reason}
+                          for t, a in d.history.get(job, ())],
+        }

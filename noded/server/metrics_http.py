@@ -1,0 +1,130 @@
+"""The metrics endpoint: just enough HTTP/1.1 to answer Prometheus, on the bounded server.
+
+``GET /metrics`` renders the registry with prometheus_client's own encoders (the
+Accept header chooses text or OpenMetrics); ``GET /`` is a page linking to it; other
+paths are 404, other methods 405. Every answer closes the connection. Rendering
+reads the collector, which reads the last tick's result: a scrape never touches
+hardware.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from .stream import Limits, ListenError, Peer, Protocol, StreamServer, listen_tcp, tcp_peer
+
+log = logging.getLogger(__name__)
+
+_INDEX = (b"<html><head><title>noded</title></head><body><h1>noded</h1>"
+          b"<p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def http_response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", *,
+                  head: bool = False, extra: tuple[tuple[str, str], ...] = ()) -> bytes:
+    headers = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}",
+               f"Content-Length: {len(body)}", "Connection: close", *(f"{k}: {v}" for k, v in extra)]
+    return ("\r\n".join(headers) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased
+
+
+class HttpError(ValueError):
+    pass
+
+
+def parse_http_request(head: bytes) -> HttpRequest:
+    """The request line and headers (everything before the blank line)."""
+    lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith("HTTP/1."):
+        raise HttpError(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise HttpError(f"not a header line: {line[:80]!r}")
+        headers[name.lower()] = value.strip()
+    return HttpRequest(parts[0], parts[1].split("?", 1)[0], headers)
+
+
+class MetricsHttp(Protocol):
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def framed(self, data: bytearray, new_from: int, eof: bool) -> bytes | None:
+        start = max(0, new_from - 3)
+        for end in (b"\r\n\r\n", b"\n\n"):
+            at = data.find(end, start)
+            if at >= 0:
+                return bytes(data[:at])
+        return bytes(data) if eof and data else None
+
+    def respond(self, request: bytes, peer: Peer) -> bytes:
+        try:
+            req = parse_http_request(request)
+        except HttpError as e:
+            return http_response(400, f"{e}\n".encode())
+        if req.path not in ("/", "/metrics"):
+            return http_response(404, b"not found: try /metrics\n")
+        if req.method not in ("GET", "HEAD"):
+            return http_response(405, b"only GET and HEAD\n", extra=(("Allow", "GET, HEAD"),))
+        head = req.method == "HEAD"
+        if req.path == "/":
+            return http_response(200, _INDEX, "text/html; charset=utf-8", head=head)
+        try:
+            encoder, content_type = choose_encoder(req.headers.get("accept", ""))
+            body = encoder(self.registry)
+        except Exception:
+            log.exception("metrics: rendering failed")
+            return http_response(500, b"rendering the metrics failed; see noded's log\n")
+        return http_response(200, body, content_type, head=head)
+
+    def too_large(self, limit: int) -> bytes:
+        return http_response(431, f"request head larger than {limit} bytes\n".encode())
+
+    def timed_out(self, deadline_s: float) -> bytes:
+        return http_response(408, f"no complete request within {deadline_s:g}s\n".encode())
+
+    def evicted(self, peer: Peer, held: int) -> bytes:
+        return http_response(503, f"too many connections from {peer.key} ({held})\n".encode())
+
+
+class MetricsServer:
+    """The metrics endpoint, listening; ``url`` says where."""
+
+    def __init__(self, registry: CollectorRegistry, address: str, port: int, limits: Limits):
+        sock = listen_tcp(address, port, what="metrics")
+        try:
+            host, bound = sock.getsockname()[:2]
+            self.port = bound
+            self.url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/metrics"
+            self.server = StreamServer(sock, MetricsHttp(registry), name="metrics", limits=limits, peer_of=tcp_peer)
+        except BaseException:
+            sock.close()
+            raise
+
+    def start(self) -> "MetricsServer":
+        try:
+            self.server.start()
+        except OSError as e:
+            self.server.listener.close()
+            raise ListenError(f"metrics: cannot listen on {self.url}: {e.strerror or e}") from None
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    shutdown = stop  # the name the runner (and http.server) use
