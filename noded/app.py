@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from resctrl import Resctrl
+from resctrl import Resctrl, ResctrlError
 
 from .actuators.cores import CoreHalving
 from .actuators.mba import MbaThrottle
@@ -15,9 +15,8 @@ from .config import Config
 from .daemon import Daemon
 from .jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile
 from .metrics import make_registry
-from .samplers.cpus import CpuPlacementSampler
+from .samplers.bandwidth import BandwidthSampler
 from .samplers.nvml import NvmlSampler
-from .samplers.resctrl import ResctrlSession
 from .server.budget import METRICS
 from .server.metrics_http import MetricsServer
 from .state import OriginalValues
@@ -35,16 +34,14 @@ class Built:
 
 def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscovery | None = None,
                  clock: Callable[[], float] = time.monotonic) -> Built:
-    """The daemon for ``config``, with what a crash left behind put right first
-    (unless ``dry_run``). The caller holds the host lock (noded.lockfile.HostLock)."""
     notes: list[str] = []
-    session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
-    rc = session.refresh()
-    if rc is None:
-        notes.append(f"resctrl unavailable ({session.unavailable}): no bandwidth monitoring, no MBA until it is "
-                     "mounted (noded looks every tick)")
+    rc: Resctrl | None
+    try:
+        rc = Resctrl.open(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
+    except (ResctrlError, OSError) as e:
+        rc = None
+        notes.append(f"resctrl unavailable ({e}): no bandwidth monitoring, no MBA; noded will not throttle")
     originals = OriginalValues(config.state_dir)
-    notes += originals.notes
     cores = CoreHalving(originals, dry_run=dry_run)
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
@@ -57,22 +54,26 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     if discovery is None:
         sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
         discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels))
-    monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
+    monitor = JobMonitor(rc, clock=clock, retry_s=config.jobs.rmid_retry_s)
+    bandwidth = None
+    if rc is not None and rc.caps.mon is not None:
+        bandwidth = BandwidthSampler(rc, monitor, clock=clock)
+        monitor.on_removed = bandwidth.forget
+        monitor.on_moved = bandwidth.forget
     nvml = NvmlSampler() if config.nvml else None
+    telemetry = Telemetry(discovery, monitor, nvml, bandwidth, clock=clock,
+                          process_events=config.jobs.process_events)
     method = config.contention.method
-    throttle: MbaThrottle | CoreHalving | None = None
+    throttle = None
     if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:
-        throttle = MbaThrottle(session, config.contention.mba_levels, config.peak_bytes_per_domain, dry_run=dry_run)
+        throttle = MbaThrottle(rc, monitor, config.contention.mba_levels, config.peak_bytes_per_domain,
+                               dry_run=dry_run)
     elif method == "mba":
         notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
     else:
         throttle = cores
-    telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
-                          cpus=CpuPlacementSampler() if throttle is cores else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
-    if not dry_run:
-        daemon.state_probe = originals.probe
     if config.colocation.enabled:
         daemon.colocation = build_colocation(config, clock)
     for n in notes:
