@@ -2,76 +2,139 @@
 
 Like tuned: before noded first writes a cpuset or an affinity it did not create,
 the original value goes into ``originals.json`` in the state directory (written
-atomically: temp file, fsync, rename). It is restored when the throttle ends, when
-the daemon stops, and at the next start after a crash.
+atomically and durably through ``SecureDir``). It is restored when the throttle ends,
+when the daemon stops, and at the next start after a crash.
+
+Memory follows the file, never leads it: ``record`` and ``forget`` change what is
+believed only after the file says so, and raise ``StateWriteError`` otherwise, so a
+caller that could not record an original does not go on to change the value.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
+import re
 import threading
 from typing import Any
 
+from .securedir import (ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError,  # noqa: F401 (re-exported)
+                        StateReadError, StateWriteError)
 
-def read_json_object(path: str, what: str) -> dict[str, Any]:
-    """A JSON object from the state directory; {} when the file does not exist yet."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); expected {what}") from None
+log = logging.getLogger(__name__)
+
+FILE = "originals.json"
+_MAX_CPU = 1 << 16  # far above any kernel's NR_CPUS; a bigger number is not a CPU
+_CPU_LIST = re.compile(r"\s*(\d+(-\d+)?(,\d+(-\d+)?)*)?\s*")
+_AFFINITY_KEY = re.compile(r"affinity:\d+:\d+")
+
+
+def open_state_dir(state_dir: str | SecureDir) -> SecureDir:
+    """The state directory, opened and checked (0700 when noded creates it)."""
+    return state_dir if isinstance(state_dir, SecureDir) else SecureDir(state_dir, mode=0o700)
+
+
+def _check_cpu_list(text: Any) -> None:
+    if not isinstance(text, str) or len(text) > 65536 or not _CPU_LIST.fullmatch(text):
+        raise ValueError(f"not a CPU list: {str(text)[:80]!r}")
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        if int(hi or lo) >= _MAX_CPU or int(hi or lo) < int(lo):
+            raise ValueError(f"bad CPU range {part!r}")
+
+
+def _check_cpus(value: Any) -> None:
+    if (not isinstance(value, list) or not value or len(value) > _MAX_CPU
+            or not all(type(c) is int and 0 <= c < _MAX_CPU for c in value)):
+        raise ValueError(f"not a list of CPU numbers: {str(value)[:80]}")
+
+
+def parse_originals(data: Any) -> dict[str, Any]:
+    """The records in ``originals.json``: ``cpuset:<cgroup dir>`` -> a CPU list as the kernel
+    writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs. Raises ValueError."""
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object of {what}")
+        raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+    for key, value in data.items():
+        kind, _, where = key.partition(":")
+        if kind == "cpuset" and where.startswith("/"):
+            _check_cpu_list(value)
+        elif kind == "affinity" and _AFFINITY_KEY.fullmatch(key):
+            _check_cpus(value)
+        else:
+            raise ValueError(f"unknown record {key[:200]!r}")
     return data
 
 
-def write_json_atomically(path: str, data: Any) -> None:
-    """Write, fsync, rename over, fsync the directory: a crash leaves the old or the new file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class OriginalValues:
-    def __init__(self, state_dir: str):
-        self.path = os.path.join(state_dir, "originals.json")
+    """``state_dir``: a path (opened here as a ``SecureDir``) or an open ``SecureDir``.
+
+    ``notes`` says what was found corrupt at load and where it was moved aside.
+    """
+
+    def __init__(self, state_dir: str | SecureDir):
+        self.dir = open_state_dir(state_dir)
+        self.path = self.dir.file_path(FILE)
         self._lock = threading.Lock()
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        self._values: dict[str, Any] = self._load()
+        loaded, note = self.dir.load_json(FILE, "recorded original values", parse_originals)
+        self._values: dict[str, Any] = loaded or {}
+        self.notes: list[str] = [note] if note else []
 
-    def _load(self) -> dict[str, Any]:
-        return read_json_object(self.path, "recorded original values")
-
-    def _save(self) -> None:
-        write_json_atomically(self.path, self._values)
+    def _save(self, values: dict[str, Any]) -> None:
+        self.dir.write_json(FILE, values)
 
     def record(self, key: str, value: Any) -> None:
-        """Keep the first value seen for ``key`` (an earlier crash's record wins)."""
+        """Keep the first value seen for ``key`` (an earlier crash's record wins).
+
+        Raises StateWriteError when it could not be made durable; then nothing is recorded.
+        """
         with self._lock:
             if key not in self._values:
-                self._values[key] = value
-                self._save()
+                values = {**self._values, key: value}
+                self._save(values)
+                self._values = values
 
     def get(self, key: str) -> Any:
         with self._lock:
             return self._values.get(key)
 
     def forget(self, key: str) -> None:
+        """Drop a record once its value is back; raises StateWriteError (and keeps it) on failure."""
         with self._lock:
-            if self._values.pop(key, None) is not None:
-                self._save()
+            if key in self._values:
+                values = {k: v for k, v in self._values.items() if k != key}
+                self._save(values)
+                self._values = values
 
     def items(self) -> list[tuple[str, Any]]:
         with self._lock:
             return list(self._values.items())
+
+    def probe(self) -> str | None:
+        """Whether records can be made durable now: None, or the reason not (see SecureDir.probe)."""
+        return self.dir.probe()
+
+
+# -- transitional: path-based helpers for callers not yet holding a SecureDir
+
+
+def read_json_object(path: str, what: str) -> dict[str, Any]:
+    """A JSON object from a file in a checked directory; {} when the file or directory does not
+    exist. Raises StateFileError (a ValueError) naming the file when it cannot be trusted."""
+    try:
+        d = SecureDir(os.path.dirname(os.path.abspath(path)), create=False)
+    except DirectoryMissing:
+        return {}
+    with d:
+        data = d.read_json(os.path.basename(path))
+    if data is ABSENT:
+        return {}
+    if not isinstance(data, dict):
+        raise StateFileError(d.file_path(os.path.basename(path)), f"expected a JSON object of {what}")
+    return data
+
+
+def write_json_atomically(path: str, data: Any) -> None:
+    """Write ``data`` as JSON through a checked directory (see SecureDir.write_bytes).
+    Raises StateWriteError, or UnsafeDirectory for a directory another user could change."""
+    with SecureDir(os.path.dirname(os.path.abspath(path)), mode=0o700) as d:
+        d.write_json(os.path.basename(path), data)

@@ -2,17 +2,23 @@
 
 Expiry times are wall-clock (seconds since the epoch) because they must survive a
 restart; everything else in the control loop runs on the monotonic clock.
+
+An override is in force only once it is on disk: ``set`` and ``clear`` write the file
+first and change memory after, raising ``StateWriteError`` (nothing changed) when the
+write fails. A file that cannot be trusted as a whole (bad JSON, one malformed entry)
+is moved aside at load, with a note, and noded starts with no overrides.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import math
 import threading
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable
 
-from ..state import read_json_object, write_json_atomically
+from ..securedir import SecureDir, StateWriteError
+from ..state import open_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -31,38 +37,76 @@ class Override:
         return "exempt" if self.level == 0 else "throttle"
 
 
+FILE = "overrides.json"
+_FIELDS = tuple(f.name for f in fields(Override))
+MAX_LEVEL = 64  # no throttle has more levels than CPUs have halvings
+
+
+def _number(job: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"override {job[:100]!r}: {name} must be a finite number, got {str(value)[:40]}")
+    return float(value)
+
+
+def parse_override(job: str, v: Any) -> Override:
+    """One entry of overrides.json; raises ValueError naming the job and the field."""
+    if not isinstance(v, dict) or set(v) != set(_FIELDS):
+        found = sorted(v) if isinstance(v, dict) else type(v).__name__
+        raise ValueError(f"override {job[:100]!r}: expected the keys {list(_FIELDS)}, found {str(found)[:200]}")
+    if v["job"] != job:
+        raise ValueError(f"override {job[:100]!r}: names the job {str(v['job'])[:100]!r}")
+    for name, top in (("level", MAX_LEVEL), ("set_by_uid", 2**32 - 1)):
+        if type(v[name]) is not int or not 0 <= v[name] <= top:
+            raise ValueError(f"override {job[:100]!r}: {name} must be an integer 0..{top}, got {str(v[name])[:40]}")
+    if not isinstance(v["reason"], str):
+        raise ValueError(f"override {job[:100]!r}: reason must be a string")
+    expires = None if v["expires"] is None else _number(job, "expires", v["expires"])
+    return Override(job, v["level"], v["set_by_uid"], v["reason"], _number(job, "created", v["created"]), expires)
+
+
+def parse_overrides(data: Any) -> dict[str, Override]:
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+    return {job: parse_override(job, v) for job, v in data.items()}
+
+
 class OverrideStore:
-    def __init__(self, state_dir: str, wall_clock: Callable[[], float]):
-        self.path = os.path.join(state_dir, "overrides.json")
+    """``state_dir``: a path (opened here as a ``SecureDir``) or an open ``SecureDir``.
+
+    ``notes`` says what was found corrupt at load and where it was moved aside.
+    """
+
+    def __init__(self, state_dir: str | SecureDir, wall_clock: Callable[[], float]):
+        self.dir = open_state_dir(state_dir)
+        self.path = self.dir.file_path(FILE)
         self.wall_clock = wall_clock
         self._lock = threading.Lock()
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        self._items: dict[str, Override] = self._load()
+        loaded, note = self.dir.load_json(FILE, "overrides", parse_overrides)
+        self._items: dict[str, Override] = loaded or {}
+        self.notes: list[str] = [note] if note else []
 
-    def _load(self) -> dict[str, Override]:
-        data = read_json_object(self.path, "overrides")
-        try:
-            return {job: Override(**v) for job, v in data.items()}
-        except (TypeError, AttributeError) as e:
-            raise ValueError(f"{self.path}: not a valid overrides file ({e})") from None
-
-    def _save(self) -> None:
-        write_json_atomically(self.path, {j: asdict(o) for j, o in self._items.items()})
+    def _save(self, items: dict[str, Override]) -> None:
+        self.dir.write_json(FILE, {j: asdict(o) for j, o in items.items()})
 
     def set(self, override: Override) -> None:
+        """In force once persisted; raises StateWriteError (and nothing changes) otherwise."""
         with self._lock:
-            self._items[override.job] = override
-            self._save()
+            items = {**self._items, override.job: override}
+            self._save(items)
+            self._items = items
         log.warning("override=set job=%s %s level=%d uid=%d ttl=%s reason=%r", override.job, override.kind,
                     override.level, override.set_by_uid,
                     "none" if override.expires is None else f"{override.expires - override.created:.0f}s",
                     override.reason)
 
     def clear(self, job: str, uid: int) -> bool:
+        """False when there was none; raises StateWriteError (the override stays) on failure."""
         with self._lock:
-            gone = self._items.pop(job, None)
+            gone = self._items.get(job)
             if gone is not None:
-                self._save()
+                items = {j: o for j, o in self._items.items() if j != job}
+                self._save(items)
+                self._items = items
         if gone is not None:
             log.warning("override=cleared job=%s uid=%d", job, uid)
         return gone is not None
@@ -74,14 +118,20 @@ class OverrideStore:
             return {j: o for j, o in self._items.items() if o.expires is None or o.expires > now}
 
     def active(self) -> dict[str, Override]:
-        """Overrides in force now; expired ones are dropped (and that is logged)."""
+        """Overrides in force now; expired ones are dropped (and that is logged).
+
+        An expired override is over whether or not the file says so yet (its expiry is in
+        the file, and a restart reads it as expired too), so a failed save only warns.
+        """
         now = self.wall_clock()
         with self._lock:
             expired = [j for j, o in self._items.items() if o.expires is not None and o.expires <= now]
-            for job in expired:
-                del self._items[job]
             if expired:
-                self._save()
+                self._items = {j: o for j, o in self._items.items() if j not in expired}
+                try:
+                    self._save(self._items)
+                except StateWriteError as e:
+                    log.warning("overrides: expired ones could not be removed from the file: %s", e)
             items = dict(self._items)
         for job in expired:
             log.warning("override=expired job=%s", job)
