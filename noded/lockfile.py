@@ -1,46 +1,221 @@
-"""One noded per host: an exclusive flock on a pid file in the runtime directory."""
+"""One noded per host: locks on what noded shares with every other noded.
+
+``HostLock`` guards the shared things themselves: the resctrl mount and each cgroup
+root noded acts on, one lock file per resource in a lock directory (``/run/lock``),
+whatever runtime directory each noded was given. It holds no descriptor inside
+resctrl (an operator must be able to ``umount`` it while noded runs) and does not
+lock resctrl's root directory (the kernel's documentation has tools flock it briefly
+around changes; a lifelong lock there would block them).
+
+``InstanceLock`` is the pid file in the runtime directory, for tools that look there.
+
+Both are ``flock(LOCK_EX|LOCK_NB)`` on a file opened through a checked directory with
+``O_NOFOLLOW``, holding the holder's pid; the kernel drops the lock when the holder
+dies, however it dies.
+"""
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import os
+import stat
+
+from .securedir import SecureDir, SecureDirError
+
+DEFAULT_LOCK_DIR = "/run/lock"
+_RETRIES = 5
 
 
 class AlreadyRunning(RuntimeError):
     pass
 
 
+class LockFileRefused(RuntimeError):
+    """The lock file is not one noded could have made (a link, another user's file, ...)."""
+
+
+def _holder(fd: int) -> str:
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return text if text.isdigit() else "unknown"
+
+
+def _lock_file(d: SecureDir, name: str) -> int | str:
+    """flock a file in ``d``: its descriptor, or the holder's pid (as text) when another holds it.
+
+    The file is ours only if it is a regular file owned by our euid with one link: in a
+    sticky shared directory another user may have planted a file, a link or a hard link
+    to something of root's, and truncating that would destroy it.
+    """
+    path = d.file_path(name)
+    for _ in range(_RETRIES):
+        try:
+            fd = d.open(name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LockFileRefused(f"lock file {path} is a symbolic link; refusing to follow it") from None
+            raise LockFileRefused(f"cannot open lock file {path}: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            why = None
+            if not stat.S_ISREG(st.st_mode):
+                why = "is not a regular file"
+            elif st.st_uid != os.geteuid():
+                why = f"is owned by uid {st.st_uid}, not by noded's uid {os.geteuid()} (remove it if no noded runs)"
+            elif st.st_nlink != 1:
+                why = f"has {st.st_nlink} links, so it is also some other file"
+            if why:
+                raise LockFileRefused(f"lock file {path} {why}")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                return holder
+            # A holder that released meanwhile may have unlinked the file we opened: the
+            # lock is real only on the inode the name still names.
+            now = d.lstat(name)
+            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.fchmod(fd, 0o644)  # readable for tools, whatever the umask
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise LockFileRefused(f"lock file {path} keeps being replaced while it is locked")
+
+
+def lock_name(resource: str) -> str:
+    """The lock file for a path, escaped as systemd escapes paths into unit names:
+    ``/sys/fs/resctrl`` -> ``noded-sys-fs-resctrl.lock``."""
+    path = os.path.normpath(os.path.abspath(resource)).strip("/")
+    out = []
+    for i, ch in enumerate(path):
+        if ch == "/":
+            out.append("-")
+        elif ch.isascii() and (ch.isalnum() or ch in ":_" or (ch == "." and i > 0)):
+            out.append(ch)
+        else:
+            out.extend(f"\\x{b:02x}" for b in ch.encode())
+    escaped = "".join(out) or "-"
+    if len(escaped) > 200:  # a file name has at most 255 bytes
+        escaped = f"{escaped[:150]}-{hashlib.sha256(path.encode()).hexdigest()[:16]}"
+    return f"noded-{escaped}.lock"
+
+
+class HostLock:
+    """Exclusive, for the daemon's life, on each shared resource (paths, e.g. the resctrl
+    mount point and each cgroup root). Raises AlreadyRunning naming the resource and the
+    holder's pid; LockFileRefused or SecureDirError when the lock directory or a lock
+    file is not safe to use. Lock files are left in place at release: in a sticky,
+    world-writable directory a removed name could be taken by another user before the
+    next start (and removing it races with a starter that has it open).
+    """
+
+    def __init__(self, resources: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR):
+        # Symbolic links resolved (only by name: nothing inside resctrl is opened), so two
+        # spellings of one mount take one lock.
+        self.resources = sorted({os.path.realpath(r) for r in resources})
+        self.lock_dir = lock_dir
+        self._dir: SecureDir | None = None
+        self._fds: dict[str, int] = {}
+
+    def paths(self) -> dict[str, str]:
+        """Each resource's lock file."""
+        base = self.lock_dir.path if isinstance(self.lock_dir, SecureDir) else os.path.abspath(self.lock_dir)
+        return {r: os.path.join(base, lock_name(r)) for r in self.resources}
+
+    def acquire(self) -> "HostLock":
+        d = self.lock_dir if isinstance(self.lock_dir, SecureDir) else SecureDir(
+            self.lock_dir, create=False, shared=True, what="lock directory")
+        try:
+            for resource in self.resources:  # sorted: two starters contend on the same first one
+                got = _lock_file(d, lock_name(resource))
+                if isinstance(got, str):
+                    raise AlreadyRunning(f"another noded (pid {got}) holds {resource} "
+                                         f"(lock {d.file_path(lock_name(resource))})")
+                self._fds[resource] = got
+        except BaseException:
+            self._close_all()
+            if d is not self.lock_dir:
+                d.close()
+            raise
+        self._dir = d
+        return self
+
+    def _close_all(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.ftruncate(fd, 0)  # no stale pid for the next one to report
+            except OSError:
+                pass
+            os.close(fd)
+        self._fds.clear()
+
+    def release(self) -> None:
+        self._close_all()
+        if self._dir is not None and self._dir is not self.lock_dir:
+            self._dir.close()
+        self._dir = None
+
+    def __enter__(self) -> "HostLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class InstanceLock:
-    def __init__(self, runtime_dir: str, name: str = "noded.pid"):
-        self.path = os.path.join(runtime_dir, name)
+    """The pid file ``noded.pid`` in the runtime directory (a path, or an open SecureDir;
+    a path is created 0755 and checked like any SecureDir). Raises AlreadyRunning."""
+
+    def __init__(self, runtime_dir: str | SecureDir, name: str = "noded.pid"):
         self.runtime_dir = runtime_dir
+        base = runtime_dir.path if isinstance(runtime_dir, SecureDir) else os.path.abspath(runtime_dir)
+        self.path = os.path.join(base, name)
+        self.name = name
+        self._dir: SecureDir | None = None
         self._fd: int | None = None
 
     def acquire(self) -> "InstanceLock":
-        os.makedirs(self.runtime_dir, mode=0o755, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        d = self.runtime_dir if isinstance(self.runtime_dir, SecureDir) else SecureDir(
+            self.runtime_dir, mode=0o755, what="runtime directory")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise AlreadyRunning(f"noded is already running on this host (pid {other}; lock {self.path})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+            got = _lock_file(d, self.name)
+        except BaseException:
+            if d is not self.runtime_dir:
+                d.close()
+            raise
+        if isinstance(got, str):
+            if d is not self.runtime_dir:
+                d.close()
+            raise AlreadyRunning(f"noded is already running on this host (pid {got}; lock {self.path})")
+        self._dir, self._fd = d, got
         return self
 
     def release(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and self._dir is not None:
+            # Unlinked while still locked: a starter that opened this inode meanwhile sees,
+            # after its flock, that the name no longer names it, and starts over.
             try:
-                os.unlink(self.path)
-            except FileNotFoundError:
+                self._dir.unlink(self.name)
+            except (OSError, ValueError):  # gone, or its directory already closed by its owner
                 pass
             os.close(self._fd)
             self._fd = None
+            if self._dir is not self.runtime_dir:
+                self._dir.close()
+            self._dir = None
 
     def __enter__(self) -> "InstanceLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+__all__ = ["AlreadyRunning", "DEFAULT_LOCK_DIR", "HostLock", "InstanceLock", "LockFileRefused", "SecureDirError",
+           "lock_name"]
