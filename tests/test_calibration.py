@@ -40,6 +40,10 @@ def test_without_either_the_default_stands_and_the_note_says_how_to_measure(tmp_
     ('{"peak_gbps_per_domain": 10}', "expected the keys"),
     (json.dumps({**CAL.__dict__, "peak_gbps_per_domain": -3}), "must be a positive number, got -3"),
     (json.dumps({**CAL.__dict__, "peak_gbps_per_domain": True}), "must be a positive number, got True"),
+    (json.dumps({**CAL.__dict__, "peak_gbps_per_domain": float("inf")}), "must be a positive number, got inf"),
+    (json.dumps({**CAL.__dict__, "domains": "2"}), "domains must be a positive integer, got 2"),
+    (json.dumps({**CAL.__dict__, "command": ["make"]}), "command must be a string"),
+    ("null", "expected a JSON object, found NoneType"),
 ])
 def test_a_bad_calibration_file_is_an_error_naming_the_file(tmp_path, content, expected):
     (tmp_path / "calibration.json").write_text(content)
