@@ -208,7 +208,10 @@ class SecureDir:
                 links += 1
                 if links > _MAX_SYMLINKS:
                     raise SecureDirError(self.what, self.path, f"too many symbolic links at {where}")
-                target = os.readlink(where)
+                try:
+                    target = os.readlink(where)
+                except OSError as e:
+                    raise SecureDirError(self.what, self.path, f"cannot read the link {where}: {e.strerror}") from None
                 if target.startswith("/"):
                     current = "/"
                 todo = _split(target) + todo
@@ -284,7 +287,11 @@ class SecureDir:
         except OSError as e:
             raise StateReadError(path, e) from None
         if stat.S_ISLNK(st.st_mode):
-            raise StateFileError(path, f"a symbolic link (to {os.readlink(name, dir_fd=dirfd)!r}), not a regular file")
+            try:
+                to = f" (to {os.readlink(name, dir_fd=dirfd)!r})"
+            except OSError:
+                to = ""
+            raise StateFileError(path, f"a symbolic link{to}, not a regular file")
         if not stat.S_ISREG(st.st_mode):
             raise StateFileError(path, "not a regular file")
         if st.st_size > limit:
