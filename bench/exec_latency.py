@@ -19,6 +19,7 @@ import time
 import uuid
 
 from noded.jobs import CgroupSource, JobDiscovery, JobMonitor
+from noded.samplers.resctrl import ResctrlSession
 from noded.telemetry import Telemetry
 from resctrl import Resctrl
 from resctrl.emulator import MountedEmulator
@@ -36,8 +37,9 @@ def make_cgroup(path: str) -> None:
 
 def measure(emu, rc, base: str, job_dir: str, mode: str, tick_s: float, trials: int) -> list[float]:
     discovery = JobDiscovery([CgroupSource.create("slurm", base)])
-    monitor = JobMonitor(rc, clock=time.monotonic)
-    telemetry = Telemetry(discovery, monitor, None, None, process_events=(mode == "connector"))
+    session = ResctrlSession.of(rc)
+    monitor = JobMonitor(session, clock=time.monotonic)
+    telemetry = Telemetry(discovery, session, monitor, None, process_events=(mode == "connector"))
     if mode == "connector" and telemetry.events is None:
         raise SystemExit("process-events connector unavailable here")
     anchor = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep infinity"])

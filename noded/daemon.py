@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from .actuators.plan import Applied
+from .actuators.plan import Applied, ApplyResult
 from .config import Config
 from .policy.contention import Decision, PolicyState, decide
 from .sample import Sample
@@ -26,15 +26,20 @@ log = logging.getLogger(__name__)
 
 class Throttle(Protocol):
     kind: str
-    current: dict[str, int]
 
     def max_levels(self, sample: Sample) -> dict[str, int]: ...
 
+    def levels_in_force(self, sample: Sample) -> dict[str, int | None]: ...
+
     def level_share(self, level: int) -> float: ...
 
-    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]: ...
+    def apply(self, levels: Mapping[str, int], sample: Sample) -> ApplyResult: ...
 
-    def release_all(self, sample: Sample | None = None) -> None: ...
+    def release_all(self) -> list[str]: ...
+
+
+#: How often the state directory is tried for writing while throttles may be needed.
+STATE_PROBE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ class TickResult:
     applied: tuple[Applied, ...]
     durations: Mapping[str, float]  # sample, decide, act (seconds)
     throttle_kind: str | None  # mba | cores | None (nothing can throttle here)
-    levels: Mapping[str, int]  # levels in force after this tick
+    levels: Mapping[str, int]  # levels in force after this tick (as observed, plus the writes that succeeded)
+    state_unwritable: str | None = None  # why nothing new may be changed (the state directory), if so
 
 
 class Daemon:
@@ -68,6 +74,9 @@ class Daemon:
         self.extra_info = dict(extra_info or {})
         self._lock = threading.Lock()
         self._reload = threading.Event()
+        self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
+        self._state_checked: float | None = None
+        self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
 
     def request_reload(self) -> None:
@@ -98,31 +107,71 @@ class Daemon:
         new = self.reloader()
         if new is None:
             return  # refused: the reloader logged why; the running config stays
-        restart = self.reload(new)
+        try:
+            restart = self.reload(new)
+        except Exception:
+            log.exception("config reload failed, keeping the running config")
+            return
         log.warning("config reloaded%s", f"; these changes need a restart and were not applied: {', '.join(restart)}"
                     if restart else "")
+
+    def _state_check(self, now: float) -> str | None:
+        """Why the state directory cannot be written now (None: it can): tried every
+        STATE_PROBE_S, every second while it fails. Where originals cannot be recorded,
+        nothing new is changed."""
+        if self.state_probe is None:
+            return None
+        every = 1.0 if self._state_unwritable else STATE_PROBE_S
+        if self._state_checked is not None and now - self._state_checked < every:
+            return self._state_unwritable
+        self._state_checked = now
+        was, self._state_unwritable = self._state_unwritable, self.state_probe()
+        if self._state_unwritable and not was:
+            log.error("state=unwritable reason=%r: noded monitors and exports but changes nothing new (no original "
+                      "can be recorded); throttles in force may still be released", self._state_unwritable)
+        elif was and not self._state_unwritable:
+            log.warning("state=writable again: throttling resumes")
+        return self._state_unwritable
 
     def tick(self) -> TickResult:
         t0 = self.clock()
         sample = self.telemetry.sample()
         t1 = self.clock()
-        limits = self.throttle.max_levels(sample) if self.throttle else {}
-        overrides = {j: o.level for j, o in self.overrides.active().items()} if self.overrides else {}
-        if self.paused:
-            # Paused: nothing is throttled automatically (the policy still learns its
-            # baselines); only what operators set explicitly holds.
-            limits = {j: lvl for j, lvl in limits.items() if j in overrides}
-            self.state = replace(self.state, throttles=MappingProxyType(
-                {j: t for j, t in self.state.throttles.items() if j in overrides}))
-        decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
-                                      limits, t0, MappingProxyType(overrides),
-                                      self.throttle.level_share if self.throttle else (lambda level: 1.0))
-        if self.paused:
-            decision = replace(decision, note=f"paused: {self.paused}")
-        t2 = self.clock()
-        applied = tuple(self.throttle.apply(decision.levels, sample)) if self.throttle else ()
-        if self.colocation is not None:
-            self.colocation.tick(sample)
+        unwritable = self._state_check(t1)
+        if not sample.jobs_known:
+            # Not knowing the jobs is not "no jobs": hold every decision as it stands,
+            # forget nothing, change nothing, until discovery works again.
+            decision = Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
+                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed")
+            t2 = self.clock()
+            result = ApplyResult((), MappingProxyType({}))
+        else:
+            in_force = self.throttle.levels_in_force(sample) if self.throttle else {}
+            limits = self.throttle.max_levels(sample) if self.throttle else {}
+            if unwritable:
+                # No new original can be recorded: no level may rise above what is in force.
+                limits = {j: min(lvl, in_force.get(j) or 0) for j, lvl in limits.items()}
+            overrides = {j: o.level for j, o in self.overrides.active().items()} if self.overrides else {}
+            if self.paused:
+                # Paused: nothing is throttled automatically (the policy still learns its
+                # baselines); only what operators set explicitly holds.
+                limits = {j: lvl for j, lvl in limits.items() if j in overrides}
+                self.state = replace(self.state, throttles=MappingProxyType(
+                    {j: t for j, t in self.state.throttles.items() if j in overrides}))
+            decision, self.state = decide(sample, self.state, self.config.contention,
+                                          self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
+                                          self.throttle.level_share if self.throttle else (lambda level: 1.0))
+            if self.paused:
+                decision = replace(decision, note=f"paused: {self.paused}")
+            elif unwritable and not decision.note:
+                decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles")
+            t2 = self.clock()
+            result = self.throttle.apply(decision.levels, sample) if self.throttle else \
+                ApplyResult((), MappingProxyType({}))
+            if self.colocation is not None:
+                self.colocation.tick(sample)
+            for job in [j for j in self.history if j not in sample.jobs]:
+                del self.history[job]
         t3 = self.clock()
         for a in decision.actions:
             self.actions_total[(a.kind, a.cause)] += 1
@@ -130,12 +179,9 @@ class Daemon:
             log.info("decision=%s job=%s level=%d->%d cause=%s reason=%r", a.kind, a.job, a.from_level, a.to_level,
                      a.cause, a.reason)
         self.ticks += 1
-        for job in [j for j in self.history if j not in sample.jobs]:
-            del self.history[job]
-        result = TickResult(self.ticks, t0, sample, decision, applied,
+        result = TickResult(self.ticks, t0, sample, decision, result.applied,
                             MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
-                            self.throttle.kind if self.throttle else None,
-                            MappingProxyType(dict(self.throttle.current) if self.throttle else {}))
+                            self.throttle.kind if self.throttle else None, result.levels, unwritable)
         self.last = result
         return result
 
@@ -161,11 +207,14 @@ class Daemon:
     def shutdown(self) -> None:
         """Release every throttle, restore what we changed, remove our groups.
 
-        Each step runs even when an earlier one failed (resctrl gone, a job gone).
+        Each step runs even when an earlier one failed (resctrl gone, a job gone); what
+        the kernel lists is removed, whatever noded remembers.
         """
         if self.throttle is not None:
             try:
-                self.throttle.release_all(self.last.sample if self.last else None)
+                left = self.throttle.release_all()
+                if left:
+                    log.error("at stop, could not release: %s", ", ".join(left))
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
         try:

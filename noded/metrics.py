@@ -157,20 +157,24 @@ class NodedCollector:
                 gutil.add_metric([str(g.index), g.uuid], g.util_gpu / 100.0)
         yield gutil
 
-        rc = getattr(d.telemetry.monitor, "rc", None)
-        if rc is not None and rc.caps.mon is not None:
-            groups = d.telemetry.monitor.groups()
-            rmids = GaugeMetricFamily("noded_resctrl_rmids", "RMIDs: total, and used by noded's job groups",
+        facts = s.resctrl
+        if facts is not None and facts.num_rmids is not None:
+            rmids = GaugeMetricFamily("noded_resctrl_rmids", "RMIDs: total, and used by noded's groups",
                                       labels=["state"])
-            rmids.add_metric(["total"], rc.caps.mon.num_rmids)
-            rmids.add_metric(["used_by_noded"], len(groups))
+            rmids.add_metric(["total"], facts.num_rmids)
+            rmids.add_metric(["used_by_noded"], len(facts.groups.mon_parent) + len(facts.groups.ctrl_tasks))
             yield rmids
-        if rc is not None and rc.caps.alloc_capable:
+        if facts is not None and facts.max_ctrl_groups:
             closids = GaugeMetricFamily("noded_resctrl_closids", "CLOSIDs: usable by control groups, and used by noded",
                                         labels=["state"])
-            closids.add_metric(["total"], rc.caps.max_ctrl_groups)
-            closids.add_metric(["used_by_noded"], len(set(r.levels.values())) if r.throttle_kind == "mba" else 0)
+            closids.add_metric(["total"], facts.max_ctrl_groups)
+            closids.add_metric(["used_by_noded"], len(facts.groups.ctrl_tasks))
             yield closids
+        writable = GaugeMetricFamily("noded_state_writable",
+                                     "1 while originals can be recorded in the state directory; at 0 noded changes "
+                                     "nothing new")
+        writable.add_metric([], 0.0 if r.state_unwritable else 1.0)
+        yield writable
 
 
 def make_registry(daemon: Daemon) -> CollectorRegistry:

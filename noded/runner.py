@@ -16,14 +16,19 @@ import threading
 import time
 from contextlib import ExitStack
 
+from mps.manager import MpsError
+
 from .admin.overrides import OverrideStore
 from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
-from .lockfile import AlreadyRunning, InstanceLock
+from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from .sdnotify import SystemdNotifier
+from .securedir import SecureDir, SecureDirError, StateReadError
+from .server.budget import DescriptorBudgetError, ensure_descriptor_budget
+from .server.stream import ListenError
 
 log = logging.getLogger(__name__)
 
@@ -36,74 +41,153 @@ def status_line(result: TickResult) -> str:
             + (f", {len(s.missing)} inputs missing" if s.missing else ""))
 
 
+class StartError(Exception):
+    """Starting cannot go on; the message says why (printed, exit 1)."""
+
+
 def main_run(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    # Signals first: until the loop runs, SIGTERM/SIGINT only ask to stop and SIGHUP is
+    # remembered; the default actions would kill noded half-started, leaving groups,
+    # shrunk cpusets or an MPS daemon behind.
+    signals = Signals().install()
+    try:
+        return _run(args, signals)
+    except StartError as e:
+        print(f"noded run: {e}", file=sys.stderr)
+        return 1
+    finally:
+        signals.restore()
+
+
+class Signals:
+    def __init__(self):
+        self.stop = threading.Event()
+        self.daemon: Daemon | None = None
+        self._hup_early = False
+        self._previous: dict = {}
+
+    def _on_stop(self, *_) -> None:
+        self.stop.set()
+
+    def _on_hup(self, *_) -> None:
+        if self.daemon is not None:
+            self.daemon.request_reload()
+        else:
+            self._hup_early = True
+
+    def install(self) -> "Signals":
+        self._previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_stop),
+                          signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
+                          signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup)}
+        return self
+
+    def attach(self, daemon: Daemon) -> None:
+        """The daemon exists: a SIGHUP received while starting is a reload now."""
+        self.daemon = daemon
+        if self._hup_early:
+            daemon.request_reload()
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+#: what starting can fail with, for reasons an operator can act on (printed, exit 1)
+_START_ERRORS = (ConfigError, CalibrationError, AlreadyRunning, LockFileRefused, SecureDirError, StateReadError,
+                 ListenError, DescriptorBudgetError, MpsError)
+
+
+def _run(args, signals: Signals) -> int:
     try:
         config = load_config(args.config) if args.config else Config()
     except ConfigError as e:
-        print(f"noded run: {e}", file=sys.stderr)
-        return 1
+        raise StartError(e) from None
+    # Startup is a transaction: everything started is registered on the stack at once,
+    # so a failure at any later step (a port in use, say) undoes all of it.
     with ExitStack() as stack:
-        discovery = None
-        sim = None
-        settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
-        if args.sim:
-            from .sim.node import SimNode
-            from .sim.scenario import ScenarioError, load_scenario
-
-            try:
-                scenario = load_scenario(args.sim)
-            except (OSError, ScenarioError) as e:
-                print(f"noded run: {e}", file=sys.stderr)
-                return 2
-            sim = stack.enter_context(SimNode(scenario))
-            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
-            discovery = sim.discovery
-
-            def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
-                return sim.configure(c, scratch), "from the scenario"
         try:
-            config, peak_note = settle(config)
-        except CalibrationError as e:
-            print(f"noded run: {e}", file=sys.stderr)
-            return 1
+            return _start_and_run(args, config, signals, stack)
+        except _START_ERRORS as e:
+            raise StartError(e) from None
+
+
+def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
+    discovery = None
+    sim = None
+    settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
+    if args.sim:
+        from .sim.node import SimNode
+        from .sim.scenario import ScenarioError, load_scenario
+
         try:
-            stack.enter_context(InstanceLock(config.runtime_dir))
-        except AlreadyRunning as e:
-            print(f"noded run: {e}", file=sys.stderr)
-            return 1
-        built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
-        daemon = built.daemon
-        if args.config:
-            daemon.reloader = lambda: _reload(args.config, settle)
-        server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
-        stack.callback(server.shutdown)
-        print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
-        print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
-        daemon.overrides = OverrideStore(config.state_dir, time.time)
-        admin = AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
-                            timeout_s=config.admin.timeout_s).start()
-        stack.callback(admin.stop)
-        if daemon.colocation is not None:
-            reports = AdminServer(config.report_socket, daemon, None, group=None, timeout_s=config.admin.timeout_s,
-                                  reports_only=True).start()
-            stack.callback(reports.stop)
-        stop = threading.Event()
-        duration = args.duration or (sim.scenario.duration_s if sim else None)
-        if duration:
-            timer = threading.Timer(duration, stop.set)
-            timer.start()
-            stack.callback(timer.cancel)
-        on_tick = _notifier_hook(SystemdNotifier())
-        if sim is not None:
-            print(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
-                  f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
-                  f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}", flush=True)
-            on_tick = _with_sim(sim, stop, stack, on_tick)
-        run_with_signals(daemon, stop, on_tick)
+            scenario = load_scenario(args.sim)
+        except (OSError, ScenarioError) as e:
+            raise StartError(e) from None
+        sim = stack.enter_context(SimNode(scenario))
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
+        discovery = sim.discovery
+
+        def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
+            return sim.configure(c, scratch), "from the scenario"
+    config, peak_note = settle(config)
+    budget = ensure_descriptor_budget()
+    runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
+    stack.enter_context(InstanceLock(runtime))
+    # What a second noded must not share, whatever its runtime directory: the resctrl
+    # mount and the cgroup trees it acts on.
+    shared = [config.resctrl.root] + sorted({s.root for s in config.jobs.sources})
+    stack.enter_context(HostLock(shared))
+    if signals.stop.is_set():
+        return 0  # asked to stop while starting: nothing was changed yet
+    built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
+    daemon = built.daemon
+    stack.callback(daemon.shutdown)  # from here on, whatever fails below, the node is put back
+    signals.attach(daemon)
+    if args.config:
+        daemon.reloader = lambda: _reload(args.config, settle)
+    server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
+    stack.callback(server.shutdown)
+    print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
+    print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
+    log.info("%s", budget.describe())
+    daemon.overrides = OverrideStore(config.state_dir, time.time)
+    for note in daemon.overrides.notes:
+        print(f"noded: {note}", file=sys.stderr, flush=True)
+    admin = _listening(AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
+                                   timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
+    stack.callback(admin.stop)
+    if daemon.colocation is not None:
+        reports = _listening(AdminServer(config.report_socket, daemon, None, group=None,
+                                         timeout_s=config.admin.timeout_s, reports_only=True),
+                             "report socket", config.report_socket)
+        stack.callback(reports.stop)
+    duration = args.duration or (sim.scenario.duration_s if sim else None)
+    if duration:
+        timer = threading.Timer(duration, signals.stop.set)
+        timer.daemon = True
+        timer.start()
+        stack.callback(timer.cancel)
+    notifier = SystemdNotifier()
+    stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
+    on_tick = _notifier_hook(notifier)
+    if sim is not None:
+        print(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
+              f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
+              f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}", flush=True)
+        on_tick = _with_sim(sim, signals.stop, stack, on_tick)
+    daemon.run(signals.stop, on_tick=on_tick)
+    stack.close()
     print("noded: stopped; throttles released, groups removed" + (", simulated node torn down." if args.sim else "."),
           flush=True)
     return 0
+
+
+def _listening(server: AdminServer, what: str, path: str) -> AdminServer:
+    try:
+        return server.start()
+    except OSError as e:
+        raise StartError(f"cannot listen on the {what} {path}: {e.strerror or e}") from None
 
 
 def _reload(path: str, settle) -> Config | None:
@@ -113,6 +197,9 @@ def _reload(path: str, settle) -> Config | None:
         return config
     except (ConfigError, CalibrationError) as e:
         log.error("config reload refused, keeping the running config: %s", e)
+        return None
+    except Exception as e:  # whatever the failure, the running config stays
+        log.exception("config reload failed, keeping the running config: %s: %s", type(e).__name__, e)
         return None
 
 
@@ -161,24 +248,3 @@ def _with_sim(sim, stop: threading.Event, stack: ExitStack, on_tick):
             print_tick(elapsed, result.sample, result.levels, sys.stdout)
 
     return report
-
-
-def run_with_signals(daemon: Daemon, stop: threading.Event, on_tick=None) -> None:
-    notifier = getattr(on_tick, "notifier", None) or SystemdNotifier()
-
-    def on_stop(*_):
-        stop.set()
-
-    def on_hup(*_):
-        daemon.request_reload()
-
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_stop),
-                signal.SIGINT: signal.signal(signal.SIGINT, on_stop),
-                signal.SIGHUP: signal.signal(signal.SIGHUP, on_hup)}
-    try:
-        daemon.run(stop, on_tick=on_tick)
-    finally:
-        notifier.stopping()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        daemon.shutdown()

@@ -15,6 +15,8 @@ from .jobs.model import Job, JobMeta
 from .jobs.monitoring import MonitorReport
 from .samplers import SamplerStatus
 from .samplers.bandwidth import BandwidthSample
+from .samplers.cpus import CpuPlacement
+from .samplers.resctrl import ResctrlFacts
 from .samplers.nvml import GpuSample, NvmlSample
 
 GPU = "gpu"
@@ -33,6 +35,10 @@ class JobSample:
     bandwidth_bps: float | None  # over all L3 domains; None when unknown
     monitoring: str  # own | shared | none
     cgroup: str | None = None  # the job's cgroup directory, where it has one
+    # noded's control groups holding the job's tasks, as resctrl lists them now
+    # (empty: none of noded's; None: not known, e.g. resctrl is not mounted)
+    ctrl_groups: frozenset[str] | None = None
+    cpus: CpuPlacement | None = None  # where its CPUs are set now (hosts that halve cores)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,10 @@ class Sample:
     node_bandwidth_bps: Mapping[int, float | None]  # per L3 domain
     missing: tuple[str, ...]
     samplers: tuple[SamplerStatus, ...]
+    # False when the jobs could not be discovered: ``jobs`` is then empty and means
+    # "unknown", never "none"; nothing may be decided or changed about jobs.
+    jobs_known: bool = True
+    resctrl: ResctrlFacts | None = None  # None: no resctrl mounted
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:
@@ -78,6 +88,16 @@ def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
     return None
 
 
+def _ctrl_groups(job: Job, monitor: MonitorReport | None, resctrl: ResctrlFacts | None) -> frozenset[str] | None:
+    if resctrl is None:
+        return None
+    group = monitor.groups.get(job.id) if monitor else None
+    if group is not None:  # its tasks are where its monitoring group is
+        parent = group.parent.name
+        return frozenset({parent}) if parent in resctrl.groups.ctrl_tasks else frozenset()
+    return frozenset(n for n, tids in resctrl.groups.ctrl_tasks.items() if tids & job.pids)
+
+
 def build_sample(
     t: float,
     jobs: Mapping[str, Job] | None,
@@ -85,8 +105,12 @@ def build_sample(
     nvml: NvmlSample | None,
     bandwidth: BandwidthSample | None,
     samplers: tuple[SamplerStatus, ...] = (),
+    *,
+    resctrl: ResctrlFacts | None = None,
+    cpus: Mapping[str, CpuPlacement] | None = None,
+    unavailable: tuple[str, ...] = (),
 ) -> Sample:
-    missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok]
+    missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok] + list(unavailable)
     if nvml is not None and not nvml.available:
         missing.append(f"nvml: {nvml.reason}")
     gpus = nvml.gpus if nvml else ()
@@ -108,9 +132,10 @@ def build_sample(
             job.id, job.source, job.pids, job.meta, GPU if held else CPU,
             tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
             monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
+            _ctrl_groups(job, monitor, resctrl), (cpus or {}).get(job.id),
         )
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
-        tuple(missing), samplers,
+        tuple(missing), samplers, jobs is not None, resctrl,
     )

@@ -1,9 +1,14 @@
-"""One tick's sampling: jobs, their monitoring groups, GPUs, bandwidth -> a Sample.
+"""One tick's sampling: the resctrl mount, jobs, their monitoring groups, where their
+CPUs are, GPUs, bandwidth -> a Sample.
 
 ``Telemetry`` owns the samplers and the state they need between ticks (the last
 jobs seen, which jobs have ever been GPU jobs). New processes reported by the
 process-events connector are placed in their job's monitoring group at once;
 the periodic discovery in every tick catches whatever the events missed.
+
+A part that cannot be read is missing, never empty: when discovery fails the
+Sample says the jobs are unknown (``jobs_known``), and nothing that depends on
+knowing every job (removing ended jobs' groups, forgetting GPU jobs) happens.
 """
 
 from __future__ import annotations
@@ -16,38 +21,29 @@ from typing import Callable
 
 from .jobs.discovery import JobDiscovery
 from .jobs.model import Job
-from .jobs.monitoring import JobMonitor, MonitorReport
+from .jobs.monitoring import JobMonitor
 from .jobs.procevents import ProcessEvents
 from .sample import GPU, Sample, build_sample
 from .samplers import SamplerStatus, run_sampler
 from .samplers.bandwidth import BandwidthSampler
+from .samplers.cpus import CpuPlacementSampler
 from .samplers.nvml import NvmlSampler
+from .samplers.resctrl import ResctrlSession, read_facts
 
 log = logging.getLogger(__name__)
 
 
-class _JobsSampler:
-    name = "jobs"
-
-    def __init__(self, discovery: JobDiscovery, monitor: JobMonitor):
-        self.discovery = discovery
-        self.monitor = monitor
-
-    def sample(self, now: float) -> tuple[dict[str, Job], MonitorReport]:
-        jobs = self.discovery.discover()
-        return jobs, self.monitor.sync(jobs)
-
-
 class Telemetry:
-    def __init__(self, discovery: JobDiscovery, monitor: JobMonitor, nvml: NvmlSampler | None,
-                 bandwidth: BandwidthSampler | None, *, clock: Callable[[], float] = time.monotonic,
-                 process_events: bool = True):
+    def __init__(self, discovery: JobDiscovery, session: ResctrlSession, monitor: JobMonitor,
+                 nvml: NvmlSampler | None, *, cpus: CpuPlacementSampler | None = None,
+                 clock: Callable[[], float] = time.monotonic, process_events: bool = True):
         self.discovery = discovery
+        self.session = session
         self.monitor = monitor
         self.nvml = nvml
-        self.bandwidth = bandwidth
+        self.cpus = cpus
+        self.bandwidth = BandwidthSampler(monitor, clock=clock)
         self.clock = clock
-        self._jobs_sampler = _JobsSampler(discovery, monitor)
         self._known: dict[str, Job] = {}
         self._ever_gpu: set[str] = set()
         self._lock = threading.Lock()
@@ -70,27 +66,37 @@ class Telemetry:
     def sample(self) -> Sample:
         now = self.clock()
         statuses: list[SamplerStatus] = []
-        jobs_report, st = run_sampler(self._jobs_sampler, now, self.clock)
-        statuses.append(st)
-        jobs, report = jobs_report if jobs_report else (None, None)
+
+        def run(name, read):
+            value, status = run_sampler(name, read, self.clock)
+            statuses.append(status)
+            return value
+
+        rc = self.session.refresh()
+        unavailable = () if rc is not None else (f"resctrl: {self.session.unavailable}",)
+        facts = run("resctrl_groups", lambda: read_facts(self.session, rc)) if rc is not None else None
+        jobs = run("jobs", self.discovery.discover)
+        report = None
         if jobs is not None:
             with self._lock:
                 self._known = dict(jobs)
-        nvml = None
-        if self.nvml is not None:
-            nvml, st = run_sampler(self.nvml, now, self.clock)
-            statuses.append(st)
+            if rc is None or facts is not None:  # a failed listing must not look like "no groups"
+                report = self.monitor.sync(jobs, facts.groups if facts else None)
+        cpus = run("cpus", lambda: self.cpus.sample(jobs)) if self.cpus is not None and jobs is not None else None
+        nvml = run("nvml", lambda: self.nvml.sample(now)) if self.nvml is not None else None
         bandwidth = None
-        if self.bandwidth is not None:
-            bandwidth, st = run_sampler(self.bandwidth, now, self.clock)
-            statuses.append(st)
-        sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses))
+        if rc is not None and rc.caps.mon is not None:
+            groups = report.groups if report is not None else self.monitor.groups()
+            bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups))
+        sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
+                              unavailable=unavailable)
         return self._sticky_gpu_jobs(sample)
 
     def _sticky_gpu_jobs(self, sample: Sample) -> Sample:
         # A job seen holding a GPU stays a GPU job even while NVML cannot see it
         # (a lost GPU, a failed read): it must never be mistaken for a CPU job.
-        self._ever_gpu &= set(sample.jobs)
+        if sample.jobs_known:
+            self._ever_gpu &= set(sample.jobs)
         fixed = {}
         for job_id, js in sample.jobs.items():
             if js.kind == GPU:

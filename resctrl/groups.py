@@ -165,18 +165,27 @@ class Resctrl:
         return out
 
     def remove_orphans(self, keep: Iterable[str] = ()) -> list[str]:
-        """Remove our groups whose paths are not in ``keep`` (after a crash); returns removed paths."""
+        """Remove our groups whose paths are not in ``keep`` (after a crash); returns removed paths.
+
+        Control groups go first: the kernel frees the monitoring groups inside one and
+        moves its tasks to the root with a single rmdir.
+        """
         keep_set = set(keep)
         removed = []
         with self.lock():
-            for group in self.owned_groups():
-                if group.path in keep_set:
+            for ctrl in [c for c in self.list_ctrl_groups() if self.owns(c.name)]:
+                if ctrl.path in keep_set or any(p.startswith(ctrl.path + os.sep) for p in keep_set):
+                    mons = [m for m in ctrl.list_mon_groups() if self.owns(m.name) and m.path not in keep_set]
+                    for m in mons:
+                        m.remove()
+                    removed += [m.path for m in mons]
                     continue
-                # A control group stays while a group kept inside it does.
-                if any(p.startswith(group.path + os.sep) for p in keep_set):
-                    continue
-                group.remove()
-                removed.append(group.path)
+                ctrl.remove()
+                removed.append(ctrl.path)
+            for m in self.root_group().list_mon_groups():
+                if self.owns(m.name) and m.path not in keep_set:
+                    m.remove()
+                    removed.append(m.path)
         return removed
 
 

@@ -1,25 +1,31 @@
-"""Core halving on real cpusets (cgroup v1 here) and real affinities, with the
-original values recorded before the first write and restored after a crash."""
+"""Core halving on real cpusets (cgroup v1 here) and real affinities: planned from
+what the kernel shows now, the original values recorded before the first write and
+restored after a crash; a value someone else changed is theirs."""
 
 import os
 import subprocess
+import sys
 from types import MappingProxyType
 
 import pytest
 
+from conftest import wait_for
 from noded.actuators.cores import CoreHalving, kept_cpus, max_level
-from noded.jobs.model import JobMeta
+from noded.jobs.model import Job, JobMeta
 from noded.sample import JobSample, Sample
+from noded.samplers.cpus import CpuPlacementSampler
 from noded.state import OriginalValues
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
-
-def sample_of(*jobs):
-    return Sample(0.0, MappingProxyType({j.id: j for j in jobs}), (), False, None, (), MappingProxyType({}), (), ())
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
 
 
-def cpu_job(jid, pids, cgroup=None):
-    return JobSample(jid, "registered", frozenset(pids), JobMeta(), "cpu", (), None, 1e9, "own", cgroup)
+def observe(*jobs: Job) -> Sample:
+    """A Sample of these jobs as the CPU placement sampler reads them now."""
+    placements = CpuPlacementSampler().sample({j.id: j for j in jobs})
+    samples = {j.id: JobSample(j.id, j.source, j.pids, JobMeta(), "cpu", (), None, 1e9, "own", j.cgroup,
+                               None, placements[j.id]) for j in jobs}
+    return Sample(0.0, MappingProxyType(samples), (), False, None, (), MappingProxyType({}), (), ())
 
 
 def test_levels_halve_and_never_go_below_one_core():
@@ -28,22 +34,26 @@ def test_levels_halve_and_never_go_below_one_core():
     assert [max_level(n) for n in (1, 2, 3, 8, 12)] == [0, 1, 1, 3, 3]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
+@needs_two_cpus
 def test_affinity_halving_restores_after_a_crash(tmp_path, sleeper):
     p = sleeper()
     before = os.sched_getaffinity(p.pid)
-    job = cpu_job("j", [p.pid])
+    job = Job("j", "registered", frozenset({p.pid}))
     cores = CoreHalving(OriginalValues(str(tmp_path)))
-    assert cores.max_levels(sample_of(job)) == {"j": max_level(len(before))}
-    (applied,) = cores.apply({"j": 1}, sample_of(job))
-    assert applied.error is None and len(os.sched_getaffinity(p.pid)) == len(before) // 2
+    assert cores.max_levels(observe(job)) == {"j": max_level(len(before))}
+    assert cores.levels_in_force(observe(job)) == {"j": 0}
+    result = cores.apply({"j": 1}, observe(job))
+    assert [a.error for a in result.applied] == [None] and result.levels == {"j": 1}
+    assert len(os.sched_getaffinity(p.pid)) == len(before) // 2
+    assert cores.levels_in_force(observe(job)) == {"j": 1}  # read back from the kernel
+    assert cores.apply({"j": 1}, observe(job)).applied == ()  # nothing to do: nothing written
     # The daemon dies here. A new one starts with the same state directory:
     restored = CoreHalving(OriginalValues(str(tmp_path))).restore_all()
     assert os.sched_getaffinity(p.pid) == before and len(restored) == 1
     assert OriginalValues(str(tmp_path)).items() == []
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
+@needs_two_cpus
 def test_a_v1_cpuset_tree_shrinks_children_first_and_grows_back(tmp_path, v1_cpuset, sleeper):
     base, mkcg = v1_cpuset
     job_dir = mkcg("slurm/uid_0/job_5")
@@ -52,23 +62,84 @@ def test_a_v1_cpuset_tree_shrinks_children_first_and_grows_back(tmp_path, v1_cpu
     with open(f"{step}/cgroup.procs", "w") as f:
         f.write(str(p.pid))
     original = parse_cpu_list(open(f"{job_dir}/cpuset.cpus").read())
-    job = cpu_job("slurm:5", [p.pid], job_dir)
+    job = Job("slurm:5", "slurm", frozenset({p.pid}), job_dir)
     cores = CoreHalving(OriginalValues(str(tmp_path)))
-    (a,) = cores.apply({"slurm:5": 1}, sample_of(job))
+    (a,) = cores.apply({"slurm:5": 1}, observe(job)).applied
     assert a.error is None, a
     half = format_cpu_list(sorted(original)[: len(original) // 2])
     assert open(f"{job_dir}/cpuset.cpus").read().strip() == half
     assert open(f"{step}/cpuset.cpus").read().strip() == half  # written before its parent
+    assert a.writes[0].startswith(step) and a.writes[1].startswith(job_dir)
     assert len(os.sched_getaffinity(p.pid)) == len(original) // 2
-    (a,) = cores.apply({}, sample_of(job))
-    assert a.error is None
+    (a,) = cores.apply({}, observe(job)).applied
+    assert a.error is None and a.writes[0].startswith(job_dir)  # the parent grows first
     assert parse_cpu_list(open(f"{job_dir}/cpuset.cpus").read()) == original
     assert parse_cpu_list(open(f"{step}/cpuset.cpus").read()) == original
     assert OriginalValues(str(tmp_path)).items() == []
 
 
-def test_a_broken_state_file_is_moved_aside_loudly_not_a_silent_reset(tmp_path):
+@needs_two_cpus
+def test_a_cpuset_someone_else_changed_is_theirs(tmp_path, v1_cpuset, sleeper):
+    base, mkcg = v1_cpuset
+    job_dir = mkcg("job_6")
+    p = sleeper()
+    with open(f"{job_dir}/cgroup.procs", "w") as f:
+        f.write(str(p.pid))
+    original = sorted(parse_cpu_list(open(f"{job_dir}/cpuset.cpus").read()))
+    job = Job("cgroup:job_6", "cgroup", frozenset({p.pid}), job_dir)
+    originals = OriginalValues(str(tmp_path))
+    cores = CoreHalving(originals)
+    cores.apply({job.id: 1}, observe(job))
+    # The scheduler resizes the job meanwhile (here: to its last CPU only).
+    with open(f"{job_dir}/cpuset.cpus", "w") as f:
+        f.write(str(original[-1]))
+    cores.apply({job.id: 1}, observe(job))  # still wanted at level 1
+    # noded forgets its record and halves what the job has now, never writing back its old original.
+    assert originals.get(f"cpuset:{job_dir}") == str(original[-1])
+    assert open(f"{job_dir}/cpuset.cpus").read().strip() == str(original[-1])
+    cores.apply({}, observe(job))
+    assert open(f"{job_dir}/cpuset.cpus").read().strip() == str(original[-1])
+    assert originals.items() == []
+
+
+@needs_two_cpus
+def test_a_child_that_inherited_a_throttled_affinity_gets_the_jobs_original_back(tmp_path):
+    # A parent that forks a child on request (a line on stdin), so the child is born throttled.
+    code = ("import os,sys,time\n"
+            "sys.stdin.readline()\n"
+            "pid=os.fork()\n"
+            "if pid==0: time.sleep(300)\n"
+            "print(pid,flush=True); time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        before = os.sched_getaffinity(parent.pid)
+        originals = OriginalValues(str(tmp_path))
+        cores = CoreHalving(originals)
+        job = Job("pid:1", "registered", frozenset({parent.pid}))
+        cores.apply({job.id: 1}, observe(job))
+        throttled = os.sched_getaffinity(parent.pid)
+        assert len(throttled) == len(before) // 2
+        parent.stdin.write("fork\n")
+        parent.stdin.flush()
+        child = int(parent.stdout.readline())
+        assert os.sched_getaffinity(child) == throttled  # inherited
+        job = Job("pid:1", "registered", frozenset({parent.pid, child}))
+        assert cores.levels_in_force(observe(job)) == {job.id: 1}
+        cores.apply({job.id: 1}, observe(job))  # nothing to change, but the child's original is recorded now
+        assert any(k.startswith(f"affinity:{child}:") for k, _ in originals.items())
+        # A crash here, then a start: both come back to the job's original CPUs.
+        CoreHalving(OriginalValues(str(tmp_path))).restore_all()
+        assert os.sched_getaffinity(parent.pid) == before and os.sched_getaffinity(child) == before
+    finally:
+        if child:
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait()
+
+
+def test_a_broken_state_file_is_moved_aside_and_noded_starts(tmp_path):
     (tmp_path / "originals.json").write_text("[1, 2]")
-    originals = OriginalValues(str(tmp_path))  # issue #11: noded starts (tests/faults/test_state_dir.py)
-    assert originals.items() == [] and "expected a JSON object" in originals.notes[0]
-    assert [n for n in os.listdir(tmp_path) if n.startswith("originals.json.corrupt-")]
+    values = OriginalValues(str(tmp_path))
+    assert values.items() == [] and values.notes and "moved aside" in values.notes[0]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("originals.json.corrupt-")]

@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from noded.actuators.plan import Applied
 from noded.admin.overrides import Override
-from resctrl import CacheInfo, Capabilities, MbFlavour, MbInfo, MbLimits, MonInfo
+from resctrl import MbFlavour
 from noded.config import Config
 from noded.daemon import TickResult
 from noded.jobs.model import JobMeta
@@ -24,10 +24,8 @@ from noded.policy.contention import Action, Decision
 from noded.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuProcess, GpuSample
+from noded.samplers.resctrl import GroupsView, ResctrlFacts
 
-CAPS = Capabilities((CacheInfo("L3", 16, 0x7FF, 1),),
-                    MbInfo(8, MbLimits(MbFlavour.PERCENT, 10, 10, 100), True, "max"),
-                    MonInfo(128, ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes"), None), (0, 1), False, False)
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "metrics.txt")
 
 
@@ -41,7 +39,11 @@ def fixed_daemon():
     sample = Sample(10.0, MappingProxyType(jobs), (gpu,), True, None, (0, 1),
                     MappingProxyType({0: 4.5e9, 1: 4.4e9}), ("gpu 1: GpuIsLost",),
                     (SamplerStatus("jobs", True, 0.004), SamplerStatus("nvml", True, 0.001),
-                     SamplerStatus("resctrl", False, 0.002, "OSError: gone")))
+                     SamplerStatus("resctrl", False, 0.002, "OSError: gone")), True,
+                    ResctrlFacts(1, 128, 7, MbFlavour.PERCENT,
+                                 GroupsView(MappingProxyType({"noded-mba-1": frozenset({12})}),
+                                            MappingProxyType({"noded-mba-1": {0: 80, 1: 80}}),
+                                            MappingProxyType({"noded-job-bert": "", "noded-job-hog": "noded-mba-1"}))))
     action = Action("sim:hog", 0, 1, "node bandwidth 95% >= 75%", "contention")
     decision = Decision(MappingProxyType({"sim:hog": 1}), (action,), True, 0.95, ("sim:bert",), "")
     result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
@@ -51,9 +53,7 @@ def fixed_daemon():
                            actions_total=Counter({("throttle", "contention"): 1}), last=result,
                            extra_info={"throttle": "mba", "dry_run": "false"}, paused=None,
                            overrides=SimpleNamespace(current=lambda: {
-                               "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}),
-                           telemetry=SimpleNamespace(monitor=SimpleNamespace(rc=SimpleNamespace(caps=CAPS),
-                                                                             groups=lambda: {"sim:bert": None})))
+                               "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}))
 
 
 def shape(exposition: str) -> str:

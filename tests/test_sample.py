@@ -23,7 +23,7 @@ def test_gpu_jobs_cpu_jobs_and_their_utilisation():
         gpu(1, [GpuProcess(4, 1)], util=45),  # no per-process samples: alone on the device
     ))
     bw = BandwidthSample((0, 1), {0: 5e9, 1: 4e9}, {"a": {0: 1e9, 1: 2e9}, "b": {0: 3e9, 1: None}}, ())
-    s = build_sample(10.0, jobs, MonitorReport({"a": "own", "b": "own", "c": "shared"}, (), False), nvml, bw)
+    s = build_sample(10.0, jobs, MonitorReport({"a": "own", "b": "own", "c": "shared"}, {}, (), False), nvml, bw)
     assert s.jobs["a"].kind == GPU and s.jobs["a"].gpus == ("GPU-0",) and s.jobs["a"].gpu_util == 60
     assert s.jobs["a"].bandwidth_bps == 3e9
     assert s.jobs["b"].kind == CPU and s.jobs["b"].bandwidth_bps is None  # one domain unknown

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import wait_for
 from noded.jobs import Job, JobDiscovery, JobMonitor
-from noded.samplers.bandwidth import BandwidthSampler
 from noded.samplers.nvml import NvmlSampler
+from noded.samplers.resctrl import ResctrlSession, read_groups
 from noded.sim import fake_nvml as fake
 from noded.telemetry import Telemetry
 
@@ -30,10 +30,15 @@ def node(emulator, open_resctrl):
     def make(*emulator_args, profile="intel"):
         emu = emulator(profile, *emulator_args)
         rc = open_resctrl(emu)
-        monitor = JobMonitor(rc, clock=time.monotonic, retry_s=3600)
+        monitor = JobMonitor(ResctrlSession.of(rc), clock=time.monotonic, retry_s=3600)
         return emu, rc, monitor
 
     return make
+
+
+def sync(monitor, jobs):
+    """One sync as a tick runs it: from the kernel's listing of noded's groups now."""
+    return monitor.sync(jobs, read_groups(monitor.session.rc))
 
 
 def mon_groups(rc):
@@ -43,10 +48,10 @@ def mon_groups(rc):
 def test_each_job_gets_a_group_holding_all_its_threads(node, sleeper):
     emu, rc, monitor = node()
     a, b = sleeper(), sleeper()
-    report = monitor.sync({"j1": job("j1", a.pid, b.pid)})
+    report = sync(monitor, {"j1": job("j1", a.pid, b.pid)})
     group = monitor.groups()["j1"]
     assert report.monitoring == {"j1": "own"} and sorted(group.read_tasks()) == sorted([a.pid, b.pid])
-    monitor.sync({})
+    sync(monitor, {})
     assert mon_groups(rc) == []
 
 
@@ -55,7 +60,7 @@ def test_a_process_exiting_between_listing_and_moving_is_reported(node, sleeper)
     live = sleeper()
     dead = subprocess.Popen(["true"])
     dead.wait()  # listed by discovery a moment ago, gone now
-    report = monitor.sync({"j": job("j", live.pid, dead.pid)})
+    report = sync(monitor, {"j": job("j", live.pid, dead.pid)})
     assert report.vanished == (dead.pid,) and monitor.groups()["j"].read_tasks() == [live.pid]
 
 
@@ -65,13 +70,13 @@ def test_out_of_rmids_falls_back_to_shared_monitoring_without_a_retry_storm(node
     jobs = {f"j{i}": job(f"j{i}", p[i].pid) for i in range(3)}
     with caplog.at_level(logging.WARNING, logger="noded.jobs.monitoring"):
         for _ in range(5):
-            report = monitor.sync(jobs)
+            report = sync(monitor, jobs)
     assert sorted(report.monitoring.values()) == ["own", "own", "shared"] and report.rmids_exhausted
     assert sum("rmids=exhausted" in r.message for r in caplog.records) == 1
     shared = next(j for j, m in report.monitoring.items() if m == "shared")
     ended = next(j for j, m in report.monitoring.items() if m == "own")
     del jobs[ended]
-    report = monitor.sync(jobs)  # a freed group is retried at once, not after retry_s
+    report = sync(monitor, jobs)  # a freed group is retried at once, not after retry_s
     assert report.monitoring[shared] == "own" and not report.rmids_exhausted
 
 
@@ -79,17 +84,15 @@ def test_a_group_removed_behind_our_back_is_recreated(node, sleeper):
     emu, rc, monitor = node()
     p = sleeper()
     jobs = {"j": job("j", p.pid)}
-    monitor.sync(jobs)
+    sync(monitor, jobs)
     os.rmdir(monitor.groups()["j"].path)  # an operator's rmdir
-    monitor.sync({"j": job("j", p.pid, sleeper().pid)})
-    report = monitor.sync({"j": job("j", p.pid)})
+    sync(monitor, {"j": job("j", p.pid, sleeper().pid)})
+    report = sync(monitor, {"j": job("j", p.pid)})
     assert report.monitoring == {"j": "own"} and p.pid in monitor.groups()["j"].read_tasks()
 
 
 def telemetry_for(rc, discovery, monitor, **kw):
-    bandwidth = BandwidthSampler(rc, monitor)
-    monitor.on_removed = bandwidth.forget
-    return Telemetry(discovery, monitor, NvmlSampler(), bandwidth, **kw)
+    return Telemetry(discovery, monitor.session, monitor, NvmlSampler(), **kw)
 
 
 def open_fds():
@@ -122,7 +125,7 @@ def test_200_short_lived_jobs_leak_no_groups_fds_or_memory(node):
         assert mon_groups(rc) == []
         assert open_fds() <= fds
         assert grown < 512 * 1024, f"memory grew by {grown} bytes over 200 jobs"
-        assert telemetry.bandwidth.reader.open_files <= 2 * len(rc.caps.domains)  # the root's only
+        assert telemetry.bandwidth.reader.open_files == 0  # nothing kept open in resctrl between ticks
     finally:
         telemetry.close()
         fake.install(None)
@@ -189,7 +192,7 @@ def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(nod
     base, mkcg = v1_cpuset
     job_dir = mkcg("slurm/uid_0/job_9")
     discovery = JobDiscovery([CgroupSource.create("slurm", base)])
-    telemetry = Telemetry(discovery, monitor, None, None, process_events=True)
+    telemetry = Telemetry(discovery, monitor.session, monitor, None, process_events=True)
     try:
         if telemetry.events is None:
             pytest.skip("process-events connector unavailable here")
@@ -209,7 +212,7 @@ def test_a_task_in_someone_elses_control_group_is_left_there(node, sleeper):
     os.mkdir(f"{emu.root}/their-group")  # another tool's allocation
     with open(f"{emu.root}/their-group/tasks", "w") as f:
         f.write(str(p.pid))
-    monitor.sync({"j": job("j", p.pid)})
+    sync(monitor, {"j": job("j", p.pid)})
     with open(f"{emu.root}/their-group/tasks") as f:
         assert f.read().split() == [str(p.pid)]
     assert monitor.groups()["j"].read_tasks() == []

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import uuid
 
-from noded.actuators.cores import read_cpuset_file
+from noded.samplers.cpus import read_cpuset_file
 from noded.config import Config, JobsConfig, JobSourceConfig, ResctrlConfig
 from noded.sim import fake_nvml
 from resctrl.emulator import MountedEmulator

@@ -4,19 +4,27 @@ CLOSIDs are scarce (often 8–16), so jobs at the same level share one control g
 ``<prefix>mba-<level>``, whose schemata holds that level's MB value on every domain.
 A job changes level by moving its monitoring group there (a rename, which moves
 its tasks' CLOSID with it), or, for a job without its own monitoring group, by
-moving its processes. Control groups no longer used are removed.
+moving its processes.
+
+Everything is planned from the kernel's listing in the Sample (``GroupsView``): a
+job's level is the control group its tasks are in; a control group some level
+needs is made where it is missing and its schemata put right where it differs; a
+control group no job wants is removed once no job's group is inside it (its
+remaining tasks go back to the root with it, as the kernel does on rmdir).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Mapping
 
-from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, MonGroup, Resctrl, ResctrlError, normalize_mb
+from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError, normalize_mb
 
-from ..jobs.monitoring import JobMonitor
+from ..jobs.monitoring import group_name, mon_group_at
 from ..sample import Sample
-from .plan import LevelThrottle
+from ..samplers.resctrl import ResctrlSession
+from .plan import UNKNOWN, UNSETTLED, LevelThrottle
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -35,16 +43,14 @@ def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
 class MbaThrottle(LevelThrottle):
     kind = "mba"
 
-    def __init__(self, rc: Resctrl, monitor: JobMonitor, levels: tuple[float, ...], peak_bytes_per_domain: float,
+    def __init__(self, session: ResctrlSession, levels: tuple[float, ...], peak_bytes_per_domain: float,
                  *, dry_run: bool = False):
-        if rc.caps.mb is None:
-            raise ValueError("MbaThrottle needs a host with memory bandwidth allocation")
         super().__init__(dry_run=dry_run)
-        self.rc = rc
-        self.monitor = monitor
+        self.session = session
         self.levels = levels
         self.peak = peak_bytes_per_domain
-        self._ctrl: dict[int, CtrlGroup] = {}
+        self._broken: dict[int, str] = {}  # level -> why its control group cannot be used this tick
+        self._prepared: dict[int, str] = {}  # level -> what was written this tick to make its group ready
 
     @property
     def max_level(self) -> int:
@@ -58,76 +64,136 @@ class MbaThrottle(LevelThrottle):
         return self.levels[level - 1] if level else 1.0
 
     def ctrl_name(self, level: int) -> str:
-        return f"{self.rc.prefix}mba-{level}"
+        return f"{self.session.prefix}mba-{level}"
 
-    def apply(self, levels, sample: Sample):
-        self._reconcile()
-        return super().apply(levels, sample)
+    def level_of(self, ctrl: str) -> int | None:
+        """The level a control group of ours stands for, or None for any other name."""
+        tail = ctrl.removeprefix(f"{self.session.prefix}mba-")
+        if tail != ctrl and tail.isdigit() and 1 <= int(tail) <= self.max_level and self.ctrl_name(int(tail)) == ctrl:
+            return int(tail)
+        return None
 
-    def _reconcile(self) -> None:
-        # Levels in force are where the job groups really are: a group recreated
-        # under the root (resctrl remounted, an operator's rmdir) is at level 0.
-        for level, ctrl in list(self._ctrl.items()):
-            if not os.path.isdir(ctrl.path):
-                del self._ctrl[level]
-        groups = self.monitor.groups()
-        for job, level in list(self.current.items()):
-            group = groups.get(job)
-            if group is not None and os.path.basename(group.parent.path) != self.ctrl_name(level):
-                del self.current[job]
+    def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for job, js in sample.jobs.items():
+            if js.ctrl_groups is None:
+                out[job] = UNKNOWN
+                continue
+            levels = {self.level_of(n) for n in js.ctrl_groups}
+            if not levels:
+                out[job] = 0
+            elif len(levels) == 1 and None not in levels:
+                out[job] = levels.pop()
+            else:
+                out[job] = UNSETTLED  # spread over several of our groups, or in one that is no level
+        return out
 
-    def _ensure_ctrl(self, level: int, writes: list[str]) -> CtrlGroup:
-        ctrl = self._ctrl.get(level)
-        if ctrl is None:
-            value = mb_value(self.levels[level - 1], self.rc, self.peak)
-            name = self.ctrl_name(level)
-            writes.append(f"mkdir {name}; schemata MB={value} on every domain")
-            if self.dry_run:
-                return CtrlGroup(self.rc, name, os.path.join(self.rc.root, name))
-            ctrl = self.rc.ensure_ctrl_group(name)
-            ctrl.set_mb(value)
-            self._ctrl[level] = ctrl
-        return ctrl
+    def _rc(self, sample: Sample) -> Resctrl | None:
+        rc = self.session.rc
+        if rc is None or rc.caps.mb is None or sample.resctrl is None \
+                or sample.resctrl.generation != self.session.generation:
+            return None  # nothing seen of this mount: nothing can be planned on it
+        return rc
 
-    def _set_level(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
-        target = self._ensure_ctrl(level, writes) if level else self.rc.root_group()
-        group = self.monitor.groups().get(job)
-        if group is not None:
-            writes.append(f"rename {os.path.relpath(group.path, self.rc.root)} -> "
-                          f"{os.path.relpath(os.path.join(target.path, 'mon_groups', group.name), self.rc.root)}")
-            if not self.dry_run:
-                self.monitor.set_group(job, group.move_to(target))
+    def _before(self, wanted: Mapping[str, int], sample: Sample) -> None:
+        """Every level a job wants: its control group there, with its MB value."""
+        self._broken = {}
+        self._prepared = {}
+        rc = self._rc(sample)
+        if rc is None:
             return
-        # Shared monitoring (no RMID of its own): move the processes themselves.
-        for pid in sorted(sample.jobs[job].pids):
+        view = sample.resctrl.groups
+        for level in sorted({lvl for job, lvl in wanted.items() if lvl and job in sample.jobs}):
+            name = self.ctrl_name(level)
+            value = mb_value(self.levels[level - 1], rc, self.peak)
+            seen = view.ctrl_mb.get(name) if name in view.ctrl_tasks else None
+            if seen and all(v == value for v in seen.values()):
+                continue
+            what = f"mkdir {name}; schemata MB={value} on every domain" if seen is None else \
+                f"{name}/schemata MB={value} on every domain (was {dict(seen)})"
+            self._prepared[level] = what  # reported with the first job moved there
+            if self.dry_run:
+                continue
+            try:
+                ctrl = rc.ensure_ctrl_group(name)
+                ctrl.set_mb(value)
+            except (ResctrlError, OSError) as e:
+                self._broken[level] = f"{what}: {e}"
+                log.warning("mba level %d unusable this tick: %s: %s", level, what, e)
+                continue
+            log.info("mba wrote: %s", what)
+
+    def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
+        rc = self._rc(sample)
+        if rc is None:
+            raise ResctrlError("throttle", self.session.root, None, "resctrl with MBA is not mounted now")
+        if level in self._broken:
+            raise ResctrlError("throttle", self.ctrl_name(level), None, self._broken[level])
+        if level in self._prepared:
+            writes.append(self._prepared.pop(level))
+        target = CtrlGroup(rc, self.ctrl_name(level), os.path.join(rc.root, self.ctrl_name(level))) if level \
+            else rc.root_group()
+        js = sample.jobs[job]
+        if js.monitoring == "own":
+            (parent,) = js.ctrl_groups or {""}
+            group = mon_group_at(rc, group_name(rc.prefix, job), parent)
+            writes.append(f"rename {os.path.relpath(group.path, rc.root)} -> "
+                          f"{os.path.relpath(os.path.join(target.path, 'mon_groups', group.name), rc.root)}")
+            if not self.dry_run:
+                group.move_to(target)
+            return
+        # Shared monitoring (no RMID of its own): move the processes themselves, but
+        # never one that sits in someone else's control group.
+        foreign = sample.resctrl.groups.foreign_tasks
+        for pid in sorted(js.pids - foreign):
             writes.append(f"tasks {target.name or '/'} <- {pid} (all threads)")
             if not self.dry_run:
                 target.add_process(pid)
 
-    def _after_apply(self) -> None:
-        used = set(self.current.values())
-        for level in [lvl for lvl in self._ctrl if lvl not in used]:
-            ctrl = self._ctrl.pop(level)
-            if self.dry_run:
-                continue
-            try:
-                ctrl.remove()
-            except GroupNotFoundError:
-                pass
-            except (ResctrlError, OSError) as e:
-                log.warning("removing %s failed: %s", ctrl.name, e)
+    def _after(self, wanted: Mapping[str, int], sample: Sample) -> None:
+        """Remove our control groups that no job wants and no job's group is in."""
+        rc = self._rc(sample)
+        if rc is None or self.dry_run:
+            return
+        keep = {self.ctrl_name(lvl) for job, lvl in wanted.items() if lvl and job in sample.jobs}
+        for name in sorted(set(sample.resctrl.groups.ctrl_tasks) - keep):
+            if self.level_of(name) is None:
+                continue  # ours by prefix but not a level (a newer noded's?): left alone
+            self._remove_if_unused(rc, name)
 
-    def release_all(self, sample: Sample | None = None) -> None:
-        """Every job back to the root control group; our control groups removed."""
-        for job in list(self.current):
-            group = self.monitor.groups().get(job)
+    def _remove_if_unused(self, rc: Resctrl, name: str) -> bool:
+        ctrl = CtrlGroup(rc, name, os.path.join(rc.root, name))
+        try:
+            if os.listdir(os.path.join(ctrl.path, "mon_groups")):
+                return False  # a job's group is still inside (its move failed): not now
+            ctrl.remove()
+        except (GroupNotFoundError, FileNotFoundError):
+            return True
+        except (ResctrlError, OSError) as e:
+            log.warning("removing %s failed (retried next tick): %s", name, e)
+            return False
+        log.info("mba removed %s: no job at that level", name)
+        return True
+
+    def release_all(self) -> list[str]:
+        """Remove every level's control group: the kernel moves their tasks back to the
+        root and frees the monitoring groups inside (the job monitor removes the rest).
+        Returns what could not be removed."""
+        rc = self.session.refresh()
+        if rc is None or not rc.caps.alloc_capable or self.dry_run:
+            return []
+        try:
+            names = sorted(n for n in os.listdir(rc.root) if self.level_of(n) is not None)
+        except OSError as e:
+            log.warning("listing control groups at stop failed: %s", e)
+            return [rc.root]
+        failed = []
+        for name in names:
             try:
-                if group is not None and not self.dry_run:
-                    self.monitor.set_group(job, group.move_to(self.rc.root_group()))
-                elif sample is not None and job in sample.jobs and not self.dry_run:
-                    for pid in sample.jobs[job].pids:
-                        self.rc.root_group().add_process(pid)
+                CtrlGroup(rc, name, os.path.join(rc.root, name)).remove()
+            except GroupNotFoundError:
+                continue
             except (ResctrlError, OSError) as e:
-                log.warning("job=%s release failed: %s", job, e)
-            self.current.pop(job, None)
-        self._after_apply()
+                log.warning("removing %s at stop failed: %s", name, e)
+                failed.append(name)
+        return failed

@@ -1,19 +1,30 @@
-"""The plan of differences: compare desired throttle levels with the levels in
-force and carry out only the changes, one job at a time, logging each write (or,
-in dry-run, each write it would make). A failed change is reported and retried
-next tick; it never stops the others."""
+"""The plan of differences: compare the levels the policy wants with the levels the
+kernel reports in force now (read into the Sample), and carry out only the changes,
+one job at a time, logging each write (in dry-run, each write it would make, once
+per change of plan). A failed change is reported and, the kernel still showing the
+old level, planned again next tick; it never stops the others and nothing is
+believed that the kernel did not confirm.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Mapping
 
 from resctrl import ResctrlError
 
 from ..sample import Sample
+from ..state import StateWriteError
 
 log = logging.getLogger(__name__)
+
+#: levels_in_force() for a job whose level cannot be seen now (nothing is planned for it)
+UNKNOWN = None
+#: levels_in_force() for a job in a state that is no level (tasks spread over several
+#: of noded's groups, say): any wanted level differs from it, so it is put right
+UNSETTLED = -1
 
 
 @dataclass(frozen=True)
@@ -24,11 +35,16 @@ class Applied:
     error: str | None = None
 
 
-def plan(current: Mapping[str, int], levels: Mapping[str, int], sample: Sample) -> list[tuple[str, int]]:
-    """(job, level) for every running job whose level must change, in a stable order."""
-    wanted = {j: lvl for j, lvl in levels.items() if j in sample.jobs}
-    return [(job, wanted.get(job, 0)) for job in sorted(set(current) | set(wanted))
-            if job in sample.jobs and current.get(job, 0) != wanted.get(job, 0)]
+@dataclass(frozen=True)
+class ApplyResult:
+    applied: tuple[Applied, ...]
+    levels: Mapping[str, int]  # in force after this tick: as observed, changed by the writes that succeeded
+
+
+def plan(in_force: Mapping[str, int | None], wanted: Mapping[str, int], sample: Sample) -> list[tuple[str, int]]:
+    """(job, level) for every job now whose level in force is known and not the wanted one."""
+    return [(job, wanted.get(job, 0)) for job in sorted(sample.jobs)
+            if in_force.get(job) is not UNKNOWN and in_force[job] != wanted.get(job, 0)]
 
 
 class LevelThrottle:
@@ -38,34 +54,51 @@ class LevelThrottle:
 
     def __init__(self, *, dry_run: bool = False):
         self.dry_run = dry_run
-        self.current: dict[str, int] = {}
+        self._would: dict[str, tuple[int, tuple[str, ...]]] = {}  # dry-run: the plan last logged per job
 
-    def _set_level(self, job: str, level: int, sample: Sample, writes: list[str]) -> None:
+    def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
         raise NotImplementedError
 
-    def _after_apply(self) -> None:
-        """Tidy-up once all changes are made (e.g. remove unused control groups)."""
+    def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
+        raise NotImplementedError
 
-    def apply(self, levels: Mapping[str, int], sample: Sample) -> list[Applied]:
-        for job in [j for j in self.current if j not in sample.jobs]:
-            del self.current[job]  # ended: what it held went with it
+    def _before(self, wanted: Mapping[str, int], sample: Sample) -> None:
+        """Before the changes: put right what the plan builds on (e.g. control groups)."""
+
+    def _after(self, wanted: Mapping[str, int], sample: Sample) -> None:
+        """After the changes: tidy up (e.g. remove control groups no job uses)."""
+
+    def apply(self, levels: Mapping[str, int], sample: Sample) -> ApplyResult:
+        self._before(levels, sample)
+        in_force = self.levels_in_force(sample)
+        after = {j: lvl for j, lvl in in_force.items() if lvl is not UNKNOWN and lvl > 0}
         out: list[Applied] = []
-        for job, level in plan(self.current, levels, sample):
+        for job, level in plan(in_force, levels, sample):
             writes: list[str] = []
             try:
-                self._set_level(job, level, sample, writes)
-            except (OSError, ResctrlError) as e:
-                log.warning("job=%s %s level %d failed: %s", job, self.kind, level, e)
+                self._set_level(job, level, in_force[job], sample, writes)
+            except (OSError, ResctrlError, StateWriteError) as e:
                 out.append(Applied(job, level, tuple(writes), str(e)))
                 continue
             out.append(Applied(job, level, tuple(writes)))
-            if level:
-                self.current[job] = level
+            if not self.dry_run:
+                after[job] = level
+        if not after.keys() <= sample.jobs.keys():
+            after = {j: lvl for j, lvl in after.items() if j in sample.jobs}
+        self._after(levels, sample)
+        shown = self._dry_run_news(out) if self.dry_run else out
+        for a in shown:
+            if a.error:
+                log.warning("job=%s %s_level=%d failed: %s%s", a.job, self.kind, a.level, a.error,
+                            f" (after: {'; '.join(a.writes)})" if a.writes else "")
             else:
-                self.current.pop(job, None)
-        self._after_apply()
-        for a in out:
-            log.info("job=%s %s_level=%d %s: %s%s", a.job, self.kind, a.level,
-                     "would write" if self.dry_run else "wrote", "; ".join(a.writes),
-                     f" error={a.error}" if a.error else "")
-        return out
+                log.info("job=%s %s_level=%d %s: %s", a.job, self.kind, a.level,
+                         "would write" if self.dry_run else "wrote", "; ".join(a.writes))
+        return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}))
+
+    def _dry_run_news(self, out: list[Applied]) -> list[Applied]:
+        # In dry-run nothing changes, so the same plan comes back every tick: say it
+        # once, and again only when it changes.
+        news = [a for a in out if self._would.get(a.job) != (a.level, a.writes)]
+        self._would = {a.job: (a.level, a.writes) for a in out}
+        return news

@@ -1,22 +1,29 @@
 """One resctrl monitoring group per job, holding all its threads.
 
+Where each job's group is comes from the kernel's listing every tick (``GroupsView``),
+not from memory: a group that vanished (resctrl remounted, an operator's rmdir) is
+made anew, and a group of a job that ended is removed, and stays listed, so the
+removal is tried again, until its rmdir succeeded.
+
 RMIDs are scarce: when none is free a job falls back to shared monitoring (its
 traffic counts in its control group's total only) and creation is retried no
 sooner than ``retry_s`` later, or at once when another job's group was freed.
-Groups of finished jobs are removed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
-from resctrl import MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError
+from resctrl import CtrlGroup, GroupNotFoundError, MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError
 
+from ..samplers.resctrl import GroupsView, ResctrlSession
 from .model import Job
 
 log = logging.getLogger(__name__)
@@ -33,169 +40,191 @@ def group_name(prefix: str, job_id: str) -> str:
     return f"{prefix}job-{safe}-{digest}"
 
 
+def mon_group_at(rc: Resctrl, name: str, parent: str) -> MonGroup:
+    ctrl = rc.root_group() if parent == "" else CtrlGroup(rc, parent, os.path.join(rc.root, parent))
+    return MonGroup(rc, name, os.path.join(ctrl.path, "mon_groups", name), ctrl)
+
+
 @dataclass
 class _Tracked:
-    group: MonGroup | None
-    created_at: float | None = None  # when we made the group (its counters start at zero)
-    moved: set[int] = field(default_factory=set)  # processes whose threads we moved
+    created_at: float | None = None  # when we made its group (its counters start at zero)
+    group: str | None = None  # the path its group had when last listed
+    moved: set[int] = field(default_factory=set)  # processes whose threads we moved into it
     retry_at: float = 0.0
 
 
 @dataclass(frozen=True)
 class MonitorReport:
-    monitoring: dict[str, str]  # job id -> own | shared | none
+    monitoring: Mapping[str, str]  # job id -> own | shared | none
+    groups: Mapping[str, MonGroup]  # job id -> its monitoring group, where it has one
     vanished: tuple[int, ...]  # processes that exited before they could be moved
     rmids_exhausted: bool
 
 
 class JobMonitor:
-    def __init__(self, rc: Resctrl | None, *, clock: Callable[[], float], retry_s: float = 10.0,
-                 on_removed: Callable[[str], None] | None = None, on_moved: Callable[[str], None] | None = None):
-        self.rc = rc
+    def __init__(self, session: ResctrlSession, *, clock: Callable[[], float], retry_s: float = 10.0):
+        self.session = session
         self.clock = clock
         self.retry_s = retry_s
-        self.on_removed = on_removed or (lambda path: None)
-        self.on_moved = on_moved or (lambda old_path: None)
         self._jobs: dict[str, _Tracked] = {}
+        self._groups: dict[str, MonGroup] = {}  # as last listed, for placing new processes between ticks
         self._lock = threading.RLock()
         self._exhausted_logged = False
 
-    @property
     def available(self) -> bool:
-        return self.rc is not None and self.rc.caps.mon is not None
+        rc = self.session.rc
+        return rc is not None and rc.caps.mon is not None
 
     def groups(self) -> dict[str, MonGroup]:
+        """Each job's group as last listed (or made) by ``sync``."""
         with self._lock:
-            return {j: t.group for j, t in self._jobs.items() if t.group is not None}
-
-    def set_group(self, job_id: str, group: MonGroup) -> None:
-        """The job's group moved (under a throttle's control group, or back)."""
-        with self._lock:
-            tracked = self._jobs.get(job_id)
-            if tracked is None or tracked.group is None:
-                return
-            old = tracked.group.path
-            tracked.group = group
-        if old != group.path:
-            self.on_moved(old)
-
-    def lost(self, job_id: str) -> None:
-        """The job's group is gone (resctrl remounted, an operator's rmdir): make it anew next sync."""
-        with self._lock:
-            tracked = self._jobs.get(job_id)
-            if tracked is not None and tracked.group is not None:
-                log.warning("job=%s group %s is gone; recreating it", job_id, tracked.group.name)
-                tracked.group, tracked.retry_at = None, 0.0
-                tracked.moved.clear()
+            return dict(self._groups)
 
     def created_at(self, job_id: str) -> float | None:
         with self._lock:
             t = self._jobs.get(job_id)
             return t.created_at if t else None
 
-    def sync(self, jobs: dict[str, Job]) -> MonitorReport:
+    def sync(self, jobs: Mapping[str, Job], view: GroupsView | None) -> MonitorReport:
+        """Bring the groups in line with ``jobs`` (every job on the host now) from what
+        ``view`` lists: remove groups of jobs that ended, make missing ones, move processes."""
+        rc = self.session.rc
+        if rc is None or rc.caps.mon is None or view is None:
+            with self._lock:
+                self._groups.clear()
+                self._jobs = {j: self._jobs.get(j, _Tracked()) for j in jobs}
+            return MonitorReport(MappingProxyType({j: NONE for j in jobs}), MappingProxyType({}), (), False)
         vanished: list[int] = []
         with self._lock:
+            names = {group_name(rc.prefix, j): j for j in jobs}
+            listed: dict[str, MonGroup] = {}
             freed = False
-            for job_id in [j for j in self._jobs if j not in jobs]:
-                freed |= self._drop(job_id)
-            exhausted = False
+            for name, parent in sorted(view.mon_parent.items()):
+                group = mon_group_at(rc, name, parent)
+                job = names.get(name)
+                if job is None:
+                    freed |= self._remove(group)
+                else:
+                    listed[job] = group
+            self._jobs = {j: self._jobs.get(j, _Tracked()) for j in jobs}
             for job in jobs.values():
-                tracked = self._jobs.get(job.id)
-                if tracked is None or (tracked.group is None and (freed or self.clock() >= tracked.retry_at)):
-                    tracked = self._create(job, tracked)
-                    exhausted |= tracked.group is None and self.available
-                vanished += self._move(job, tracked)
+                tracked = self._jobs[job.id]
+                group = listed.get(job.id)
+                if group is not None and tracked.group is None:
+                    tracked.group = group.path  # adopted (left by an earlier run, or made by us before)
+                if group is None:
+                    if tracked.group is not None:
+                        log.warning("job=%s group %s is gone; making it anew", job.id, tracked.group)
+                        tracked.group, tracked.retry_at = None, 0.0
+                        tracked.moved.clear()
+                    if freed or self.clock() >= tracked.retry_at:
+                        group = self._create(rc, job, tracked)
+                if group is not None:
+                    listed[job.id] = group
+                    tracked.group = group.path
+                    vanished += self._move(rc, job, tracked, group)
+                    if tracked.group is None:  # the group proved unusable while moving
+                        listed.pop(job.id)
+            self._groups = dict(listed)
             report = MonitorReport(
-                {j: (OWN if t.group else SHARED if self.available else NONE) for j, t in self._jobs.items()
-                 if j in jobs},
-                tuple(vanished), exhausted or any(t.group is None for t in self._jobs.values()) and self.available,
-            )
+                MappingProxyType({j: OWN if j in listed else SHARED for j in jobs}),
+                MappingProxyType(dict(listed)), tuple(vanished), any(j not in listed for j in jobs))
         return report
 
     def add_process(self, job: Job, pid: int) -> None:
-        """Place one new process at once (from the process-events connector)."""
+        """Place one new process at once (from the process-events connector), in the
+        job's group as last listed; the next sync places whatever this missed."""
+        rc = self.session.rc
         with self._lock:
+            group = self._groups.get(job.id)
             tracked = self._jobs.get(job.id)
-            if tracked is None:
-                tracked = self._create(job, None)
-            self._move(job, tracked, only={pid})
+            if rc is None or group is None or tracked is None:
+                return
+            self._move(rc, job, tracked, group, only={pid})
 
-    def _create(self, job: Job, tracked: _Tracked | None) -> _Tracked:
-        tracked = tracked or _Tracked(None)
-        self._jobs[job.id] = tracked
-        if not self.available:
-            return tracked
-        name = group_name(self.rc.prefix, job.id)
+    def _create(self, rc: Resctrl, job: Job, tracked: _Tracked) -> MonGroup | None:
+        name = group_name(rc.prefix, job.id)
         try:
-            tracked.group = self.rc.root_group().create_mon_group(name)
-            tracked.created_at = self.clock()
-            tracked.moved.clear()
-            log.info("job=%s monitoring=own group=%s", job.id, name)
+            group = rc.root_group().create_mon_group(name)
         except OutOfRmidsError as e:
             tracked.retry_at = self.clock() + self.retry_s
             if not self._exhausted_logged:
-                log.warning("rmids=exhausted job=%s monitoring=shared (%s); retrying every %.0fs or when a group is freed",
-                            job.id, e.status or e, self.retry_s)
+                log.warning("rmids=exhausted job=%s monitoring=shared (%s); retrying every %.0fs or when a group "
+                            "is freed", job.id, e.status or e, self.retry_s)
                 self._exhausted_logged = True
+            return None
         except ResctrlError as e:
-            if e.errno == 17:  # EEXIST: left by an earlier run; adopt it
-                tracked.group = self.rc.root_group().mon_group(name)
-            else:
-                tracked.retry_at = self.clock() + self.retry_s
-                log.warning("job=%s monitoring group failed: %s", job.id, e)
-        return tracked
+            tracked.retry_at = self.clock() + self.retry_s
+            log.warning("job=%s monitoring group failed: %s", job.id, e)
+            return None
+        tracked.created_at = self.clock()
+        tracked.moved.clear()
+        log.info("job=%s monitoring=own group=%s", job.id, name)
+        return group
 
-    def _move(self, job: Job, tracked: _Tracked, only: set[int] | None = None) -> list[int]:
-        if tracked.group is None:
-            return []
+    def _move(self, rc: Resctrl, job: Job, tracked: _Tracked, group: MonGroup,
+              only: set[int] | None = None) -> list[int]:
         vanished = []
         todo = sorted((only or job.pids) - tracked.moved)
         for pid in todo:
             try:
                 try:
-                    result = tracked.group.add_process(pid)
+                    result = group.add_process(pid)
                 except TaskMoveError as e:
                     # The kernel's MON-parent rule: a task joins a monitoring group only
                     # from that group's control group. Under one of our throttle levels the
                     # task goes there first; a task in someone else's control group stays
                     # where its owner put it (moving it would undo their allocation).
-                    parent = tracked.group.parent
-                    if "different control group" not in e.status or not self.rc.owns(parent.name):
+                    if "different control group" not in e.status or not rc.owns(group.parent.name):
                         raise
-                    parent.add_process(pid)
-                    result = tracked.group.add_process(pid)
+                    group.parent.add_process(pid)
+                    result = group.add_process(pid)
             except TaskMoveError as e:
                 # EPERM and the like will not change by retrying every tick.
                 log.warning("job=%s pid=%d not moved: %s", job.id, pid, e)
                 tracked.moved.add(pid)
                 continue
-            except ResctrlError as e:
-                # The group itself is unusable (removed by someone): recreate it.
-                log.warning("job=%s group %s unusable: %s", job.id, tracked.group.path, e)
+            except (ResctrlError, OSError) as e:
+                # The group itself is unusable (removed by someone): made anew next sync.
+                log.warning("job=%s group %s unusable: %s", job.id, group.path, e)
                 tracked.group, tracked.retry_at = None, 0.0
+                tracked.moved.clear()
                 break
             tracked.moved.add(pid)
             vanished += result.vanished
         tracked.moved &= job.pids | set(todo)
         return vanished
 
-    def _drop(self, job_id: str) -> bool:
-        tracked = self._jobs.pop(job_id)
-        if tracked.group is None:
-            return False
+    def _remove(self, group: MonGroup) -> bool:
+        """rmdir a group no job owns any more; True once it is gone. A failure is logged
+        and, the group still being listed, tried again next tick."""
         try:
-            tracked.group.remove()
+            group.remove()
+        except GroupNotFoundError:
+            pass
         except (ResctrlError, OSError) as e:  # OSError: resctrl itself went away
-            log.warning("job=%s removing group %s failed: %s", job_id, tracked.group.path, e)
-        self.on_removed(tracked.group.path)
-        log.info("job=%s ended; removed %s", job_id, tracked.group.name)
-        if self._exhausted_logged:
-            self._exhausted_logged = False
+            log.warning("removing group %s failed (retried next tick): %s", group.path, e)
+            return False
+        log.info("group %s removed: its job ended", group.name)
+        self._exhausted_logged = False
         return True
 
-    def close(self) -> None:
-        """Remove every group this monitor made."""
+    def close(self) -> list[str]:
+        """Remove every monitoring group of noded's under the root control group (those
+        under noded's control groups went with them); returns what could not be removed."""
+        rc = self.session.rc
+        failed = []
         with self._lock:
-            for job_id in list(self._jobs):
-                self._drop(job_id)
+            self._groups.clear()
+            self._jobs.clear()
+            if rc is None or rc.caps.mon is None:
+                return failed
+            try:
+                names = [n for n in os.listdir(os.path.join(rc.root, "mon_groups")) if rc.owns(n)]
+            except OSError as e:
+                log.warning("listing monitoring groups at stop failed: %s", e)
+                return [rc.root]
+            for name in names:
+                if not self._remove(mon_group_at(rc, name, "")):
+                    failed.append(name)
+        return failed

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Generic, Protocol, TypeVar
+from typing import Callable, TypeVar
 
 T = TypeVar("T", covariant=True)
 log = logging.getLogger(__name__)
@@ -23,17 +23,13 @@ class SamplerStatus:
     error: str | None = None
 
 
-class Sampler(Protocol[T]):
-    name: str
-
-    def sample(self, now: float) -> T: ...
-
-
-def run_sampler(sampler: Sampler[T], now: float, clock: Callable[[], float] = time.monotonic) -> tuple[T | None, SamplerStatus]:
+def run_sampler(name: str, read: Callable[[], T], clock: Callable[[], float] = time.monotonic
+                ) -> tuple[T | None, SamplerStatus]:
+    """``read()`` timed; an exception becomes a missing part and a failed status."""
     t0 = clock()
     try:
-        value = sampler.sample(now)
+        value = read()
     except Exception as e:  # a sampler's failure must never stop the tick
-        log.warning("sampler=%s error=%r", sampler.name, e)
-        return None, SamplerStatus(sampler.name, False, clock() - t0, f"{type(e).__name__}: {e}")
-    return value, SamplerStatus(sampler.name, True, clock() - t0)
+        log.warning("sampler=%s error=%r", name, e)
+        return None, SamplerStatus(name, False, clock() - t0, f"{type(e).__name__}: {e}")
+    return value, SamplerStatus(name, True, clock() - t0)

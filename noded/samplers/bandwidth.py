@@ -6,8 +6,9 @@ inside it, i.e. the tasks in its own RMID). Summing residuals rather than contro
 group totals keeps the node rate steady when a job's group is removed (the
 parent's total drops by that group's count, as on the kernel) or created.
 
-Descriptors are kept open between ticks (``MbmReader``); a reading that is
-missing makes that rate None, never zero, so policy can tell quiet from unknown.
+No descriptor stays open between ticks (an operator must be able to unmount
+resctrl); a reading that is missing makes that rate None, never zero, so policy
+can tell quiet from unknown.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
-from resctrl import BandwidthMeter, CounterReading, Resctrl
+from resctrl import BandwidthMeter, CounterReading, MonGroup, Resctrl
 from resctrl.info import read_domains
 from resctrl.mbm import MBM_TOTAL, MbmReader, MbmSample
 
@@ -57,19 +58,15 @@ RESIDUAL_DIP_BYTES = 256 << 20
 class BandwidthSampler:
     name = "resctrl"
 
-    def __init__(self, rc: Resctrl, monitor: JobMonitor, reader: MbmReader | None = None,
+    def __init__(self, monitor: JobMonitor, reader: MbmReader | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.rc = rc
         self.clock = clock  # rates are taken at the time of reading, not the tick's start
         self.monitor = monitor
         self.reader = reader or MbmReader(events=(MBM_TOTAL,))
         self._meters: dict[str, BandwidthMeter] = {}
         self._ctrl_paths: set[str] = set()
         self._last_read: float | None = None
-
-    def forget(self, path: str) -> None:
-        """A group at ``path`` was removed or moved: close its descriptors."""
-        self.reader.forget(path)
+        self._generation: int | None = None
 
     def _meter(self, key: str, domains: tuple[int, ...], created_at: float | None) -> BandwidthMeter:
         meter = self._meters.get(key)
@@ -84,15 +81,26 @@ class BandwidthSampler:
                 meter.start_from_zero(domains, start)
         return meter
 
-    def sample(self, now: float) -> BandwidthSample:
-        domains = read_domains(self.rc.root, True)
-        groups = self.monitor.groups()
+    def sample(self, rc: Resctrl, generation: int, groups: Mapping[str, MonGroup]) -> BandwidthSample:
+        """Rates of every job group and the node, from counters read now. Descriptors are
+        closed before returning: noded holds nothing open in resctrl between ticks."""
+        if generation != self._generation:
+            # A new mount: counters of the old one mean nothing here.
+            self._meters.clear()
+            self._ctrl_paths.clear()
+            self._last_read = None
+            self._generation = generation
+        try:
+            return self._sample(rc, groups)
+        finally:
+            self.reader.close()
+
+    def _sample(self, rc: Resctrl, groups: Mapping[str, MonGroup]) -> BandwidthSample:
+        domains = read_domains(rc.root, True)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
         job_readings = {job_id: self.reader.read(g.path, domains) for job_id, g in groups.items()}
-        for job_id in [j for j, r in job_readings.items() if not r and domains]:
-            self.monitor.lost(job_id)  # not one domain readable: the group itself is gone
-        ctrl_paths = [self.rc.root] + [g.path for g in self.rc.list_ctrl_groups()]
+        ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
         ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
         now = self.clock()
         span = now - started
@@ -117,8 +125,6 @@ class BandwidthSampler:
         live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
         for key in [k for k in self._meters if k not in live]:
             self._meters.pop(key)
-        for path in self._ctrl_paths - set(ctrl_paths):
-            self.reader.forget(path)  # a control group that was removed
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing))

@@ -8,8 +8,8 @@ import threading
 import time
 
 from ..jobs.monitoring import JobMonitor
-from ..samplers.bandwidth import BandwidthSampler
 from ..samplers.nvml import NvmlSampler
+from ..samplers.resctrl import ResctrlSession
 from ..telemetry import Telemetry
 from .node import SimNode
 from .scenario import Scenario
@@ -18,11 +18,9 @@ GB = 1e9
 
 
 def build_telemetry(sim: SimNode, *, process_events: bool = True) -> Telemetry:
-    rc = sim.open_resctrl()
-    monitor = JobMonitor(rc, clock=time.monotonic)
-    bandwidth = BandwidthSampler(rc, monitor)
-    monitor.on_removed = bandwidth.forget
-    return Telemetry(sim.discovery, monitor, NvmlSampler(), bandwidth, process_events=process_events)
+    session = ResctrlSession.of(sim.open_resctrl())
+    return Telemetry(sim.discovery, session, JobMonitor(session, clock=time.monotonic), NvmlSampler(),
+                     process_events=process_events)
 
 
 def _fmt(v: float | None, scale: float = 1.0, spec: str = "5.1f") -> str:

@@ -1,0 +1,99 @@
+"""Where each job's CPUs are set, as the kernel reports them now.
+
+A job with a cpuset cgroup of its own (v1, or v2 with the cpuset controller) is
+confined by that cgroup and its descendants' ``cpuset.cpus``; any other job by the
+affinity of each of its processes. Core halving plans from these readings against
+the originals it recorded, never from what it remembers having written.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from resctrl.cpulist import parse_cpu_list
+
+from ..jobs.model import Job
+from ..procstat import STARTTIME, stat_fields
+
+
+@dataclass(frozen=True)
+class CpuPlacement:
+    # (cgroup directory, its cpuset.cpus): the job's directory first, then every
+    # descendant with a cpuset, parents before children; () for a job without one.
+    cpusets: tuple[tuple[str, frozenset[int]], ...] = ()
+    # (pid, start time, affinity) of each process of a job without a cpuset.
+    affinities: tuple[tuple[int, str, frozenset[int]], ...] = ()
+
+
+def read_cpuset_file(path: str, name: str) -> str:
+    """A cgroup's ``cpuset.cpus`` or ``cpuset.mems``, or its ``.effective`` where cgroup v2
+    leaves the file empty to inherit the parent's; '' where neither says."""
+    for n in (name, f"{name}.effective"):
+        try:
+            with open(os.path.join(path, n)) as f:
+                value = f.read().strip()
+        except FileNotFoundError:
+            continue
+        if value:
+            return value
+    return ""
+
+
+def has_cpuset(cgroup: str | None) -> bool:
+    return bool(cgroup) and os.path.exists(os.path.join(cgroup, "cpuset.cpus"))
+
+
+def _gone(e: OSError) -> bool:
+    return e.errno in (errno.ENOENT, errno.ENODEV, errno.ESRCH)
+
+
+def read_cpusets(top: str) -> tuple[tuple[str, frozenset[int]], ...]:
+    """The cpuset tree of a job, parents first; a cgroup removed meanwhile is left out."""
+    def walk_error(e: OSError) -> None:
+        if not _gone(e):
+            raise e
+
+    out = []
+    for d, _sub, files in os.walk(top, onerror=walk_error):
+        if "cpuset.cpus" not in files:
+            continue
+        try:
+            out.append((d, frozenset(parse_cpu_list(read_cpuset_file(d, "cpuset.cpus")))))
+        except OSError as e:
+            if not _gone(e):
+                raise
+    return tuple(out)
+
+
+def read_affinities(proc: str, pids: frozenset[int]) -> tuple[tuple[int, str, frozenset[int]], ...]:
+    """(pid, start time, affinity) of each process still there."""
+    out = []
+    for pid in sorted(pids):
+        fields = stat_fields(proc, pid)
+        if fields is None:
+            continue
+        try:
+            cpus = frozenset(os.sched_getaffinity(pid))
+        except ProcessLookupError:
+            continue
+        out.append((pid, fields[STARTTIME].decode(), cpus))
+    return tuple(out)
+
+
+class CpuPlacementSampler:
+    name = "cpus"
+
+    def __init__(self, proc: str = "/proc"):
+        self.proc = proc
+
+    def sample(self, jobs: Mapping[str, Job]) -> dict[str, CpuPlacement]:
+        out = {}
+        for job_id, job in jobs.items():
+            if has_cpuset(job.cgroup):
+                out[job_id] = CpuPlacement(cpusets=read_cpusets(job.cgroup))
+            else:
+                out[job_id] = CpuPlacement(affinities=read_affinities(self.proc, job.pids))
+        return out
