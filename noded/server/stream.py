@@ -61,7 +61,9 @@ class Limits:
     max_per_peer: int = 16
     #: accept() calls per wake-up at most, and the pause after a full batch: the most
     #: connections a storm can make this endpoint accept is accept_batch / accept_pause_s
-    accept_batch: int = 32
+    #: (no more than max_per_peer: a burst from one peer is read between two batches,
+    #: before its own later connections could push it out)
+    accept_batch: int = 16
     accept_pause_s: float = 0.005
     #: the listen backlog: room for a burst of nodectl calls while the thread is busy
     backlog: int = 128
@@ -71,7 +73,7 @@ class Limits:
 
     def __post_init__(self):
         if not (self.deadline_s > 0 and self.max_request_bytes > 0 and 0 < self.max_per_peer <= self.max_connections
-                and self.accept_batch > 0 and self.accept_pause_s >= 0 and self.backlog > 0
+                and 0 < self.accept_batch <= self.max_per_peer and self.accept_pause_s >= 0 and self.backlog > 0
                 and 0 < self.backoff_min_s <= self.backoff_max_s):
             raise ValueError(f"inconsistent server limits: {self}")
 
@@ -151,7 +153,7 @@ class RateLimitedLog:
 
 
 class _Conn:
-    __slots__ = ("sock", "peer", "deadline", "inbuf", "out", "sent", "refusal")
+    __slots__ = ("sock", "peer", "deadline", "inbuf", "out", "sent", "refusal", "unread", "draining")
 
     def __init__(self, sock: socket.socket, peer: Peer, deadline: float):
         self.sock = sock
@@ -161,6 +163,8 @@ class _Conn:
         self.out: memoryview | None = None  # the reply, once there is one
         self.sent = 0
         self.refusal: bytes | None = None
+        self.unread = False  # reading stopped before the client was done sending (too large)
+        self.draining = 0  # bytes read and discarded after the reply; counts once the reply is out
 
 
 @dataclass
@@ -257,6 +261,9 @@ class StreamServer:
         if self._resume_at is not None:
             waits.append(self._resume_at - now)
         events = self._sel.select(max(0.0, min(waits)) if waits else None)
+        # Clients first, new connections last: a request that has arrived is answered
+        # before newcomers could push its connection out.
+        events.sort(key=lambda event: event[0].data is _LISTENER)
         for key, mask in events:
             if key.data is _LISTENER:
                 self._accept()
@@ -275,6 +282,8 @@ class StreamServer:
                         self._read(conn)
                     elif mask & selectors.EVENT_WRITE and conn.out is not None:
                         self._write(conn)
+                    elif mask & selectors.EVENT_READ and conn.out is not None:
+                        self._drain(conn)
                 except Exception:
                     self._log.log(logging.ERROR, "bug", "%s: error serving %s", self.name, conn.peer.key,
                                   exc_info=True)
@@ -343,6 +352,11 @@ class StreamServer:
         self.stats.open = len(self._conns)
         conn.refusal = self.protocol.refusal(peer)
         self._sel.register(sock, selectors.EVENT_READ, conn)
+        try:
+            self._read(conn)  # a prompt client's request is usually here already: answer it now
+        except Exception:
+            self._log.log(logging.ERROR, "bug", "%s: error serving %s", self.name, peer.key, exc_info=True)
+            self._close(conn)
 
     def _make_room(self, key: str) -> None:
         # Why drop the oldest connection of the biggest holder rather than refuse the
@@ -392,6 +406,7 @@ class StreamServer:
                 self.stats.served += 1
         elif len(conn.inbuf) > self.limits.max_request_bytes:
             self.stats.too_large += 1
+            conn.unread = True
             self._reply(conn, self.protocol.too_large(self.limits.max_request_bytes))
         elif not data:
             self._close(conn)  # the client went away before its request was complete
@@ -410,6 +425,33 @@ class StreamServer:
             self._close(conn)
             return
         if conn.sent >= len(conn.out):
+            self._done_writing(conn)
+
+    def _done_writing(self, conn: _Conn) -> None:
+        # Half-close, and close for good once the client has stopped sending: closing a
+        # socket with input left unread makes the kernel reset the connection, which can
+        # cost the client the reply (a request over the size limit, extra bytes after
+        # the request). A client that sent just its request is closed at once.
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._drain(conn)
+
+    def _drain(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            if not conn.unread and not conn.draining:
+                self._close(conn)
+            return  # else wait for the client's EOF (within the same deadline)
+        except OSError:
+            self._close(conn)
+            return
+        conn.draining += len(data)
+        if not data or conn.draining > 4 * self.limits.max_request_bytes:
             self._close(conn)
 
     def _close(self, conn: _Conn, parting: bytes = b"") -> None:
