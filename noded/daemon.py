@@ -11,14 +11,15 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
 from .actuators.plan import Applied, ApplyResult
+from .baselines import LEARNED, BaselineStore
 from .config import Config
 from .policy.contention import Decision, PolicyState, decide
-from .sample import Sample
+from .sample import GPU, Sample
 from .telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class TickResult:
     throttle_kind: str | None  # mba | cores | None (nothing can throttle here)
     levels: Mapping[str, int]  # levels in force after this tick (as observed, plus the writes that succeeded)
     state_unwritable: str | None = None  # why nothing new may be changed (the state directory), if so
+    # GPU job -> (baseline utilisation %, where it came from); a GPU job absent has none yet
+    baselines: Mapping[str, tuple[float, str]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class Daemon:
@@ -75,6 +78,7 @@ class Daemon:
         self._lock = threading.Lock()
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
+        self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
@@ -158,9 +162,13 @@ class Daemon:
                 limits = {j: lvl for j, lvl in limits.items() if j in overrides}
                 self.state = replace(self.state, throttles=MappingProxyType(
                     {j: t for j, t in self.state.throttles.items() if j in overrides}))
+            metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
+            known = self.baselines.known(metas) if self.baselines else MappingProxyType({})
             decision, self.state = decide(sample, self.state, self.config.contention,
                                           self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
-                                          self.throttle.level_share if self.throttle else (lambda level: 1.0))
+                                          self.throttle.level_share if self.throttle else (lambda level: 1.0), known)
+            if self.baselines:
+                self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
             if self.paused:
                 decision = replace(decision, note=f"paused: {self.paused}")
             elif unwritable and not decision.note:
@@ -181,7 +189,9 @@ class Daemon:
         self.ticks += 1
         result = TickResult(self.ticks, t0, sample, decision, result.applied,
                             MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
-                            self.throttle.kind if self.throttle else None, result.levels, unwritable)
+                            self.throttle.kind if self.throttle else None, result.levels, unwritable,
+                            MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
+                                              for j, b in self.state.baselines.items()}))
         self.last = result
         return result
 
@@ -210,6 +220,9 @@ class Daemon:
         Each step runs even when an earlier one failed (resctrl gone, a job gone); what
         the kernel lists is removed, whatever noded remembers.
         """
+        if self.baselines is not None and self.last is not None and self.last.sample.jobs_known:
+            metas = {j: js.meta for j, js in self.last.sample.jobs.items() if js.kind == GPU}
+            self.baselines.update(self.state.baselines, self.state.baseline_sources, metas, force=True)
         if self.throttle is not None:
             try:
                 left = self.throttle.release_all()

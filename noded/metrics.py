@@ -150,6 +150,20 @@ class NodedCollector:
         yield level
         yield mon
         yield jutil
+        known = GaugeMetricFamily("noded_job_gpu_baseline_known",
+                                  "1 when a GPU job's uncontended utilisation is known (its slowdown can be seen)",
+                                  labels=["job"])
+        base = GaugeMetricFamily("noded_job_gpu_baseline_ratio",
+                                 "A GPU job's uncontended utilisation, and where it came from (learned, job, model)",
+                                 labels=["job", "source"])
+        for job_id, js in sorted(s.jobs.items()):
+            if js.kind == "gpu":
+                known.add_metric([job_id], 1.0 if job_id in r.baselines else 0.0)
+                if job_id in r.baselines:
+                    value, source = r.baselines[job_id]
+                    base.add_metric([job_id, source], value / 100.0)
+        yield known
+        yield base
 
         gutil = GaugeMetricFamily("noded_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "UUID"])
         for g in s.gpus:

@@ -151,7 +151,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
     print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
     log.info("%s", budget.describe())
-    daemon.overrides = OverrideStore(config.state_dir, time.time)
+    daemon.overrides = OverrideStore(built.state, time.time, persist=not args.dry_run)
     for note in daemon.overrides.notes:
         print(f"noded: {note}", file=sys.stderr, flush=True)
     admin = _listening(AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,

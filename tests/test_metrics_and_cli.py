@@ -48,7 +48,7 @@ def fixed_daemon():
     decision = Decision(MappingProxyType({"sim:hog": 1}), (action,), True, 0.95, ("sim:bert",), "")
     result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
                         MappingProxyType({"sample": 0.01, "decide": 0.0001, "act": 0.002}), "mba",
-                        MappingProxyType({"sim:hog": 1}))
+                        MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}))
     return SimpleNamespace(config=Config(peak_gbps_per_domain=10), ticks=7, overruns=1,
                            actions_total=Counter({("throttle", "contention"): 1}), last=result,
                            extra_info={"throttle": "mba", "dry_run": "false"}, paused=None,

@@ -76,7 +76,9 @@ class OverrideStore:
     ``notes`` says what was found corrupt at load and where it was moved aside.
     """
 
-    def __init__(self, state_dir: str | SecureDir, wall_clock: Callable[[], float]):
+    def __init__(self, state_dir: str | SecureDir, wall_clock: Callable[[], float], *, persist: bool = True):
+        # persist=False (dry run): overrides work in memory and are never written
+        self.persist = persist
         self.dir = open_state_dir(state_dir)
         self.path = self.dir.file_path(FILE)
         self.wall_clock = wall_clock
@@ -86,7 +88,8 @@ class OverrideStore:
         self.notes: list[str] = [note] if note else []
 
     def _save(self, items: dict[str, Override]) -> None:
-        self.dir.write_json(FILE, {j: asdict(o) for j, o in items.items()})
+        if self.persist:
+            self.dir.write_json(FILE, {j: asdict(o) for j, o in items.items()})
 
     def set(self, override: Override) -> None:
         """In force once persisted; raises StateWriteError (and nothing changes) otherwise."""

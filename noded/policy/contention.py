@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from ..baselines import LEARNED, Known
 from ..config import ContentionConfig
 from ..sample import CPU, GPU, Sample
 
@@ -45,6 +46,9 @@ class Throttle:
 @dataclass(frozen=True)
 class PolicyState:
     baselines: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # where each baseline came from: learned (here, while quiet), job (its own, from
+    # before a restart) or model (this host's history of its model)
+    baseline_sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     throttles: Mapping[str, Throttle] = field(default_factory=lambda: MappingProxyType({}))
     calm_since: float | None = None
     last_step: float | None = None  # when a throttle or release step was last taken
@@ -90,6 +94,7 @@ def decide(
     now: float,
     overrides: Mapping[str, int] = MappingProxyType({}),
     level_share: Callable[[int], float] = lambda level: 0.5 ** level,
+    known: Mapping[str, Known] = MappingProxyType({}),
 ) -> tuple[Decision, PolicyState]:
     jobs = sample.jobs
     share = node_share(sample, peak_bytes_per_domain)
@@ -124,20 +129,28 @@ def decide(
     # Baselines: learned while the node is quiet and no contention throttle is
     # propping it up; a job that gets faster raises its baseline at any time.
     baselines = {j: b for j, b in state.baselines.items() if j in jobs and jobs[j].kind == GPU}
+    sources = {j: s for j, s in state.baseline_sources.items() if j in baselines}
     quiet = share is not None and share < config.threshold and not any(
         t.cause == CONTENTION for t in throttles.values())
     slowed: list[str] = []
     for job_id, js in jobs.items():
-        if js.kind != GPU or js.gpu_util is None:
+        if js.kind != GPU:
+            continue
+        if job_id not in baselines and job_id in known:
+            # Contention present from the start would otherwise never be seen: begin from
+            # what is known (the job's own from before a restart, or its model's here).
+            baselines[job_id], sources[job_id] = known[job_id].baseline, known[job_id].source
+        if js.gpu_util is None:
             continue
         base = baselines.get(job_id)
         if base is not None and js.gpu_util < base * (1 - config.gpu_drop_margin):
             slowed.append(job_id)
         if base is None:
             if quiet:
-                baselines[job_id] = js.gpu_util
+                baselines[job_id], sources[job_id] = js.gpu_util, LEARNED
         elif quiet or js.gpu_util > base:
             baselines[job_id] = base + config.baseline_alpha * (js.gpu_util - base)
+            sources[job_id] = LEARNED
     slowed.sort()
 
     def throttleable(job_id: str) -> bool:
@@ -165,7 +178,9 @@ def decide(
             level = (throttles[job].level if job in throttles else 0) + 1
             set_level(job, level, CONTENTION,
                       f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
-                      f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%; heaviest CPU job "
+                      f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%"
+                      f"{'' if sources.get(worst) == LEARNED else f' (from its {sources.get(worst)} history)'}"
+                      f"; heaviest CPU job "
                       f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
             stepped = True
         else:
@@ -210,7 +225,8 @@ def decide(
 
     decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(actions), triggered,
                         share, tuple(slowed), note)
-    return decision, replace(state, baselines=MappingProxyType(baselines), throttles=MappingProxyType(throttles),
+    return decision, replace(state, baselines=MappingProxyType(baselines), baseline_sources=MappingProxyType(sources),
+                             throttles=MappingProxyType(throttles),
                              calm_since=calm_since, last_step=last, missing_since=missing_since)
 
 
