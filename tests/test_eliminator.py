@@ -21,7 +21,8 @@ pytestmark = pytest.mark.fuse
 class Harness:
     """The simulated node and a daemon built as `noded run --sim` builds it, ticked here."""
 
-    def __init__(self, tmp_path, events: str, *, profile="intel", peak=8, tick=0.25, gpus=4, **contention):
+    def __init__(self, tmp_path, events: str, *, profile="intel", peak=8, tick=0.25, gpus=4, dry_run=False,
+                 **contention):
         text = f"seed: 1\nduration_s: 600\nnode: {{profile: {profile}, gpus: {gpus}, peak_gbps: {peak}}}\nevents:\n{events}"
         self.sim = SimNode(parse_scenario(text, "test")).start()
         cc = dict(hold_s=1.0, settle_s=0.25)
@@ -29,7 +30,7 @@ class Harness:
         self.config = Config(tick_s=tick, peak_gbps_per_domain=peak, state_dir=str(tmp_path / "state"),
                              resctrl=ResctrlConfig(root=self.sim.emu.root, mounts=self.sim.emu.mounts_file),
                              contention=ContentionConfig(**cc), metrics=MetricsConfig(port=0))
-        self.built = build_daemon(self.config, discovery=self.sim.discovery)
+        self.built = build_daemon(self.config, discovery=self.sim.discovery, dry_run=dry_run)
         self.daemon = self.built.daemon
         self.results = []
         self._next = time.monotonic()

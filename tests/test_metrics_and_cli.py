@@ -127,20 +127,28 @@ def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_
 
 
 @pytest.mark.fuse
-def test_dry_run_decides_and_logs_but_writes_nothing(tmp_path, caplog):
+@pytest.mark.parametrize("profile", ["intel", "no-mba"])
+def test_dry_run_decides_and_logs_each_write_once_but_writes_nothing(tmp_path, caplog, profile):
     import logging
 
     from test_eliminator import NLP_AND_HOG, Harness
 
-    h = Harness(tmp_path, NLP_AND_HOG)
+    h = Harness(tmp_path, NLP_AND_HOG, profile=profile, dry_run=True)
     try:
-        h.daemon.throttle.dry_run = True
-        h.daemon.telemetry.monitor  # monitoring groups are telemetry, not throttling: still made
         with caplog.at_level(logging.INFO, logger="noded.actuators"):
             r = h.until(lambda r: r.applied, 15, "a throttle decision")
-        assert r.applied[0].writes and r.applied[0].writes[0].startswith("mkdir noded-mba-1; schemata MB=")
-        assert h.rc().list_ctrl_groups() == []
-        assert any("would write" in rec.message for rec in caplog.records)
+            hog = next(iter(r.sample.jobs["sim:hog"].pids))
+            affinity = os.sched_getaffinity(hog)
+            for _ in range(8):
+                h.tick()
+        first = r.applied[0].writes[0]
+        assert first.startswith("mkdir noded-mba-1; schemata MB=" if profile == "intel" else "sched_setaffinity(")
+        assert h.rc().list_ctrl_groups() == [] and os.sched_getaffinity(hog) == affinity
+        assert not (tmp_path / "state").exists()  # no originals, no baselines, not even the directory
+        would = [rec.message for rec in caplog.records if "would write" in rec.message]
+        levels = {a.to_level for a in h.actions() if a.job == "sim:hog"}
+        assert len(would) == len(levels), would  # each planned change once, not once a tick
+        assert all(r.levels == {} for r in h.results)  # nothing is in force
     finally:
         h.stop()
 
