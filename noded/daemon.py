@@ -171,8 +171,9 @@ class Daemon:
                 self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
             if self.paused:
                 decision = replace(decision, note=f"paused: {self.paused}")
-            elif unwritable and not decision.note:
-                decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles")
+            elif unwritable:
+                decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
+                                   + (f"; {decision.note}" if decision.note else ""))
             t2 = self.clock()
             result = self.throttle.apply(decision.levels, sample) if self.throttle else \
                 ApplyResult((), MappingProxyType({}))
