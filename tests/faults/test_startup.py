@@ -1,0 +1,98 @@
+"""Startup and shutdown are transactions (issue #11, items 6 and 7): `noded run` as a
+process: a second noded on the same resctrl mount or cgroups is refused whatever its
+runtime directory, and a start that fails half-way leaves nothing behind."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import wait_for
+
+pytestmark = pytest.mark.fuse
+
+
+def config(tmp_path, name, **extra):
+    lines = {"tick_s": "0.1", "state_dir": str(tmp_path / name / "state"), "runtime_dir": str(tmp_path / name / "run"),
+             "metrics": "{address: 127.0.0.1, port: 0}", "nvml": "false"}
+    lines.update(extra)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in lines.items()))
+    return path
+
+
+def run(cfg, *extra, **kw):
+    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p, timeout=30):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"noded did not exit within {timeout}s:\n{out}\n{err}") from None
+    return p.returncode, out, err
+
+
+def mon_groups(emu):
+    return sorted(n for n in os.listdir(os.path.join(emu.root, "mon_groups")) if n.startswith("noded-"))
+
+
+@pytest.fixture
+def node(tmp_path, emulator, v1_cpuset, sleeper):
+    """A resctrl mount and a cgroup tree with one job in it."""
+    emu = emulator("intel")
+    base, mkcg = v1_cpuset
+    job = mkcg("job_1")
+    p = sleeper()
+    with open(f"{job}/cgroup.procs", "w") as f:
+        f.write(str(p.pid))
+    shared = {"resctrl": f"{{root: {emu.root}, mounts: {emu.mounts_file}}}",
+              "jobs": f"{{sources: [{{kind: cgroup, root: {base}, patterns: [job_*]}}], process_events: false}}"}
+    return emu, shared
+
+
+def test_a_second_noded_with_another_runtime_dir_is_refused_and_touches_nothing(tmp_path, node):
+    emu, shared = node
+    first = run(config(tmp_path, "first", **shared))
+    try:
+        assert first.stdout.readline().startswith("noded: metrics at ")
+        wait_for(lambda: mon_groups(emu), timeout=20, what="the first noded's group for the job")
+        groups = mon_groups(emu)
+        for name, extra in (("second", shared),  # the same resctrl mount and cgroups
+                            ("third", {"jobs": shared["jobs"]})):  # the same cgroups only
+            code, out, err = finish(run(config(tmp_path, name, **extra)))
+            assert code == 1 and f"another noded (pid {first.pid}) holds" in err and "Traceback" not in err, err
+        assert mon_groups(emu) == groups and first.poll() is None
+    finally:
+        first.terminate()
+        code, out, err = finish(first)
+    assert code == 0, err
+    assert mon_groups(emu) == []
+
+
+def test_a_port_in_use_fails_clearly_and_leaves_nothing(tmp_path, node):
+    emu, shared = node
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = config(tmp_path, "busy", **shared, metrics=f"{{address: 127.0.0.1, port: {taken.getsockname()[1]}}}")
+        code, out, err = finish(run(cfg))
+        assert code == 1 and "Traceback" not in err, err
+        assert f"noded run: metrics: port {taken.getsockname()[1]} on 127.0.0.1 is already in use" in err
+        assert mon_groups(emu) == [] and os.listdir(emu.root + "/mon_groups") == []
+        assert not os.path.exists(tmp_path / "busy" / "run" / "noded.pid")
+    finally:
+        taken.close()
+    # Nothing is held either: the same config starts now.
+    p = run(config(tmp_path, "busy", **shared))
+    try:
+        assert p.stdout.readline().startswith("noded: metrics at ")
+    finally:
+        p.terminate()
+        assert finish(p)[0] == 0
