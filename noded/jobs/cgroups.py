@@ -26,6 +26,22 @@ DEFAULT_PATTERNS: dict[tuple[str, int], tuple[str, ...]] = {
 }
 
 
+def check_pattern(pattern: str) -> str | None:
+    """Why a job source pattern could match outside its hierarchy's root, or nowhere a
+    process's cgroup path can be (None: it is a usable pattern). The config's validation
+    and CgroupSource.create both ask this, so the two never disagree."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in pattern):
+        return f"{pattern!r} contains a control character"
+    if pattern.startswith("/"):
+        return f"{pattern!r} must be relative to the source's root"
+    parts = pattern.split("/")
+    if ".." in parts or "." in parts:
+        return f"{pattern!r} must be relative to the source's root, without '..' or '.' components"
+    if "" in parts:
+        return f"{pattern!r} has an empty component (a trailing or doubled '/')" if pattern else "empty pattern"
+    return None
+
+
 def cgroup_version(root: str) -> int:
     return 2 if os.path.exists(os.path.join(root, "cgroup.controllers")) else 1
 
@@ -47,8 +63,9 @@ class CgroupSource:
         if not pats:
             raise ValueError(f"job source {kind!r} at {root} needs explicit patterns (no default for v{version})")
         for p in pats:
-            if p.startswith("/") or ".." in p.split("/"):
-                raise ValueError(f"job source pattern {p!r} must be relative to {root} without '..'")
+            reason = check_pattern(p)
+            if reason:
+                raise ValueError(f"job source pattern at {root}: {reason}")
         return cls(kind, root.rstrip("/"), pats, version)
 
     @property
