@@ -1,18 +1,21 @@
-"""The `noded` command."""
+"""The `noded` command.
+
+Each command imports what it needs when it runs: the daemon's process (``run``,
+``check-config``) loads no emulator or simulation code unless it runs one.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from resctrl.emulator.profiles import PROFILES
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="noded", description="Node-level contention and co-location daemon.")
     sub = parser.add_subparsers(dest="command", required=True)
     tour = sub.add_parser("tour", help="a scripted tour of the resctrl library against the emulator")
-    tour.add_argument("--profile", choices=sorted(PROFILES), default="intel")
+    tour.add_argument("--profile", default="intel", help="the emulated host: intel (default), intel-cdp, "
+                      "intel-mbps, amd or no-mba")
     tour.add_argument("--window", type=float, default=1.0, help="measurement window in seconds")
     run = sub.add_parser("run", help="run the daemon")
     run.add_argument("--config", default=None, help="YAML config (default: built-in defaults; /etc/noded/noded.yaml "
@@ -21,22 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
     run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
     run.add_argument("-v", "--verbose", action="store_true")
-    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
     check.add_argument("file")
     sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
     sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
     sim.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
     args = parser.parse_args(argv)
     if args.command == "check-config":
-        from .config import ConfigError, load_config
-
-        try:
-            load_config(args.file)
-        except ConfigError as e:
-            print(f"noded check-config: {e}", file=sys.stderr)
-            return 1
-        print(f"{args.file}: ok")
-        return 0
+        return check_config(args.file)
     if args.command == "run":
         from .runner import main_run
 
@@ -55,12 +50,62 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_scenario(scenario)
     if args.command == "tour":
+        from resctrl.emulator.profiles import PROFILES
+
         from .tour import run_tour
 
+        if args.profile not in PROFILES:
+            tour.error(f"--profile must be one of {', '.join(sorted(PROFILES))}, not {args.profile!r}")
         if args.window <= 0:
-            parser.error(f"--window must be positive, got {args.window}")
+            tour.error(f"--window must be positive, got {args.window}")
         return run_tour(args.profile, args.window)
     return 2
+
+
+def check_config(path: str) -> int:
+    """Validate a config, and the files it names that ``noded run`` reads at start and
+    would refuse to start on. Errors go to stderr as FILE:LINE: KEY: REASON; exit 1."""
+    from .config import ConfigError, load_config
+
+    try:
+        config = load_config(path)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 1
+    problems = _named_file_problems(config)
+    for key, reason in problems:
+        print(f"{path}: {key}: {reason}", file=sys.stderr)
+    if problems:
+        return 1
+    if config.jobs.labels:
+        import os
+
+        from .jobs.discovery import parse_labels
+
+        try:
+            if os.path.lexists(config.jobs.labels):
+                parse_labels(config.jobs.labels)
+        except (OSError, ValueError) as e:
+            print(f"{path}: jobs.labels: warning: {e} (noded runs without these labels until the file is fixed)",
+                  file=sys.stderr)
+    print(f"{path}: ok")
+    return 0
+
+
+def _named_file_problems(config) -> list[tuple[str, str]]:
+    """(key, reason) for each file the config names that noded needs at start and
+    cannot use. The labels file is not one: a broken one is refused at run time and
+    the previous labels kept, so it never stops noded."""
+    out = []
+    cc = config.colocation
+    if cc.enabled and cc.profiles:
+        from .colocation.profiles import ProfileError, load_profiles
+
+        try:
+            load_profiles(cc.profiles)
+        except ProfileError as e:
+            out.append(("colocation.profiles", str(e)))
+    return out
 
 
 if __name__ == "__main__":

@@ -1,18 +1,26 @@
 """noded's configuration: YAML -> frozen dataclasses, validated at load.
 
-Every key is known (an unknown one is an error, not ignored), every value has a
-type and a range, and an error names the file, the key and its line.
+The file is untrusted input (read through noded.yamlsafe: bounded, UTF-8, no aliases,
+no duplicate keys). Every key is known (an unknown one is an error, not ignored), every
+value has a type and a range (numbers finite and bounded, paths absolute and
+normalised), and anything ``noded run`` would refuse at start is refused here, so
+``check-config`` and a reload catch it. An error names the file, the line and the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import math
+import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-import yaml
+from .jobs.cgroups import KINDS, check_pattern
+from .yamlsafe import Document, YamlError, parse_yaml, read_regular_file
 
 GB = 1e9
 #: the node peak when neither the config nor a calibration gives one (GB/s per L3 domain)
@@ -149,135 +157,258 @@ class Config:
         return self.admin.socket or f"{self.runtime_dir.rstrip('/')}/noded.sock"
 
 
-# Range checks: dotted key -> (predicate, what it must be)
-_RULES: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "tick_s": (lambda v: 0.01 <= v <= 60, "between 0.01 and 60 seconds"),
-    "peak_gbps_per_domain": (lambda v: v is None or v > 0, "positive, or null for the calibrated peak"),
-    "contention.threshold": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
-    "contention.release_threshold": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
-    "contention.hold_s": (lambda v: v >= 0, ">= 0"),
-    "contention.settle_s": (lambda v: v >= 0, ">= 0"),
-    "contention.missing_release_s": (lambda v: v > 0, "positive"),
-    "contention.gpu_drop_margin": (lambda v: 0 < v < 1, "a share in (0, 1)"),
-    "contention.baseline_alpha": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "contention.cpu_job_cap_gbps": (lambda v: v is None or v > 0, "positive or null"),
-    "contention.mba_levels": (lambda v: len(v) > 0 and all(0 < x < 1 for x in v)
-                              and list(v) == sorted(v, reverse=True), "shares in (0, 1), mildest first"),
-    "contention.method": (lambda v: v in ("auto", "mba", "cores"), "one of auto, mba, cores"),
-    "metrics.port": (lambda v: 0 <= v <= 65535, "a TCP port (0 picks a free one)"),
-    "admin.timeout_s": (lambda v: 0 < v <= 300, "in (0, 300] seconds"),
-    "colocation.threshold_c": (lambda v: 0 < v <= 1000, "in (0, 1000]"),
-    "colocation.max_jobs_per_gpu": (lambda v: 1 <= v <= 48, "from 1 to 48 (MPS's client limit)"),
-    "jobs.rmid_retry_s": (lambda v: v > 0, "positive"),
-    "jobs.sources.kind": (lambda v: v in ("slurm", "kubernetes", "systemd", "cgroup"),
-                          "one of slurm, kubernetes, systemd, cgroup"),
+# ---------------------------------------------------------------- validation
+#
+# A check takes a converted value and returns why it is wrong, or None. Every float is
+# also finite (see _convert): no key takes inf or nan, and none means "forever".
+
+Check = Callable[[Any], "str | None"]
+
+#: Linux's PATH_MAX, with its NUL
+PATH_MAX = 4096
+#: sun_path of a Unix socket holds 107 bytes and a NUL
+SOCKET_PATH_MAX = 107
+#: names in resctrl's root and groups: a prefix that any starts with would claim it
+RESCTRL_NAMES = ("info", "mon_data", "mon_groups", "tasks", "cpus", "cpus_list", "schemata", "mode", "size",
+                 "ctrl_hw_id", "mon_hw_id")
+PREFIX_MAX = 32
+
+
+def _must(predicate: Callable[[Any], bool], what: str) -> Check:
+    return lambda v: None if predicate(v) else f"{_shown(v)} must be {what}"
+
+
+def _between(lo: float, hi: float, unit: str = "", *, above: bool = False, nullable: str = "") -> Check:
+    """lo <= v <= hi (lo < v with ``above``); ``nullable`` says what null means."""
+    low = f"above {lo:g}" if above else f"at least {lo:g}"
+    what = f"{low} and at most {hi:g}{unit}" + (f", or null {nullable}" if nullable else "")
+    return _must(lambda v: (nullable and v is None) or (v is not None and (lo < v if above else lo <= v) and v <= hi),
+                 what)
+
+
+def path_problem(path: str | None) -> str | None:
+    """Why ``path`` is not an absolute, normalised path noded can use (None: it is)."""
+    if path is None:
+        return None
+    if not path:
+        return "empty; give an absolute path"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in path):
+        return f"{_shown(path)} contains a control character (NUL, newline, …)"
+    if not path.startswith("/"):
+        return f"{_shown(path)} is relative; give an absolute path"
+    if len(path.encode()) >= PATH_MAX:
+        return f"longer than {PATH_MAX - 1} bytes"
+    normal = "/" + os.path.normpath(path).lstrip("/")
+    if normal != path:
+        return f"{_shown(path)} is not normalised; write {normal!r}"
+    return None
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be the owner prefix of noded's resctrl groups (None: it can).
+    noded's safety rests on touching only groups named with it."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+        return f"{_shown(prefix)} must be letters, digits, '_', '.' and '-' (at least one)"
+    if len(prefix) > PREFIX_MAX:
+        return f"{_shown(prefix)} is longer than {PREFIX_MAX} characters"
+    if prefix.startswith("."):
+        return f"{_shown(prefix)} must not start with '.'"
+    claimed = [n for n in RESCTRL_NAMES if n.startswith(prefix)]
+    if claimed:
+        return f"{_shown(prefix)} would claim resctrl's own {', '.join(claimed)}"
+    return None
+
+
+def address_problem(address: str) -> str | None:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return f"{_shown(address)} must be an IP address literal (IPv4 such as 127.0.0.1, or IPv6 such as ::1), not a name"
+    return None
+
+
+def group_problem(group: str) -> str | None:
+    if not group or len(group) > 256 or any(c.isspace() or not c.isprintable() or c in ":/" for c in group):
+        return f"{_shown(group)} must be a group name (1 to 256 printable characters, no spaces, ':' or '/')"
+    return None
+
+
+def gpu_uuid_problem(uuid: str) -> str | None:
+    if not re.fullmatch(r"(GPU|MIG)-[A-Za-z0-9/-]{1,120}", uuid):
+        return f"{_shown(uuid)} must be a GPU UUID as NVML gives it (GPU-…, or MIG-… for a MIG instance)"
+    return None
+
+
+_PATH_KEYS = ("state_dir", "runtime_dir", "resctrl.root", "resctrl.mounts", "jobs.sources.root", "jobs.labels",
+              "admin.socket", "colocation.profiles", "colocation.mps.control", "colocation.mps.pipe_dir",
+              "colocation.mps.log_dir")
+
+# dotted key (list indices removed) -> check of the whole value
+_RULES: dict[str, Check] = {
+    "tick_s": _between(0.01, 60, " seconds"),
+    "peak_gbps_per_domain": _between(0, 10_000, " GB/s", above=True, nullable="for the calibrated peak"),
+    "contention.threshold": _between(0, 1, " (a share of the peak)", above=True),
+    "contention.release_threshold": _between(0, 1, " (a share of the peak)", above=True),
+    "contention.hold_s": _between(0, 3600, " seconds"),
+    "contention.settle_s": _between(0, 600, " seconds"),
+    "contention.missing_release_s": _between(0, 3600, " seconds", above=True),
+    "contention.gpu_drop_margin": _must(lambda v: 0 < v < 1, "a share in (0, 1)"),
+    "contention.baseline_alpha": _between(0, 1, above=True),
+    "contention.cpu_job_cap_gbps": _between(0, 10_000, " GB/s", above=True, nullable="for no cap"),
+    "contention.mba_levels": _must(lambda v: 1 <= len(v) <= 16 and all(a > b for a, b in zip(v, v[1:])),
+                                   "1 to 16 shares, mildest (largest) first, each smaller than the one before"),
+    "contention.method": _must(lambda v: v in ("auto", "mba", "cores"), "one of auto, mba, cores"),
+    "metrics.address": address_problem,
+    "metrics.port": _between(0, 65535, " (a TCP port; 0 picks a free one)"),
+    "admin.timeout_s": _between(0, 300, " seconds", above=True),
+    "admin.group": group_problem,
+    "colocation.threshold_c": _between(0, 1000, above=True),
+    "colocation.max_jobs_per_gpu": _between(1, 48, " (MPS's client limit)"),
+    "colocation.mps.gpus": _must(lambda v: len(set(v)) == len(v), "distinct UUIDs (one is listed twice)"),
+    "jobs.rmid_retry_s": _between(0, 3600, " seconds", above=True),
+    "jobs.sources.kind": _must(lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
+    "resctrl.prefix": prefix_problem,
+    **{k: path_problem for k in _PATH_KEYS},
+}
+
+# dotted key of a list (indices removed) -> check of each item, with the item's own line
+_ITEM_RULES: dict[str, Check] = {
+    "contention.mba_levels": _must(lambda v: 0 < v < 1, "a share in (0, 1)"),
+    "jobs.sources.patterns": check_pattern,
+    "colocation.mps.gpus": gpu_uuid_problem,
 }
 
 
-def _lines(node: yaml.Node, prefix: str, out: dict[str, int]) -> None:
-    """Dotted key -> line number (1-based), for error messages."""
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = f"{prefix}.{k.value}" if prefix else str(k.value)
-            out[key] = k.start_mark.line + 1
-            _lines(v, key, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out.setdefault(f"{prefix}[{i}]", v.start_mark.line + 1)
-            _lines(v, f"{prefix}[{i}]", out)
+def _rule_key(key: str) -> str:
+    return re.sub(r"\[\d+\]", "", key)
 
 
-def _convert(tp: Any, value: Any, key: str, where: str, lines: dict[str, int]) -> Any:
-    line = lines.get(key)
+#: a number as YAML 1.2 writes it that YAML 1.1 (PyYAML) reads as text: 1e9, 1.5e9
+_EXPONENT_TEXT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][0-9]+")
+
+
+def _convert(tp: Any, value: Any, key: str, where: str, doc: Document) -> Any:
+    line = doc.line_of(key)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _convert(args[0], value, key, where, lines)
+        return _convert(args[0], value, key, where, doc)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key, where, lines)
+        return _build(tp, value, key, where, doc)
     if origin is tuple:
         if not isinstance(value, list):
-            raise ConfigError(where, key, line, f"expected a list, got {type(value).__name__}")
-        item = typing.get_args(tp)[0]
-        return tuple(_convert(item, v, f"{key}[{i}]", where, lines) for i, v in enumerate(value))
+            raise ConfigError(where, key, line, f"expected a list, got {_shown(value)}")
+        item_type, item_rule = typing.get_args(tp)[0], _ITEM_RULES.get(_rule_key(key))
+        items = []
+        for i, v in enumerate(value):
+            item = _convert(item_type, v, f"{key}[{i}]", where, doc)
+            reason = item_rule(item) if item_rule else None
+            if reason:
+                raise ConfigError(where, f"{key}[{i}]", doc.line_of(f"{key}[{i}]"), reason)
+            items.append(item)
+        return tuple(items)
+    if tp is float and isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value):
+        raise ConfigError(where, key, line, f"expected a number, got {_shown(value)}: YAML 1.1 reads an exponent "
+                                            "as a number only with a dot before it and a sign in it (1.5e+9)")
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(where, key, line, f"expected a number, got {value!r}")
-        return float(value)
+            raise ConfigError(where, key, line, f"expected a number, got {_shown(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(where, key, line, f"{_shown(value)} is not a finite number (no key takes inf or nan; "
+                                                "none means forever)")
+        return number
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, key, line, f"expected an integer, got {value!r}")
+            raise ConfigError(where, key, line, f"expected an integer, got {_shown(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(where, key, line, f"expected true or false, got {value!r}")
+            raise ConfigError(where, key, line, f"expected true or false, got {_shown(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(where, key, line, f"expected a string, got {value!r}")
+            raise ConfigError(where, key, line, f"expected a string, got {_shown(value)}")
         return value
     raise TypeError(f"config type {tp} not handled")  # a bug in this module, not in the file
 
 
-def _build(cls: type, data: Any, prefix: str, where: str, lines: dict[str, int]):
+def _shown(value: Any) -> str:
+    """A value for a message, cut short: a file may hold a megabyte in one value."""
+    if isinstance(value, (dict, list)):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    return _cut(repr(value))
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _build(cls: type, data: Any, prefix: str, where: str, doc: Document):
     if not isinstance(data, dict):
-        raise ConfigError(where, prefix or "(top level)", lines.get(prefix), f"expected a mapping, got {type(data).__name__}")
+        raise ConfigError(where, prefix or "(top level)", doc.line_of(prefix), f"expected a mapping, got {_shown(data)}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            raise ConfigError(where, key, lines.get(key), f"unknown key; known here: {', '.join(sorted(names))}")
-        value = _convert(hints[k], v, key, where, lines)
+            raise ConfigError(where, _cut(key), doc.line_of(key), f"unknown key; known here: {', '.join(sorted(names))}")
+        value = _convert(hints[k], v, key, where, doc)
         rule = _RULES.get(_rule_key(key))
-        if rule and not rule[0](value):
-            raise ConfigError(where, key, lines.get(key), f"{value!r} must be {rule[1]}")
+        reason = rule(value) if rule else None
+        if reason:
+            raise ConfigError(where, key, doc.line_of(key), reason)
         kwargs[k] = value
     required = [f.name for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     for name in required:
         if name not in kwargs:
             key = f"{prefix}.{name}" if prefix else name
-            raise ConfigError(where, key, lines.get(prefix), "required key missing")
+            raise ConfigError(where, key, doc.line_of(prefix), "required key missing")
     return cls(**kwargs)
 
 
-def _rule_key(key: str) -> str:
-    import re
-
-    return re.sub(r"\[\d+\]", "", key)
-
-
-def parse_config(text: str, where: str = "<config>") -> Config:
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(where, "(syntax)", mark.line + 1 if mark else None, str(e).replace("\n", " ")) from None
-    lines: dict[str, int] = {}
-    if node is not None:
-        _lines(node, "", lines)
-    config = _build(Config, data or {}, "", where, lines)
+def _check_whole(config: Config, where: str, doc: Document) -> None:
+    """What no single key shows: relations between keys, and paths made from several."""
     c = config.contention
     if c.release_threshold >= c.threshold:
-        raise ConfigError(where, "contention.release_threshold", lines.get("contention.release_threshold"),
+        raise ConfigError(where, "contention.release_threshold", doc.line_of("contention.release_threshold"),
                           f"{c.release_threshold} must be below contention.threshold ({c.threshold}) for hysteresis")
     for i, src in enumerate(config.jobs.sources):
         if src.kind in ("systemd", "cgroup") and not src.patterns:
             key = f"jobs.sources[{i}].patterns"
-            raise ConfigError(where, key, lines.get(f"jobs.sources[{i}]"),
+            raise ConfigError(where, key, doc.line_of(key),
                               f"a {src.kind} source needs explicit patterns (noded never guesses which units are jobs)")
+    sockets = [("admin.socket" if config.admin.socket else "runtime_dir", config.admin_socket),
+               ("runtime_dir", config.report_socket)]
+    for key, path in sockets:
+        if len(path.encode()) > SOCKET_PATH_MAX:
+            raise ConfigError(where, key, doc.line_of(key), f"the socket {_shown(path)} would be longer than the "
+                                                             f"{SOCKET_PATH_MAX} bytes a Unix socket path may have")
+
+
+def parse_config(text: str | bytes, where: str = "<config>") -> Config:
+    """A Config from YAML text; raises only ConfigError."""
+    try:
+        doc = parse_yaml(text, where)
+    except YamlError as e:
+        raise ConfigError(where, e.key or ("(yaml)" if e.line else "(file)"), e.line, e.reason) from None
+    config = _build(Config, {} if doc.data is None else doc.data, "", where, doc)
+    _check_whole(config, where, doc)
     return config
 
 
 def load_config(path: str) -> Config:
+    """The config in a file; raises only ConfigError, whatever the file holds or is
+    (a directory, a FIFO, a device, too large: never read, never blocked on)."""
     try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(path, "(file)", None, e.strerror or str(e)) from None
-    return parse_config(text, path)
+        data = read_regular_file(path)
+    except YamlError as e:
+        raise ConfigError(path, "(file)", None, e.reason) from None
+    return parse_config(data, path)
