@@ -20,7 +20,7 @@ import csv
 import io
 from dataclasses import dataclass
 
-import yaml
+from ..yamlsafe import YamlError, read_yaml_file
 
 #: The ncu metric names accepted, and how their units convert to µs / %.
 NCU_DURATION = "gpu__time_duration.sum"
@@ -102,8 +102,10 @@ def load_profiles(path: str) -> dict[tuple[str, int], JobProfile]:
           64:  {C: 3.1e7, M: 2.2e7, window_us: 1.2e6}
           128: {C: 5.9e7, M: 4.0e7, window_us: 2.3e6}
     """
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        data = read_yaml_file(path).data or {}
+    except YamlError as e:  # unreadable, not YAML, aliases, duplicate keys, …: with its line
+        raise ProfileError(str(e)) from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping of model -> batch size -> {{C, M, window_us}}")
     out = {}

@@ -6,9 +6,8 @@ import logging
 import os
 import threading
 
-import yaml
-
 from ..procstat import PPID, stat_fields
+from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
 from .model import Job, JobMeta
 
@@ -64,22 +63,23 @@ class LabelFile:
         try:
             self.labels = parse_labels(self.path)
             self.error = None
-        except (OSError, ValueError, yaml.YAMLError) as e:
+        except (OSError, ValueError) as e:  # ValueError: yamlsafe.YamlError and bad labels
             self.error = str(e)
             log.error("labels=%s rejected, keeping the previous ones: %s", self.path, e)
         return self.labels
 
 
 def parse_labels(path: str) -> dict[str, JobMeta]:
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    data = read_yaml_file(path).data or {}  # bounded; refuses aliases and duplicate job ids
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of job id to labels, got {type(data).__name__}")
     out = {}
     for job_id, labels in data.items():
+        if not isinstance(job_id, str):  # else 1 and "1" would both be job "1", one silently lost
+            raise ValueError(f"{path}: job id {job_id!r} must be a string such as slurm:4242")
         if not isinstance(labels, dict):
             raise ValueError(f"{path}: labels of {job_id!r} must be a mapping")
-        out[str(job_id)] = JobMeta.from_mapping(labels, f"{path}: {job_id}")
+        out[job_id] = JobMeta.from_mapping(labels, f"{path}: {job_id}")
     return out
 
 

@@ -19,6 +19,18 @@ class JobMeta:
     exempt: bool = False  # never throttled
 
     def __post_init__(self):
+        # Labels come from a file anyone with write access to it shapes: a quoted "no"
+        # must not exempt a job, nor a list stand in for a model name.
+        for name, kind, what in (("model", str, "a string"), ("batch_size", int, "an integer"),
+                                 ("requested_cores", int, "an integer"), ("priority", int, "an integer"),
+                                 ("exempt", bool, "true or false")):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise ValueError(f"{name} must be {what}, not {value!r:.60}")
+        if self.priority is None or self.exempt is None:
+            raise ValueError("priority and exempt take no null")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
         if self.category is not None and self.category not in CATEGORIES:
             raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
         if self.requested_cores is not None and self.requested_cores < 1:

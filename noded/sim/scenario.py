@@ -23,13 +23,13 @@ of ``bench/victims``; its output is discarded.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 
-import yaml
-
 from resctrl.emulator.profiles import PROFILES
 
+from ..yamlsafe import YamlError, parse_yaml, read_regular_file
 from .workload import CPU_JOBS, MODELS
 
 
@@ -88,16 +88,20 @@ def _keys(d: dict, where: str, required: set[str], optional: set[str]) -> None:
 
 
 def _number(v, where: str, lo: float = 0.0) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
-        raise ScenarioError(f"{where}: expected a number >= {lo}, got {v!r}")
-    return float(v)
-
-
-def parse_scenario(text: str, name: str = "scenario") -> Scenario:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ScenarioError(f"{name}: not valid YAML: {e}") from None
+        x = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    except OverflowError:  # an integer of hundreds of digits
+        x = math.inf
+    if not math.isfinite(x) or x < lo:
+        raise ScenarioError(f"{where}: expected a finite number >= {lo}, got {v!r:.60}")
+    return x
+
+
+def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
+    try:
+        data = parse_yaml(text, name).data  # bounded; no aliases, no duplicate keys
+    except YamlError as e:
+        raise ScenarioError(f"{e.location}: not valid YAML for a scenario: {e.detail}") from None
     _keys(data, name, {"duration_s", "events"}, {"seed", "tick_s", "node"})
     node_d = data.get("node", {})
     _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps"})
@@ -201,5 +205,8 @@ def _cpu_gbps(args: dict, where: str) -> float:
 
 
 def load_scenario(path: str) -> Scenario:
-    with open(path) as f:
-        return parse_scenario(f.read(), path)
+    try:
+        data = read_regular_file(path)
+    except YamlError as e:
+        raise ScenarioError(str(e)) from None
+    return parse_scenario(data, path)
