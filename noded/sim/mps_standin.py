@@ -1,4 +1,5 @@
-"""A stand-in for ``nvidia-cuda-mps-control``, for hosts without NVIDIA's MPS.
+"""A stand-in for ``nvidia-cuda-mps-control``, for hosts without NVIDIA's MPS: part
+of the simulated node, never imported by the product's ``mps`` package.
 
 Like the real binary: ``-d`` starts the control daemon in the background (``-f`` in
 the foreground); without a flag it is a client that reads commands from stdin,
@@ -8,9 +9,11 @@ The daemon writes ``nvidia-cuda-mps-control.pid`` and its control socket into
 ``CUDA_MPS_LOG_DIRECTORY``; servers are real child processes.
 
 It can be told to fail through ``NODED_MPS_STANDIN`` (a comma list, read by the
-daemon at start): ``no-start`` (refuse to start), ``die-after=S`` (exit without
-cleaning up after S seconds), ``hang=COMMAND`` (never answer that command),
-``fault-after=S`` (servers go to FAULT after S seconds, as a fatal client fault does).
+daemon at start): ``no-start`` (refuse to start), ``hang-start`` (``-d`` never
+returns, and starts nothing), ``die-after=S`` (exit without cleaning up after S
+seconds), ``hang=COMMAND`` (never answer that command), ``fault-after=S`` (each server
+goes to FAULT S seconds after it started, as a fatal client fault does). A SIGSTOPped daemon hangs
+every client, as the real one does.
 """
 
 from __future__ import annotations
@@ -77,12 +80,12 @@ class ControlDaemon:
             elapsed = time.monotonic() - started
             if die_after is not None and elapsed >= die_after:
                 os._exit(1)  # a crash: pid file and socket stay behind
-            if fault_after is not None and elapsed >= fault_after:
-                fault_after = None
+            if fault_after is not None:
                 with self.lock:
                     for spid, srv in self.servers.items():
-                        srv["status"] = "FAULT"
-                        self.log(f"Server {spid} encountered a fatal exception. Shutting down")
+                        if srv["status"] == "ACTIVE" and time.monotonic() - srv["started"] >= fault_after:
+                            srv["status"] = "FAULT"
+                            self.log(f"Server {spid} encountered a fatal exception. Shutting down")
             try:
                 conn, _ = sock.accept()
             except TimeoutError:
@@ -129,6 +132,7 @@ class ControlDaemon:
             if cmd == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
                 proc = subprocess.Popen(["sleep", "infinity"], start_new_session=True)
                 self.servers[proc.pid] = {"proc": proc, "uid": int(args[1]), "status": "ACTIVE",
+                                          "started": time.monotonic(),
                                           "atp": self.default_atp, "mem": dict(self.default_mem)}
                 self.log(f"Starting new server {proc.pid} for user {args[1]}")
                 return ""
@@ -216,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Unknown option {argv[0]}", file=sys.stderr)
         return 1
     faults = _faults()
+    if "hang-start" in faults:
+        time.sleep(3600)  # the fault itself: a start that never returns
+        return 1
     if "no-start" in faults:
         print("An error occurred while starting the MPS control daemon", file=sys.stderr)
         return 1
