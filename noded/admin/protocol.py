@@ -8,6 +8,7 @@ values are errors); a bad request gets an error reply naming what was wrong.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 VERSION = 1
@@ -63,15 +64,21 @@ def _gpu(v: Any) -> str:
 
 
 def _profile(v: Any) -> dict | None:
+    from ..colocation.profiles import check_profile_numbers
+
     if v is None:
         return None
     if not isinstance(v, dict) or set(v) != {"c", "m", "window_us", "source"}:
         raise RequestError("profile must be an object with exactly c, m, window_us and source")
-    nums = [v["c"], v["m"], v["window_us"]]
-    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in nums) or not nums[2]:
-        raise RequestError("profile: c and m must be >= 0 and window_us > 0")
+    for name in ("c", "m", "window_us"):
+        x = v[name]
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise RequestError(f"profile.{name} must be a finite number, got {str(x)[:40]}")
+    problem = check_profile_numbers(float(v["c"]), float(v["m"]), float(v["window_us"]), names=("c", "m", "window_us"))
+    if problem:
+        raise RequestError(f"profile: {problem}")
     if not isinstance(v["source"], str) or len(v["source"]) > 512:
-        raise RequestError("profile: source must be a string")
+        raise RequestError("profile: source must be a string of at most 512 characters")
     return v
 
 
@@ -111,13 +118,65 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
 }
 
 
+class _NotFinite:
+    """What a JSON number that is not a finite float64 parses to: never a float, so it
+    cannot reach a comparison (NaN passes every ``>`` test by failing it)."""
+
+    def __init__(self, text: str, why: str = "is not a finite number"):
+        self.problem = f"{text} {why}"
+
+
+#: An integer longer than this is refused (Python would parse any length, slowly).
+_MAX_INT_DIGITS = 20
+
+
+def _float(text: str) -> float | _NotFinite:
+    x = float(text)
+    return x if math.isfinite(x) else _NotFinite(text[:24], "is beyond a float's range")  # 1e400 parses to inf
+
+
+def _int(text: str) -> int | _NotFinite:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= _MAX_INT_DIGITS else _NotFinite(f"an integer of {digits} digits", "is too large")
+
+
+#: Deeper JSON than this is refused (requests are 3 levels deep; recursion is bounded).
+_MAX_DEPTH = 32
+
+
+def _first_not_finite(value: Any, path: str = "", depth: int = 0) -> tuple[str, str] | None:
+    """(dotted path, text) of the first number in ``value`` that is not finite, or None."""
+    if depth > _MAX_DEPTH:
+        raise RequestError(f"{path}: nested more than {_MAX_DEPTH} levels deep")
+    if isinstance(value, _NotFinite):
+        return path or "the request", value.problem
+    if isinstance(value, dict):
+        children = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        children = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for where, v in children:
+        found = _first_not_finite(v, where, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
     if len(line) > MAX_REQUEST_BYTES:
         raise RequestError(f"request larger than {MAX_REQUEST_BYTES} bytes")
     try:
-        data = json.loads(line)
+        # NaN, Infinity and numbers beyond float64 are JSON Python accepts and the
+        # standard does not: they parse to a marker and are refused by field below.
+        data = json.loads(line, parse_constant=_NotFinite, parse_float=_float, parse_int=_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RequestError(f"not a JSON object: {e}") from None
+    except RecursionError:
+        raise RequestError("not a JSON object: nested too deeply") from None
+    bad = _first_not_finite(data)
+    if bad is not None:
+        raise RequestError(f"{bad[0]}: {bad[1]}")
     if not isinstance(data, dict):
         raise RequestError("not a JSON object")
     unknown = set(data) - {"version", "command", "args"}

@@ -2,11 +2,13 @@
 
 The decision is pure (``decide``): the job's profile, what each GPU already holds
 (jobs admitted here, each with its profile; other work seen by NVML, counted by
-its measured utilisation), the rule (ΣC of the GPU's jobs plus the new one under
-the threshold, at most ``max_jobs_per_gpu``) and, where one was fitted, the
-linear model's predicted speedup δ̂ ≥ 1. Placement is the thesis's Algorithm 2
-(``kernels.place``) for one pending job. Every decision names the source of each
-number it used (a profile file, an Nsight Compute export, or NVML).
+its measured utilisation) and the rule. Placement is the thesis's Algorithm 2
+(``kernels.place_explained``) for one pending job: onto the GPU with the lowest ΣC
+among those with fewer than ``max_jobs_per_gpu`` jobs, where the fitted linear
+model's predicted speedup δ̂ is at least 1, or, only while no model is fitted, where
+ΣC stays within ``threshold_c``. The reason given is the kernel's own (its cause,
+its GPU), and every decision names the source of each number it used (a profile
+file, an Nsight Compute export, or NVML).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from .profiles import JobProfile
 class ColocationRule:
     threshold_c: float = 60.0  # ΣC (time-normalised, %) a GPU may hold
     max_jobs_per_gpu: int = 3
-    coef: tuple[float, ...] | None = None  # fitted linear model of δ over kernels.features, or None
+    #: the fitted linear model of δ over kernels.features: where set, it decides (δ̂ >= 1)
+    #: and threshold_c is not used; None: the ΣC rule decides
+    coef: tuple[float, ...] | None = None
     #: MPS serves one user's clients at a time unless its daemon runs multi-user
     multi_user: bool = False
 
@@ -66,6 +70,11 @@ class Decision:
     n_jobs_after: int | None = None
 
 
+def pinned_mem_limit(memory_total: int, max_jobs_per_gpu: int) -> str:
+    """An equal share of a device's memory per job it may hold, as MPS writes it ("27306M")."""
+    return f"{memory_total // max_jobs_per_gpu >> 20}M"
+
+
 def gpu_loads(sample: Sample, reservations: list[Reservation]) -> list[GpuLoad]:
     """What each readable GPU holds: admitted jobs by profile, other work by NVML."""
     loads = []
@@ -103,43 +112,51 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
             return Decision(False, job, None, None, None,
                             f"GPU(s) {', '.join(str(l.index) for l in others)} serve another user's MPS clients "
                             "(MPS is not multi-user here)")
-    coef = np.array(rule.coef, dtype=np.float64) if rule.coef else np.full(kernels.N_FEATURES, np.nan)
-    assign, delta = kernels.place(
+    fitted = rule.coef is not None
+    coef = np.array(rule.coef, dtype=np.float64) if fitted else np.full(kernels.N_FEATURES, np.nan)
+    assign, delta, why, where = kernels.place_explained(
         np.array([profile.c_norm]), np.array([profile.m_norm]), np.array([float(batch_size)]),
         np.array([l.sum_c for l in pool]), np.array([l.sum_m for l in pool]),
         np.array([l.n_jobs for l in pool], dtype=np.int64), np.array([l.sum_batch for l in pool]),
         rule.max_jobs_per_gpu, rule.threshold_c, coef)
-    target = min(pool, key=lambda l: (l.sum_c, pool.index(l)))
-    sources = (profile.source,) + target.sources
-    if assign[0] < 0:
-        full = all(l.n_jobs >= rule.max_jobs_per_gpu for l in pool)
-        after = target.sum_c + profile.c_norm
-        if full:
-            why = f"every GPU already holds {rule.max_jobs_per_gpu} jobs"
-        elif after > rule.threshold_c:
-            why = (f"ΣC on the least loaded GPU ({target.index}) would be {after:.1f} > threshold "
-                   f"{rule.threshold_c:g}")
+    # The reason is the kernel's own: its cause, on the GPU it chose.
+    cause = int(why[0])
+    at = pool[int(where[0])] if where[0] >= 0 else None
+    d = None if math.isnan(delta[0]) else float(delta[0])
+    sources = (profile.source,) + (at.sources if at else ())
+    if cause != kernels.PLACED:
+        if cause == kernels.NO_FREE_SLOT:
+            why_text = (f"every GPU already holds {rule.max_jobs_per_gpu} jobs" if len(pool) > 1 or gpu == "auto"
+                        else f"GPU {pool[0].index} already holds {rule.max_jobs_per_gpu} jobs")
+        elif cause == kernels.OVER_THRESHOLD:
+            why_text = (f"ΣC on GPU {at.index} (the least loaded with a free slot) would be "
+                        f"{at.sum_c + profile.c_norm:.1f} > threshold {rule.threshold_c:g}")
+        elif cause == kernels.SLOWDOWN:
+            why_text = (f"the fitted speedup model predicts a slowdown on GPU {at.index} (the least loaded with a "
+                        f"free slot): δ̂ = {d:.2f} < 1 with {at.n_jobs + 1} jobs, ΣC {at.sum_c + profile.c_norm:.1f}")
+        elif cause == kernels.NOT_FINITE:
+            why_text = "a number in the profile, the GPU loads or the model is not finite"
         else:
-            d = kernels.predict_speedup(coef, after, target.sum_m + profile.m_norm, target.n_jobs + 1.0,
-                                        target.sum_batch + batch_size)
-            why = f"the speedup model predicts a slowdown (δ̂ = {d:.2f} < 1) on GPU {target.index}"
-        return Decision(False, job, None, None, None, why, sources=sources)
+            why_text = f"not placed (kernel reason {cause})"
+        return Decision(False, job, None, None, d, why_text, sources=sources)
     chosen = pool[int(assign[0])]
     n_after = chosen.n_jobs + 1
-    d = None if math.isnan(delta[0]) else float(delta[0])
     if chosen.n_jobs == 0:
-        why = f"GPU {chosen.index} is free"
+        why_text = f"GPU {chosen.index} is free"
+    elif fitted:
+        why_text = (f"the fitted speedup model predicts δ̂ = {d:.2f} >= 1 on GPU {chosen.index} with {n_after} jobs, "
+                    f"ΣC {chosen.sum_c + profile.c_norm:.1f}")
     else:
-        why = (f"ΣC on GPU {chosen.index} becomes {chosen.sum_c + profile.c_norm:.1f} <= {rule.threshold_c:g} with "
-               f"{n_after} jobs" + (f"; predicted speedup δ̂ = {d:.2f}" if d is not None else ""))
+        why_text = (f"ΣC on GPU {chosen.index} becomes {chosen.sum_c + profile.c_norm:.1f} <= {rule.threshold_c:g} "
+                    f"with {n_after} jobs (no speedup model fitted)")
     env = {"CUDA_VISIBLE_DEVICES": chosen.uuid,
            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(10, 100 // n_after)),
            "NODED_JOB": job}  # for noded.colocation.client.report_iteration
     if chosen.memory_total:
         # An equal share of device memory per possible client, so a late-comer always fits;
         # device 0 is the one CUDA_VISIBLE_DEVICES leaves visible.
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={chosen.memory_total // rule.max_jobs_per_gpu >> 20}M"
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={pinned_mem_limit(chosen.memory_total, rule.max_jobs_per_gpu)}"
     if pipe_dir:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
-    return Decision(True, job, chosen.uuid, chosen.index, d, why, env, sources,
+    return Decision(True, job, chosen.uuid, chosen.index, d, why_text, env, sources,
                     chosen.sum_c + profile.c_norm, n_after)

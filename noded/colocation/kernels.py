@@ -38,25 +38,67 @@ def predict_speedup(coef: np.ndarray, sum_c: float, sum_m: float, n_jobs: float,
     return s
 
 
+#: Why ``place_explained`` left a job where it did (one code per job).
+PLACED = 0
+NOT_REACHED = 1  # an earlier job stopped the packing (Algorithm 2 stops at the first refusal)
+NO_FREE_SLOT = 2  # every GPU already holds max_per_gpu jobs
+OVER_THRESHOLD = 3  # no model fitted, and ΣC on the GPU would exceed the threshold
+SLOWDOWN = 4  # the fitted model predicts δ̂ < 1 on the GPU
+NOT_FINITE = 5  # an input is NaN or infinite: nothing is placed
+
+
+@numba.njit(cache=True)
+def _all_finite(a) -> bool:
+    for x in a.ravel():
+        if not np.isfinite(x):
+            return False
+    return True
+
+
 @numba.njit(cache=True)
 def place(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, threshold_c, coef):
-    """The thesis's Algorithm 2: take pending jobs by ascending C, put each on the GPU
-    with the lowest ΣC (room permitting); stop at the first job whose co-location
-    would break the threshold or predict a slowdown (δ̂ < 1).
+    """``place_explained`` without the why: (gpu index per job, -1 for not placed;
+    predicted δ̂ per job, NaN where no model is fitted or the job runs alone)."""
+    assign, delta, _why, _where = place_explained(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch,
+                                                  max_per_gpu, threshold_c, coef)
+    return assign, delta
 
-    Returns (gpu index per job, -1 for not placed; predicted δ per job, NaN where
-    no model is fitted or the job runs alone).
+
+@numba.njit(cache=True)
+def place_explained(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, threshold_c, coef):
+    """The thesis's Algorithm 2: take pending jobs by ascending C, put each on the GPU
+    with the lowest ΣC among those with a free slot; stop at the first job that
+    cannot go there. What stops it: with a fitted model (``coef`` finite), a
+    predicted slowdown δ̂ < 1, as the thesis uses its regression; without one
+    (``coef`` all NaN), ΣC over ``threshold_c``. A job alone on its GPU always fits.
+
+    Returns (gpu index per job or -1; δ̂ per job where the model was asked, else
+    NaN; why per job (PLACED, NOT_REACHED, ...); the GPU index the reason is about,
+    or -1). Any non-finite input, or a model only partly finite, places nothing
+    (NOT_FINITE): a NaN compares false with every threshold and would pass them all.
     """
     m = job_c.shape[0]
     n = gpu_c.shape[0]
     assign = np.full(m, -1, dtype=np.int64)
     delta = np.full(m, np.nan)
+    why = np.full(m, NOT_REACHED, dtype=np.int64)
+    where = np.full(m, -1, dtype=np.int64)
+    n_nan = 0
+    for x in coef:
+        if np.isnan(x):
+            n_nan += 1
+    unfitted = n_nan == coef.shape[0]  # no model: every coefficient NaN
+    fitted = _all_finite(coef)
+    if not (fitted or unfitted) or not (_all_finite(job_c) and _all_finite(job_m) and _all_finite(job_batch)
+                                        and _all_finite(gpu_c) and _all_finite(gpu_m) and _all_finite(gpu_batch)
+                                        and (fitted or np.isfinite(threshold_c))):
+        why[:] = NOT_FINITE
+        return assign, delta, why, where
     c = gpu_c.copy()
     mm = gpu_m.copy()
     cnt = gpu_n.copy()
     bs = gpu_batch.copy()
     order = np.argsort(job_c, kind="mergesort")
-    fitted = not np.isnan(coef[0])
     for k in range(m):
         j = order[k]
         best = -1
@@ -64,22 +106,27 @@ def place(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, 
             if cnt[g] < max_per_gpu and (best < 0 or c[g] < c[best]):
                 best = g
         if best < 0:
+            why[j] = NO_FREE_SLOT
             break
+        where[j] = best
         if cnt[best] > 0:
             sc = c[best] + job_c[j]
-            if sc > threshold_c:
-                break
             if fitted:
                 d = predict_speedup(coef, sc, mm[best] + job_m[j], cnt[best] + 1.0, bs[best] + job_batch[j])
-                if d < 1.0:
-                    break
                 delta[j] = d
+                if not d >= 1.0:
+                    why[j] = SLOWDOWN
+                    break
+            elif sc > threshold_c:
+                why[j] = OVER_THRESHOLD
+                break
+        why[j] = PLACED
         assign[j] = best
         c[best] += job_c[j]
         mm[best] += job_m[j]
         cnt[best] += 1
         bs[best] += job_batch[j]
-    return assign, delta
+    return assign, delta, why, where
 
 
 @numba.njit(cache=True)
@@ -179,8 +226,8 @@ def warm_up() -> None:
     """Compile (or load from the JIT cache) every kernel, at daemon start rather than
     at the first admission."""
     one = np.ones(2)
-    place(one, one, one, np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1), 3, 60.0,
-          np.full(N_FEATURES, np.nan))
+    for coef in (np.full(N_FEATURES, np.nan), np.ones(N_FEATURES)):
+        place(one, one, one, np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1), 3, 60.0, coef)
     X = np.ones((4, N_FEATURES))
     fit_linear(X, np.ones(4), 1e-3)
     predict_admit(fit_logistic(X, np.ones(4), 1, 0.1, 0.0), X)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 
 from ..yamlsafe import YamlError, read_yaml_file
@@ -34,14 +35,44 @@ class ProfileError(ValueError):
     pass
 
 
+#: Headroom for rounding when checking C <= 100·W (each q_i is at most 100 %).
+_ROUNDING = 1e-9
+
+
+def check_profile_numbers(c: float, m: float, window_us: float,
+                          names: tuple[str, str, str] = ("C", "M", "window_us")) -> str | None:
+    """What is wrong with these profile numbers, or None. Every source of a profile
+    (ncu CSV, profile file, a request, NVML) passes here: a NaN compares false with
+    every threshold and would otherwise be admitted anywhere. ``names``: what the
+    caller's input calls C, M and the window."""
+    nc, nm, nw = names
+    for name, x in zip(names, (c, m, window_us)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            return f"{name} must be a finite number, got {x!r}"
+    if c < 0 or m < 0 or window_us <= 0:
+        return f"{nc} and {nm} must be >= 0 and {nw} > 0"
+    for name, x in ((nc, c), (nm, m)):
+        if x > 100.0 * window_us * (1 + _ROUNDING):
+            return (f"{name}/{nw} = {x / window_us:.6g} %: {name} is a sum of percentages (at most 100) "
+                    f"times kernel durations, so it cannot exceed 100·{nw}")
+    return None
+
+
 @dataclass(frozen=True)
 class JobProfile:
+    """Finite numbers in range only (checked here, so no source can bring another)."""
+
     model: str
     batch_size: int
     c: float  # Σ q_i t_i, %·µs
     m: float  # Σ p_i t_i, %·µs
     window_us: float  # the profiled window W
     source: str  # "ncu:<file>", "profile:<file>", or "nvml" (live samples)
+
+    def __post_init__(self):
+        problem = check_profile_numbers(self.c, self.m, self.window_us)
+        if problem:
+            raise ProfileError(f"{self.source}: {self.model} at batch size {self.batch_size}: {problem}")
 
     @property
     def c_norm(self) -> float:
@@ -56,9 +87,12 @@ class JobProfile:
 
 def _number(text: str, where: str) -> float:
     try:
-        return float(text.replace(",", ""))
+        x = float(text.replace(",", ""))
     except ValueError:
-        raise ProfileError(f"{where}: {text!r} is not a number") from None
+        raise ProfileError(f"{where}: {text[:80]!r} is not a number") from None
+    if not math.isfinite(x):
+        raise ProfileError(f"{where}: {text[:80]!r} is not a finite number")
+    return x
 
 
 def parse_ncu_csv(text: str, *, model: str, batch_size: int, source: str = "ncu",
@@ -74,6 +108,9 @@ def parse_ncu_csv(text: str, *, model: str, batch_size: int, source: str = "ncu"
         raise ProfileError(f"{source}: missing metric column(s) {missing}; collect them with "
                            f"ncu --metrics {','.join((NCU_DURATION, NCU_OCCUPANCY, NCU_DRAM))} --csv --page raw")
     di, oi, pi = (header.index(m) for m in (NCU_DURATION, NCU_OCCUPANCY, NCU_DRAM))
+    width = max(di, oi, pi) + 1
+    if len(units) < width:
+        raise ProfileError(f"{source}: row 2 (the units) has {len(units)} columns, the header has {len(header)}")
     unit = units[di].strip()
     if unit not in _TIME_UNITS_US:
         raise ProfileError(f"{source}: unknown time unit {unit!r} for {NCU_DURATION}")
@@ -82,9 +119,13 @@ def parse_ncu_csv(text: str, *, model: str, batch_size: int, source: str = "ncu"
             raise ProfileError(f"{source}: {u} must be in %, got {units[i]!r}")
     if not kernels:
         raise ProfileError(f"{source}: no kernel rows")
+    if window_us is not None and not (math.isfinite(window_us) and window_us > 0):
+        raise ProfileError(f"{source}: the window must be a finite number of µs > 0, got {window_us!r}")
     c = m = total = 0.0
     for n, row in enumerate(kernels, start=3):
         where = f"{source}: row {n}"
+        if len(row) < width:
+            raise ProfileError(f"{where}: {len(row)} columns, the header has {len(header)}")
         t = _number(row[di], where) * _TIME_UNITS_US[unit]
         q, p = _number(row[oi], where), _number(row[pi], where)
         if t < 0 or not 0 <= q <= 100 or not 0 <= p <= 100:
@@ -92,6 +133,9 @@ def parse_ncu_csv(text: str, *, model: str, batch_size: int, source: str = "ncu"
         c += q * t
         m += p * t
         total += t
+    problem = check_profile_numbers(c, m, window_us or total)
+    if problem:
+        raise ProfileError(f"{source}: {problem}" + ("" if total else " (every kernel took 0 µs)"))
     return JobProfile(model, batch_size, c, m, window_us or total, source)
 
 
@@ -121,7 +165,8 @@ def load_profiles(path: str) -> dict[tuple[str, int], JobProfile]:
             # YAML 1.1 reads 3.1e7 (no dot) as a string: accept numbers written either way.
             nums = [_number(str(v[k]), f"{where}: {k}") if not isinstance(v[k], bool) else -1.0
                     for k in ("C", "M", "window_us")]
-            if any(x < 0 for x in nums) or not nums[2]:
-                raise ProfileError(f"{where}: C and M must be >= 0 and window_us > 0")
+            problem = check_profile_numbers(*nums)
+            if problem:
+                raise ProfileError(f"{where}: {problem}")
             out[(str(model), bs)] = JobProfile(str(model), bs, nums[0], nums[1], nums[2], f"profile:{path}")
     return out

@@ -10,32 +10,49 @@ def predict_speedup(coef, sum_c, sum_m, n_jobs, sum_batch):
     return sum(a * b for a, b in zip(coef, x))
 
 
+PLACED, NOT_REACHED, NO_FREE_SLOT, OVER_THRESHOLD, SLOWDOWN, NOT_FINITE = range(6)
+
+
 def place(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, threshold_c, coef):
+    assign, delta, _why, _where = place_explained(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch,
+                                                  max_per_gpu, threshold_c, coef)
+    return assign, delta
+
+
+def place_explained(job_c, job_m, job_batch, gpu_c, gpu_m, gpu_n, gpu_batch, max_per_gpu, threshold_c, coef):
     m = len(job_c)
+    assign, delta, why, where = [-1] * m, [math.nan] * m, [NOT_REACHED] * m, [-1] * m
+    unfitted = all(math.isnan(x) for x in coef)
+    fitted = all(math.isfinite(x) for x in coef)
+    inputs = list(job_c) + list(job_m) + list(job_batch) + list(gpu_c) + list(gpu_m) + list(gpu_batch)
+    if not (fitted or unfitted) or not all(math.isfinite(x) for x in inputs) or not (fitted or math.isfinite(threshold_c)):
+        return assign, delta, [NOT_FINITE] * m, where
     c, mm, cnt, bs = list(gpu_c), list(gpu_m), list(gpu_n), list(gpu_batch)
-    assign = [-1] * m
-    delta = [math.nan] * m
-    fitted = not math.isnan(coef[0])
     for j in sorted(range(m), key=lambda j: (job_c[j], j)):
         room = [g for g in range(len(c)) if cnt[g] < max_per_gpu]
         if not room:
+            why[j] = NO_FREE_SLOT
             break
         best = min(room, key=lambda g: (c[g], g))
+        where[j] = best
         if cnt[best] > 0:
             sc = c[best] + job_c[j]
-            if sc > threshold_c:
-                break
             if fitted:
                 d = predict_speedup(coef, sc, mm[best] + job_m[j], cnt[best] + 1.0, bs[best] + job_batch[j])
-                if d < 1.0:
-                    break
                 delta[j] = d
+                if not d >= 1.0:
+                    why[j] = SLOWDOWN
+                    break
+            elif sc > threshold_c:
+                why[j] = OVER_THRESHOLD
+                break
+        why[j] = PLACED
         assign[j] = best
         c[best] += job_c[j]
         mm[best] += job_m[j]
         cnt[best] += 1
         bs[best] += job_batch[j]
-    return assign, delta
+    return assign, delta, why, where
 
 
 def _solve(A, b):
