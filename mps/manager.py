@@ -1,15 +1,28 @@
-"""Managing NVIDIA's MPS control daemon (``nvidia-cuda-mps-control``).
+"""Managing NVIDIA's MPS control daemon (``nvidia-cuda-mps-control``), one step at a time.
 
-Start: the GPUs MPS serves go to EXCLUSIVE_PROCESS compute mode first (their
-modes recorded), then ``control -d`` with its own pipe and log directories (and
-CUDA_VISIBLE_DEVICES by UUID where MPS serves only some GPUs). Ready means: the
-pid file exists, that process lives, and a command answers. Commands go to a
-client invocation on stdin, with a timeout; exit status 1 means no daemon answered.
+Every step has a deadline and every child it runs is killed and reaped when the
+deadline passes: a control binary that hangs costs a bounded wait, never a
+stuck caller. Keeping the daemon up (health checks, restarts with backoff) is
+``mps.supervisor``'s job, from its own thread; this module only does the steps.
 
-Health: a dead daemon, or a server in FAULT (``control.log``), is restarted with
-backoff, and the defaults set by commands (lost with the daemon) are set again.
-Stop: ``quit`` with a timeout, then force; no process, pipe directory or compute
-mode change is left behind, also when starting failed half-way.
+Start: the GPUs MPS serves go to EXCLUSIVE_PROCESS compute mode first (their modes
+recorded), then ``control -d`` with its own pipe and log directories (and
+CUDA_VISIBLE_DEVICES by UUID). Ready means: the pid file names a live process that
+is our daemon, and a command answers. Then the defaults this daemon must have are
+set (they are lost with the daemon, so every start sets them, by this one path).
+
+Health: the daemon lives, ``control.log`` shows no server fault since the last
+check, and ``get_server_list`` answers within a short deadline (a SIGSTOPped or
+wedged daemon keeps its pid but answers nothing).
+
+Stop: ``quit`` with a short deadline, then SIGKILL of the servers and the daemon;
+no process, pipe directory or compute mode change is left behind, also when
+starting failed half-way.
+
+A process is only ever signalled when it is ours: our own child, or the pid in the
+pid file whose environment names our pipe directory and whose command line is our
+control binary, checked again by its start time just before the signal (a pid
+file left by a crash may name a pid the kernel has given to someone else).
 """
 
 from __future__ import annotations
@@ -19,6 +32,8 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,6 +42,8 @@ log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 FAULT_MARK = "encountered a fatal exception"
+#: control.log read per health check at most; a log growing faster is read on the next check
+_LOG_READ_LIMIT = 1 << 20
 
 
 def max_clients_per_device(compute_major: int) -> int:
@@ -55,7 +72,11 @@ class MpsUnreachable(MpsError):
 
 
 class MpsTimeout(MpsError):
-    """The control daemon did not answer in time."""
+    """The control daemon (or the control binary) did not answer in time."""
+
+
+class MpsStopping(MpsError):
+    """Refused: this control is being stopped, and starts nothing more."""
 
 
 def all_gpu_uuids() -> list[str]:
@@ -70,31 +91,45 @@ def all_gpu_uuids() -> list[str]:
 
 
 class ComputeModes:
-    """EXCLUSIVE_PROCESS on the GPUs MPS serves, and back, through NVML."""
+    """EXCLUSIVE_PROCESS on the GPUs MPS serves, and back, through NVML.
+
+    ``restore(final=True)`` is the last word: a ``set_exclusive`` racing with it (a
+    start still running while the service stops) is refused, not applied after it.
+    """
 
     def __init__(self, uuids: list[str]):
         self.uuids = uuids
         self.original: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._final = False
 
     def set_exclusive(self) -> None:
         import pynvml
 
-        try:
-            pynvml.nvmlInit()
+        with self._lock:
+            if self._final:
+                raise MpsStopping("compute modes already restored for good")
             try:
-                for uuid in self.uuids:
-                    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                    mode = pynvml.nvmlDeviceGetComputeMode(handle)
-                    self.original.setdefault(uuid, mode)
-                    if mode != pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
-                        pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-            finally:
-                pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
-            self.restore()
-            raise MpsError(f"setting EXCLUSIVE_PROCESS compute mode failed: {e}") from None
+                pynvml.nvmlInit()
+                try:
+                    for uuid in self.uuids:
+                        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                        mode = pynvml.nvmlDeviceGetComputeMode(handle)
+                        self.original.setdefault(uuid, mode)
+                        if mode != pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                            pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+                finally:
+                    pynvml.nvmlShutdown()
+            except pynvml.NVMLError as e:
+                self._restore_locked()
+                raise MpsError(f"setting EXCLUSIVE_PROCESS compute mode failed: {e}") from None
 
-    def restore(self) -> None:
+    def restore(self, *, final: bool = False) -> None:
+        with self._lock:
+            self._final = self._final or final
+            self._restore_locked()
+
+    def _restore_locked(self) -> None:
         import pynvml
 
         if not self.original:
@@ -111,34 +146,55 @@ class ComputeModes:
             log.error("restoring compute modes %s failed: %s", self.original, e)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MpsDefaults:
+    """What every server this daemon starts must have; set again after every restart."""
+
     active_thread_percentage: float | None = None
-    pinned_mem_limits: dict[int, str] = field(default_factory=dict)  # device index -> "4096M"
+    pinned_mem_limits: dict[int, str] = field(default_factory=dict)  # device ordinal -> "4096M"
+
+    def commands(self) -> list[str]:
+        out = []
+        if self.active_thread_percentage is not None:
+            out.append(f"set_default_active_thread_percentage {self.active_thread_percentage:g}")
+        for dev, value in sorted(self.pinned_mem_limits.items()):
+            out.append(f"set_default_device_pinned_mem_limit {dev} {value}")
+        return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a health check found: ``dead`` or ``fault`` (restart now), ``silent`` (no
+    answer in time: restart when it persists)."""
+
+    kind: str
+    message: str
 
 
 class MpsControl:
     def __init__(self, control: str, pipe_dir: str, log_dir: str, *, gpus: list[str] | None = None,
-                 compute_modes: ComputeModes | None = None, command_timeout: float = 5.0,
-                 ready_timeout: float = 10.0, stop_timeout: float = 5.0,
-                 backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 30.0),
-                 extra_env: dict[str, str] | None = None, clock: Callable[[], float] = time.monotonic):
+                 compute_modes: ComputeModes | None = None, defaults: MpsDefaults | None = None,
+                 command_timeout: float = 5.0, ready_timeout: float = 10.0, quit_timeout: float = 0.3,
+                 kill_timeout: float = 0.5, extra_env: dict[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic, proc: str = "/proc"):
         self.control = control
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.gpus = gpus
         self.compute_modes = compute_modes
+        self.defaults = defaults or MpsDefaults()
         self.command_timeout = command_timeout
         self.ready_timeout = ready_timeout
-        self.stop_timeout = stop_timeout
-        self.backoff_s = backoff_s
+        self.quit_timeout = quit_timeout
+        self.kill_timeout = kill_timeout
         self.clock = clock
+        self.proc = proc
         self.extra_env = dict(extra_env or {})
-        self.defaults = MpsDefaults()
-        self.restarts = 0
-        self._failures = 0
-        self._next_restart = 0.0
         self._log_offset = 0
+        self._daemon: tuple[int, bytes] | None = None  # (pid, start time) of the daemon we started
+        self._lock = threading.Lock()
+        self._children: set[subprocess.Popen] = set()  # in flight, killed by interrupt()
+        self._interrupted = False
 
     # -- the environment NVIDIA's tools read
     def env(self) -> dict[str, str]:
@@ -149,52 +205,128 @@ class MpsControl:
         env.update(self.extra_env)
         return env
 
-    def pid(self) -> int | None:
+    # -- which process is our daemon
+    def _pid_file_pid(self) -> int | None:
         try:
-            with open(os.path.join(self.pipe_dir, PID_FILE)) as f:
-                return int(f.read().strip())
-        except (FileNotFoundError, ValueError):
+            with open(os.path.join(self.pipe_dir, PID_FILE), "rb") as f:
+                return int(f.read(32).strip())
+        except (FileNotFoundError, NotADirectoryError, ValueError):
             return None
 
-    def alive(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
+    def _start_time(self, pid: int) -> bytes | None:
+        """The process's start time (field 22 of stat), None when it is gone or a zombie."""
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return None
+        return None if fields[0] == b"Z" else fields[19]
+
+    def _is_control_daemon(self, pid: int) -> bool:
+        """Its environment names our pipe directory and its command line is our binary."""
+        try:
+            with open(f"{self.proc}/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"{self.proc}/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             return False
-        try:  # a zombie is not alive
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+        base = os.path.basename(self.control).encode()
+        return (f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}".encode() in env
+                and any(os.path.basename(a) == base for a in argv))
+
+    def _identify(self) -> tuple[int, bytes] | None:
+        """(pid, start time) of the live control daemon serving our pipe directory."""
+        pid = self._pid_file_pid()
+        if pid is None or pid <= 1:
+            return None
+        if self._daemon is not None and self._daemon[0] == pid:
+            started = self._start_time(pid)
+            return self._daemon if started == self._daemon[1] else None
+        started = self._start_time(pid)
+        if started is None or not self._is_control_daemon(pid):
+            return None
+        return pid, started
+
+    def pid(self) -> int | None:
+        """The live control daemon's pid, or None."""
+        ident = self._identify()
+        return ident[0] if ident else None
+
+    def alive(self) -> bool:
+        return self._identify() is not None
+
+    # -- children, each with a deadline
+    def _run(self, argv: list[str], input_text: str, timeout: float, *, while_stopping: bool = False
+             ) -> tuple[int, str, str]:
+        """Run ``argv`` in its own process group; on timeout (or interrupt()) the group
+        is SIGKILLed and the child reaped. Output goes to files, not pipes: a daemonised
+        grandchild that keeps them open cannot hold us."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            with self._lock:
+                if self._interrupted and not while_stopping:
+                    raise MpsStopping(f"{' '.join(argv)}: MPS is being stopped")
+                p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, env=self.env(),
+                                     start_new_session=True)
+                self._children.add(p)
+            try:
+                try:
+                    p.stdin.write(input_text.encode())
+                    p.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass  # it exited without reading: its status says why
+                try:
+                    rc = p.wait(timeout=max(0.0, timeout))
+                except subprocess.TimeoutExpired:
+                    self._kill_child(p)
+                    raise MpsTimeout(f"{' '.join(argv)} did not finish within {timeout:g}s") from None
+            finally:
+                with self._lock:
+                    self._children.discard(p)
+            if rc < 0:
+                if self._interrupted and not while_stopping:
+                    raise MpsStopping(f"{' '.join(argv)}: killed, MPS is being stopped")
+                raise MpsError(f"{' '.join(argv)} was killed by signal {-rc}")
+            out.seek(0)
+            err.seek(0)
+            return rc, out.read(65536).decode(errors="replace"), err.read(65536).decode(errors="replace")
+
+    def _kill_child(self, p: subprocess.Popen) -> None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the group: a grandchild it forked goes too
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=self.kill_timeout)  # reaped: no zombie
+        except subprocess.TimeoutExpired:
+            log.error("mps child %d survived SIGKILL for %gs (uninterruptible sleep?)", p.pid, self.kill_timeout)
+
+    def interrupt(self) -> None:
+        """From any thread: kill what is in flight and start nothing more (stop() may still
+        send its quit)."""
+        with self._lock:
+            self._interrupted = True
+            children = list(self._children)
+        for p in children:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     # -- commands
-    def command(self, line: str, timeout: float | None = None) -> str:
+    def command(self, line: str, timeout: float | None = None, *, while_stopping: bool = False) -> str:
+        limit = self.command_timeout if timeout is None else timeout
         try:
-            p = subprocess.run([self.control], input=line + "\n", capture_output=True, text=True, env=self.env(),
-                               timeout=timeout or self.command_timeout)
-        except subprocess.TimeoutExpired:
-            raise MpsTimeout(f"MPS control daemon did not answer {line!r} within "
-                             f"{timeout or self.command_timeout:g}s") from None
-        if p.returncode == 1:
-            raise MpsUnreachable(f"{line!r}: {p.stderr.strip() or 'no MPS control daemon answered'}")
-        if p.returncode != 0:
-            raise MpsError(f"{line!r}: exit {p.returncode}: {p.stderr.strip()}")
-        return p.stdout.strip()
-
-    def set_defaults(self, defaults: MpsDefaults) -> None:
-        """Defaults for servers started later; kept to be set again after a restart."""
-        self.defaults = defaults
-        self._apply_defaults()
-
-    def _apply_defaults(self) -> None:
-        d = self.defaults
-        if d.active_thread_percentage is not None:
-            self.command(f"set_default_active_thread_percentage {d.active_thread_percentage:g}")
-        for dev, value in sorted(d.pinned_mem_limits.items()):
-            self.command(f"set_default_device_pinned_mem_limit {dev} {value}")
+            rc, out, err = self._run([self.control], line + "\n", limit, while_stopping=while_stopping)
+        except MpsTimeout:
+            raise MpsTimeout(f"MPS control daemon did not answer {line!r} within {limit:g}s") from None
+        except OSError as e:
+            raise MpsError(f"{self.control}: {e}") from None
+        if rc == 1:
+            raise MpsUnreachable(f"{line!r}: {err.strip() or 'no MPS control daemon answered'}")
+        if rc != 0:
+            raise MpsError(f"{line!r}: exit {rc}: {err.strip()}")
+        return out.strip()
 
     def set_server_limits(self, server_pid: int, active_thread_percentage: float | None = None,
                           pinned_mem_limits: dict[int, str] | None = None) -> None:
@@ -206,35 +338,59 @@ class MpsControl:
 
     # -- lifecycle
     def start(self) -> None:
-        os.makedirs(self.pipe_dir, mode=0o755, exist_ok=True)
-        os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
+        """Compute modes, the daemon, ready, its defaults; all of it or nothing (raises MpsError)."""
         try:
+            self._remove_leftover()
+            os.makedirs(self.pipe_dir, mode=0o755, exist_ok=True)
+            os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
             if self.compute_modes is not None:
                 self.compute_modes.set_exclusive()
-            p = subprocess.run([self.control, "-d"], capture_output=True, text=True, env=self.env(),
-                               timeout=self.ready_timeout)
-            if p.returncode != 0:
-                raise MpsError(f"{self.control} -d failed (exit {p.returncode}): {p.stderr.strip()}")
-            self._wait_ready()
+            deadline = self.clock() + self.ready_timeout
+            try:
+                rc, _, err = self._run([self.control, "-d"], "", self.ready_timeout)
+            except MpsTimeout:
+                raise MpsTimeout(f"{self.control} -d did not return within {self.ready_timeout:g}s") from None
+            if rc != 0:
+                raise MpsError(f"{self.control} -d failed (exit {rc}): {err.strip()}")
+            self._wait_ready(deadline)
             self._log_offset = self._log_size()
-            self._apply_defaults()
-        except (MpsError, OSError, subprocess.TimeoutExpired) as e:
+            for line in self.defaults.commands():
+                self.command(line, timeout=max(0.5, min(self.command_timeout, deadline - self.clock())))
+        except MpsStopping:
+            raise  # stop() follows and cleans up; doing it here too would race with it
+        except (MpsError, OSError) as e:
             self._teardown()
             raise e if isinstance(e, MpsError) else MpsError(f"starting MPS failed: {e}") from None
-        log.info("mps=started pid=%s pipe_dir=%s gpus=%s", self.pid(), self.pipe_dir, self.gpus or "all")
+        log.info("mps=started pid=%s pipe_dir=%s gpus=%s defaults=%s", self.pid(), self.pipe_dir,
+                 self.gpus or "all", self.defaults.commands())
 
-    def _wait_ready(self) -> None:
-        deadline = self.clock() + self.ready_timeout
+    def _remove_leftover(self) -> None:
+        """A daemon of ours from an earlier run (a crash) would make ``-d`` refuse to start."""
+        ident = self._identify()
+        if ident is not None and ident != self._daemon:
+            log.warning("mps: killing control daemon %d left on %s by an earlier run", ident[0], self.pipe_dir)
+            self._daemon = ident
+        if ident is not None:
+            self.kill_daemon()
+        shutil.rmtree(self.pipe_dir, ignore_errors=True)  # its stale socket and pid file
+
+    def _wait_ready(self, deadline: float) -> None:
         last: Exception | None = None
         while self.clock() < deadline:
-            if self.alive():
+            if self._interrupted:
+                raise MpsStopping("MPS is being stopped")
+            ident = self._identify()
+            if ident is not None:
                 try:
-                    self.command("get_default_active_thread_percentage", timeout=max(0.5, deadline - self.clock()))
+                    self.command("get_server_list", timeout=max(0.2, deadline - self.clock()))
+                    self._daemon = ident
                     return
+                except MpsStopping:
+                    raise
                 except MpsError as e:
                     last = e
             time.sleep(0.05)  # polling readiness against a deadline
-        raise MpsError(f"MPS control daemon not ready within {self.ready_timeout:g}s" + (f": {last}" if last else ""))
+        raise MpsTimeout(f"MPS control daemon not ready within {self.ready_timeout:g}s" + (f": {last}" if last else ""))
 
     def _log_size(self) -> int:
         try:
@@ -245,70 +401,103 @@ class MpsControl:
     def _faults_since_check(self) -> list[str]:
         path = os.path.join(self.log_dir, "control.log")
         try:
-            with open(path) as f:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self._log_offset:
+                    self._log_offset = 0  # rotated or truncated
                 f.seek(self._log_offset)
-                text = f.read()
-                self._log_offset = f.tell()
+                text = f.read(_LOG_READ_LIMIT)
         except FileNotFoundError:
             return []
-        return [line for line in text.splitlines() if FAULT_MARK in line]
+        end = text.rfind(b"\n") + 1  # whole lines only; the rest next time
+        self._log_offset += end
+        return [line for line in text[:end].decode(errors="replace").splitlines() if FAULT_MARK in line]
 
-    def health(self) -> str:
-        """Called every tick: "ok", "restarted", or "down" (waiting for the next restart)."""
-        faults = self._faults_since_check() if self.alive() else []
-        if self.alive() and not faults:
-            self._failures = 0
-            return "ok"
-        now = self.clock()
-        if now < self._next_restart:
-            return "down"
-        reason = f"server fault: {faults[0]}" if faults else "control daemon died"
-        log.warning("mps=restarting reason=%r attempt=%d", reason, self._failures + 1)
-        self._kill()
+    def check(self, timeout: float) -> Problem | None:
+        """One health check, bounded by ``timeout``: None when healthy."""
+        if self._identify() is None:
+            return Problem("dead", "control daemon died")
+        faults = self._faults_since_check()
+        if faults:
+            return Problem("fault", f"server fault: {faults[0]}")
         try:
-            self.start()
+            self.command("get_server_list", timeout=timeout)
+        except MpsStopping:
+            raise
         except MpsError as e:
-            delay = self.backoff_s[min(self._failures, len(self.backoff_s) - 1)]
-            self._failures += 1
-            self._next_restart = now + delay
-            log.error("mps=restart_failed retry_in=%gs error=%s", delay, e)
-            return "down"
-        self._failures = 0
-        self.restarts += 1
-        return "restarted"
+            return Problem("silent", f"control daemon does not answer: {e}")
+        return None
 
-    def stop(self) -> None:
-        """quit (with a timeout), then force; leaves no process, pipe dir or compute mode."""
-        pid = self.pid()
-        if pid is not None and self.alive():
-            try:
-                self.command("quit", timeout=self.stop_timeout)
-            except MpsError as e:
-                log.warning("mps quit failed (%s); killing pid %d", e, pid)
-            deadline = self.clock() + self.stop_timeout
-            while self.alive() and self.clock() < deadline:
-                time.sleep(0.02)  # waiting for the daemon's own exit, against a deadline
-        self._teardown()
-
-    def _kill(self) -> None:
-        pid = self.pid()
-        if pid is None:
-            return
-        try:  # its servers first: they would outlive a killed daemon
-            for spid in self.command("get_server_list", timeout=1.0).split():
-                os.kill(int(spid), signal.SIGKILL)
-        except (MpsError, ValueError, ProcessLookupError):
-            pass
+    def _children_of(self, pid: int) -> list[tuple[int, bytes]]:
+        """(pid, start time) of the live children of ``pid`` (its MPS servers)."""
+        out = []
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        deadline = self.clock() + self.stop_timeout
-        while self.alive() and self.clock() < deadline:
-            time.sleep(0.01)  # SIGKILL is delivered asynchronously; wait for it, against a deadline
+            entries = os.listdir(self.proc)
+        except OSError:
+            return out
+        for name in entries:
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"{self.proc}/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if int(fields[1]) == pid and fields[0] != b"Z":
+                out.append((int(name), fields[19]))
+        return out
 
-    def _teardown(self) -> None:
-        self._kill()
+    def _signal(self, ident: tuple[int, bytes], sig: int) -> None:
+        if self._start_time(ident[0]) == ident[1]:  # still that process, not a pid reused since
+            try:
+                os.kill(ident[0], sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_daemon(self) -> None:
+        """SIGKILL our daemon and its servers (they would outlive it); bounded, and safe
+        when the daemon is stopped or wedged: nothing here asks it anything."""
+        ident = self._identify() or self._daemon
+        if ident is None:
+            return
+        self._signal(ident, signal.SIGSTOP)  # it starts no server while we list them
+        servers = self._children_of(ident[0])
+        for s in servers:
+            self._signal(s, signal.SIGKILL)
+        self._signal(ident, signal.SIGKILL)
+        deadline = self.clock() + self.kill_timeout
+        while any(self._start_time(p[0]) == p[1] for p in servers + [ident]) and self.clock() < deadline:
+            time.sleep(0.005)  # SIGKILL is delivered asynchronously; wait for it, against a deadline
+        if ident == self._daemon:
+            self._daemon = None
+
+    def reset(self) -> None:
+        """Between a failed daemon and its successor: kill it and its servers, clear its
+        pipe directory; compute modes stay as MPS needs them."""
+        self.kill_daemon()
+        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+
+    def stop(self, budget_s: float = 0.7, *, final: bool = True) -> None:
+        """``quit`` within part of ``budget_s``, then SIGKILL whatever is left; leaves no
+        process, pipe directory or compute mode change. Safe to call more than once.
+        ``final``: no later start may set compute modes again (see ComputeModes)."""
+        deadline = self.clock() + budget_s
+        ident = self._identify()
+        if ident is not None:
+            servers = self._children_of(ident[0])
+            try:
+                self.command("quit", timeout=max(0.05, min(self.quit_timeout, deadline - self.clock())),
+                             while_stopping=True)
+            except MpsError as e:
+                log.warning("mps quit failed (%s); killing pid %d", e, ident[0])
+            else:
+                while self._start_time(ident[0]) == ident[1] and self.clock() < deadline:
+                    time.sleep(0.005)  # the daemon's own exit after its quit, against a deadline
+            for s in servers:  # a quit cut short may leave servers behind
+                self._signal(s, signal.SIGKILL)
+        self._teardown(final=final)
+
+    def _teardown(self, *, final: bool = False) -> None:
+        self.kill_daemon()
         shutil.rmtree(self.pipe_dir, ignore_errors=True)
         if self.compute_modes is not None:
-            self.compute_modes.restore()
+            self.compute_modes.restore(final=final)

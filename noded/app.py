@@ -75,6 +75,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
     if config.colocation.enabled:
+        from .colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
+
         daemon.colocation = build_colocation(config, clock)
     for n in notes:
         log.warning(n)
@@ -87,33 +89,3 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     that is not this host's raises noded.server.stream.ListenError with a message to print."""
     server = MetricsServer(make_registry(daemon), address, port, METRICS).start()
     return server, server.url
-
-
-def build_colocation(config: Config, clock: Callable[[], float]):
-    """The co-location service with its MPS control daemon, started."""
-    from mps.manager import ComputeModes, MpsControl, all_gpu_uuids, client_limit
-
-    from .colocation.admission import ColocationRule
-    from .colocation.profiles import load_profiles
-    from .colocation.service import Colocation
-
-    cc = config.colocation
-    profiles = load_profiles(cc.profiles) if cc.profiles else {}
-    gpus = list(cc.mps.gpus)
-    served = gpus or all_gpu_uuids()
-    modes = ComputeModes(served) if cc.mps.exclusive_process else None
-    max_jobs = cc.max_jobs_per_gpu
-    limit = client_limit(served) if served else max_jobs
-    if max_jobs > limit:
-        log.warning("colocation.max_jobs_per_gpu %d exceeds MPS's %d clients per device on these GPUs; using %d",
-                    max_jobs, limit, limit)
-        max_jobs = limit
-    mps = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=gpus or None, compute_modes=modes,
-                     clock=clock)
-    from .colocation.outcomes import Outcomes
-
-    service = Colocation(ColocationRule(cc.threshold_c, max_jobs, multi_user=cc.mps.multi_user), profiles,
-                         mps=mps, clock=clock,
-                         outcomes=Outcomes(config.state_dir))
-    service.start()
-    return service

@@ -18,7 +18,8 @@ from noded.jobs.model import JobMeta
 from noded.sample import JobSample, Sample
 from noded.samplers.nvml import GpuSample
 
-STANDIN = os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin")
+from conftest import wait_for
+from mps_support import STANDIN, processes_serving
 
 PROFILES = """
 VGG11: {64: {C: 12.0e6, M: 10.0e6, window_us: 1.0e6}}
@@ -34,7 +35,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
 
     from noded.admin.overrides import OverrideStore
     from noded.admin.server import AdminServer
-    from noded.app import build_colocation
+    from noded.colocation.setup import build_colocation
 
     (tmp_path / "profiles.yaml").write_text(PROFILES)
     h = Harness(tmp_path, "  []", gpus=1)
@@ -47,6 +48,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
             enabled=True, profiles=str(tmp_path / "profiles.yaml"), threshold_c=60.0,
             mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
         h.daemon.colocation = build_colocation(config, h.daemon.clock)
+        wait_for(lambda: h.daemon.colocation.mps_state == "ok", timeout=30, what="MPS up")
         gpu = h.sim.gpus[0]
         assert gpu.compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         h.tick()
@@ -82,6 +84,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         pipe = h.daemon.colocation.mps.pipe_dir
         h.daemon.shutdown()
         assert gpu.compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT and not os.path.exists(pipe)
+        assert processes_serving(pipe) == []
     finally:
         h.sim.stop()
 
@@ -137,9 +140,11 @@ def test_observed_speedups_become_records_and_a_fitted_model(tmp_path):
     assert model["records"] == 41 and model["mean_abs_error"] < 0.1
     # δ = 2 - 0.015·ΣC crosses 1 near ΣC = 67: the threshold the host's own data gives.
     assert model["threshold_c"] == pytest.approx(66.7, abs=4)
-    # A restarted service decides with the fitted model.
+    # A restarted service decides with the fitted model; the ΣC threshold stays the
+    # configured one (the fallback for when no model is fitted).
     service = Colocation(ColocationRule(), {}, mps=None, clock=lambda: 0.0, outcomes=Outcomes(str(tmp_path)))
-    assert service.rule.coef == tuple(model["linear"]) and service.rule.threshold_c == model["threshold_c"]
+    assert service.rule.coef == tuple(model["linear"]) and service.rule.threshold_c == 60.0
+    assert service.decided_by.startswith("speedup model fitted from 41 records")
 
 
 def test_a_job_alone_on_its_gpu_teaches_its_model_profile_through_nvml():
@@ -221,7 +226,7 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
     import dataclasses
     import logging
 
-    from noded.app import build_colocation
+    from noded.colocation.setup import build_colocation
     from noded.config import ColocationConfig, MpsConfig
     from test_eliminator import Harness
 
@@ -230,7 +235,7 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
         h.sim.gpus[0].compute_capability = (6, 1)  # pre-Volta: 16 MPS clients per device
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, max_jobs_per_gpu=40, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
-        with caplog.at_level(logging.WARNING, logger="noded.app"):
+        with caplog.at_level(logging.WARNING, logger="noded.colocation.setup"):
             h.daemon.colocation = build_colocation(config, h.daemon.clock)
         assert h.daemon.colocation.rule.max_jobs_per_gpu == 16
         assert any("exceeds MPS's 16 clients per device" in r.message for r in caplog.records)

@@ -1,18 +1,22 @@
-"""The MPS manager against the stand-in control binary, every failure mode."""
+"""The MPS manager's steps and its supervisor against the stand-in control binary.
+
+The fault cases (hangs, SIGSTOP, stop under a wedged daemon) are in
+tests/faults/test_mps_faults.py.
+"""
 
 import os
-import shutil
-import sys
+import signal
 import time
 
 import pynvml
 import pytest
 
+from conftest import wait_for
 from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTimeout, MpsUnreachable, \
     max_clients_per_device
+from mps.supervisor import MpsSupervisor
+from mps_support import STANDIN, control_log, gone, processes_serving
 from noded.sim import fake_nvml as fake
-
-STANDIN = os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin")
 
 
 @pytest.fixture
@@ -28,9 +32,9 @@ def mps(tmp_path, gpus):
     made = []
 
     def make(faults="", **kw):
+        kw.setdefault("compute_modes", ComputeModes([gpus[1].uuid]))
         m = MpsControl(STANDIN, str(tmp_path / "pipe"), str(tmp_path / "log"), gpus=[gpus[1].uuid],
-                       compute_modes=ComputeModes([gpus[1].uuid]), command_timeout=2.0, ready_timeout=5.0,
-                       stop_timeout=1.0, backoff_s=(0.0, 0.2), extra_env={"NODED_MPS_STANDIN": faults}, **kw)
+                       command_timeout=5.0, ready_timeout=10.0, extra_env={"NODED_MPS_STANDIN": faults}, **kw)
         made.append(m)
         return m
 
@@ -39,33 +43,30 @@ def mps(tmp_path, gpus):
         m.stop()
 
 
-def control_log(m):
-    with open(os.path.join(m.log_dir, "control.log")) as f:
-        return f.read()
-
-
 def test_start_ready_commands_and_a_clean_stop(mps, gpus):
-    m = mps()
+    m = mps(defaults=MpsDefaults(active_thread_percentage=50, pinned_mem_limits={0: "4096M"}))
     m.start()
     pid = m.pid()
     assert m.alive() and gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
     assert gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT  # MPS serves only GPU 1
     with open(f"/proc/{pid}/environ", "rb") as f:
         assert f"CUDA_VISIBLE_DEVICES={gpus[1].uuid}".encode() in f.read().split(b"\0")
-    assert m.command("get_default_active_thread_percentage") == "100.0"
-    m.set_defaults(MpsDefaults(active_thread_percentage=50, pinned_mem_limits={0: "4096M"}))
+    # The defaults were set by start itself, before it returned.
+    assert m.command("get_default_active_thread_percentage") == "50.0"
+    assert m.command("get_default_device_pinned_mem_limit 0") == "4096M"
     m.command("start_server -uid 0")
     server = int(m.command("get_server_list"))
     m.set_server_limits(server, active_thread_percentage=25)
     assert m.command(f"get_active_thread_percentage {server}") == "25.0"
-    log_text = control_log(m)
+    log_text = control_log(m.log_dir)
     assert f"Control {pid}] Starting control daemon using socket {m.pipe_dir}/control" in log_text
     assert f"Starting new server {server} for user 0" in log_text
     m.stop()
-    assert not m.alive() and not os.path.exists(m.pipe_dir)
+    assert not m.alive() and not os.path.exists(m.pipe_dir) and processes_serving(m.pipe_dir) == []
     assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)
+    m.stop()  # twice is fine
 
 
 def test_no_daemon_is_unreachable(mps):
@@ -81,54 +82,71 @@ def test_a_daemon_that_will_not_start_leaves_nothing_behind(mps, gpus):
     assert not os.path.exists(m.pipe_dir) and gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
 
 
-def test_a_hung_command_times_out_and_stop_still_cleans_up(mps):
-    m = mps("hang=quit")
+def test_a_hung_command_times_out(mps):
+    m = mps("hang=get_client_list")
     m.start()
-    with pytest.raises(MpsTimeout, match="did not answer 'quit' within 0.5s"):
-        m.command("quit", timeout=0.5)
-    t0 = time.monotonic()
-    m.stop()  # quit hangs: forced after stop_timeout
-    assert time.monotonic() - t0 < 5 and not m.alive() and not os.path.exists(m.pipe_dir)
+    with pytest.raises(MpsTimeout, match="did not answer 'get_client_list 1' within 0.5s"):
+        m.command("get_client_list 1", timeout=0.5)
+    assert m.command("get_server_list") == ""  # the daemon itself still answers others
 
 
-def test_a_dead_daemon_is_restarted_with_its_defaults(mps):
-    m = mps("die-after=0.5")
-    m.start()
-    m.set_defaults(MpsDefaults(active_thread_percentage=40))
-    first = m.pid()
-    deadline = time.monotonic() + 5
-    while m.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)  # waiting for the injected crash
-    m.extra_env["NODED_MPS_STANDIN"] = ""  # the next one stays up
-    assert m.health() == "restarted" and m.pid() != first and m.restarts == 1
-    assert m.command("get_default_active_thread_percentage") == "40.0"  # set again after the restart
-    assert m.health() == "ok"
-
-
-def test_a_server_in_fault_makes_a_restart(mps):
+def test_health_names_what_is_wrong(mps):
     m = mps("fault-after=0.3")
     m.start()
+    assert m.check(timeout=5.0) is None
     m.command("start_server -uid 0")
-    deadline = time.monotonic() + 5
-    while "fatal exception" not in control_log(m) and time.monotonic() < deadline:
-        time.sleep(0.05)  # waiting for the injected fault to be logged
-    m.extra_env["NODED_MPS_STANDIN"] = ""
-    assert m.health() == "restarted"
-    assert m.command("get_server_list") == ""  # a fresh daemon, no faulted server
+    wait_for(lambda: "fatal exception" in control_log(m.log_dir), timeout=10, what="the injected server fault")
+    problem = m.check(timeout=5.0)
+    assert problem.kind == "fault" and "encountered a fatal exception" in problem.message
+    assert m.check(timeout=5.0) is None  # a fault is reported once
+    os.kill(m.pid(), signal.SIGKILL)
+    wait_for(lambda: not m.alive(), timeout=10, what="the daemon to die")
+    assert m.check(timeout=5.0).kind == "dead"
+
+
+def test_a_daemon_left_by_an_earlier_run_is_replaced(mps, tmp_path):
+    first = mps()
+    first.start()
+    old = first.pid()
+    second = mps()  # a new noded, same pipe directory: the first one's daemon is in the way
+    second.start()
+    assert second.pid() != old and gone(old) and processes_serving(second.pipe_dir) == [second.pid()]
+
+
+def test_a_pid_file_naming_another_process_is_not_believed(mps, sleeper):
+    m = mps()
+    os.makedirs(m.pipe_dir)
+    stranger = sleeper()
+    with open(os.path.join(m.pipe_dir, "nvidia-cuda-mps-control.pid"), "w") as f:
+        f.write(f"{stranger.pid}\n")
+    assert m.pid() is None and not m.alive()
+    m.start()  # the stale pid file is cleared; the stranger is not touched
+    assert m.alive() and stranger.poll() is None
+    m.stop()
+    assert stranger.poll() is None
+
+
+def test_the_supervisor_restarts_a_dead_daemon_with_its_defaults(mps):
+    m = mps("die-after=1", defaults=MpsDefaults(active_thread_percentage=40))
+    with MpsSupervisor(m, health_interval_s=0.1, health_timeout_s=5.0, backoff_s=(0.0, 0.2)) as sup:
+        wait_for(lambda: sup.state == "ok", timeout=15, what="MPS up")
+        first = m.pid()
+        m.extra_env["NODED_MPS_STANDIN"] = ""  # the next one stays up
+        wait_for(lambda: sup.restarts == 1 and sup.state == "ok", timeout=20, what="a restart")
+        assert m.pid() != first
+        assert m.command("get_default_active_thread_percentage") == "40.0"  # set again by the same start
+    assert sup.state == "stopped" and processes_serving(m.pipe_dir) == []
 
 
 def test_restarts_back_off_while_starting_keeps_failing(mps):
-    m = mps("die-after=0.2")
-    m.start()
-    deadline = time.monotonic() + 5
-    while m.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    m.extra_env["NODED_MPS_STANDIN"] = "no-start"
-    assert m.health() == "down"  # restart attempted at once, failed
-    assert m.health() == "down"  # and not again before the backoff (0.2 s) is over
-    m.extra_env["NODED_MPS_STANDIN"] = ""
-    time.sleep(0.25)  # let the backoff pass
-    assert m.health() == "restarted"
+    m = mps("no-start")
+    with MpsSupervisor(m, health_interval_s=0.1, backoff_s=(0.3, 30.0)) as sup:
+        wait_for(lambda: sup.failures >= 2, timeout=15, what="a second attempt, 0.3 s after the first")
+        assert sup.state == "down" and "An error occurred while starting" in sup.last_error
+        # The next attempt waits out the second backoff: no busy loop of attempts.
+        wait_for(lambda: sup.next_start_at is not None, timeout=5, what="the backoff to be scheduled")
+        assert sup.next_start_at - time.monotonic() > 20 and sup.failures == 2
+    assert sup.state == "stopped" and processes_serving(m.pipe_dir) == []
 
 
 def test_client_limits_by_architecture(gpus):
@@ -138,3 +156,15 @@ def test_client_limits_by_architecture(gpus):
     assert client_limit([g.uuid for g in gpus]) == 48  # A100s (8.0)
     gpus[1].compute_capability = (6, 0)  # a Pascal GPU in the set binds
     assert client_limit([g.uuid for g in gpus]) == 16
+
+
+def test_the_supervisor_restarts_after_a_server_fault(mps):
+    m = mps("fault-after=0.2")
+    with MpsSupervisor(m, health_interval_s=0.1, health_timeout_s=5.0, backoff_s=(0.0, 0.2)) as sup:
+        wait_for(lambda: sup.state == "ok", timeout=15, what="MPS up")
+        m.command("start_server -uid 0")
+        server = int(m.command("get_server_list"))
+        wait_for(lambda: sup.restarts == 1 and sup.state == "ok", timeout=20, what="a restart after the fault")
+        assert sup.last_restart_reason.startswith("server fault: ") and "fatal exception" in sup.last_restart_reason
+        assert gone(server) and m.command("get_server_list") == ""  # a fresh daemon, no faulted server
+    assert processes_serving(m.pipe_dir) == []

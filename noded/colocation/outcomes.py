@@ -5,20 +5,40 @@ the host's own hardware.
 
 A job reports its iteration time (seconds) now and then (``report_iteration``);
 noded knows whether it ran alone on its GPU or beside others, and with whom.
+
+Files in the state directory: ``colocation-records.jsonl`` (one record a line,
+appended) and ``colocation-model.json`` (the fitted model). Their I/O is four small
+functions at the end; what is read is checked (``parse_record``, ``parse_model``):
+a model that is not exactly what ``fit`` writes, with finite coefficients, is
+refused, and the caller decides with the ΣC rule instead.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import threading
 from dataclasses import asdict, dataclass
 from statistics import median
+from typing import Any
 
 import numpy as np
 
-from ..state import read_json_object, write_json_atomically
 from . import kernels
+
+log = logging.getLogger(__name__)
+
+RECORDS_FILE = "colocation-records.jsonl"
+MODEL_FILE = "colocation-model.json"
+#: Bounds on what is read back: a model is a few hundred bytes; records are a line per co-located group.
+MAX_MODEL_BYTES = 64 * 1024
+MAX_RECORDS_BYTES = 64 * 1024 * 1024
+
+
+class ModelError(ValueError):
+    """A model file that cannot be used: its path and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +53,46 @@ class CoRecord:
     delta: float
 
 
+def _finite(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def parse_record(data: Any) -> CoRecord:
+    """One line of the records file; raises ValueError naming what is wrong."""
+    fields = {"jobs", "sum_c", "sum_m", "n_jobs", "sum_batch", "delta"}
+    if not isinstance(data, dict) or set(data) != fields:
+        raise ValueError(f"expected an object with exactly {sorted(fields)}")
+    if not isinstance(data["jobs"], list) or not all(isinstance(j, str) for j in data["jobs"]):
+        raise ValueError("jobs must be a list of job ids")
+    if not all(_finite(data[k]) and data[k] >= 0 for k in ("sum_c", "sum_m", "sum_batch", "delta")):
+        raise ValueError("sum_c, sum_m, sum_batch and delta must be finite numbers >= 0")
+    if isinstance(data["n_jobs"], bool) or not isinstance(data["n_jobs"], int) or data["n_jobs"] < 2:
+        raise ValueError("n_jobs must be an integer >= 2")
+    return CoRecord(tuple(data["jobs"]), float(data["sum_c"]), float(data["sum_m"]), data["n_jobs"],
+                    float(data["sum_batch"]), float(data["delta"]))
+
+
+def parse_model(data: Any) -> dict:
+    """The fitted model as ``fit`` writes it; raises ValueError naming what is wrong.
+    Finite coefficients only: a NaN in the model would make every δ̂ NaN."""
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    for key in ("linear", "logistic"):
+        coef = data.get(key)
+        if not isinstance(coef, list) or len(coef) != kernels.N_FEATURES or not all(_finite(x) for x in coef):
+            raise ValueError(f"{key} must be a list of {kernels.N_FEATURES} finite numbers, got {str(coef)[:120]}")
+    if isinstance(data.get("records"), bool) or not isinstance(data.get("records"), int) or data["records"] < 1:
+        raise ValueError("records must be a positive integer")
+    threshold = data.get("threshold_c")
+    if threshold is not None and not (_finite(threshold) and threshold > 0):
+        raise ValueError(f"threshold_c must be a finite number > 0 or null, got {threshold!r}")
+    return {**data, "linear": [float(x) for x in data["linear"]], "logistic": [float(x) for x in data["logistic"]]}
+
+
 class Outcomes:
     def __init__(self, state_dir: str, min_samples: int = 3):
-        self.records_path = os.path.join(state_dir, "colocation-records.jsonl")
-        self.model_path = os.path.join(state_dir, "colocation-model.json")
+        self.records_path = os.path.join(state_dir, RECORDS_FILE)
+        self.model_path = os.path.join(state_dir, MODEL_FILE)
         self.min_samples = min_samples
         self._solo: dict[str, list[float]] = {}
         self._shared: dict[tuple[str, frozenset[str]], list[float]] = {}
@@ -71,18 +127,27 @@ class Outcomes:
             rec = CoRecord(tuple(sorted(group)), sum(features[j][0] for j in group),
                            sum(features[j][1] for j in group), len(group),
                            sum(features[j][2] for j in group), sum(solo) / max(shared))
+            try:
+                _append_line(self.records_path, json.dumps(asdict(rec), allow_nan=False))
+            except OSError as e:
+                log.error("%s: recording the co-location of %s failed (tried again at the next report): %s",
+                          self.records_path, ",".join(rec.jobs), e)
+                return None
             self._recorded.add(group)
-            with open(self.records_path, "a") as f:
-                f.write(json.dumps(asdict(rec)) + "\n")
         return rec
 
     def records(self) -> list[CoRecord]:
-        try:
-            with open(self.records_path) as f:
-                return [CoRecord(**{**json.loads(line), "jobs": tuple(json.loads(line)["jobs"])})
-                        for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
+        """The records on disk; a line that is not a record (a torn last line after a
+        crash, an edit) is skipped with a warning naming it."""
+        out = []
+        for n, line in enumerate(_read_text(self.records_path, MAX_RECORDS_BYTES).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(parse_record(json.loads(line, parse_constant=_refuse_constant)))
+            except ValueError as e:
+                log.warning("%s: line %d skipped: %s", self.records_path, n, e)
+        return out
 
     def fit(self, min_records: int = 5) -> dict:
         """Fit δ̂ (ridge linear) and P(δ > 1) (logistic) from the records; persist the model."""
@@ -93,17 +158,65 @@ class Outcomes:
         y = np.array([r.delta for r in recs])
         linear = kernels.fit_linear(X, y, 1e-6)
         logistic = kernels.fit_logistic(X, (y > 1.0).astype(np.float64), 500, 0.5, 1e-4)
+        if not (np.all(np.isfinite(linear)) and np.all(np.isfinite(logistic))):
+            raise ValueError(f"fitting {len(recs)} records gave non-finite coefficients (the records do not vary "
+                             "enough to fit); the model in force is unchanged")
         predicted = X @ linear
         # The ΣC at which the fitted model crosses δ = 1 for this host's typical other
-        # features: the thesis's threshold, derived from the host's own data.
+        # features: the thesis's threshold, derived from the host's own data. For the
+        # operator to read; the model itself decides (admission.decide).
         others = linear[0] + X[:, 2:].mean(axis=0) @ linear[2:]
         threshold = float((1.0 - others) / linear[1]) if linear[1] < 0 else None
-        model = {"linear": linear.tolist(), "logistic": logistic.tolist(), "records": len(recs),
-                 "mean_abs_error": float(np.mean(np.abs(predicted - y))),
-                 "threshold_c": threshold if threshold is not None and threshold > 0 else None}
-        write_json_atomically(self.model_path, model)
+        model = parse_model({"linear": linear.tolist(), "logistic": logistic.tolist(), "records": len(recs),
+                             "mean_abs_error": float(np.mean(np.abs(predicted - y))),
+                             "threshold_c": threshold if threshold is not None and 0 < threshold < math.inf
+                             else None})
+        _write_atomically(self.model_path, json.dumps(model, indent=1, sort_keys=True, allow_nan=False))
         return model
 
     def load_model(self) -> dict | None:
-        model = read_json_object(self.model_path, "a fitted co-location model")
-        return model or None
+        """The saved model, None where none was fitted; raises ModelError (with the path
+        and the problem) for a file that is not a usable model."""
+        try:
+            text = _read_text(self.model_path, MAX_MODEL_BYTES)
+            return parse_model(json.loads(text, parse_constant=_refuse_constant)) if text else None
+        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+            raise ModelError(f"{self.model_path}: not a usable co-location model: {e}") from None
+
+
+def _refuse_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a finite number")
+
+
+# -- the files (the only I/O here)
+
+def _read_text(path: str, limit: int) -> str:
+    """The file's text, "" when it does not exist; at most ``limit`` bytes (more is an error)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        return ""
+    if len(data) > limit:
+        raise ValueError(f"{path}: larger than {limit} bytes")
+    return data.decode(errors="replace")
+
+
+def _append_line(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write, fsync, rename over, fsync the directory: a crash leaves the old or the new file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -1,5 +1,15 @@
 """The daemon's co-location service: reservations of admitted jobs, the MPS control
-daemon it runs, and the admission decisions it answers for ``nodectl admit``."""
+daemon it runs (through an ``MpsSupervisor``, in a thread of its own: the daemon's
+tick never waits on MPS), and the admission decisions it answers for ``nodectl admit``.
+
+What decides an admission: the fitted speedup model where there is one (loaded
+from the state directory at start, or fitted at run time by ``nodectl model fit``),
+else the ΣC rule (see ``admission.decide``). A model file that cannot be used is
+refused loudly at start and the ΣC rule decides; it never stops noded starting.
+
+The service is closable at any point (before or after ``start``, twice): ``close``
+stops MPS within a bounded time; ``with`` closes it too.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +19,12 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from mps.manager import MpsControl
+from mps.supervisor import MpsSupervisor
 
 from ..sample import Sample
 from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
-from .outcomes import Outcomes
-from .profiles import JobProfile
+from .outcomes import ModelError, Outcomes
+from .profiles import JobProfile, ProfileError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +43,7 @@ class _Held:
 
 class Colocation:
     def __init__(self, rule: ColocationRule, profiles: dict[tuple[str, int], JobProfile], *,
-                 mps: MpsControl | None, clock: Callable[[], float], outcomes: Outcomes | None = None,
+                 mps: MpsSupervisor | None, clock: Callable[[], float], outcomes: Outcomes | None = None,
                  probation_s: float = PROBATION_S):
         self.rule = rule
         self.profiles = profiles
@@ -44,31 +54,48 @@ class Colocation:
         self.learned: dict[tuple[str, int], JobProfile] = {}  # from NVML, for models without a profile
         self._probation: dict[str, tuple[float, list[float], list[float]]] = {}  # job -> (since, sm%, mem%)
         self._held: dict[str, _Held] = {}
-        model = outcomes.load_model() if outcomes else None
-        if model is not None and self.rule.coef is None:
-            self.rule = replace(self.rule, coef=tuple(model["linear"]))
-            if model.get("threshold_c") is not None:
-                self.rule = replace(self.rule, threshold_c=model["threshold_c"])
         self._lock = threading.Lock()
+        self._closed = False
         self.decisions: Counter[str] = Counter()
-        self.mps_state = "off" if mps is None else "starting"
+        #: what decides admissions, for operators: "model fitted from N records" or "ΣC rule (...)"
+        self.decided_by = "ΣC rule (no speedup model fitted)" if rule.coef is None else "speedup model (given)"
+        if outcomes is not None and rule.coef is None:
+            self._load_model(outcomes)
 
-    def start(self) -> None:
+    def _load_model(self, outcomes: Outcomes) -> None:
+        try:
+            model = outcomes.load_model()
+        except ModelError as e:
+            log.error("colocation: REFUSED the saved speedup model, deciding with the ΣC rule (threshold %g) "
+                      "until `nodectl model fit` succeeds: %s", self.rule.threshold_c, e)
+            self.decided_by = f"ΣC rule (saved model refused: {e})"
+            return
+        if model is not None:
+            self.rule = replace(self.rule, coef=tuple(model["linear"]))
+            self.decided_by = f"speedup model fitted from {model['records']} records ({outcomes.model_path})"
+            log.warning("colocation: admissions decided by the %s", self.decided_by)
+
+    @property
+    def mps_state(self) -> str:
+        """``off`` (no MPS), else the supervisor's state; admissions need ``ok``."""
+        return "off" if self.mps is None else self.mps.state
+
+    def start(self) -> "Colocation":
+        """Compile the kernels, start supervising MPS (in its own thread; returns at once)."""
         from . import kernels
 
         kernels.warm_up()
         if self.mps is not None:
             self.mps.start()
-            self.mps_state = "ok"
+        return self
 
     def reservations(self) -> list[Reservation]:
         with self._lock:
             return [h.reservation for h in self._held.values()]
 
     def tick(self, sample: Sample) -> None:
-        """Every tick: keep MPS healthy, and drop reservations of jobs that ended."""
-        if self.mps is not None:
-            self.mps_state = self.mps.health()
+        """Every tick: learn profiles, drop reservations of jobs that ended. Never waits
+        on MPS (its supervisor keeps it up in its own thread)."""
         now = self.clock()
         self._learn_from_nvml(sample, now)
         with self._lock:
@@ -95,14 +122,20 @@ class Colocation:
             key = (js.meta.model, js.meta.batch_size)
             if None in key or key in self.profiles or key in self.learned or js.gpu_util is None:
                 continue
+            if not (0 <= js.gpu_util <= 100 and 0 <= mem <= 100):  # NaN fails both: never learned
+                continue
             since, sm, mm = self._probation.setdefault(job_id, (now, [], []))
-            sm.append(js.gpu_util)
+            sm.append(float(js.gpu_util))
             mm.append(float(mem))
             if now - since >= self.probation_s:
                 window = (now - since) * 1e6
-                self.learned[key] = JobProfile(key[0], key[1], sum(sm) / len(sm) * window,
-                                               sum(mm) / len(mm) * window, window, f"nvml:{job_id}")
                 del self._probation[job_id]
+                try:
+                    self.learned[key] = JobProfile(key[0], key[1], sum(sm) / len(sm) * window,
+                                                   sum(mm) / len(mm) * window, window, f"nvml:{job_id}")
+                except ProfileError as e:
+                    log.warning("colocation: not learning a profile from %s: %s", job_id, e)
+                    continue
                 log.info("colocation learned profile model=%s batch=%d from %s over %.0fs: C/W=%.1f%% M/W=%.1f%%",
                          key[0], key[1], job_id, now - since, sum(sm) / len(sm), sum(mm) / len(mm))
 
@@ -129,12 +162,12 @@ class Colocation:
     def fit(self) -> dict:
         if self.outcomes is None:
             raise ValueError("outcomes are not recorded on this node")
-        model = self.outcomes.fit()
-        self.rule = replace(self.rule, coef=tuple(model["linear"]))
-        if model.get("threshold_c") is not None:
-            self.rule = replace(self.rule, threshold_c=model["threshold_c"])
-        log.warning("colocation model refitted from %d records (mean abs error %.3f)", model["records"],
-                    model["mean_abs_error"])
+        model = self.outcomes.fit()  # raises, changing nothing, where the fit is unusable
+        with self._lock:
+            self.rule = replace(self.rule, coef=tuple(model["linear"]))
+            self.decided_by = f"speedup model fitted from {model['records']} records ({self.outcomes.model_path})"
+        log.warning("colocation model refitted from %d records (mean abs error %.3f); it decides admissions now",
+                    model["records"], model["mean_abs_error"])
         return model
 
     def admit(self, job: str, sample: Sample | None, *, model: str, batch_size: int,
@@ -147,8 +180,9 @@ class Colocation:
             return self._count(Decision(False, job, None, None, None,
                                         f"no profile for {model} at batch size {batch_size}: give one with "
                                         "--profile (ncu CSV or profile file) or add it to colocation.profiles"))
-        if self.mps is not None and self.mps_state not in ("ok", "restarted"):
-            return self._count(Decision(False, job, None, None, None, f"MPS is not running ({self.mps_state})"))
+        if self.mps is not None and self.mps.state != "ok":
+            why = f"MPS is not running ({self.mps.state}" + (f": {self.mps.last_error})" if self.mps.last_error else ")")
+            return self._count(Decision(False, job, None, None, None, why))
         with self._lock:
             if job in self._held:
                 r = self._held[job].reservation
@@ -173,6 +207,16 @@ class Colocation:
             return self._held.pop(job, None) is not None
 
     def close(self) -> None:
+        """Stop MPS (bounded: see MpsSupervisor.close); safe before start, and twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self.mps is not None:
-            self.mps.stop()
-            self.mps_state = "off"
+            self.mps.close()
+
+    def __enter__(self) -> "Colocation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
