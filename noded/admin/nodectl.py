@@ -7,6 +7,7 @@ import json
 import os
 import re
 import socket
+import struct
 import sys
 import time
 from typing import Any
@@ -41,8 +42,15 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     buf = b""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(remaining())
-            s.connect(path)
+            # A blocking connect bounded by SO_SNDTIMEO waits for room in a full listen
+            # backlog (one with a Python timeout fails at once with EAGAIN).
+            left = remaining()
+            seconds, micros = int(left), int((left - int(left)) * 1e6)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros or not seconds))
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                raise TimeoutError from None
             payload = memoryview(encode({"version": VERSION, "command": command, "args": args or {}}))
             while payload:
                 s.settimeout(remaining())

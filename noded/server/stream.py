@@ -64,9 +64,13 @@ class Limits:
     #: (no more than max_per_peer: a burst from one peer is read between two batches,
     #: before its own later connections could push it out)
     accept_batch: int = 16
-    accept_pause_s: float = 0.005
-    #: the listen backlog: room for a burst of nodectl calls while the thread is busy
-    backlog: int = 128
+    accept_pause_s: float = 0.002
+    #: the listen backlog: room for a burst of nodectl calls while the thread is busy, and
+    #: for a flood's connects, so that a prompt client's connect waits its turn (a few
+    #: hundred ms at worst at the accept rate above) instead of failing with EAGAIN
+    #: (Unix) or losing its SYN for a 1 s retransmit (TCP). The kernel caps it at
+    #: net.core.somaxconn; pending connections cost kernel memory, not descriptors.
+    backlog: int = socket.SOMAXCONN
     #: bounds of the wait before accept() is tried again after a resource error
     backoff_min_s: float = 0.01
     backoff_max_s: float = 1.0
@@ -200,9 +204,8 @@ class StreamServer:
         self._conns: OrderedDict[_Conn, None] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[_Conn, None]] = {}
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._wake_r: socket.socket | None = None  # a socket pair that wakes the thread for stop()
+        self._wake_w: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
         self._thread: threading.Thread | None = None
         self._listening = False
@@ -211,13 +214,23 @@ class StreamServer:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "StreamServer":
-        self.listener.listen(self.limits.backlog)
-        self.listener.setblocking(False)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
-        self._listen(True)
-        self._thread = threading.Thread(target=self._run, name=f"noded-{self.name}", daemon=True)
-        self._thread.start()
+        try:
+            self.listener.listen(self.limits.backlog)
+            self.listener.setblocking(False)
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._sel = selectors.DefaultSelector()
+            self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+            self._listen(True)
+            self._thread = threading.Thread(target=self._run, name=f"noded-{self.name}", daemon=True)
+            self._thread.start()
+        except BaseException:
+            for done in (self._sel, self._wake_r, self._wake_w):
+                if done is not None:
+                    done.close()
+            self._thread = None
+            raise
         return self
 
     def stop(self, timeout_s: float = 0.5) -> None:
@@ -233,11 +246,13 @@ class StreamServer:
         else:
             self.listener.close()
         for s in (self._wake_r, self._wake_w):
-            s.close()
+            if s is not None:
+                s.close()
 
     def _poke(self) -> None:
         try:
-            self._wake_w.send(b"x")
+            if self._wake_w is not None:
+                self._wake_w.send(b"x")
         except OSError:
             pass  # full (a wake-up is already pending) or closed (stopped)
 
