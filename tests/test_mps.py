@@ -168,3 +168,13 @@ def test_the_supervisor_restarts_after_a_server_fault(mps):
         assert sup.last_restart_reason.startswith("server fault: ") and "fatal exception" in sup.last_restart_reason
         assert gone(server) and m.command("get_server_list") == ""  # a fresh daemon, no faulted server
     assert processes_serving(m.pipe_dir) == []
+
+
+def test_the_product_mps_package_loads_no_simulation_code():
+    import subprocess
+    import sys
+
+    code = ("import sys, mps.manager, mps.supervisor\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'noded'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
