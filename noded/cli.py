@@ -73,9 +73,16 @@ def check_config(path: str) -> int:
         print(e, file=sys.stderr)
         return 1
     problems = _named_file_problems(config)
-    for key, reason in problems:
-        print(f"{path}: {key}: {reason}", file=sys.stderr)
     if problems:
+        from .yamlsafe import YamlError, read_yaml_file
+
+        try:
+            doc = read_yaml_file(path)  # read and parsed once already: the lines of the keys
+        except YamlError:  # changed since: say it without lines
+            doc = None
+        for key, reason in problems:
+            line = doc.line_of(key) if doc else None
+            print(f"{path}{f':{line}' if line else ''}: {key}: {reason}", file=sys.stderr)
         return 1
     if config.jobs.labels:
         import os

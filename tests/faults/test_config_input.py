@@ -394,10 +394,10 @@ def test_check_config_reads_the_profiles_noded_would_refuse_to_start_on(tmp_path
     prof = tmp_path / "profiles.yaml"
     prof.write_text("ResNet-50: {64: {C: 1}}\n")
     f = tmp_path / "noded.yaml"
-    f.write_text(f"colocation: {{enabled: true, profiles: {prof}}}\n")
-    assert_refused(check_config(f), f"{f}: colocation.profiles: ", "expected exactly the keys C, M, window_us")
+    f.write_text(f"tick_s: 1\ncolocation:\n  enabled: true\n  profiles: {prof}\n")
+    assert_refused(check_config(f), f"{f}:4: colocation.profiles: ", "expected exactly the keys C, M, window_us")
     f.write_text(f"colocation: {{enabled: true, profiles: {tmp_path / 'none.yaml'}}}\n")
-    assert_refused(check_config(f), f"{f}: colocation.profiles: ", "No such file")
+    assert_refused(check_config(f), f"{f}:1: colocation.profiles: ", "No such file")
 
 
 # --------------------------------------------- what the daemon's process loads
