@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from resctrl import Resctrl, ResctrlError
+from resctrl import Resctrl
 
 from .actuators.cores import CoreHalving
 from .actuators.mba import MbaThrottle
+from .baselines import BaselineStore
 from .config import Config
 from .daemon import Daemon
 from .jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile
 from .metrics import make_registry
-from .samplers.bandwidth import BandwidthSampler
+from .samplers.cpus import CpuPlacementSampler
 from .samplers.nvml import NvmlSampler
+from .samplers.resctrl import ResctrlSession
 from .server.budget import METRICS
 from .server.metrics_http import MetricsServer
+from .securedir import DirectoryMissing, SecureDir
 from .state import OriginalValues
 from .telemetry import Telemetry
 
@@ -29,19 +35,38 @@ log = logging.getLogger(__name__)
 class Built:
     daemon: Daemon
     resctrl: Resctrl | None
+    state: SecureDir  # the state directory, checked and open
     notes: list[str] = field(default_factory=list)
+
+
+def open_state(path: str, dry_run: bool) -> SecureDir:
+    """The state directory; a dry run creates nothing, so where it does not exist yet
+    it reads an empty one (a temporary directory, removed at exit)."""
+    if not dry_run:
+        return SecureDir(path, mode=0o700)
+    try:
+        return SecureDir(path, create=False)
+    except DirectoryMissing:
+        scratch = tempfile.mkdtemp(prefix="noded-dry-run-")
+        atexit.register(shutil.rmtree, scratch, True)
+        log.warning("dry run: %s does not exist; reading an empty state directory instead", path)
+        return SecureDir(scratch, create=False)
 
 
 def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscovery | None = None,
                  clock: Callable[[], float] = time.monotonic) -> Built:
+    """The daemon for ``config``, with what a crash left behind put right first
+    (unless ``dry_run``). The caller holds the host lock (noded.lockfile.HostLock)."""
     notes: list[str] = []
-    rc: Resctrl | None
-    try:
-        rc = Resctrl.open(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
-    except (ResctrlError, OSError) as e:
-        rc = None
-        notes.append(f"resctrl unavailable ({e}): no bandwidth monitoring, no MBA; noded will not throttle")
-    originals = OriginalValues(config.state_dir)
+    session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
+    rc = session.refresh()
+    if rc is None:
+        notes.append(f"resctrl unavailable ({session.unavailable}): no bandwidth monitoring, no MBA until it is "
+                     "mounted (noded looks every tick)")
+    state = open_state(config.state_dir, dry_run)
+    originals = OriginalValues(state)
+    baselines = BaselineStore(state, clock, persist=not dry_run)
+    notes += originals.notes + baselines.notes
     cores = CoreHalving(originals, dry_run=dry_run)
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
@@ -54,33 +79,30 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     if discovery is None:
         sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
         discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels))
-    monitor = JobMonitor(rc, clock=clock, retry_s=config.jobs.rmid_retry_s)
-    bandwidth = None
-    if rc is not None and rc.caps.mon is not None:
-        bandwidth = BandwidthSampler(rc, monitor, clock=clock)
-        monitor.on_removed = bandwidth.forget
-        monitor.on_moved = bandwidth.forget
+    monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
     nvml = NvmlSampler() if config.nvml else None
-    telemetry = Telemetry(discovery, monitor, nvml, bandwidth, clock=clock,
-                          process_events=config.jobs.process_events)
     method = config.contention.method
-    throttle = None
+    throttle: MbaThrottle | CoreHalving | None = None
     if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:
-        throttle = MbaThrottle(rc, monitor, config.contention.mba_levels, config.peak_bytes_per_domain,
-                               dry_run=dry_run)
+        throttle = MbaThrottle(session, config.contention.mba_levels, config.peak_bytes_per_domain, dry_run=dry_run)
     elif method == "mba":
         notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
     else:
         throttle = cores
+    telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
+                          cpus=CpuPlacementSampler() if throttle is cores else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    daemon.baselines = baselines
+    if not dry_run:
+        daemon.state_probe = originals.probe
     if config.colocation.enabled:
         from .colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
 
         daemon.colocation = build_colocation(config, clock)
     for n in notes:
         log.warning(n)
-    return Built(daemon, rc, notes)
+    return Built(daemon, rc, state, notes)
 
 
 def serve_metrics(daemon: Daemon, address: str, port: int):

@@ -9,10 +9,11 @@ below. The same patterns match a process's own cgroup path (from
 
 from __future__ import annotations
 
+import errno
 import fnmatch
-import glob
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
@@ -112,25 +113,80 @@ class CgroupSource:
         return None
 
     def scan(self) -> dict[str, str]:
-        """job id -> absolute job directory, for every directory the patterns match now."""
+        """job id -> absolute job directory, for every directory the patterns match now.
+
+        Raises OSError where the tree cannot be read (EMFILE, EACCES, …): an unreadable
+        hierarchy means the jobs are unknown, never that there are none.
+        """
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", self.root)
         out = {}
         for pattern in self.patterns:
-            for path in glob.glob(os.path.join(glob.escape(self.root), pattern)):
-                if os.path.isdir(path):
-                    out[self.job_id(os.path.relpath(path, self.root))] = path
+            for path in match_dirs(self.root, pattern):
+                out[self.job_id(os.path.relpath(path, self.root))] = path
         return out
 
 
+def _has_magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def match_dirs(root: str, pattern: str) -> list[str]:
+    """Directories below ``root`` matching a relative glob ``pattern``, component by
+    component (fnmatch rules; ``*`` skips names starting with a dot, as glob does).
+
+    Unlike ``glob.glob``, which turns every error into "no match", only a directory
+    that vanished while we looked (a job ending) is passed over; any other error is
+    raised.
+    """
+    paths = [root]
+    for part in pattern.split("/"):
+        found: list[str] = []
+        for base in paths:
+            if not _has_magic(part):
+                path = os.path.join(base, part)
+                try:
+                    if stat.S_ISDIR(os.stat(path).st_mode):
+                        found.append(path)
+                except (FileNotFoundError, NotADirectoryError):
+                    pass
+                continue
+            try:
+                with os.scandir(base) as entries:
+                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            hidden_ok = part.startswith(".")
+            found += [os.path.join(base, n) for n in sorted(names)
+                      if fnmatch.fnmatchcase(n, part) and (hidden_ok or not n.startswith("."))]
+        paths = found
+    return paths
+
+
+def _vanished(e: OSError) -> bool:
+    # ENODEV: a cgroup file read after its cgroup was removed.
+    return e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESRCH)
+
+
 def read_procs(cgroup_dir: str) -> set[int]:
-    """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike)."""
+    """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike).
+
+    A cgroup removed while we walk (the job ending) is passed over; any other error
+    (EMFILE, EACCES, …) is raised, so a failed read is never mistaken for no processes.
+    """
+    def walk_error(e: OSError) -> None:
+        if not _vanished(e):
+            raise e
+
     pids: set[int] = set()
-    for dirpath, _dirs, files in os.walk(cgroup_dir):
+    for dirpath, _dirs, files in os.walk(cgroup_dir, onerror=walk_error):
         if "cgroup.procs" in files:
             try:
                 with open(os.path.join(dirpath, "cgroup.procs")) as f:
                     pids.update(int(x) for x in f.read().split())
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # removed while we walked
+            except OSError as e:
+                if not _vanished(e):
+                    raise
     return pids
 
 
