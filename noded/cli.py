@@ -33,9 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "run":
+        # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
+        # never kills noded half-started (see noded.signals).
+        from .sdnotify import SystemdNotifier
+        from .signals import Signals
+
+        signals = Signals().install()
+        SystemdNotifier().status("starting")
         from .runner import main_run
 
-        return main_run(args)
+        return main_run(args, signals)
     if args.command == "sim":
         import logging
 

@@ -9,7 +9,6 @@ READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from .sdnotify import SystemdNotifier
+from .signals import Signals
 from .securedir import SecureDir, SecureDirError, StateReadError
 from .server.budget import DescriptorBudgetError, ensure_descriptor_budget
 from .server.stream import ListenError
@@ -45,12 +45,11 @@ class StartError(Exception):
     """Starting cannot go on; the message says why (printed, exit 1)."""
 
 
-def main_run(args) -> int:
+def main_run(args, signals: Signals | None = None) -> int:
+    """``signals``: installed by the caller as early as it could (noded.cli does it before
+    importing this module); installed here otherwise."""
+    signals = signals or Signals().install()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    # Signals first: until the loop runs, SIGTERM/SIGINT only ask to stop and SIGHUP is
-    # remembered; the default actions would kill noded half-started, leaving groups,
-    # shrunk cpusets or an MPS daemon behind.
-    signals = Signals().install()
     try:
         return _run(args, signals)
     except StartError as e:
@@ -58,39 +57,6 @@ def main_run(args) -> int:
         return 1
     finally:
         signals.restore()
-
-
-class Signals:
-    def __init__(self):
-        self.stop = threading.Event()
-        self.daemon: Daemon | None = None
-        self._hup_early = False
-        self._previous: dict = {}
-
-    def _on_stop(self, *_) -> None:
-        self.stop.set()
-
-    def _on_hup(self, *_) -> None:
-        if self.daemon is not None:
-            self.daemon.request_reload()
-        else:
-            self._hup_early = True
-
-    def install(self) -> "Signals":
-        self._previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_stop),
-                          signal.SIGINT: signal.signal(signal.SIGINT, self._on_stop),
-                          signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hup)}
-        return self
-
-    def attach(self, daemon: Daemon) -> None:
-        """The daemon exists: a SIGHUP received while starting is a reload now."""
-        self.daemon = daemon
-        if self._hup_early:
-            daemon.request_reload()
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 #: what starting can fail with, for reasons an operator can act on (printed, exit 1)

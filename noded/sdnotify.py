@@ -29,9 +29,12 @@ class SystemdNotifier:
         if not self.address:
             return False
         message = "\n".join(f"{k}={v}" for k, v in fields.items()).encode()
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
-            s.connect(self.address)
-            s.sendall(message)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.connect(self.address)
+                s.sendall(message)
+        except OSError:
+            return False  # systemd gone or the socket full: telling it must never stop noded
         return True
 
     def ready(self, status: str) -> bool:

@@ -96,3 +96,44 @@ def test_a_port_in_use_fails_clearly_and_leaves_nothing(tmp_path, node):
     finally:
         p.terminate()
         assert finish(p)[0] == 0
+
+
+class Notify:
+    """The datagram socket systemd would give noded (NOTIFY_SOCKET)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(30)
+
+    def until(self, key, value=None):
+        while True:
+            message = dict(line.split("=", 1) for line in self.sock.recv(4096).decode().splitlines())
+            if key in message and (value is None or message[key] == value):
+                return message
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, sig):
+    import signal
+
+    emu, shared = node
+    notify = Notify(tmp_path / "notify")
+    try:
+        p = run(config(tmp_path, "n", **shared), env={**os.environ, "NOTIFY_SOCKET": notify.path})
+        notify.until("STATUS", "starting")  # the handlers are in place from here on
+        p.send_signal(getattr(signal, sig))
+        if sig == "SIGHUP":
+            # Remembered, and a reload once the daemon exists; noded goes on.
+            notify.until("READY", "1")
+            assert p.poll() is None
+            p.terminate()
+        code, out, err = finish(p)
+        assert code == 0, err
+        assert "noded: stopped" in out or out == "", out
+        if sig == "SIGHUP":
+            assert "config reloaded" in err, err
+        assert mon_groups(emu) == [] and not os.path.exists(tmp_path / "n" / "run" / "noded.pid")
+    finally:
+        notify.sock.close()
