@@ -76,6 +76,36 @@ def wait_for(predicate, timeout=5.0, interval=0.01, what="condition"):
         time.sleep(interval)
 
 
+_readers: dict[int, tuple] = {}
+
+
+def read_until(stream, text, what, timeout=30.0):
+    """The next line of a process's output holding ``text``. Fails at EOF or at the
+    deadline with everything read so far: a reader never spins on EOF nor waits forever.
+    (A thread per stream feeds a queue, so lines Python has buffered are never missed.)"""
+    import queue
+    import threading
+
+    if id(stream) not in _readers:
+        q: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [q.put(line) for line in iter(stream.readline, "")] + [q.put(None)],
+                         daemon=True).start()
+        _readers[id(stream)] = (stream, q, [])
+    _, q, seen = _readers[id(stream)]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {what} within {timeout}s; output so far:\n{''.join(seen)}") from None
+        if line is None:
+            q.put(None)
+            raise AssertionError(f"the process ended before {what}; its output:\n{''.join(seen)}")
+        seen.append(line)
+        if text in line:
+            return line
+
+
 CPUSET = "/sys/fs/cgroup/cpuset"
 
 

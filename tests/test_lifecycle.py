@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import wait_for
+from conftest import read_until, wait_for
 
 UNIT = os.path.join(os.path.dirname(__file__), "..", "systemd", "noded.service")
 
@@ -123,22 +123,31 @@ def scrape(url):
     return urllib.request.urlopen(url, timeout=5).read().decode()
 
 
+BAD_CONFIGS = {
+    "unknown key": (b"contention: {treshold: 0.8}\n", "contention.treshold: unknown key"),
+    "not UTF-8": (b"contention: {threshold: 0.8}\n# caf\xe9\n", "UTF-8"),
+    "alias bomb": (b"a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   b"c: [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n", "alias"),
+    "duplicate key": (b"contention: {threshold: 0.8}\ncontention: {threshold: 0.9}\n", "duplicate"),
+    "infinite hold": (b"contention: {hold_s: .inf}\n", "finite"),
+}
+
+
 def test_sighup_reloads_and_a_broken_config_is_refused(tmp_path, procs):
     cfg = cpu_only_config(tmp_path)
     p = start(cfg)
     procs.append(p)
-    url = re.fullmatch(r"noded: metrics at (\S+)\n", p.stdout.readline()).group(1)
+    url = re.fullmatch(r"noded: metrics at (\S+)\n", read_until(p.stdout, "metrics at", "the metrics URL")).group(1)
     wait_for(lambda: 'threshold="throttle"} 0.75' in scrape(url), what="the first tick")
-    good = cfg.read_text()
-    cfg.write_text(good + "contention: {treshold: 0.8}\n")
-    p.send_signal(signal.SIGHUP)
-    # The refusal is logged with its reason; the daemon keeps going on the old config.
-    err = ""
-    while "config reload refused" not in err:
-        err = p.stderr.readline()
-    assert "contention.treshold: unknown key" in err
-    assert p.poll() is None and 'threshold="throttle"} 0.75' in scrape(url)
-    cfg.write_text(good + "contention: {threshold: 0.8}\n")
+    good = cfg.read_bytes()
+    for name, (tail, reason) in BAD_CONFIGS.items():
+        cfg.write_bytes(good + tail)
+        p.send_signal(signal.SIGHUP)
+        # The refusal is logged with its reason; the daemon keeps going on the old config.
+        line = read_until(p.stderr, "config reload refused", f"the refusal of a config with {name}")
+        assert reason in line, line
+        assert p.poll() is None and 'threshold="throttle"} 0.75' in scrape(url)
+    cfg.write_bytes(good + b"contention: {threshold: 0.8}\n")
     p.send_signal(signal.SIGHUP)
     wait_for(lambda: 'threshold="throttle"} 0.8' in scrape(url), what="the new threshold in force")
     p.send_signal(signal.SIGTERM)

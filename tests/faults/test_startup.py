@@ -137,3 +137,24 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
         assert mon_groups(emu) == [] and not os.path.exists(tmp_path / "n" / "run" / "noded.pid")
     finally:
         notify.sock.close()
+
+
+def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
+    from mps_support import STANDIN, processes_serving
+
+    pipe_dir, log_dir = tmp_path / "mps", tmp_path / "mps-log"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"metrics: {{port: {taken.getsockname()[1]}}}\n"
+                       f"colocation: {{enabled: true, mps: {{control: {STANDIN}, pipe_dir: {pipe_dir}, "
+                       f"log_dir: {log_dir}}}}}\n")
+        p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", "scenarios/demo.yaml", "--config",
+                              str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        code, out, err = finish(p, timeout=60)
+    finally:
+        taken.close()
+    assert code == 1 and "is already in use" in err and "Traceback" not in err, err
+    assert processes_serving(str(pipe_dir)) == [] and not pipe_dir.exists()
