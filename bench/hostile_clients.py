@@ -225,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(quiet_dir, ignore_errors=True)
     workdir = tempfile.mkdtemp(prefix="noded-hostile-")
-    noded = Noded(workdir, args.tick)
     attacks: list[Attack] = []
+    noded = None
     try:
+        noded = Noded(workdir, args.tick)
         baseline = phase(noded, args.seconds, args.calls)
         targets = {"metrics": ["--tcp", f"127.0.0.1:{noded.port}", "--first", r"GET /metrics HTTP/1.1\r\n"],
                    "admin": ["--unix", noded.admin_socket],
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for a in attacks:
             a.proc.kill()
-        if noded.proc.poll() is None:
+        if noded is not None and noded.proc.poll() is None:
             noded.proc.kill()
             noded.proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
