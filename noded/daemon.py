@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
 from .actuators.plan import Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
+from .colocation.view import ColocationView
 from .config import Config
+from .control import ControlState
 from .policy.contention import Decision, PolicyState, decide
 from .sample import GPU, Sample
 from .telemetry import Telemetry
@@ -56,6 +57,10 @@ class TickResult:
     state_unwritable: str | None = None  # why nothing new may be changed (the state directory), if so
     # GPU job -> (baseline utilisation %, where it came from); a GPU job absent has none yet
     baselines: Mapping[str, tuple[float, str]] = field(default_factory=lambda: MappingProxyType({}))
+    config: Config | None = None  # the config this tick ran with
+    overruns: int = 0  # ticks so far that took longer than their period
+    original_cpus: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cores hosts: CPU jobs
+    colocation: ColocationView | None = None  # None: co-location is off
 
 
 class Daemon:
@@ -66,16 +71,12 @@ class Daemon:
         self.throttle = throttle
         self.clock = clock
         self.state = PolicyState()
-        self.overrides = None  # an admin.overrides.OverrideStore, where the admin interface runs
-        self.paused: str | None = None  # why the eliminator is paused, if it is
-        self.history: dict[str, deque] = {}  # job -> its last decisions, for `nodectl explain`
+        self.control = ControlState()  # overrides, pause, decision history: what the admin socket changes
         self.colocation = None  # a colocation.service.Colocation where co-location is enabled
-        self.last: TickResult | None = None
+        self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
-        self.actions_total: Counter[tuple[str, str]] = Counter()  # (throttle|release, cause)
         self.extra_info = dict(extra_info or {})
-        self._lock = threading.Lock()
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
         self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
@@ -155,8 +156,10 @@ class Daemon:
             if unwritable:
                 # No new original can be recorded: no level may rise above what is in force.
                 limits = {j: min(lvl, in_force.get(j) or 0) for j, lvl in limits.items()}
-            overrides = {j: o.level for j, o in self.overrides.active().items()} if self.overrides else {}
-            if self.paused:
+            store = self.control.overrides
+            overrides = {j: o.level for j, o in store.active().items()} if store else {}
+            paused = self.control.paused
+            if paused:
                 # Paused: nothing is throttled automatically (the policy still learns its
                 # baselines); only what operators set explicitly holds.
                 limits = {j: lvl for j, lvl in limits.items() if j in overrides}
@@ -169,8 +172,8 @@ class Daemon:
                                           self.throttle.level_share if self.throttle else (lambda level: 1.0), known)
             if self.baselines:
                 self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
-            if self.paused:
-                decision = replace(decision, note=f"paused: {self.paused}")
+            if paused:
+                decision = replace(decision, note=f"paused: {paused}")
             elif unwritable:
                 decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
                                    + (f"; {decision.note}" if decision.note else ""))
@@ -179,20 +182,23 @@ class Daemon:
                 ApplyResult((), MappingProxyType({}))
             if self.colocation is not None:
                 self.colocation.tick(sample)
-            for job in [j for j in self.history if j not in sample.jobs]:
-                del self.history[job]
         t3 = self.clock()
+        self.control.record(t0, decision.actions, sample.jobs if sample.jobs_known else None)
         for a in decision.actions:
-            self.actions_total[(a.kind, a.cause)] += 1
-            self.history.setdefault(a.job, deque(maxlen=10)).append((t0, a))
             log.info("decision=%s job=%s level=%d->%d cause=%s reason=%r", a.kind, a.job, a.from_level, a.to_level,
                      a.cause, a.reason)
         self.ticks += 1
+        original_cpus = {}
+        if self.throttle is not None and self.throttle.kind == "cores":
+            original_cpus = {j: len(self.throttle.original_cpus(js)) for j, js in sample.jobs.items()
+                             if js.cpus is not None}
         result = TickResult(self.ticks, t0, sample, decision, result.applied,
                             MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
                             self.throttle.kind if self.throttle else None, result.levels, unwritable,
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
-                                              for j, b in self.state.baselines.items()}))
+                                              for j, b in self.state.baselines.items()}),
+                            self.config, self.overruns, MappingProxyType(original_cpus),
+                            self.colocation.view() if self.colocation is not None else None)
         self.last = result
         return result
 

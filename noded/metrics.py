@@ -1,7 +1,8 @@
 """Prometheus metrics from the last tick's result, on a private registry.
 
-A scrape reads ``daemon.last`` and counters kept by the loop; it never touches
-hardware. Names are ``noded_<subsystem>_<name>_<unit>``; GPU series carry the
+A scrape reads the control state (overrides, pause, decision counts) and the last
+``TickResult``, swapped whole each tick; it never touches hardware or the loop's
+internals. Names are ``noded_<subsystem>_<name>_<unit>``; GPU series carry the
 labels ``gpu`` (index as a string) and ``UUID`` as dcgm-exporter writes them, so
 the two join in PromQL.
 """
@@ -9,13 +10,14 @@ the two join in PromQL.
 from __future__ import annotations
 
 import platform
-from collections import Counter
 from importlib import metadata
+from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
-from .daemon import Daemon
+from .control import ControlState
+from .daemon import Daemon, TickResult
 
 
 def _version() -> str:
@@ -26,53 +28,56 @@ def _version() -> str:
 
 
 class NodedCollector:
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+    """Yields from the control state and the last tick's result only."""
+
+    def __init__(self, control: ControlState, last: Callable[[], TickResult | None], info: Mapping[str, str]):
+        self.control = control
+        self.last = last
+        self.info = dict(info)
 
     def describe(self):
         return []  # collected lazily from the last tick; no hardware is touched at registration
 
     def collect(self):
-        d = self.daemon
-        cfg = d.config
         info = InfoMetricFamily("noded_build", "noded build information")
-        info.add_metric([], {"version": _version(), "python": platform.python_version(), **d.extra_info})
+        info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
-
-        ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
-        ticks.add_metric([], d.ticks)
-        yield ticks
-        overruns = CounterMetricFamily("noded_tick_overruns", "Ticks that took longer than the tick period")
-        overruns.add_metric([], d.overruns)
-        yield overruns
         actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
                                       labels=["action", "cause"])
-        for (kind, cause), n in sorted(d.actions_total.items()):
+        for (kind, cause), n in sorted(self.control.actions_total().items()):
             actions.add_metric([kind, cause], n)
         yield actions
-
-        peak = GaugeMetricFamily("noded_node_memory_bandwidth_peak_bytes_per_second",
-                                 "Configured peak memory bandwidth of one L3 domain")
-        peak.add_metric([], cfg.peak_bytes_per_domain)
-        yield peak
-        thr = GaugeMetricFamily("noded_contention_threshold_ratio",
-                                "Share of the peak at which contention is acted on, and below which throttles are released",
-                                labels=["threshold"])
-        thr.add_metric(["throttle"], cfg.contention.threshold)
-        thr.add_metric(["release"], cfg.contention.release_threshold)
-        yield thr
-
         active = GaugeMetricFamily("noded_override_active", "Operator overrides in force (1 each), and who set them",
                                    labels=["job", "kind", "uid"])
-        store = getattr(d, "overrides", None)
+        store = self.control.overrides
         for o in sorted(store.current().values(), key=lambda o: o.job) if store else ():
             active.add_metric([o.job, o.kind, str(o.set_by_uid)], 1.0)
         yield active
         paused = GaugeMetricFamily("noded_eliminator_paused", "1 while an operator has paused the eliminator")
-        paused.add_metric([], 1.0 if getattr(d, "paused", None) else 0.0)
+        paused.add_metric([], 1.0 if self.control.paused else 0.0)
         yield paused
 
-        colo = getattr(d, "colocation", None)
+        r = self.last()
+        if r is None:
+            return
+        cfg = r.config
+        ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
+        ticks.add_metric([], r.tick)
+        yield ticks
+        overruns = CounterMetricFamily("noded_tick_overruns", "Ticks that took longer than the tick period")
+        overruns.add_metric([], r.overruns)
+        yield overruns
+        if cfg is not None:
+            peak = GaugeMetricFamily("noded_node_memory_bandwidth_peak_bytes_per_second",
+                                     "Configured peak memory bandwidth of one L3 domain")
+            peak.add_metric([], cfg.peak_bytes_per_domain)
+            yield peak
+            thr = GaugeMetricFamily("noded_contention_threshold_ratio", "Share of the peak at which contention is "
+                                    "acted on, and below which throttles are released", labels=["threshold"])
+            thr.add_metric(["throttle"], cfg.contention.threshold)
+            thr.add_metric(["release"], cfg.contention.release_threshold)
+            yield thr
+        colo = r.colocation
         if colo is not None:
             adm = CounterMetricFamily("noded_admission_decisions", "Co-location admission decisions",
                                       labels=["result"])
@@ -81,16 +86,13 @@ class NodedCollector:
             yield adm
             held = GaugeMetricFamily("noded_colocation_jobs", "Jobs admitted onto each GPU by noded",
                                      labels=["UUID"])
-            for uuid, n in sorted(Counter(r.gpu_uuid for r in colo.reservations()).items()):
+            for uuid, n in sorted(colo.jobs_per_gpu.items()):
                 held.add_metric([uuid], n)
             yield held
             mps = GaugeMetricFamily("noded_mps_up", "1 while the MPS control daemon answers")
-            mps.add_metric([], 1.0 if colo.mps_state in ("ok", "restarted") else 0.0)
+            mps.add_metric([], 1.0 if colo.mps_state == "ok" else 0.0)
             yield mps
 
-        r = d.last
-        if r is None:
-            return
         s = r.sample
         dur = GaugeMetricFamily("noded_tick_duration_seconds", "Time the last tick spent in each stage",
                                 labels=["stage"])
@@ -192,6 +194,7 @@ class NodedCollector:
 
 
 def make_registry(daemon: Daemon) -> CollectorRegistry:
+    """A private registry over a daemon's control state and last result."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodedCollector(daemon))
+    registry.register(NodedCollector(daemon.control, lambda: daemon.last, daemon.extra_info))
     return registry

@@ -117,14 +117,14 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
     print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
     log.info("%s", budget.describe())
-    daemon.overrides = OverrideStore(built.state, time.time, persist=not args.dry_run)
-    for note in daemon.overrides.notes:
+    daemon.control.overrides = OverrideStore(built.state, time.time, persist=not args.dry_run)
+    for note in daemon.control.overrides.notes:
         print(f"noded: {note}", file=sys.stderr, flush=True)
-    admin = _listening(AdminServer(config.admin_socket, daemon, daemon.overrides, group=config.admin.group,
+    admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
                                    timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
     stack.callback(admin.stop)
     if daemon.colocation is not None:
-        reports = _listening(AdminServer(config.report_socket, daemon, None, group=None,
+        reports = _listening(AdminServer(config.report_socket, daemon, group=None,
                                          timeout_s=config.admin.timeout_s, reports_only=True),
                              "report socket", config.report_socket)
         stack.callback(reports.stop)

@@ -37,12 +37,12 @@ def admin(tmp_path):
     h = Harness(tmp_path, NLP_AND_HOG)
     clock = WallClock()
     store = OverrideStore(h.config.state_dir, clock)
-    h.daemon.overrides = store
+    h.daemon.control.overrides = store
     # A directory anyone may traverse, as /run/noded is to the admin group: only the
     # socket's own mode and the peer check keep others out.
     rundir = tempfile.mkdtemp(prefix="noded-admin-")
     os.chmod(rundir, 0o755)
-    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, store, group="root", timeout_s=0.5,
+    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, group="root", timeout_s=0.5,
                          wall_clock=clock).start()
     yield h, server, clock
     server.stop()
@@ -170,7 +170,7 @@ def test_a_command_that_fails_is_answered_with_its_error_not_a_closed_connection
     h.tick()
     # The override store cannot save: its file's place is taken by a directory that
     # is not empty, so the atomic rename fails (a real failure, from the kernel).
-    os.makedirs(os.path.join(server.store.path, "in-the-way"))
+    os.makedirs(os.path.join(h.daemon.control.overrides.path, "in-the-way"))
     with caplog.at_level(logging.ERROR, logger="noded.admin.server"):
         code, out, err = ctl(server, "throttle", "sim:hog", "--level", "1", capsys=capsys)
     assert code == 1 and out == ""

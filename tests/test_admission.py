@@ -52,8 +52,8 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         gpu = h.sim.gpus[0]
         assert gpu.compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         h.tick()
-        server = AdminServer(str(tmp_path / "noded.sock"), h.daemon, OverrideStore(str(tmp_path / "st"), lambda: 0.0),
-                             group=None).start()
+        h.daemon.control.overrides = OverrideStore(str(tmp_path / "st"), lambda: 0.0)
+        server = AdminServer(str(tmp_path / "noded.sock"), h.daemon, group=None).start()
         admit = lambda job, model, bs: (nodectl.main(["--socket", server.path, "admit", "--job", job, "--model", model,
                                                       "--batch-size", str(bs)]), capsys.readouterr().out)
         code, out = admit("slurm:1", "VGG11", 64)
@@ -181,7 +181,7 @@ def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
 
         rundir = tempfile.mkdtemp(prefix="noded-report-")
         os.chmod(rundir, 0o755)  # as /run/noded is: others reach the 0666 socket, and only it
-        server = AdminServer(os.path.join(rundir, "report.sock"), h.daemon, None, group=None,
+        server = AdminServer(os.path.join(rundir, "report.sock"), h.daemon, group=None,
                              reports_only=True).start()
         code = ("import sys\nfrom noded.colocation.client import report_iteration\nsys.stdin.readline()\n"
                 f"print(report_iteration(0.25, job=sys.argv[1], socket_path={server.path!r}), flush=True)")

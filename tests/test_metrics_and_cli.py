@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections import Counter
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
@@ -16,7 +15,9 @@ from prometheus_client import generate_latest
 from noded.actuators.plan import Applied
 from noded.admin.overrides import Override
 from resctrl import MbFlavour
+from noded.colocation.view import ColocationView
 from noded.config import Config
+from noded.control import ControlState
 from noded.daemon import TickResult
 from noded.jobs.model import JobMeta
 from noded.metrics import make_registry
@@ -48,12 +49,14 @@ def fixed_daemon():
     decision = Decision(MappingProxyType({"sim:hog": 1}), (action,), True, 0.95, ("sim:bert",), "")
     result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
                         MappingProxyType({"sample": 0.01, "decide": 0.0001, "act": 0.002}), "mba",
-                        MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}))
-    return SimpleNamespace(config=Config(peak_gbps_per_domain=10), ticks=7, overruns=1,
-                           actions_total=Counter({("throttle", "contention"): 1}), last=result,
-                           extra_info={"throttle": "mba", "dry_run": "false"}, paused=None,
-                           overrides=SimpleNamespace(current=lambda: {
-                               "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}))
+                        MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}),
+                        Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
+                        ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
+                                       MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule"))
+    control = ControlState(SimpleNamespace(current=lambda: {
+        "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}))
+    control.record(10.0, [action], None)
+    return SimpleNamespace(control=control, last=result, extra_info={"throttle": "mba", "dry_run": "false"})
 
 
 def shape(exposition: str) -> str:

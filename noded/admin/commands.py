@@ -2,7 +2,9 @@
 
 The transport (noded.admin.server) checks who the peer is and parses the request;
 it calls an ``AdminCommands`` with ``(command, args, peer)`` and sends back what it
-returns, or the error it raises.
+returns, or the error it raises. Commands read and change only the ``ControlState``
+and read the last ``TickResult`` (and ask the co-location service): never the
+loop's internals.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import math
 import time
 from typing import Any, Callable
 
-from ..daemon import Daemon
+from ..control import ControlState
+from ..daemon import TickResult
 from ..server.stream import Peer
 from .overrides import Override, OverrideStore
 from .protocol import RequestError
@@ -21,21 +24,28 @@ log = logging.getLogger(__name__)
 
 
 class AdminCommands:
-    def __init__(self, daemon: Daemon, store: OverrideStore | None, *, wall_clock: Callable[[], float] = time.time):
-        self.daemon = daemon
-        self.store = store
+    def __init__(self, control: ControlState, last: Callable[[], TickResult | None], colocation=None, *,
+                 wall_clock: Callable[[], float] = time.time):
+        self.control = control
+        self.last = last
+        self.colocation = colocation  # a colocation.service.Colocation, where co-location is enabled
         self.wall_clock = wall_clock
+
+    @property
+    def store(self) -> OverrideStore:
+        if self.control.overrides is None:
+            raise RequestError("overrides are not kept on this socket")
+        return self.control.overrides
 
     def __call__(self, command: str, args: dict[str, Any], peer: Peer) -> Any:
         return self.dispatch(command, args, peer.uid)
 
     def _check_reporter(self, job: str, pid: int) -> None:
-        last = self.daemon.last
+        last = self.last()
         if last is None or job not in last.sample.jobs or pid not in last.sample.jobs[job].pids:
             raise RequestError(f"process {pid} is not part of job {job!r}: a job reports only for itself")
 
     def dispatch(self, command: str, args: dict[str, Any], uid: int) -> Any:
-        d = self.daemon
         if command == "status":
             return self.status()
         if command == "jobs":
@@ -43,24 +53,26 @@ class AdminCommands:
         if command == "explain":
             return self.explain(args["job"])
         if command == "pause":
-            d.paused = args.get("reason") or f"paused by uid {uid}"
-            log.warning("eliminator=paused uid=%d reason=%r", uid, d.paused)
-            return {"paused": d.paused}
+            reason = args.get("reason") or f"paused by uid {uid}"
+            self.control.pause(reason)
+            log.warning("eliminator=paused uid=%d reason=%r", uid, reason)
+            return {"paused": reason}
         if command == "resume":
-            d.paused = None
+            self.control.resume()
             log.warning("eliminator=resumed uid=%d", uid)
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)
         if command in ("report", "model_fit"):
-            service = d.colocation
+            service = self.colocation
             if service is None:
                 raise RequestError("co-location is not enabled on this node (colocation.enabled)")
             try:
                 if command == "model_fit":
                     log.warning("colocation model fit requested by uid %d", uid)
                     return service.fit()
-                return service.report(args["job"], args["iteration_s"], d.last.sample if d.last else None)
+                last = self.last()
+                return service.report(args["job"], args["iteration_s"], last.sample if last else None)
             except ValueError as e:
                 raise RequestError(str(e)) from None
         if command == "release":
@@ -76,13 +88,13 @@ class AdminCommands:
     def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
         from ..colocation.profiles import JobProfile
 
-        service = self.daemon.colocation
+        service = self.colocation
         if service is None:
             raise RequestError("co-location is not enabled on this node (colocation.enabled)")
         p = args.get("profile")
         profile = None if p is None else JobProfile(args["model"], args["batch_size"], float(p["c"]), float(p["m"]),
                                                     float(p["window_us"]), f"{p['source']} (sent by uid {uid})")
-        last = self.daemon.last
+        last = self.last()
         d = service.admit(args["job"], last.sample if last else None, model=args["model"],
                           batch_size=args["batch_size"], profile=profile, gpu=args.get("gpu", "auto"),
                           uid=args.get("uid"))
@@ -91,13 +103,13 @@ class AdminCommands:
                 "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}
 
     def _level_for_cores(self, job: str, cores: int) -> int:
-        throttle = self.daemon.throttle
-        last = self.daemon.last
-        if throttle is None or throttle.kind != "cores":
-            raise RequestError(f"this host throttles with {throttle.kind if throttle else 'nothing'}: use --level")
-        if last is None or job not in last.sample.jobs:
+        last = self.last()
+        kind = last.throttle_kind if last else None
+        if kind != "cores":
+            raise RequestError(f"this host throttles with {kind or 'nothing'}: use --level")
+        if job not in last.sample.jobs:
             raise RequestError(f"no such job {job!r}")
-        n = len(throttle.original_cpus(last.sample.jobs[job]))
+        n = last.original_cpus.get(job, 0)
         if not n:
             raise RequestError(f"no CPUs known for job {job!r}")
         # The halving level that leaves at most `cores` CPUs.
@@ -108,18 +120,17 @@ class AdminCommands:
                 "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock())}
 
     def status(self) -> dict[str, Any]:
-        d = self.daemon
-        r = d.last
+        r = self.last()
         overrides = self.store.active()
-        out: dict[str, Any] = {
-            "paused": d.paused, "ticks": d.ticks, "tick_s": d.config.tick_s,
-            "throttle_method": d.throttle.kind if d.throttle else None,
-            "threshold": d.config.contention.threshold, "release_threshold": d.config.contention.release_threshold,
-            "peak_bytes_per_s_per_domain": d.config.peak_bytes_per_domain,
-            "overrides": [self._override_json(o) for o in overrides.values()],
-        }
-        if r is None:
+        paused = self.control.paused
+        out: dict[str, Any] = {"paused": paused, "ticks": r.tick if r else 0,
+                               "overrides": [self._override_json(o) for o in overrides.values()]}
+        if r is None or r.config is None:
             return {**out, "node": None, "gpus": [], "jobs": [], "missing": []}
+        cfg = r.config
+        out.update({"tick_s": cfg.tick_s, "throttle_method": r.throttle_kind,
+                    "threshold": cfg.contention.threshold, "release_threshold": cfg.contention.release_threshold,
+                    "peak_bytes_per_s_per_domain": cfg.peak_bytes_per_domain})
         s = r.sample
         out["node"] = {"share_of_peak": r.decision.node_share, "bandwidth_bytes_per_s": dict(s.node_bandwidth_bps),
                        "contention": r.decision.triggered, "note": r.decision.note}
@@ -131,30 +142,34 @@ class AdminCommands:
         return out
 
     def explain(self, job: str) -> dict[str, Any]:
-        d = self.daemon
-        r = d.last
+        r = self.last()
         if r is None or job not in r.sample.jobs:
             raise RequestError(f"no such job {job!r}")
         js = r.sample.jobs[job]
         why: list[str] = []
         if js.kind == "gpu":
             why.append("a GPU job: never throttled")
+            if job not in r.baselines:
+                why.append("no uncontended utilisation known yet: its slowdown cannot be seen")
         if js.meta.exempt:
             why.append("marked exempt in its labels")
         o = self.store.active().get(job)
         if o is not None:
             why.append(f"operator override ({o.kind}, level {o.level}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
-        if d.paused:
-            why.append(f"the eliminator is paused: {d.paused}")
+        paused = self.control.paused
+        if paused:
+            why.append(f"the eliminator is paused: {paused}")
         if r.decision.note:
             why.append(r.decision.note)
         now = r.t
+        baseline, source = r.baselines.get(job, (None, None))
         return {
             "job": job, "kind": js.kind, "level": r.levels.get(job, 0), "bandwidth_bytes_per_s": js.bandwidth_bps,
-            "gpu_util": js.gpu_util, "baseline": d.state.baselines.get(job),
-            "node_share_of_peak": r.decision.node_share, "threshold": d.config.contention.threshold,
+            "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
+            "node_share_of_peak": r.decision.node_share,
+            "threshold": r.config.contention.threshold if r.config else None,
             "slowed_gpu_jobs": list(r.decision.slowed), "why": why,
             "decisions": [{"seconds_ago": round(now - t, 1), "action": a.kind, "from": a.from_level,
                            "to": a.to_level, "cause": a.cause, "reason": a.reason}
-                          for t, a in d.history.get(job, ())],
+                          for t, a in self.control.history(job)],
         }

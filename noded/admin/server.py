@@ -26,7 +26,6 @@ from ..daemon import Daemon
 from ..server.budget import ADMIN, REPORTS
 from ..server.stream import Limits, Peer, Protocol, RateLimitedLog, StreamServer, unix_peer
 from .commands import AdminCommands
-from .overrides import OverrideStore
 from .protocol import RequestError, parse_request, reply_error, reply_ok
 
 log = logging.getLogger(__name__)
@@ -44,19 +43,18 @@ def peer_groups(pid: int) -> set[int]:
 
 
 class AdminServer(Protocol):
-    def __init__(self, path: str, daemon: Daemon, store: OverrideStore | None, *, group: str | None,
+    def __init__(self, path: str, daemon: Daemon, *, group: str | None,
                  timeout_s: float = 5.0, wall_clock: Callable[[], float] = time.time,
                  reports_only: bool = False, limits: Limits | None = None):
         # reports_only: the socket training jobs use (mode 0666): it takes only `report`,
         # and only from a process of the job reported on.
         self.reports_only = reports_only
         self.path = path
-        self.daemon = daemon
-        self.store = store
         self.timeout_s = timeout_s
         self.wall_clock = wall_clock
         self.limits = limits or replace(REPORTS if reports_only else ADMIN, deadline_s=timeout_s)
-        self.commands = AdminCommands(daemon, store, wall_clock=wall_clock)
+        # What commands see of the daemon: its control state, its last result, co-location.
+        self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock)
         self.gid: int | None = None
         if group:
             try:

@@ -17,6 +17,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Callable
 
 from mps.supervisor import MpsSupervisor
@@ -24,6 +25,7 @@ from mps.supervisor import MpsSupervisor
 from ..sample import Sample
 from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from .outcomes import ModelError, Outcomes
+from .view import ColocationView
 from .profiles import JobProfile, ProfileError
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,9 @@ class Colocation:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.decisions: Counter[str] = Counter()
+        # both keys from the start: a scrape copies it while admissions count, and the
+        # series exist before the first decision
+        self.decisions: Counter[str] = Counter({"admit": 0, "refuse": 0})
         #: what decides admissions, for operators: "model fitted from N records" or "ΣC rule (...)"
         self.decided_by = "ΣC rule (no speedup model fitted)" if rule.coef is None else "speedup model (given)"
         if outcomes is not None and rule.coef is None:
@@ -88,6 +92,13 @@ class Colocation:
         if self.mps is not None:
             self.mps.start()
         return self
+
+    def view(self) -> ColocationView:
+        with self._lock:
+            per_gpu = Counter(h.reservation.gpu_uuid for h in self._held.values())
+            decisions = dict(self.decisions)
+        return ColocationView(MappingProxyType(decisions), MappingProxyType(dict(per_gpu)), self.mps_state,
+                              self.decided_by)
 
     def reservations(self) -> list[Reservation]:
         with self._lock:

@@ -126,7 +126,7 @@ def rundir():
 def daemon(tmp_path):
     """A real Daemon that has not ticked: what `status` reads without any hardware."""
     d = Daemon(Config(state_dir=str(tmp_path / "state")), None, None)
-    d.overrides = OverrideStore(str(tmp_path / "state"), time.time)
+    d.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
     return d
 
 
@@ -135,7 +135,7 @@ def admin_servers(daemon, rundir):
     started = []
 
     def start(name="noded.sock", **kw):
-        s = AdminServer(os.path.join(rundir, name), daemon, daemon.overrides, **{"group": "root", **kw}).start()
+        s = AdminServer(os.path.join(rundir, name), daemon, **{"group": "root", **kw}).start()
         started.append(s)
         return s
 
