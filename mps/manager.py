@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,12 @@ class ComputeModes:
     start still running while the service stops) is refused, not applied after it.
     """
 
-    def __init__(self, uuids: list[str]):
+    def __init__(self, uuids: list[str], originals: Recorder | None = None):
         self.uuids = uuids
         self.original: dict[str, int] = {}
+        # Record before you touch: each GPU's mode is recorded durably before it changes,
+        # so the start after a crash puts it back (restore_recorded).
+        self.originals = originals
         self._lock = threading.Lock()
         self._final = False
 
@@ -115,9 +118,12 @@ class ComputeModes:
                     for uuid in self.uuids:
                         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                         mode = pynvml.nvmlDeviceGetComputeMode(handle)
+                        if mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+                            continue  # already so: nothing to record or put back
+                        if self.originals is not None and uuid not in self.original:
+                            self._record(uuid, mode)
                         self.original.setdefault(uuid, mode)
-                        if mode != pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
-                            pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+                        pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
                 finally:
                     pynvml.nvmlShutdown()
             except pynvml.NVMLError as e:
@@ -140,10 +146,73 @@ class ComputeModes:
                 for uuid, mode in list(self.original.items()):
                     pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
                     del self.original[uuid]
+                    self._forget(uuid)
             finally:
                 pynvml.nvmlShutdown()
         except pynvml.NVMLError as e:
             log.error("restoring compute modes %s failed: %s", self.original, e)
+
+
+    def _record(self, uuid: str, mode: int) -> None:
+        try:
+            self.originals.record(compute_mode_key(uuid), mode)
+        except Exception as e:  # the recorder's own error (noded's StateWriteError): change nothing
+            raise MpsError(f"not changing the compute mode of {uuid}: its original could not be recorded: {e}") \
+                from None
+
+    def _forget(self, uuid: str) -> None:
+        if self.originals is None:
+            return
+        try:
+            self.originals.forget(compute_mode_key(uuid))
+        except Exception as e:
+            log.warning("compute mode of %s restored, but its record could not be removed: %s", uuid, e)
+
+    @staticmethod
+    def restore_recorded(originals: Recorder) -> list[str]:
+        """At start: put back every compute mode a crashed run recorded; returns what was
+        restored. Records stay where NVML cannot be reached (tried again next start)."""
+        import pynvml
+
+        recorded = [(k.removeprefix(COMPUTE_MODE), v) for k, v in originals.items() if k.startswith(COMPUTE_MODE)]
+        if not recorded:
+            return []
+        done = []
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            log.error("compute modes recorded by an earlier run cannot be restored now (%s): %s", e,
+                      ", ".join(u for u, _ in recorded))
+            return done
+        try:
+            for uuid, mode in recorded:
+                try:
+                    pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+                except pynvml.NVMLError as e:
+                    log.error("restoring the compute mode of %s failed: %s", uuid, e)
+                    continue
+                originals.forget(compute_mode_key(uuid))
+                done.append(f"{uuid} compute mode <- {mode}")
+        finally:
+            pynvml.nvmlShutdown()
+        return done
+
+
+COMPUTE_MODE = "compute_mode:"
+
+
+def compute_mode_key(uuid: str) -> str:
+    return f"{COMPUTE_MODE}{uuid}"
+
+
+class Recorder(Protocol):
+    """Where original values are recorded durably before they change (noded.state.OriginalValues)."""
+
+    def record(self, key: str, value: Any) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+    def items(self) -> list[tuple[str, Any]]: ...
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from typing import Callable
 
 from resctrl import Resctrl
 
+from mps.manager import COMPUTE_MODE, ComputeModes
+
 from .actuators.cores import CoreHalving
 from .actuators.mba import MbaThrottle
 from .baselines import BaselineStore
@@ -70,6 +72,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     cores = CoreHalving(originals, dry_run=dry_run)
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
+        if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
+            restored += ComputeModes.restore_recorded(originals)
         if restored:
             notes.append(f"restored {len(restored)} values changed before a crash: {'; '.join(restored)}")
         if rc is not None:
@@ -96,10 +100,12 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     daemon.baselines = baselines
     if not dry_run:
         daemon.state_probe = originals.probe
-    if config.colocation.enabled:
+    if config.colocation.enabled and dry_run:
+        notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
+    elif config.colocation.enabled:
         from .colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
 
-        daemon.colocation = build_colocation(config, clock)
+        daemon.colocation = build_colocation(config, clock, originals)
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, state, notes)

@@ -27,6 +27,7 @@ FILE = "originals.json"
 _MAX_CPU = 1 << 16  # far above any kernel's NR_CPUS; a bigger number is not a CPU
 _CPU_LIST = re.compile(r"\s*(\d+(-\d+)?(,\d+(-\d+)?)*)?\s*")
 _AFFINITY_KEY = re.compile(r"affinity:\d+:\d+")
+_GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]{1,80}")
 
 
 def open_state_dir(state_dir: str | SecureDir) -> SecureDir:
@@ -51,7 +52,8 @@ def _check_cpus(value: Any) -> None:
 
 def parse_originals(data: Any) -> dict[str, Any]:
     """The records in ``originals.json``: ``cpuset:<cgroup dir>`` -> a CPU list as the kernel
-    writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs. Raises ValueError."""
+    writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs, ``compute_mode:<GPU UUID>``
+    -> an NVML compute mode. Raises ValueError."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     for key, value in data.items():
@@ -60,6 +62,9 @@ def parse_originals(data: Any) -> dict[str, Any]:
             _check_cpu_list(value)
         elif kind == "affinity" and _AFFINITY_KEY.fullmatch(key):
             _check_cpus(value)
+        elif kind == "compute_mode" and _GPU_UUID.fullmatch(where):
+            if type(value) is not int or not 0 <= value <= 3:
+                raise ValueError(f"{key}: not an NVML compute mode: {str(value)[:40]}")
         else:
             raise ValueError(f"unknown record {key[:200]!r}")
     return data

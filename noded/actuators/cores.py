@@ -153,6 +153,8 @@ class CoreHalving(LevelThrottle):
             kind, _, where = key.partition(":")
             if kind == "cpuset":
                 gone = not os.path.isdir(where)
+            elif kind != "affinity":
+                continue  # not a core halving record (a GPU's compute mode)
             else:
                 pid_text, _, start = where.partition(":")
                 fields = stat_fields(self.proc, int(pid_text))
@@ -260,6 +262,8 @@ class CoreHalving(LevelThrottle):
         # Parents before children: a child's CPUs must fit in its parent's.
         for key, value in sorted(self.originals.items(), key=lambda kv: (len(kv[0]), kv[0])):
             kind, _, where = key.partition(":")
+            if kind not in ("cpuset", "affinity"):
+                continue  # not a core halving record (a GPU's compute mode)
             try:
                 if kind == "cpuset":
                     if os.path.isdir(where):

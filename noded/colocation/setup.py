@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from mps.manager import ComputeModes, MpsControl, MpsDefaults, max_clients_per_device
+from mps.manager import ComputeModes, MpsControl, MpsDefaults, Recorder, max_clients_per_device
 from mps.supervisor import MpsSupervisor
 
 from ..config import Config
@@ -70,7 +70,7 @@ def mps_defaults(gpus: list[ServedGpu], max_jobs_per_gpu: int) -> MpsDefaults:
                                           for i, g in enumerate(gpus) if g.memory_total})
 
 
-def build_colocation(config: Config, clock: Callable[[], float]) -> Colocation:
+def build_colocation(config: Config, clock: Callable[[], float], originals: Recorder | None = None) -> Colocation:
     """The co-location service, started (MPS starts in its supervisor's thread)."""
     cc = config.colocation
     profiles = load_profiles(cc.profiles) if cc.profiles else {}
@@ -82,7 +82,7 @@ def build_colocation(config: Config, clock: Callable[[], float]) -> Colocation:
                     max_jobs, limit, limit)
         max_jobs = limit
     uuids = [g.uuid for g in gpus]
-    modes = ComputeModes(uuids) if cc.mps.exclusive_process else None
+    modes = ComputeModes(uuids, originals) if cc.mps.exclusive_process else None
     # CUDA_VISIBLE_DEVICES always lists the served GPUs, so the daemon's device
     # ordinals are NVML's order (CUDA's own default order is fastest first).
     # MPS's deadlines run on the monotonic clock whatever ``clock`` is: a process that

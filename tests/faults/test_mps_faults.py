@@ -211,3 +211,34 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
         assert h.sim.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
     finally:
         h.stop()
+
+
+def test_compute_modes_are_recorded_before_they_change_and_restored_after_a_crash(tmp_path, gpus):
+    from noded.state import OriginalValues
+
+    originals = OriginalValues(str(tmp_path / "state"))
+    modes = ComputeModes([gpus[1].uuid], originals)
+    modes.set_exclusive()
+    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert OriginalValues(str(tmp_path / "state")).get(f"compute_mode:{gpus[1].uuid}") == \
+        pynvml.NVML_COMPUTEMODE_DEFAULT  # durable before the change
+    # SIGKILL: restore() never runs. The next start puts the GPU back from the record.
+    again = OriginalValues(str(tmp_path / "state"))
+    assert ComputeModes.restore_recorded(again) == [f"{gpus[1].uuid} compute mode <- 0"]
+    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT and again.items() == []
+
+
+def test_a_compute_mode_that_cannot_be_recorded_is_not_changed(tmp_path, gpus):
+    class Unwritable:
+        def record(self, key, value):
+            raise OSError(30, "Read-only file system")
+
+        def forget(self, key):
+            pass
+
+        def items(self):
+            return []
+
+    with pytest.raises(Exception, match="could not be recorded: .*Read-only file system"):
+        ComputeModes([gpus[1].uuid], Unwritable()).set_exclusive()
+    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
