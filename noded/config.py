@@ -85,7 +85,7 @@ class AdminConfig:
     socket: str | None = None
     #: members of this group (and root) may use it; the socket is root:group 0660
     group: str = "noded-admin"
-    #: a client that sends nothing for this long is dropped
+    #: the deadline for a client's whole request and its reply (admin and report sockets)
     timeout_s: float = 5.0
 
 

@@ -6,12 +6,11 @@ import argparse
 import json
 import os
 import re
-import socket
-import struct
 import sys
 import time
 from typing import Any
 
+from ..server.client import ReplyTooLarge, request_line
 from .protocol import VERSION, encode
 
 DEFAULT_SOCKET = "/run/noded/noded.sock"
@@ -31,41 +30,13 @@ MAX_REPLY_BYTES = 64 * 1024 * 1024
 def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """One request and its reply, all within ``timeout`` seconds (not per read: a daemon
     that answers a byte at a time cannot hold nodectl longer)."""
-    deadline = time.monotonic() + timeout
-
-    def remaining() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        return left
-
-    buf = b""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            # A blocking connect bounded by SO_SNDTIMEO waits for room in a full listen
-            # backlog (one with a Python timeout fails at once with EAGAIN).
-            left = remaining()
-            seconds, micros = int(left), int((left - int(left)) * 1e6)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros or not seconds))
-            try:
-                s.connect(path)
-            except BlockingIOError:
-                raise TimeoutError from None
-            payload = memoryview(encode({"version": VERSION, "command": command, "args": args or {}}))
-            while payload:
-                s.settimeout(remaining())
-                payload = payload[s.send(payload):]
-            while not buf.endswith(b"\n"):
-                s.settimeout(remaining())
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-                if len(buf) > MAX_REPLY_BYTES:
-                    raise NodectlError(f"{path}: a reply larger than {MAX_REPLY_BYTES} bytes: not noded's")
+        buf = request_line(path, encode({"version": VERSION, "command": command, "args": args or {}}), timeout,
+                           MAX_REPLY_BYTES)
+    except ReplyTooLarge as e:
+        raise NodectlError(f"{e}: not noded's") from None
     except TimeoutError:
-        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s "
-                           f"({'a partial answer' if buf else 'nothing received'}); is it overloaded or stopped?") from None
+        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or stopped?") from None
     except FileNotFoundError:
         raise NodectlError(f"no admin socket at {path}: is noded running?") from None
     except PermissionError:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+
+from ..server.client import request_line
 
 DEFAULT_SOCKET = "/run/noded/report.sock"
 
@@ -24,11 +25,7 @@ def report_iteration(seconds: float, job: str | None = None, socket_path: str | 
         return False
     message = json.dumps({"version": 1, "command": "report", "args": {"job": job, "iteration_s": seconds}})
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(path)
-            s.sendall(message.encode() + b"\n")
-            reply = s.makefile("rb").readline()
+        reply = request_line(path, message.encode() + b"\n", timeout, 64 * 1024)
         return bool(json.loads(reply).get("ok"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return False

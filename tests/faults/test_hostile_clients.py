@@ -314,7 +314,7 @@ def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, 
         t0 = time.monotonic()
         assert nodectl.main(["--socket", path, "--timeout", "0.5", "status"]) == 1
         assert 0.4 < time.monotonic() - t0 < 5
-        assert "noded did not answer within 0.5s (nothing received)" in capsys.readouterr().err
+        assert "noded did not answer within 0.5s;" in capsys.readouterr().err
 
         def serve():  # the daemon gets to the backlog: the flood's connections first, then nodectl's
             for _ in queued:
@@ -607,3 +607,39 @@ def test_the_descriptor_budget_raises_the_soft_limit_or_refuses_to_start():
 def test_the_unit_sets_the_descriptor_limit_the_design_needs():
     unit = open(os.path.join(REPO, "systemd", "noded.service")).read()
     assert re.search(rf"^LimitNOFILE={UNIT_LIMIT_NOFILE}$", unit, re.M)
+
+
+def test_a_training_jobs_report_waits_its_turn_in_a_full_backlog_too(tmp_path):
+    from noded.colocation.client import report_iteration
+
+    path = str(tmp_path / "report.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
+        busy.bind(path)
+        busy.listen(1)
+        queued = []
+        while True:  # a flood fills the backlog
+            q = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            q.setblocking(False)
+            try:
+                q.connect(path)
+            except BlockingIOError:
+                q.close()
+                break
+            queued.append(q)
+
+        def serve():  # the flood's connections first, then the job's report
+            for _ in queued:
+                busy.accept()[0].close()
+            conn, _ = busy.accept()
+            with conn:
+                conn.settimeout(10)
+                conn.makefile("rb").readline()
+                conn.sendall(b'{"ok": true, "result": {}, "version": 1}\n')
+
+        server = threading.Thread(target=serve)
+        threading.Timer(0.2, server.start).start()
+        # Within its 2 s it is served (before: EAGAIN at once, and the report was lost).
+        assert report_iteration(0.25, job="slurm:1", socket_path=path, timeout=2.0) is True
+        server.join(10)
+        for q in queued:
+            q.close()
