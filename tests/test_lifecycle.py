@@ -40,6 +40,14 @@ class NotifySocket:
         data = self.sock.recv(4096).decode()
         return dict(line.split("=", 1) for line in data.splitlines())
 
+    def ready(self) -> dict[str, str]:
+        """The READY message (before it: STATUS=starting, as the handlers are installed)."""
+        while True:
+            message = self.recv()
+            if "READY" in message:
+                return message
+            assert message == {"STATUS": "starting"}, message
+
     def close(self):
         self.sock.close()
 
@@ -86,7 +94,7 @@ def test_notify_ready_after_the_first_tick_then_status_and_watchdog(tmp_path, pr
         p = start(cpu_only_config(tmp_path), {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "1000000"},
                   "--duration", "2")
         procs.append(p)
-        first = notify.recv()
+        first = notify.ready()
         assert first["READY"] == "1" and re.fullmatch(r"0 jobs \(0 GPU\), node bandwidth unknown, 0 throttled"
                                                       r", \d+ inputs missing", first["STATUS"])
         messages = []
@@ -106,7 +114,7 @@ def test_a_second_instance_refuses_to_start(tmp_path, procs):
         cfg = cpu_only_config(tmp_path)
         first = start(cfg, {"NOTIFY_SOCKET": notify.path})
         procs.append(first)
-        assert notify.recv()["READY"] == "1"
+        assert notify.ready()["READY"] == "1"
         second = subprocess.run([sys.executable, "-m", "noded", "run", "--config", str(cfg)], capture_output=True,
                                 text=True, timeout=60)
         assert second.returncode == 1
