@@ -24,13 +24,9 @@ import os
 import platform
 import statistics
 import tempfile
-import threading
 import time
 
-from noded.app import build_daemon
-from noded.config import Config, ContentionConfig, MetricsConfig, ResctrlConfig
-from noded.sim.node import SimNode
-from noded.sim.scenario import parse_scenario
+from bench.sim_daemon import daemon_on_sim
 
 TICK = 0.25
 LIMIT = 40  # ticks counted before "never"
@@ -43,35 +39,22 @@ HOG_FROM_START = NODE + ("  - {at: 0, start: {id: hog, cpu: hog}}\n"
 def ticks(scenario_text: str, state: str, until) -> int | None:
     """Tick noded on a fresh simulated node until ``until(result)`` or LIMIT ticks after
     the node and its jobs are first seen; the ticks counted, or None."""
-    with SimNode(parse_scenario(scenario_text, "bench")) as sim:
-        config = Config(tick_s=TICK, peak_gbps_per_domain=8, state_dir=state, metrics=MetricsConfig(port=0),
-                        resctrl=ResctrlConfig(root=sim.emu.root, mounts=sim.emu.mounts_file),
-                        contention=ContentionConfig(settle_s=TICK, hold_s=4 * TICK))
-        daemon = build_daemon(config, discovery=sim.discovery).daemon
-        stop = threading.Event()
-        stepper = threading.Thread(target=lambda: [sim.step() for _ in iter(lambda: stop.wait(0.05), True)],
-                                   daemon=True)
-        stepper.start()
+    with daemon_on_sim(scenario_text, tick=TICK, state_dir=state, settle_s=TICK, hold_s=4 * TICK) as (_, daemon, _c):
         seen = None
-        try:
-            next_t = time.monotonic()
-            for n in range(400):
-                r = daemon.tick()
-                ready = r.decision.node_share is not None and all(
-                    j.gpu_util is not None for j in r.sample.jobs.values() if j.kind == "gpu") and r.sample.jobs
-                if seen is None and ready:
-                    seen = n
-                if seen is not None and until(r):
-                    return n - seen + 1
-                if seen is not None and n - seen >= LIMIT:
-                    return None
-                next_t += TICK
-                stop.wait(max(0.0, next_t - time.monotonic()))
-            return None
-        finally:
-            stop.set()
-            stepper.join()
-            daemon.shutdown()
+        next_t = time.monotonic()
+        for n in range(400):
+            r = daemon.tick()
+            ready = r.decision.node_share is not None and all(
+                j.gpu_util is not None for j in r.sample.jobs.values() if j.kind == "gpu") and r.sample.jobs
+            if seen is None and ready:
+                seen = n
+            if seen is not None and until(r):
+                return n - seen + 1
+            if seen is not None and n - seen >= LIMIT:
+                return None
+            next_t += TICK
+            time.sleep(max(0.0, next_t - time.monotonic()))  # the loop's own fixed rate
+        return None
 
 
 def one_run(with_history: bool) -> int | None:

@@ -13,13 +13,9 @@ import os
 import platform
 import statistics
 import tempfile
-import threading
 import time
 
-from noded.app import build_daemon
-from noded.config import Config, ContentionConfig, MetricsConfig, ResctrlConfig
-from noded.sim.node import SimNode
-from noded.sim.scenario import parse_scenario
+from bench.sim_daemon import daemon_on_sim
 
 SCENARIO = """seed: 1
 duration_s: 3600
@@ -32,33 +28,21 @@ events:
 
 def one_run(tick: float) -> tuple[int, float]:
     hog_at = max(2.0, 4 * tick)
-    scenario = parse_scenario(SCENARIO.replace("HOG", str(hog_at)), "bench")
-    with SimNode(scenario) as sim, tempfile.TemporaryDirectory() as state:
-        config = Config(tick_s=tick, peak_gbps_per_domain=8, state_dir=state, metrics=MetricsConfig(port=0),
-                        resctrl=ResctrlConfig(root=sim.emu.root, mounts=sim.emu.mounts_file),
-                        contention=ContentionConfig(settle_s=tick, hold_s=10 * tick))
-        daemon = build_daemon(config, discovery=sim.discovery).daemon
-        stop = threading.Event()
-        stepper = threading.Thread(target=lambda: [sim.step() for _ in iter(lambda: stop.wait(0.05), True)],
-                                   daemon=True)
-        stepper.start()
+    with tempfile.TemporaryDirectory() as state, \
+            daemon_on_sim(SCENARIO.replace("HOG", str(hog_at)), tick=tick, state_dir=state, settle_s=tick,
+                          hold_s=10 * tick) as (sim, daemon, config):
         crossed = None
-        try:
-            next_t = time.monotonic()
-            for _ in range(int((hog_at + 30 * max(tick, 0.2)) / tick)):
-                r = daemon.tick()
-                if crossed is None and (r.decision.node_share or 0) >= config.contention.threshold:
-                    crossed = (r.tick, r.t)
-                write = next((a for a in r.applied if any("schemata" in w for w in a.writes)), None)
-                if crossed and write:
-                    return r.tick - crossed[0], (time.monotonic() - crossed[1]) * 1e3
-                next_t += tick
-                stop.wait(max(0.0, next_t - time.monotonic()))
-            raise RuntimeError("the hog was never throttled")
-        finally:
-            stop.set()
-            stepper.join()
-            daemon.shutdown()
+        next_t = time.monotonic()
+        for _ in range(int((hog_at + 30 * max(tick, 0.2)) / tick)):
+            r = daemon.tick()
+            if crossed is None and (r.decision.node_share or 0) >= config.contention.threshold:
+                crossed = (r.tick, r.t)
+            write = next((a for a in r.applied if any("schemata" in w for w in a.writes)), None)
+            if crossed and write:
+                return r.tick - crossed[0], (time.monotonic() - crossed[1]) * 1e3
+            next_t += tick
+            time.sleep(max(0.0, next_t - time.monotonic()))  # the loop's own fixed rate
+        raise RuntimeError("the hog was never throttled")
 
 
 def main(argv: list[str] | None = None) -> int:

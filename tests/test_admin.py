@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import unix_exchange, wait_for
 from noded.admin import nodectl
 from noded.admin.overrides import Override, OverrideStore
 from noded.admin.protocol import MAX_REQUEST_BYTES
@@ -115,17 +115,7 @@ def test_overrides_persist_across_restarts_and_expire(tmp_path):
 
 
 def raw(path, payload: bytes, timeout=5.0) -> bytes:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(payload)
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        return buf
+    return unix_exchange(path, payload, timeout)
 
 
 @pytest.mark.parametrize("payload,error", [

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import read_until, wait_for
+from conftest import NotifySocket, read_until, wait_for
 
 UNIT = os.path.join(os.path.dirname(__file__), "..", "systemd", "noded.service")
 
@@ -27,29 +27,6 @@ def cpu_only_config(tmp_path, **extra):
     path = tmp_path / "noded.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in lines.items()))
     return path
-
-
-class NotifySocket:
-    def __init__(self, path):
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(10)
-
-    def recv(self) -> dict[str, str]:
-        data = self.sock.recv(4096).decode()
-        return dict(line.split("=", 1) for line in data.splitlines())
-
-    def ready(self) -> dict[str, str]:
-        """The READY message (before it: STATUS=starting, as the handlers are installed)."""
-        while True:
-            message = self.recv()
-            if "READY" in message:
-                return message
-            assert message == {"STATUS": "starting"}, message
-
-    def close(self):
-        self.sock.close()
 
 
 def start(cfg, env=None, *extra):

@@ -16,15 +16,11 @@ from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTime
     max_clients_per_device
 from mps.supervisor import MpsSupervisor
 from mps_support import STANDIN, control_log, gone, processes_serving
-from noded.sim import fake_nvml as fake
 
 
 @pytest.fixture
-def gpus():
-    gpus = fake.make_gpus(2)
-    fake.install(fake.FakeNvmlLib(gpus))
-    yield gpus
-    fake.install(None)
+def gpus(fake_gpus):
+    return fake_gpus
 
 
 @pytest.fixture

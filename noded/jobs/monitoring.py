@@ -144,6 +144,9 @@ class JobMonitor:
 
     def _create(self, rc: Resctrl, job: Job, tracked: _Tracked) -> MonGroup | None:
         name = group_name(rc.prefix, job.id)
+        # Its counters start at zero somewhere inside mkdir: the time before the call, so a
+        # first rate may read low, never high (a slow mkdir on a loaded host once made it 40 %).
+        before = self.clock()
         try:
             group = rc.root_group().create_mon_group(name)
         except OutOfRmidsError as e:
@@ -157,7 +160,7 @@ class JobMonitor:
             tracked.retry_at = self.clock() + self.retry_s
             log.warning("job=%s monitoring group failed: %s", job.id, e)
             return None
-        tracked.created_at = self.clock()
+        tracked.created_at = before
         tracked.moved.clear()
         log.info("job=%s monitoring=own group=%s", job.id, name)
         return group

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import wait_for
+from conftest import unix_exchange, wait_for
 from noded.admin import nodectl
 from noded.admin.overrides import OverrideStore
 from noded.admin.server import AdminServer
@@ -145,17 +145,7 @@ def admin_servers(daemon, rundir):
 
 
 def ask(path, payload=STATUS, timeout=5.0):
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(payload)
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    return json.loads(buf)
+    return json.loads(unix_exchange(path, payload, timeout))
 
 
 def scrape(url, timeout=5.0):
@@ -295,21 +285,26 @@ def test_a_burst_of_nodectl_calls_is_answered_in_full(admin_servers):
     assert not errors and len(results) == 100, errors[:3]
 
 
+def full_backlog(busy: socket.socket, path: str) -> list[socket.socket]:
+    """Connections that fill a listening socket's backlog, as a flood does."""
+    queued = []
+    while True:
+        q = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        q.setblocking(False)
+        try:
+            q.connect(path)
+        except BlockingIOError:
+            q.close()
+            return queued
+        queued.append(q)
+
+
 def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, capsys):
     path = str(tmp_path / "busy.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
         busy.bind(path)
         busy.listen(1)
-        queued = []
-        while True:  # fill the backlog, as a flood does
-            q = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            q.setblocking(False)
-            try:
-                q.connect(path)
-            except BlockingIOError:
-                q.close()
-                break
-            queued.append(q)
+        queued = full_backlog(busy, path)
         # Nothing accepts: nodectl waits (no EAGAIN at once), then says so at its deadline.
         t0 = time.monotonic()
         assert nodectl.main(["--socket", path, "--timeout", "0.5", "status"]) == 1
@@ -616,16 +611,7 @@ def test_a_training_jobs_report_waits_its_turn_in_a_full_backlog_too(tmp_path):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
         busy.bind(path)
         busy.listen(1)
-        queued = []
-        while True:  # a flood fills the backlog
-            q = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            q.setblocking(False)
-            try:
-                q.connect(path)
-            except BlockingIOError:
-                q.close()
-                break
-            queued.append(q)
+        queued = full_backlog(busy, path)
 
         def serve():  # the flood's connections first, then the job's report
             for _ in queued:

@@ -156,13 +156,6 @@ def test_a_locked_resctrl_mount_can_still_be_unmounted(tmp_path, lock_dir):
 # -- a lock file noded did not make is refused, and left as it is
 
 
-@pytest.fixture
-def secret(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("root's own data\n")
-    path.chmod(0o600)
-    return path
-
 
 def test_a_link_planted_as_the_lock_file_is_refused(lock_dir, resource, secret):
     planted = lock_dir / lock_name(str(resource))

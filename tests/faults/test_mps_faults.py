@@ -21,7 +21,6 @@ from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
 from noded.sample import Sample
 from noded.samplers.nvml import GpuSample
-from noded.sim import fake_nvml as fake
 
 #: The daemon's loop runs every tick_s (1 s by default, 100 ms at the fastest); the
 #: co-location part of a tick must never be a wait on MPS. Generous for a loaded host,
@@ -32,11 +31,8 @@ CLOSE_BUDGET_S = 1.0
 
 
 @pytest.fixture
-def gpus():
-    gpus = fake.make_gpus(2)
-    fake.install(fake.FakeNvmlLib(gpus))
-    yield gpus
-    fake.install(None)
+def gpus(fake_gpus):
+    return fake_gpus
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import wait_for
+from conftest import NotifySocket, wait_for
 
 pytestmark = pytest.mark.fuse
 
@@ -98,28 +98,12 @@ def test_a_port_in_use_fails_clearly_and_leaves_nothing(tmp_path, node):
         assert finish(p)[0] == 0
 
 
-class Notify:
-    """The datagram socket systemd would give noded (NOTIFY_SOCKET)."""
-
-    def __init__(self, path):
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(30)
-
-    def until(self, key, value=None):
-        while True:
-            message = dict(line.split("=", 1) for line in self.sock.recv(4096).decode().splitlines())
-            if key in message and (value is None or message[key] == value):
-                return message
-
-
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
 def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, sig):
     import signal
 
     emu, shared = node
-    notify = Notify(tmp_path / "notify")
+    notify = NotifySocket(tmp_path / "notify")
     try:
         p = run(config(tmp_path, "n", **shared), env={**os.environ, "NOTIFY_SOCKET": notify.path})
         notify.until("STATUS", "starting")  # the handlers are in place from here on
@@ -136,7 +120,7 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
             assert "config reloaded" in err, err
         assert mon_groups(emu) == [] and not os.path.exists(tmp_path / "n" / "run" / "noded.pid")
     finally:
-        notify.sock.close()
+        notify.close()
 
 
 def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):

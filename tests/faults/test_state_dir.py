@@ -66,14 +66,6 @@ def fill(where):
     return filler
 
 
-@pytest.fixture
-def secret(tmp_path):
-    """A root-only file that a planted link points at; it must never change."""
-    path = tmp_path / "secret"
-    path.write_text("root's own data\n")
-    path.chmod(0o600)
-    return path
-
 
 # -- a write that fails changes nothing, memory included
 
