@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="bench/out/tick_cost.json")
     args = ap.parse_args(argv)
     scenario = parse_scenario(scenario_text(args.jobs, args.gpus), "bench")
-    stages: dict[str, list[float]] = {k: [] for k in ("jobs", "nvml", "resctrl", "sample", "decide", "act", "export",
-                                                      "tick")}
+    order = ("resctrl_groups", "jobs", "nvml", "resctrl", "sample", "decide", "act", "export", "tick")
+    stages: dict[str, list[float]] = {k: [] for k in order}
     with SimNode(scenario, emulator_args=["--num-rmids", str(args.jobs + 16)]) as sim, \
             tempfile.TemporaryDirectory() as state:
         sim.step()
@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in stages.items()}
     bmed = {k: statistics.median(v) for k, v in base.items()}
     labels = {"resctrl": f"open+read the same {len(paths)} MBM files", "jobs": "read every /proc/PID/stat once",
-              "nvml": "the same pynvml calls, bare", "sample": "the three baselines together"}
+              "nvml": "the same pynvml calls, bare", "sample": "the three baselines together (not the group listing)"}
     print(f"daemon tick: {args.jobs} jobs ({args.jobs // 2} on GPUs), {args.gpus} GPUs, resctrl emulator "
           f"(2 L3 domains), fake NVML; {args.ticks} ticks, median")
-    print(f"  {'stage':<10} {'median ms':>10} {'baseline ms':>12} {'ratio':>7}  baseline")
-    for k in ("jobs", "nvml", "resctrl", "sample", "decide", "act", "export", "tick"):
+    print(f"  {'stage':<14} {'median ms':>10} {'baseline ms':>12} {'ratio':>7}  baseline")
+    for k in order:
         b = bmed.get(k)
-        print(f"  {k:<10} {med[k] * 1e3:10.2f} " + (f"{b * 1e3:12.2f} {med[k] / b:7.2f}  {labels[k]}" if b else
-                                                     f"{'':>12} {'':>7}"))
+        print(f"  {k:<14} {med[k] * 1e3:10.2f} " + (f"{b * 1e3:12.2f} {med[k] / b:7.2f}  {labels[k]}" if b else
+                                                         f"{'':>12} {'':>7}"))
     print(f"  the whole tick is {med['tick'] / 0.1:.0%} of a 100 ms period")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
