@@ -39,6 +39,7 @@ class JobSample:
     # (empty: none of noded's; None: not known, e.g. resctrl is not mounted)
     ctrl_groups: frozenset[str] | None = None
     cpus: CpuPlacement | None = None  # where its CPUs are set now (hosts that halve cores)
+    mon_parent: str | None = None  # the control group its own monitoring group is in ("" = the root)
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,10 @@ def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
     return None
 
 
-def _ctrl_groups(job: Job, monitor: MonitorReport | None, resctrl: ResctrlFacts | None) -> frozenset[str] | None:
+def _ctrl_groups(job: Job, resctrl: ResctrlFacts | None) -> frozenset[str] | None:
     if resctrl is None:
         return None
-    group = monitor.groups.get(job.id) if monitor else None
-    if group is not None:  # its tasks are where its monitoring group is
-        parent = group.parent.name
-        return frozenset({parent}) if parent in resctrl.groups.ctrl_tasks else frozenset()
+    # A control group's task list holds its monitoring groups' tasks too.
     return frozenset(n for n, tids in resctrl.groups.ctrl_tasks.items() if tids & job.pids)
 
 
@@ -132,7 +130,8 @@ def build_sample(
             job.id, job.source, job.pids, job.meta, GPU if held else CPU,
             tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
             monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
-            _ctrl_groups(job, monitor, resctrl), (cpus or {}).get(job.id),
+            _ctrl_groups(job, resctrl), (cpus or {}).get(job.id),
+            group.parent.name if monitor and (group := monitor.groups.get(job.id)) is not None else None,
         )
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,

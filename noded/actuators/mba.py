@@ -79,8 +79,13 @@ class MbaThrottle(LevelThrottle):
             if js.ctrl_groups is None:
                 out[job] = UNKNOWN
                 continue
-            levels = {self.level_of(n) for n in js.ctrl_groups}
-            if not levels:
+            # Where its tasks are; a job with its own monitoring group is where that group
+            # is, and any task of it found elsewhere makes it unsettled.
+            names = set(js.ctrl_groups) | ({js.mon_parent} if js.mon_parent else set())
+            levels = {self.level_of(n) for n in names}
+            if js.mon_parent == "" and names:
+                out[job] = UNSETTLED  # its group is at the root, some of its tasks in a level
+            elif not levels:
                 out[job] = 0
             elif len(levels) == 1 and None not in levels:
                 out[job] = levels.pop()
@@ -134,18 +139,22 @@ class MbaThrottle(LevelThrottle):
         target = CtrlGroup(rc, self.ctrl_name(level), os.path.join(rc.root, self.ctrl_name(level))) if level \
             else rc.root_group()
         js = sample.jobs[job]
-        if js.monitoring == "own":
-            (parent,) = js.ctrl_groups or {""}
-            group = mon_group_at(rc, group_name(rc.prefix, job), parent)
-            writes.append(f"rename {os.path.relpath(group.path, rc.root)} -> "
-                          f"{os.path.relpath(os.path.join(target.path, 'mon_groups', group.name), rc.root)}")
-            if not self.dry_run:
-                group.move_to(target)
-            return
-        # Shared monitoring (no RMID of its own): move the processes themselves, but
-        # never one that sits in someone else's control group.
-        foreign = sample.resctrl.groups.foreign_tasks
-        for pid in sorted(js.pids - foreign):
+        view = sample.resctrl.groups
+        if js.mon_parent is not None:
+            group = mon_group_at(rc, group_name(rc.prefix, job), js.mon_parent)
+            if js.mon_parent != target.name:
+                writes.append(f"rename {os.path.relpath(group.path, rc.root)} -> "
+                              f"{os.path.relpath(os.path.join(target.path, 'mon_groups', group.name), rc.root)}")
+                if not self.dry_run:
+                    group.move_to(target)
+            # Tasks of the job left in another of our groups (moved there while it had
+            # no monitoring group of its own) follow it.
+            pids = {p for n, tids in view.ctrl_tasks.items() if n not in (target.name, js.mon_parent)
+                    for p in tids & js.pids}
+        else:
+            # Shared monitoring (no RMID of its own): move the processes themselves.
+            pids = set(js.pids)
+        for pid in sorted(pids - view.foreign_tasks):  # never out of someone else's control group
             writes.append(f"tasks {target.name or '/'} <- {pid} (all threads)")
             if not self.dry_run:
                 target.add_process(pid)

@@ -83,8 +83,6 @@ class LevelThrottle:
             out.append(Applied(job, level, tuple(writes)))
             if not self.dry_run:
                 after[job] = level
-        if not after.keys() <= sample.jobs.keys():
-            after = {j: lvl for j, lvl in after.items() if j in sample.jobs}
         self._after(levels, sample)
         shown = self._dry_run_news(out) if self.dry_run else out
         for a in shown:

@@ -68,6 +68,7 @@ class JobMonitor:
         self.retry_s = retry_s
         self._jobs: dict[str, _Tracked] = {}
         self._groups: dict[str, MonGroup] = {}  # as last listed, for placing new processes between ticks
+        self._in_our_ctrl_groups: frozenset[int] = frozenset()  # task ids in noded's control groups, as last listed
         self._lock = threading.RLock()
         self._exhausted_logged = False
 
@@ -96,6 +97,7 @@ class JobMonitor:
             return MonitorReport(MappingProxyType({j: NONE for j in jobs}), MappingProxyType({}), (), False)
         vanished: list[int] = []
         with self._lock:
+            self._in_our_ctrl_groups = frozenset().union(*view.ctrl_tasks.values())
             names = {group_name(rc.prefix, j): j for j in jobs}
             listed: dict[str, MonGroup] = {}
             freed = False
@@ -183,7 +185,9 @@ class JobMonitor:
                     group.parent.add_process(pid)
                     result = group.add_process(pid)
             except TaskMoveError as e:
-                # EPERM and the like will not change by retrying every tick.
+                if "different control group" in e.status and pid in self._in_our_ctrl_groups:
+                    continue  # stranded in one of our levels: the throttle brings it back, then it joins
+                # EPERM, someone else's control group: will not change by retrying every tick.
                 log.warning("job=%s pid=%d not moved: %s", job.id, pid, e)
                 tracked.moved.add(pid)
                 continue

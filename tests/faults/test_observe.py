@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from conftest import wait_for
 from noded.jobs.monitoring import group_name
 from noded.samplers.resctrl import read_groups
 from resctrl.emulator import MountedEmulator
@@ -139,3 +140,28 @@ def test_resctrl_can_be_unmounted_and_remounted_with_mba_mbps_while_noded_runs(t
     finally:
         h.stop()
         shutil.rmtree(emu.workdir, ignore_errors=True)
+
+
+def test_a_task_of_a_job_stranded_in_a_level_is_brought_back(throttled):
+    h = throttled
+    rc = h.rc()
+    spare = next(f"noded-mba-{n}" for n in range(5, 0, -1) if n != h.results[-1].levels["sim:hog"])
+    # A job of two processes; one of them sits in one of our levels (moved there while the
+    # job had no monitoring group of its own, say), where no job is wanted.
+    tree = subprocess.Popen(["sh", "-c", "sleep 300 & exec sleep 300"])
+    try:
+        child = int(wait_for(lambda: open(f"/proc/{tree.pid}/task/{tree.pid}/children").read().split(),
+                             what="the child")[0])
+        rc.ensure_ctrl_group(spare).add_process(child)
+        h.sim.discovery.register(tree.pid, "stranded")
+        r = h.daemon.tick()
+        assert r.sample.jobs["stranded"].ctrl_groups == {spare}
+        assert h.daemon.throttle.levels_in_force(r.sample)["stranded"] == -1  # unsettled: put right
+        h.daemon.tick()
+        assert child in rc.root_group().read_tasks() and spare not in listing(h)[0]
+        # Back in the root, it joins its job's monitoring group (counted as the job's again).
+        group = h.daemon.telemetry.monitor.groups()["stranded"]
+        assert child in group.read_tasks()
+    finally:
+        tree.kill()
+        tree.wait()
