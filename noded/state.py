@@ -50,10 +50,23 @@ def _check_cpus(value: Any) -> None:
         raise ValueError(f"not a list of CPU numbers: {str(value)[:80]}")
 
 
+def _check_affinity_job(key: str, value: Any) -> None:
+    if not isinstance(value, dict) or set(value) != {"original", "cgroup", "root"}:
+        raise ValueError(f"{key}: expected original, cgroup and root")
+    _check_cpus(value["original"])
+    if value["cgroup"] is not None and (not isinstance(value["cgroup"], str) or not value["cgroup"].startswith("/")):
+        raise ValueError(f"{key}: cgroup must be an absolute path or null")
+    root = value["root"]
+    if root is not None and not (isinstance(root, list) and len(root) == 2 and type(root[0]) is int and root[0] > 0
+                                 and isinstance(root[1], str) and root[1].isdigit()):
+        raise ValueError(f"{key}: root must be [pid, start time] or null")
+
+
 def parse_originals(data: Any) -> dict[str, Any]:
     """The records in ``originals.json``: ``cpuset:<cgroup dir>`` -> a CPU list as the kernel
-    writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs, ``compute_mode:<GPU UUID>``
-    -> an NVML compute mode. Raises ValueError."""
+    writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs, ``affinity_job:<job id>`` ->
+    the original CPUs, cgroup and root process of a job halved by affinity,
+    ``compute_mode:<GPU UUID>`` -> an NVML compute mode. Raises ValueError."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     for key, value in data.items():
@@ -62,6 +75,8 @@ def parse_originals(data: Any) -> dict[str, Any]:
             _check_cpu_list(value)
         elif kind == "affinity" and _AFFINITY_KEY.fullmatch(key):
             _check_cpus(value)
+        elif kind == "affinity_job" and where:
+            _check_affinity_job(key, value)
         elif kind == "compute_mode" and _GPU_UUID.fullmatch(where):
             if type(value) is not int or not 0 <= value <= 3:
                 raise ValueError(f"{key}: not an NVML compute mode: {str(value)[:40]}")

@@ -48,8 +48,9 @@ def test_affinity_halving_restores_after_a_crash(tmp_path, sleeper):
     assert cores.levels_in_force(observe(job)) == {"j": 1}  # read back from the kernel
     assert cores.apply({"j": 1}, observe(job)).applied == ()  # nothing to do: nothing written
     # The daemon dies here. A new one starts with the same state directory:
+    assert sorted(k.split(":")[0] for k, _ in OriginalValues(str(tmp_path)).items()) == ["affinity", "affinity_job"]
     restored = CoreHalving(OriginalValues(str(tmp_path))).restore_all()
-    assert os.sched_getaffinity(p.pid) == before and len(restored) == 1
+    assert os.sched_getaffinity(p.pid) == before and len(restored) == 2  # the process, and its job as a whole
     assert OriginalValues(str(tmp_path)).items() == []
 
 

@@ -23,6 +23,8 @@ from typing import Mapping
 
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
+from ..jobs.cgroups import read_procs
+from ..jobs.discovery import descendants, read_ppids
 from ..procstat import STARTTIME, stat_fields
 from ..sample import CPU, JobSample, Sample
 from ..samplers.cpus import CpuPlacement
@@ -54,6 +56,10 @@ def cpuset_key(path: str) -> str:
 def affinity_key(pid: int, starttime: str) -> str:
     # The start time tells a reused pid from the process we recorded.
     return f"affinity:{pid}:{starttime}"
+
+
+def affinity_job_key(job: str) -> str:
+    return f"affinity_job:{job}"
 
 
 class CoreHalving(LevelThrottle):
@@ -128,12 +134,12 @@ class CoreHalving(LevelThrottle):
         every new process that inherited a throttled affinity, so a crash cannot strand it."""
         if self.dry_run:
             return
-        self._forget_gone()
+        self._forget_gone(sample)
         for job, js in sample.jobs.items():
             if js.cpus is None:
                 continue
             self._record_inherited(job, js)
-            keys = [k for k in self._job_keys(js.cpus) if self.originals.get(k) is not None]
+            keys = [k for k in self._job_keys(js.cpus) + [affinity_job_key(job)] if self.originals.get(k) is not None]
             if not keys:
                 continue
             levels = self._candidates(js)
@@ -147,12 +153,14 @@ class CoreHalving(LevelThrottle):
                 except StateWriteError as e:
                     log.warning("job=%s forgetting stale originals failed: %s", job, e)
 
-    def _forget_gone(self) -> None:
-        """Records of cgroups removed and processes exited: nothing is left to restore."""
+    def _forget_gone(self, sample: Sample) -> None:
+        """Records of cgroups removed, processes exited and jobs ended: nothing is left to restore."""
         for key, _value in self.originals.items():
             kind, _, where = key.partition(":")
             if kind == "cpuset":
                 gone = not os.path.isdir(where)
+            elif kind == "affinity_job":
+                gone = where not in sample.jobs
             elif kind != "affinity":
                 continue  # not a core halving record (a GPU's compute mode)
             else:
@@ -167,21 +175,26 @@ class CoreHalving(LevelThrottle):
                     return
 
     def _record_inherited(self, job: str, js: JobSample) -> None:
+        """While a job is halved, what appears in it since (a new Slurm step's cgroup, a
+        forked process) holds what it inherited from noded's write: its original is the
+        job's. Recorded at once, so neither a release nor a crash leaves it halved."""
         p = js.cpus
-        if p is None or p.cpusets or not any(self.originals.get(affinity_key(pid, s)) is not None
-                                             for pid, s, _ in p.affinities):
+        if p is None or not any(self.originals.get(k) is not None for k in self._job_keys(p)):
+            return  # never touched by noded
+        levels = self._candidates(js)
+        if not levels or levels[0] == 0:
             return
         job_original = self.original_cpus(js)
-        levels = self._candidates(js)
-        level = levels[0] if levels else 0
-        for pid, start, now in p.affinities:
-            key = affinity_key(pid, start)
-            if level > 0 and self.originals.get(key) is None and set(kept_cpus(job_original, level)) == now:
+        inherited = set(kept_cpus(job_original, levels[0]))
+        new = ([(cpuset_key(d), format_cpu_list(job_original if now == inherited else sorted(now)))
+                for d, now in p.cpusets[1:]] if p.cpusets else
+               [(affinity_key(pid, s), job_original) for pid, s, now in p.affinities if now == inherited])
+        for key, original in new:
+            if self.originals.get(key) is None:
                 try:
-                    self.originals.record(key, job_original)
+                    self.originals.record(key, original)
                 except StateWriteError as e:
-                    log.warning("job=%s pid=%d inherited a throttled affinity; recording its original failed: %s",
-                                job, pid, e)
+                    log.warning("job=%s %s appeared while halved; recording its original failed: %s", job, key, e)
 
     # -- writes
     def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
@@ -194,7 +207,7 @@ class CoreHalving(LevelThrottle):
         if p.cpusets:
             self._set_cpusets(p, kept_cpus(original, level), level, writes)
         else:
-            self._set_affinities(p, original, in_force, level, writes)
+            self._set_affinities(job, js, original, in_force, level, writes)
 
     def _record(self, key: str, value) -> None:
         if not self.dry_run:
@@ -209,18 +222,23 @@ class CoreHalving(LevelThrottle):
         order = list(p.cpusets) if growing else list(reversed(p.cpusets))  # parents first when growing
         for d, now in order:
             original = set(self._recorded(cpuset_key(d)) or now)
-            target = (original & wanted) or wanted
-            text = format_cpu_list(sorted(target))
+            text = format_cpu_list(sorted((original & wanted) or wanted))
             writes.append(f"{d}/cpuset.cpus <- {text}")
             if not self.dry_run:
-                with open(os.path.join(d, "cpuset.cpus"), "w") as f:
-                    f.write(text)
+                write_cpuset(d, text)
         if level == 0 and not self.dry_run:
             for d, _ in p.cpusets:
                 self.originals.forget(cpuset_key(d))
 
-    def _set_affinities(self, p: CpuPlacement, job_original: list[int], in_force: int, level: int,
+    def _set_affinities(self, job: str, js: JobSample, job_original: list[int], in_force: int, level: int,
                         writes: list[str]) -> None:
+        p = js.cpus
+        assert p is not None
+        if level:
+            # The job as a whole, so whatever it forks while noded is down is put back too.
+            root = min(p.affinities, key=lambda a: (int(a[1]), a[0]))
+            self._record(affinity_job_key(job), {"original": job_original, "cgroup": js.cgroup,
+                                                 "root": [root[0], root[1]]})
         for pid, start, now in p.affinities:
             key = affinity_key(pid, start)
             original = self._recorded(key)
@@ -231,20 +249,14 @@ class CoreHalving(LevelThrottle):
                 original = job_original if inherited else sorted(now)
                 self._record(key, original)
             cpus = kept_cpus(original, level)
-            try:
-                tids = [int(t) for t in os.listdir(f"{self.proc}/{pid}/task")]
-            except FileNotFoundError:
-                continue  # exited: its record goes when the process is seen gone
-            writes.append(f"sched_setaffinity({pid} and its {len(tids)} threads, {format_cpu_list(cpus)})")
+            writes.append(f"sched_setaffinity({pid} and its threads, {format_cpu_list(cpus)})")
             if self.dry_run:
                 continue
-            for tid in tids:
-                try:
-                    os.sched_setaffinity(tid, cpus)
-                except ProcessLookupError:
-                    pass
+            set_affinity(self.proc, pid, cpus)
             if level == 0:
                 self.originals.forget(key)
+        if level == 0 and not self.dry_run:
+            self.originals.forget(affinity_job_key(job))
 
     # -- stop, and the start after a crash
     def release_all(self) -> list[str]:
@@ -256,31 +268,27 @@ class CoreHalving(LevelThrottle):
         return [key for key, ok in self._restore().items() if ok]
 
     def _restore(self) -> dict[str, bool]:
+        """Every record put back, but only where the value is still one noded set: a value
+        someone else changed meanwhile (a scheduler's resize) is theirs, and left as it is."""
         done: dict[str, bool] = {}
         if self.dry_run:
             return done
+        records = dict(self.originals.items())
         # Parents before children: a child's CPUs must fit in its parent's.
-        for key, value in sorted(self.originals.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        for key, value in sorted(records.items(), key=lambda kv: (len(kv[0]), kv[0])):
             kind, _, where = key.partition(":")
-            if kind not in ("cpuset", "affinity"):
+            if kind not in ("cpuset", "affinity", "affinity_job"):
                 continue  # not a core halving record (a GPU's compute mode)
             try:
                 if kind == "cpuset":
-                    if os.path.isdir(where):
-                        with open(os.path.join(where, "cpuset.cpus"), "w") as f:
-                            f.write(value)
-                        log.warning("restored %s/cpuset.cpus <- %s", where, value)
+                    self._restore_cpuset(where, value, records)
                 elif kind == "affinity":
                     pid_text, _, start = where.partition(":")
-                    pid = int(pid_text)
-                    fields = stat_fields(self.proc, pid)
-                    if fields is not None and fields[STARTTIME].decode() == start:
-                        for tid in os.listdir(f"{self.proc}/{pid}/task"):
-                            try:
-                                os.sched_setaffinity(int(tid), value)
-                            except ProcessLookupError:
-                                pass
-                        log.warning("restored sched_setaffinity(%d, %s)", pid, format_cpu_list(sorted(value)))
+                    if self._alive(int(pid_text), start):
+                        self._restore_affinity(int(pid_text), sorted(value))
+                else:
+                    for pid in self._job_pids(value):
+                        self._restore_affinity(pid, sorted(value["original"]), inherited_only=True)
             except OSError as e:
                 log.warning("restoring %s failed: %s", key, e)
                 done[key] = False
@@ -291,3 +299,86 @@ class CoreHalving(LevelThrottle):
                 log.warning("restored %s but could not forget its record: %s", key, e)
             done[key] = True
         return done
+
+    def _alive(self, pid: int, start: str) -> bool:
+        fields = stat_fields(self.proc, pid)
+        return fields is not None and fields[STARTTIME].decode() == start
+
+    def _restore_cpuset(self, path: str, value: str, records: Mapping[str, object]) -> None:
+        if not os.path.isdir(path):
+            return
+        original = set(parse_cpu_list(value))
+        try:
+            now = set(parse_cpu_list(read_cpuset(path)))
+        except (OSError, ValueError) as e:
+            log.warning("not restoring %s: not a cpuset (%s); forgetting noded's record", path, e)
+            return
+        if now == original:
+            return
+        # The job's directory is the outermost one recorded; what noded wrote below it at
+        # level L was (original & kept) or kept, kept being the job's CPUs at L.
+        top = min((k.partition(":")[2] for k in records if k.startswith("cpuset:")
+                   and (path == k.partition(":")[2] or path.startswith(k.partition(":")[2] + os.sep))), key=len)
+        top_original = sorted(parse_cpu_list(records[cpuset_key(top)]))
+        ours = [set(kept_cpus(top_original, lvl)) for lvl in range(1, max_level(len(top_original)) + 1)]
+        if not any(now == ((original & kept) or kept) for kept in ours):
+            log.warning("not restoring %s/cpuset.cpus: it is %s, which noded did not set (someone else changed "
+                        "it); forgetting noded's record", path, format_cpu_list(sorted(now)))
+            return
+        write_cpuset(path, value)
+        log.warning("restored %s/cpuset.cpus <- %s", path, value)
+
+    def _restore_affinity(self, pid: int, original: list[int], inherited_only: bool = False) -> None:
+        try:
+            now = os.sched_getaffinity(pid)
+        except ProcessLookupError:
+            return
+        if now == set(original):
+            return
+        if not any(now == set(kept_cpus(original, lvl)) for lvl in range(1, max_level(len(original)) + 1)):
+            if not inherited_only:
+                log.warning("not restoring the affinity of %d: it is %s, which noded did not set; forgetting "
+                            "noded's record", pid, format_cpu_list(sorted(now)))
+            return
+        set_affinity(self.proc, pid, original)
+        log.warning("restored sched_setaffinity(%d, %s)", pid, format_cpu_list(original))
+
+    def _job_pids(self, record: Mapping) -> set[int]:
+        """The processes of a job halved by affinity now: its cgroup's, else its tree's."""
+        cgroup, root = record.get("cgroup"), record.get("root")
+        if cgroup and os.path.isdir(cgroup):
+            return read_procs(cgroup)
+        if root and self._alive(int(root[0]), str(root[1])):
+            return descendants(int(root[0]), read_ppids(self.proc))
+        return set()
+
+
+def read_cpuset(path: str) -> str:
+    """A cgroup's cpuset.cpus, never through a link (only records noded made name cgroups)."""
+    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def write_cpuset(path: str, text: str) -> None:
+    """Write a cgroup's cpuset.cpus: never creating a file, never through a link."""
+    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def set_affinity(proc: str, pid: int, cpus) -> None:
+    """Every thread of a process (new threads and children inherit it)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
+    except FileNotFoundError:
+        return  # exited
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            pass
