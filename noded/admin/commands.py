@@ -76,8 +76,8 @@ class AdminCommands:
             except ValueError as e:
                 raise RequestError(str(e)) from None
         if command == "release":
-            cleared = self.store.clear(args["job"], uid)
-            return {"job": args["job"], "override_cleared": cleared}
+            cleared, unsaved = self.store.clear(args["job"], uid)
+            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
         now = self.wall_clock()
         ttl = args.get("ttl_s")
         level = 0 if command == "exempt" else args.get("level") or self._level_for_cores(args["job"], args["cores"])

@@ -234,6 +234,9 @@ def _run(args) -> int:
         print(f"{result['job']}: {result['kind']} level {result['level']} {ttl}")
     elif cmd == "release":
         print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
+        if result.get("not_saved"):
+            print(f"nodectl: warning: in force, but not saved ({result['not_saved']}): a restart of noded before "
+                  "its state directory is writable again would bring the override back", file=sys.stderr)
     else:
         print("paused: " + result["paused"] if result["paused"] else "resumed")
     return 0

@@ -85,6 +85,7 @@ class OverrideStore:
         self._lock = threading.Lock()
         loaded, note = self.dir.load_json(FILE, "overrides", parse_overrides)
         self._items: dict[str, Override] = loaded or {}
+        self._dirty = False  # memory holds a release the file does not have yet
         self.notes: list[str] = [note] if note else []
 
     def _save(self, items: dict[str, Override]) -> None:
@@ -102,17 +103,25 @@ class OverrideStore:
                     "none" if override.expires is None else f"{override.expires - override.created:.0f}s",
                     override.reason)
 
-    def clear(self, job: str, uid: int) -> bool:
-        """False when there was none; raises StateWriteError (the override stays) on failure."""
+    def clear(self, job: str, uid: int) -> tuple[bool, str | None]:
+        """(whether there was one, why it could not be saved). Lifting an override only ever
+        releases a job, so it takes effect even when the state directory cannot be written
+        (a throttle an operator cannot lift would hold a job down); the file is brought in
+        line by the next save that works, and until then a restart would bring it back."""
+        unsaved = None
         with self._lock:
             gone = self._items.get(job)
             if gone is not None:
-                items = {j: o for j, o in self._items.items() if j != job}
-                self._save(items)
-                self._items = items
+                self._items = {j: o for j, o in self._items.items() if j != job}
+                try:
+                    self._save(self._items)
+                    self._dirty = False
+                except StateWriteError as e:
+                    self._dirty, unsaved = True, str(e)
         if gone is not None:
-            log.warning("override=cleared job=%s uid=%d", job, uid)
-        return gone is not None
+            log.warning("override=cleared job=%s uid=%d%s", job, uid,
+                        f" (not saved, in force until a restart: {unsaved})" if unsaved else "")
+        return gone is not None, unsaved
 
     def current(self) -> dict[str, Override]:
         """Overrides not yet expired, without touching the file (for scrapes)."""
@@ -129,12 +138,16 @@ class OverrideStore:
         now = self.wall_clock()
         with self._lock:
             expired = [j for j, o in self._items.items() if o.expires is not None and o.expires <= now]
-            if expired:
+            if expired or self._dirty:
                 self._items = {j: o for j, o in self._items.items() if j not in expired}
                 try:
                     self._save(self._items)
+                    self._dirty = False
                 except StateWriteError as e:
-                    log.warning("overrides: expired ones could not be removed from the file: %s", e)
+                    if not self._dirty:
+                        log.warning("overrides: the file could not be brought in line (tried again every tick): %s",
+                                    e)
+                    self._dirty = True
             items = dict(self._items)
         for job in expired:
             log.warning("override=expired job=%s", job)
