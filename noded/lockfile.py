@@ -1,8 +1,8 @@
 """One noded per host: locks on what noded shares with every other noded.
 
 ``HostLock`` guards the shared things themselves: the resctrl mount and each cgroup
-root noded acts on, one lock file per resource in a lock directory (``/run/lock``),
-whatever runtime directory each noded was given. It holds no descriptor inside
+hierarchy noded acts on, one lock file per filesystem in a lock directory
+(``/run/noded-locks``), whatever runtime directory each noded was given. It holds no descriptor inside
 resctrl (an operator must be able to ``umount`` it while noded runs) and does not
 lock resctrl's root directory (the kernel's documentation has tools flock it briefly
 around changes; a lifelong lock there would block them).
@@ -24,7 +24,9 @@ import stat
 
 from .securedir import SecureDir, SecureDirError
 
-DEFAULT_LOCK_DIR = "/run/lock"
+#: Under /run, which only root may write: no other user can plant a file there before
+#: noded first starts (in the world-writable /run/lock anyone could, and keep noded out).
+DEFAULT_LOCK_DIR = "/run/noded-locks"
 _RETRIES = 5
 
 
@@ -115,28 +117,55 @@ class HostLock:
     next start (and removing it races with a starter that has it open).
     """
 
-    def __init__(self, resources: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR):
+    def __init__(self, resources: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR, *,
+                 names: dict[str, str] | None = None):
         # Symbolic links resolved (only by name: nothing inside resctrl is opened), so two
-        # spellings of one mount take one lock.
+        # spellings of one mount take one lock. ``names``: resource -> the lock's own name
+        # where it is not the resource's path (see for_filesystems).
         self.resources = sorted({os.path.realpath(r) for r in resources})
+        self._names = {os.path.realpath(r): n for r, n in (names or {}).items()}
         self.lock_dir = lock_dir
         self._dir: SecureDir | None = None
         self._fds: dict[str, int] = {}
 
+    @classmethod
+    def for_filesystems(cls, paths: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR) -> "HostLock":
+        """One lock per filesystem these paths are on (its device), not per path: a bind
+        mount of resctrl, or two cgroup roots in one hierarchy, are one thing to guard. A
+        path that does not exist (resctrl not mounted yet) is locked by its name."""
+        names = {}
+        for path in paths:
+            try:
+                dev = os.stat(path).st_dev
+            except OSError:
+                continue
+            names[path] = f"dev-{os.major(dev)}-{os.minor(dev)}"
+        return cls(paths, lock_dir, names=names)
+
+    def _name(self, resource: str) -> str:
+        name = self._names.get(resource)
+        return lock_name(resource) if name is None else f"noded-{name}.lock"
+
     def paths(self) -> dict[str, str]:
         """Each resource's lock file."""
         base = self.lock_dir.path if isinstance(self.lock_dir, SecureDir) else os.path.abspath(self.lock_dir)
-        return {r: os.path.join(base, lock_name(r)) for r in self.resources}
+        return {r: os.path.join(base, self._name(r)) for r in self.resources}
 
     def acquire(self) -> "HostLock":
+        # Made root's and 0755 where missing; a shared sticky one (/run/lock) is accepted too,
+        # its lock files then checked one by one (_lock_file).
         d = self.lock_dir if isinstance(self.lock_dir, SecureDir) else SecureDir(
-            self.lock_dir, create=False, shared=True, what="lock directory")
+            self.lock_dir, mode=0o755, create=True, shared=True, what="lock directory")
         try:
-            for resource in self.resources:  # sorted: two starters contend on the same first one
-                got = _lock_file(d, lock_name(resource))
+            # sorted by lock file: two starters contend on the same first one
+            for resource in sorted(self.resources, key=self._name):
+                if self._name(resource) in {self._name(r) for r in self._fds}:
+                    continue  # another path on the same filesystem: already held
+                got = _lock_file(d, self._name(resource))
                 if isinstance(got, str):
-                    raise AlreadyRunning(f"another noded (pid {got}) holds {resource} "
-                                         f"(lock {d.file_path(lock_name(resource))})")
+                    what = "" if resource not in self._names else " (the filesystem it is on)"
+                    raise AlreadyRunning(f"another noded (pid {got}) holds {resource}{what} "
+                                         f"(lock {d.file_path(self._name(resource))})")
                 self._fds[resource] = got
         except BaseException:
             self._close_all()

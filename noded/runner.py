@@ -103,7 +103,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     # What a second noded must not share, whatever its runtime directory: the resctrl
     # mount and the cgroup trees it acts on.
     shared = [config.resctrl.root] + sorted({s.root for s in config.jobs.sources})
-    stack.enter_context(HostLock(shared))
+    stack.enter_context(HostLock.for_filesystems(shared))
     if signals.stop.is_set():
         return 0  # asked to stop while starting: nothing was changed yet
     built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)

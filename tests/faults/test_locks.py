@@ -188,17 +188,35 @@ def test_a_lock_dir_others_may_change_is_refused(tmp_path, resource):
     d.chmod(0o777)  # not sticky: anyone could swap a lock file
     with pytest.raises(UnsafeDirectory, match=f"lock directory {d}: refused: {d} is writable by group and others"):
         HostLock([str(resource)], lock_dir=str(d)).acquire()
-    with pytest.raises(Exception, match="does not exist"):
-        HostLock([str(resource)], lock_dir=str(tmp_path / "absent")).acquire()
+    with HostLock([str(resource)], lock_dir=str(tmp_path / "absent")):  # made, root's and 0755
+        assert stat.S_IMODE(os.stat(tmp_path / "absent").st_mode) == 0o755
+
+
+def test_the_default_lock_dir_is_one_only_root_may_write(resource):
+    """/run/noded-locks: under /run, where no other user can plant a lock file before noded
+    first starts (in the world-writable /run/lock anyone could, and keep noded out)."""
+    with HostLock([str(resource)]) as lock:
+        assert lock.paths()[str(resource)].startswith("/run/noded-locks/noded-")
+        st = os.stat("/run/noded-locks")
+        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) & 0o022 == 0
+    os.unlink(lock.paths()[str(resource)])
 
 
 def test_run_lock_itself_is_accepted(resource):
-    """The default: /run/lock, root's, sticky and world-writable."""
+    """The system's shared lock directory (root's, sticky, world-writable), where asked for."""
     if not os.path.isdir("/run/lock"):
         pytest.skip("this machine has no /run/lock")
-    with HostLock([str(resource)]) as lock:
+    with HostLock([str(resource)], lock_dir="/run/lock") as lock:
         assert lock.paths()[str(resource)].startswith("/run/lock/noded-")
     os.unlink(lock.paths()[str(resource)])
+
+
+def test_one_lock_per_filesystem_a_bind_mount_or_a_subtree_included(holders, lock_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "a" / "below"
+    b.mkdir(parents=True)
+    with HostLock.for_filesystems([str(a)], lock_dir=str(lock_dir)):
+        with pytest.raises(AlreadyRunning, match=f"holds {b} \\(the filesystem it is on"):
+            HostLock.for_filesystems([str(b)], lock_dir=str(lock_dir)).acquire()
 
 
 # -- names

@@ -63,12 +63,21 @@ def test_a_second_noded_with_another_runtime_dir_is_refused_and_touches_nothing(
         assert first.stdout.readline().startswith("noded: metrics at ")
         wait_for(lambda: mon_groups(emu), timeout=20, what="the first noded's group for the job")
         groups = mon_groups(emu)
+        bind = tmp_path / "resctrl-again"
+        bind.mkdir()
+        subprocess.run(["mount", "--bind", emu.root, str(bind)], check=True)
+        base = shared["jobs"].split("root: ")[1].split(",")[0]
         for name, extra in (("second", shared),  # the same resctrl mount and cgroups
-                            ("third", {"jobs": shared["jobs"]})):  # the same cgroups only
+                            ("third", {"jobs": shared["jobs"]}),  # the same cgroups only
+                            ("fourth", {"resctrl": f"{{root: {bind}}}"}),  # resctrl through a bind mount
+                            # another root in the same cgroup hierarchy
+                            ("fifth", {"jobs": f"{{sources: [{{kind: cgroup, root: {os.path.dirname(base)}, "
+                                               f"patterns: [none]}}], process_events: false}}"})):
             code, out, err = finish(run(config(tmp_path, name, **extra)))
             assert code == 1 and f"another noded (pid {first.pid}) holds" in err and "Traceback" not in err, err
         assert mon_groups(emu) == groups and first.poll() is None
     finally:
+        subprocess.run(["umount", str(tmp_path / "resctrl-again")], capture_output=True)
         first.terminate()
         code, out, err = finish(first)
     assert code == 0, err
