@@ -9,6 +9,7 @@ READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import tempfile
 import threading
@@ -99,6 +100,11 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     config, peak_note = settle(config)
     budget = ensure_descriptor_budget()
     runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
+    if os.path.realpath(os.path.dirname(config.admin_socket)) != os.path.realpath(runtime.path):
+        # An admin socket elsewhere gets the same checks: in a directory another user may
+        # change, they could put their own socket at its path and read root's requests.
+        stack.enter_context(SecureDir(os.path.dirname(config.admin_socket), mode=0o755,
+                                      what="admin socket directory"))
     stack.enter_context(InstanceLock(runtime))
     # What a second noded must not share, whatever its runtime directory: the resctrl
     # mount and the cgroup trees it acts on.

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ..server.client import ReplyTooLarge, request_line
+from ..server.client import NotThePeer, ReplyTooLarge, request_line
 from .protocol import VERSION, encode
 
 DEFAULT_SOCKET = "/run/noded/noded.sock"
@@ -25,6 +25,9 @@ class NodectlError(Exception):
 DEFAULT_TIMEOUT_S = 10.0
 #: a reply larger than this is not noded's (a status of thousands of jobs is a few MiB)
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+#: noded runs as root: a socket answered by anyone else is not noded's (a socket path
+#: another user could replace), and no request is sent to it
+NODED_UID = 0
 
 
 def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -32,9 +35,11 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     that answers a byte at a time cannot hold nodectl longer)."""
     try:
         buf = request_line(path, encode({"version": VERSION, "command": command, "args": args or {}}), timeout,
-                           MAX_REPLY_BYTES)
+                           MAX_REPLY_BYTES, peer_uid=NODED_UID)
     except ReplyTooLarge as e:
         raise NodectlError(f"{e}: not noded's") from None
+    except NotThePeer as e:
+        raise NodectlError(f"{e}: not noded (it runs as root); nothing was sent") from None
     except TimeoutError:
         raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or stopped?") from None
     except FileNotFoundError:
@@ -181,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except NodectlError as e:
         print(f"nodectl: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        # A well-formed reply of the wrong shape: not one noded gives (or not this version's).
+        print(f"nodectl: {args.socket}: an answer to {args.command!r} of a shape noded does not give "
+              f"({type(e).__name__}: {e}); is it noded, of this version?", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -13,12 +13,21 @@ class ReplyTooLarge(ValueError):
     pass
 
 
-def request_line(path: str, line: bytes, timeout: float, max_reply: int) -> bytes:
+class NotThePeer(PermissionError):
+    """The process listening on the socket is not the user expected."""
+
+
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+
+def request_line(path: str, line: bytes, timeout: float, max_reply: int, *, peer_uid: int | None = None) -> bytes:
     """Send ``line`` (newline-terminated) to the stream socket at ``path`` and return what
     comes back up to the first newline (or up to the server's close).
 
     The connect blocks, bounded by SO_SNDTIMEO, so a full listen backlog is waited for
     within the deadline (a socket with a Python timeout fails at once with EAGAIN there).
+    With ``peer_uid``, nothing is sent unless the listening process runs as that user
+    (SO_PEERCRED): a socket another user put at the path gets no request (NotThePeer).
     Raises TimeoutError when the deadline passes, ReplyTooLarge, or the OSError of the
     connect (FileNotFoundError, PermissionError, ConnectionRefusedError, …).
     """
@@ -39,6 +48,10 @@ def request_line(path: str, line: bytes, timeout: float, max_reply: int) -> byte
             s.connect(path)
         except BlockingIOError:
             raise TimeoutError from None
+        if peer_uid is not None:
+            _pid, uid, _gid = _UCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            if uid != peer_uid:
+                raise NotThePeer(f"{path} is served by a process of uid {uid}")
         payload = memoryview(line)
         while payload:
             s.settimeout(remaining())

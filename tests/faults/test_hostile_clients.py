@@ -629,3 +629,85 @@ def test_a_training_jobs_report_waits_its_turn_in_a_full_backlog_too(tmp_path):
         server.join(10)
         for q in queued:
             q.close()
+
+
+IMPOSTOR = """
+import os, socket, sys
+os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(8)
+print("up", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(2)
+    try:
+        got = c.recv(65536)
+        print("GOT", got, flush=True)
+        c.sendall(sys.argv[2].encode() + b"\\n")
+    except OSError:
+        pass
+    c.close()
+"""
+
+
+@pytest.fixture
+def impostor(tmp_path):
+    """Another user's process listening where nodectl looks (a careless admin.socket path)."""
+    made = []
+
+    dirs = []
+
+    def start(reply='{"ok": true, "result": {"served": true}, "version": 1}'):
+        d = tempfile.mkdtemp(prefix="noded-theirs-")  # under /tmp: a directory nobody can reach
+        dirs.append(d)
+        os.chown(d, 65534, 65534)
+        os.chmod(d, 0o755)
+        path = os.path.join(d, "x.sock")
+        p = subprocess.Popen([sys.executable, "-c", IMPOSTOR, path, reply], stdout=subprocess.PIPE, text=True)
+        made.append(p)
+        assert p.stdout.readline() == "up\n"
+        return path, p
+
+    yield start
+    for p in made:
+        p.kill()
+        p.wait()
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_nodectl_sends_nothing_to_a_socket_another_user_serves(impostor, capsys):
+    from noded.colocation.client import report_iteration
+
+    path, p = impostor()
+    assert nodectl.main(["--socket", path, "throttle", "slurm:1", "--level", "1", "--reason", "secret"]) == 1
+    assert "is served by a process of uid 65534: not noded (it runs as root); nothing was sent" \
+        in capsys.readouterr().err
+    assert report_iteration(0.25, job="slurm:1", socket_path=path) is False
+    p.kill()
+    got = p.communicate()[0].splitlines()
+    assert all(line == "GOT b''" for line in got)  # whatever it saw of the connections: nothing sent
+
+
+@pytest.mark.parametrize("reply", ['{"ok": true, "result": NaN}', '{"ok": true, "result": [1]}',
+                                   '{"ok": true, "message": "hi"}'])
+@pytest.mark.parametrize("command", [["status"], ["jobs"], ["explain", "a"], ["release", "a"],
+                                     ["throttle", "a", "--level", "1"], ["pause"]])
+def test_nodectl_answers_a_reply_of_the_wrong_shape_with_one_line(tmp_path, capsys, reply, command):
+    path = str(tmp_path / "fake.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:  # served by root, as noded is
+        srv.bind(path)
+        srv.listen(1)
+
+        def serve():
+            c, _ = srv.accept()
+            with c:
+                c.makefile("rb").readline()
+                c.sendall(reply.encode() + b"\n")
+
+        t = threading.Thread(target=serve)
+        t.start()
+        code = nodectl.main(["--socket", path, *command])
+        t.join(10)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
