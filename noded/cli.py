@@ -79,7 +79,9 @@ def check_config(path: str) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
-    problems = _named_file_problems(config)
+    from .hostcheck import start_problems
+
+    problems = start_problems(config)
     if problems:
         from .yamlsafe import YamlError, read_yaml_file
 
@@ -104,22 +106,6 @@ def check_config(path: str) -> int:
                   file=sys.stderr)
     print(f"{path}: ok")
     return 0
-
-
-def _named_file_problems(config) -> list[tuple[str, str]]:
-    """(key, reason) for each file the config names that noded needs at start and
-    cannot use. The labels file is not one: a broken one is refused at run time and
-    the previous labels kept, so it never stops noded."""
-    out = []
-    cc = config.colocation
-    if cc.enabled and cc.profiles:
-        from .colocation.profiles import ProfileError, load_profiles
-
-        try:
-            load_profiles(cc.profiles)
-        except ProfileError as e:
-            out.append(("colocation.profiles", str(e)))
-    return out
 
 
 if __name__ == "__main__":

@@ -221,9 +221,13 @@ def prefix_problem(prefix: str) -> str | None:
 
 def address_problem(address: str) -> str | None:
     try:
-        ipaddress.ip_address(address)
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return f"{_shown(address)} must be an IP address literal (IPv4 such as 127.0.0.1, or IPv6 such as ::1), not a name"
+    if ip.is_multicast or ip == ipaddress.ip_address("255.255.255.255"):
+        return f"{_shown(address)} is a multicast or broadcast address: nothing can connect to a server there"
+    if ip.version == 6 and ip.is_link_local:
+        return f"{_shown(address)} is link-local: it needs an interface, which the config cannot name; use :: or a global address"
     return None
 
 

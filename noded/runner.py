@@ -24,6 +24,7 @@ from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
+from .hostcheck import start_problems
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from .sdnotify import SystemdNotifier
 from .signals import Signals
@@ -98,6 +99,9 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
         def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
             return sim.configure(c, scratch), "from the scenario"
     config, peak_note = settle(config)
+    problems = start_problems(config)  # what check-config checks too
+    if problems:
+        raise StartError("; ".join(f"{key}: {reason}" for key, reason in problems))
     budget = ensure_descriptor_budget()
     runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
     if os.path.realpath(os.path.dirname(config.admin_socket)) != os.path.realpath(runtime.path):

@@ -24,7 +24,8 @@ from typing import Callable
 
 from ..daemon import Daemon
 from ..server.budget import ADMIN, REPORTS
-from ..server.stream import Limits, Peer, Protocol, RateLimitedLog, StreamServer, unix_peer
+from ..ratelimit import RateLimitedLog
+from ..server.stream import Limits, Peer, Protocol, StreamServer, unix_peer
 from .commands import AdminCommands
 from .protocol import RequestError, parse_request, reply_error, reply_ok
 

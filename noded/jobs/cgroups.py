@@ -67,7 +67,7 @@ class CgroupSource:
             reason = check_pattern(p)
             if reason:
                 raise ValueError(f"job source pattern at {root}: {reason}")
-        return cls(kind, root.rstrip("/"), pats, version)
+        return cls(kind, os.path.normpath(root), pats, version)
 
     @property
     def mount(self) -> str:

@@ -13,6 +13,8 @@ import select
 import threading
 from typing import Callable
 
+from ..ratelimit import RateLimitedLog
+
 log = logging.getLogger(__name__)
 
 NewProcess = Callable[[int], None]  # the pid of a process that just exec'd
@@ -28,6 +30,7 @@ class ProcessEvents:
         self._sock = None
         self.unavailable: str | None = None
         self.events = 0
+        self._errors = RateLimitedLog(log, interval_s=60.0)
 
     def start(self, timeout: float = 5.0) -> bool:
         """Subscribe; False (with ``unavailable`` set) where the connector cannot be used."""
@@ -102,7 +105,8 @@ class ProcessEvents:
                         self.events += 1
                         self.on_new(msg["process_tgid"])
                 except Exception:
-                    log.exception("process_events handler failed")
+                    # An exec storm must not become a log storm: once a minute, with a count.
+                    self._errors.log(logging.ERROR, "handler", "process_events handler failed", exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()

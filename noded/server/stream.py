@@ -33,6 +33,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from ..ratelimit import RateLimitedLog
+
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -131,29 +133,6 @@ class Protocol:
     def evicted(self, peer: Peer, held: int) -> bytes:
         """Sent (if the socket takes it at once) to a connection dropped to make room."""
         return b""
-
-
-class RateLimitedLog:
-    """At most one line per key and interval; the lines held back are counted in the next."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.logger = logger
-        self.interval_s = interval_s
-        self.clock = clock
-        self._last: dict[str, tuple[float, int]] = {}  # key -> (logged at, held back since)
-
-    def log(self, level: int, key: str, msg: str, *args, exc_info: bool = False) -> None:
-        now = self.clock()
-        at, held = self._last.get(key, (None, 0))
-        if at is not None and now - at < self.interval_s:
-            self._last[key] = (at, held + 1)
-            return
-        if held:
-            msg += " (%d more like it in the last %.0fs)"
-            args = (*args, held, now - at)
-        self.logger.log(level, msg, *args, exc_info=exc_info)
-        self._last[key] = (now, 0)
 
 
 class _Conn:

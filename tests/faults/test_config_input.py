@@ -244,9 +244,16 @@ def test_config_and_cgroup_source_never_disagree_on_a_pattern(pattern):
     assert config_ok == source_ok == (check_pattern(pattern) is None)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0", "::1", "::", "fe80::1", "10.1.2.3"])
+@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0", "::1", "::", "10.1.2.3"])
 def test_metrics_address_takes_ip_literals(address):
     assert parse_config(f"metrics: {{address: '{address}'}}\n").metrics.address == address
+
+
+@pytest.mark.parametrize("address, why", [("255.255.255.255", "broadcast"), ("224.0.0.1", "multicast"),
+                                          ("ff02::1", "multicast"), ("fe80::1", "link-local")])
+def test_metrics_address_refuses_addresses_nothing_can_reach(address, why):
+    e = config_error(f"metrics: {{address: '{address}'}}\n")
+    assert e.key == "metrics.address" and why in e.reason
 
 
 @pytest.mark.parametrize("address", ["999.1.1.1", "localhost", "", "1.2.3", "[::1]", "127.0.0.1:9464", "::1%"])

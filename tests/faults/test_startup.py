@@ -151,3 +151,20 @@ def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
         taken.close()
     assert code == 1 and "is already in use" in err and "Traceback" not in err, err
     assert processes_serving(str(pipe_dir)) == [] and not pipe_dir.exists()
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("runtime_dir", "/etc/passwd", "not a directory"),
+    ("state_dir", "NOBODYS/state", "owned by uid 65534"),
+    ("jobs", "{sources: [{kind: cgroup, root: /tmp, patterns: [x]}]}", "is not in a cgroup hierarchy (it is on"),
+])
+def test_check_config_refuses_what_run_refuses_on_this_host(tmp_path, key, value, reason):
+    nobodys = tmp_path / "nobodys"
+    nobodys.mkdir()
+    os.chown(nobodys, 65534, 65534)
+    cfg = config(tmp_path, "c", **{key: value.replace("NOBODYS", str(nobodys))})
+    check = subprocess.run([sys.executable, "-m", "noded", "check-config", str(cfg)], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and reason in check.stderr and "Traceback" not in check.stderr, check.stderr
+    code, out, err = finish(run(cfg))
+    assert code == 1 and reason in err and "Traceback" not in err, err
