@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run the daemon")
     run.add_argument("--config", default=None, help="YAML config (default: built-in defaults; /etc/noded/noded.yaml "
                      "on installed hosts)")
-    run.add_argument("--dry-run", action="store_true", help="decide and log every change it would make to a job; make none (monitoring groups are still made)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="decide and log every change it would make to a job; make none (it still makes its "
+                          "monitoring groups)")
     run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
     run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
     run.add_argument("-v", "--verbose", action="store_true")
