@@ -103,16 +103,39 @@ def test_a_cpuset_someone_else_changed_is_theirs(tmp_path, v1_cpuset, sleeper):
     assert originals.items() == []
 
 
-@needs_two_cpus
-def test_a_child_that_inherited_a_throttled_affinity_gets_the_jobs_original_back(tmp_path):
-    # A parent that forks a child on request (a line on stdin), so the child is born throttled.
-    code = ("import os,sys,time\n"
+class ForkOnRequest:
+    """A process that forks a child when asked (a line on stdin): a child born after noded
+    halved its parent inherits the halved affinity."""
+
+    CODE = ("import os,sys,time\n"
             "sys.stdin.readline()\n"
             "pid=os.fork()\n"
             "if pid==0: time.sleep(300)\n"
             "print(pid,flush=True); time.sleep(300)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    child = None
+
+    def __init__(self):
+        self.parent = subprocess.Popen([sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+        self.pid = self.parent.pid
+        self.child: int | None = None
+
+    def fork(self) -> int:
+        self.parent.stdin.write("fork\n")
+        self.parent.stdin.flush()
+        self.child = int(self.parent.stdout.readline())
+        return self.child
+
+    def close(self) -> None:
+        if self.child:
+            os.kill(self.child, 9)
+        self.parent.kill()
+        self.parent.wait()
+
+
+@needs_two_cpus
+def test_a_child_that_inherited_a_throttled_affinity_gets_the_jobs_original_back(tmp_path):
+    tree = ForkOnRequest()
+    parent = tree.parent
     try:
         before = os.sched_getaffinity(parent.pid)
         originals = OriginalValues(str(tmp_path))
@@ -121,9 +144,7 @@ def test_a_child_that_inherited_a_throttled_affinity_gets_the_jobs_original_back
         cores.apply({job.id: 1}, observe(job))
         throttled = os.sched_getaffinity(parent.pid)
         assert len(throttled) == len(before) // 2
-        parent.stdin.write("fork\n")
-        parent.stdin.flush()
-        child = int(parent.stdout.readline())
+        child = tree.fork()
         assert os.sched_getaffinity(child) == throttled  # inherited
         job = Job("pid:1", "registered", frozenset({parent.pid, child}))
         assert cores.levels_in_force(observe(job)) == {job.id: 1}
@@ -133,10 +154,7 @@ def test_a_child_that_inherited_a_throttled_affinity_gets_the_jobs_original_back
         CoreHalving(OriginalValues(str(tmp_path))).restore_all()
         assert os.sched_getaffinity(parent.pid) == before and os.sched_getaffinity(child) == before
     finally:
-        if child:
-            os.kill(child, 9)
-        parent.kill()
-        parent.wait()
+        tree.close()
 
 
 def test_a_broken_state_file_is_moved_aside_and_noded_starts(tmp_path):

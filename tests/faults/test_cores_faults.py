@@ -3,8 +3,6 @@ tester would): what appears in a halved job gets the job's CPUs back, a crash in
 gap is put right at the next start, and a value someone else set is never overwritten."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +11,7 @@ from noded.actuators.cores import CoreHalving
 from noded.jobs.model import Job
 from noded.state import OriginalValues
 from resctrl.cpulist import parse_cpu_list
-from test_cores import observe
+from test_cores import ForkOnRequest, observe
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
 
@@ -91,29 +89,17 @@ def test_a_record_never_creates_a_file_nor_follows_a_link(tmp_path, secret):
 
 
 def test_a_process_forked_while_noded_was_down_gets_the_jobs_cpus_back(tmp_path):
-    # A job halved by affinity (no cpuset of its own): a parent that forks on request.
-    code = ("import os,sys,time\n"
-            "sys.stdin.readline()\n"
-            "pid=os.fork()\n"
-            "if pid==0: time.sleep(300)\n"
-            "print(pid,flush=True); time.sleep(300)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    child = None
+    tree = ForkOnRequest()  # a job halved by affinity (no cpuset of its own)
     try:
-        before = os.sched_getaffinity(parent.pid)
+        before = os.sched_getaffinity(tree.pid)
         cores = CoreHalving(OriginalValues(str(tmp_path / "state")))
-        job = Job("pid:1", "registered", frozenset({parent.pid}))
+        job = Job("pid:1", "registered", frozenset({tree.pid}))
         cores.apply({job.id: 1}, observe(job))
-        assert len(os.sched_getaffinity(parent.pid)) == len(before) // 2
+        assert len(os.sched_getaffinity(tree.pid)) == len(before) // 2
         # SIGKILL of noded; then the job forks (no noded sees it); then noded starts again.
-        parent.stdin.write("fork\n")
-        parent.stdin.flush()
-        child = int(parent.stdout.readline())
+        child = tree.fork()
         wait_for(lambda: len(os.sched_getaffinity(child)) == len(before) // 2, what="the child, halved")
         CoreHalving(OriginalValues(str(tmp_path / "state"))).restore_all()
-        assert os.sched_getaffinity(parent.pid) == before and os.sched_getaffinity(child) == before
+        assert os.sched_getaffinity(tree.pid) == before and os.sched_getaffinity(child) == before
     finally:
-        if child:
-            os.kill(child, 9)
-        parent.kill()
-        parent.wait()
+        tree.close()

@@ -299,6 +299,23 @@ def full_backlog(busy: socket.socket, path: str) -> list[socket.socket]:
         queued.append(q)
 
 
+def serve_after_the_flood(busy: socket.socket, queued: list, reply: bytes) -> threading.Thread:
+    """In a moment, as a daemon would: accept (and drop) the flood's connections, then
+    answer the next one's request with ``reply``."""
+    def serve():
+        for _ in queued:
+            busy.accept()[0].close()
+        conn, _ = busy.accept()
+        with conn:
+            conn.settimeout(10)
+            conn.makefile("rb").readline()
+            conn.sendall(reply + b"\n")
+
+    server = threading.Thread(target=serve)
+    threading.Timer(0.2, server.start).start()
+    return server
+
+
 def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, capsys):
     path = str(tmp_path / "busy.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
@@ -311,17 +328,8 @@ def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, 
         assert 0.4 < time.monotonic() - t0 < 5
         assert "noded did not answer within 0.5s;" in capsys.readouterr().err
 
-        def serve():  # the daemon gets to the backlog: the flood's connections first, then nodectl's
-            for _ in queued:
-                busy.accept()[0].close()
-            conn, _ = busy.accept()
-            with conn:
-                conn.settimeout(10)
-                conn.makefile("rb").readline()
-                conn.sendall(b'{"ok": true, "result": {"served": true}, "version": 1}\n')
-
-        server = threading.Thread(target=serve)
-        threading.Timer(0.3, server.start).start()
+        # The daemon gets to the backlog: the flood's connections first, then nodectl's.
+        server = serve_after_the_flood(busy, queued, b'{"ok": true, "result": {"served": true}, "version": 1}')
         assert nodectl.request(path, "status", timeout=10) == {"served": True}
         server.join(10)
         for q in queued:
@@ -613,17 +621,7 @@ def test_a_training_jobs_report_waits_its_turn_in_a_full_backlog_too(tmp_path):
         busy.listen(1)
         queued = full_backlog(busy, path)
 
-        def serve():  # the flood's connections first, then the job's report
-            for _ in queued:
-                busy.accept()[0].close()
-            conn, _ = busy.accept()
-            with conn:
-                conn.settimeout(10)
-                conn.makefile("rb").readline()
-                conn.sendall(b'{"ok": true, "result": {}, "version": 1}\n')
-
-        server = threading.Thread(target=serve)
-        threading.Timer(0.2, server.start).start()
+        server = serve_after_the_flood(busy, queued, b'{"ok": true, "result": {}, "version": 1}')
         # Within its 2 s it is served (before: EAGAIN at once, and the report was lost).
         assert report_iteration(0.25, job="slurm:1", socket_path=path, timeout=2.0) is True
         server.join(10)
