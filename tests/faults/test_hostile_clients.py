@@ -683,8 +683,8 @@ def test_nodectl_sends_nothing_to_a_socket_another_user_serves(impostor, capsys)
         in capsys.readouterr().err
     assert report_iteration(0.25, job="slurm:1", socket_path=path) is False
     p.kill()
-    got = p.communicate()[0].splitlines()
-    assert all(line == "GOT b''" for line in got)  # whatever it saw of the connections: nothing sent
+    seen = p.communicate()[0]
+    assert "throttle" not in seen and "report" not in seen, seen  # whatever it saw: no request
 
 
 @pytest.mark.parametrize("reply", ['{"ok": true, "result": NaN}', '{"ok": true, "result": [1]}',
