@@ -3,7 +3,16 @@
 import os
 import sys
 
+from noded.procstat import PPID, stat_fields
+
 STANDIN = os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin")
+
+
+def _live_processes():
+    """(pid, its /proc/PID/stat fields from the state on) of every process there now."""
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := stat_fields("/proc", int(name))) is not None:
+            yield int(name), fields
 
 
 def processes_serving(pipe_dir: str) -> list[int]:
@@ -11,16 +20,13 @@ def processes_serving(pipe_dir: str) -> list[int]:
     daemon, its servers, and any control binary still running for it."""
     mark = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    for pid, fields in _live_processes():
+        if fields[0] == b"Z":
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-            with open(f"/proc/{name}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 if mark in f.read().split(b"\0"):
-                    found.append(int(name))
+                    found.append(pid)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return found
@@ -29,18 +35,7 @@ def processes_serving(pipe_dir: str) -> list[int]:
 def zombie_children() -> list[int]:
     """Children of this (test) process that exited and were never reaped."""
     me = str(os.getpid()).encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if fields[0] == b"Z" and fields[1] == me:
-            out.append(int(name))
-    return out
+    return [pid for pid, fields in _live_processes() if fields[0] == b"Z" and fields[PPID] == me]
 
 
 def control_log(log_dir: str) -> str:
@@ -53,8 +48,5 @@ def control_log(log_dir: str) -> str:
 
 def gone(pid: int) -> bool:
     """The process exited (a zombie that is not ours to reap counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except FileNotFoundError:
-        return True
+    fields = stat_fields("/proc", pid)
+    return fields is None or fields[0] == b"Z"

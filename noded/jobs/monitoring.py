@@ -72,10 +72,6 @@ class JobMonitor:
         self._lock = threading.RLock()
         self._exhausted_logged = False
 
-    def available(self) -> bool:
-        rc = self.session.rc
-        return rc is not None and rc.caps.mon is not None
-
     def groups(self) -> dict[str, MonGroup]:
         """Each job's group as last listed (or made) by ``sync``."""
         with self._lock:
