@@ -99,14 +99,14 @@ class BandwidthSampler:
         domains = read_domains(rc.root, True)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
-        job_readings = {job_id: self.reader.read(g.path, domains) for job_id, g in groups.items()}
+        job_readings = {job_id: self._read(g.path, domains) for job_id, g in groups.items()}
         ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
-        ctrl_readings = {p: self.reader.read(p, domains) for p in ctrl_paths}
+        ctrl_readings = {p: self._read(p, domains) for p in ctrl_paths}
         now = self.clock()
         span = now - started
         job_bps = {
-            job_id: self._rate(f"job:{job_id}", readings, domains, now, self.monitor.created_at(job_id))
-            for job_id, readings in job_readings.items()
+            job_id: self._rate(f"job:{job_id}", readings, domains, at, self.monitor.created_at(job_id))
+            for job_id, (readings, at) in job_readings.items()
         }
         node: dict[int, float | None] = {d: 0.0 for d in domains}
         for rates in job_bps.values():
@@ -118,8 +118,8 @@ class BandwidthSampler:
             new = self._last_read is not None and path not in self._ctrl_paths
             moved = {d: sum(job_bps[j][d] or 0.0 for j in kids) * span for d in domains}
             tolerance = {d: RESIDUAL_DIP_BYTES + int(2 * moved[d]) for d in domains}
-            rates = self._rate(path + "#own", residual(readings, [job_readings[j] for j in kids], domains), domains,
-                               now, self._last_read if new else None, tolerance)
+            own = residual(readings[0], [job_readings[j][0] for j in kids], domains)
+            rates = self._rate(path + "#own", own, domains, readings[1], self._last_read if new else None, tolerance)
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
@@ -128,6 +128,14 @@ class BandwidthSampler:
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing))
+
+    def _read(self, path: str, domains: tuple[int, ...]) -> tuple[MbmSample, float]:
+        """A group's counters and when they were read. Each group's rate is taken over its
+        own interval: one time for the whole tick would skew every rate by how long the
+        reads after it took (much, through a slow filesystem or on a loaded host)."""
+        before = self.clock()
+        readings = self.reader.read(path, domains)
+        return readings, (before + self.clock()) / 2
 
     def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,
               created_at: float | None, dip_tolerance: dict[int, int] | None = None) -> dict[int, float | None]:

@@ -459,6 +459,9 @@ class ResctrlKernel:
 
     # -------------------------------------------------------------------- write
     def write(self, parts: list[str], data: bytes, caller_pid: int, caller_uid: int) -> int:
+        # A write may move a task or change a cap: traffic until now is counted under the
+        # placement it had, as the hardware counts it as it happens.
+        self.advance(self.clock())
         node = self.lookup(parts)
         if node.is_dir:
             raise KernelError(errno.EISDIR)
@@ -707,6 +710,7 @@ class ResctrlKernel:
         self.groups[name] = Group(name, CTRL, closid, rmid, ctrl=self._default_ctrl())
 
     def rmdir(self, parts: list[str]) -> None:
+        self.advance(self.clock())  # its tasks move to the parent from now on
         self.last_cmd_status = ""
         node = self.lookup(parts)
         if not node.is_dir:
