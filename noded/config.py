@@ -28,10 +28,33 @@ DEFAULT_PEAK_GBPS = 50.0
 
 
 class ConfigError(ValueError):
+    """What is wrong with a config: ``where``, ``key``, ``line`` and ``reason`` of the
+    first problem; ``problems`` lists every one found (this one first), and the message
+    has a FILE:LINE: KEY: REASON line for each."""
+
     def __init__(self, where: str, key: str, line: int | None, reason: str):
         self.where, self.key, self.line, self.reason = where, key, line, reason
-        at = f":{line}" if line else ""
-        super().__init__(f"{where}{at}: {key}: {reason}")
+        self.problems: tuple[ConfigError, ...] = (self,)
+        super().__init__(self.line_text)
+
+    @property
+    def line_text(self) -> str:
+        at = f":{self.line}" if self.line else ""
+        return f"{self.where}{at}: {self.key}: {self.reason}"
+
+    @classmethod
+    def of(cls, problems: list["ConfigError"]) -> "ConfigError":
+        """One error for several problems, in the order of their lines in the file."""
+        ordered = sorted(problems, key=lambda p: p.line or 0)
+        first = ordered[0]
+        error = cls(first.where, first.key, first.line, first.reason)
+        error.problems = tuple(ordered)
+        error.args = ("\n".join(p.line_text for p in ordered),)
+        return error
+
+
+class _Recorded(Exception):
+    """A value whose problems are already in the list of errors: its key is left out."""
 
 
 @dataclass(frozen=True)
@@ -291,27 +314,41 @@ def _rule_key(key: str) -> str:
 _EXPONENT_TEXT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][0-9]+")
 
 
-def _convert(tp: Any, value: Any, key: str, where: str, doc: Document) -> Any:
+def _convert(tp: Any, value: Any, key: str, where: str, doc: Document, errors: list[ConfigError]) -> Any:
+    """``value`` as type ``tp``. Raises ConfigError for the value itself; a mapping or list
+    records each of its problems in ``errors`` and raises _Recorded when it had any."""
     line = doc.line_of(key)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _convert(args[0], value, key, where, doc)
+        return _convert(args[0], value, key, where, doc, errors)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key, where, doc)
+        return _build(tp, value, key, where, doc, errors)
     if origin is tuple:
         if not isinstance(value, list):
             raise ConfigError(where, key, line, f"expected a list, got {_shown(value)}")
         item_type, item_rule = typing.get_args(tp)[0], _ITEM_RULES.get(_rule_key(key))
-        items = []
+        items, bad = [], False
         for i, v in enumerate(value):
-            item = _convert(item_type, v, f"{key}[{i}]", where, doc)
+            item_key = f"{key}[{i}]"
+            try:
+                item = _convert(item_type, v, item_key, where, doc, errors)
+            except _Recorded:
+                bad = True
+                continue
+            except ConfigError as e:
+                errors.append(e)
+                bad = True
+                continue
             reason = item_rule(item) if item_rule else None
             if reason:
-                raise ConfigError(where, f"{key}[{i}]", doc.line_of(f"{key}[{i}]"), reason)
+                errors.append(ConfigError(where, item_key, doc.line_of(item_key), reason))
+                bad = True
             items.append(item)
+        if bad:  # the whole list is left out: a list with items missing would shift their indices
+            raise _Recorded()
         return tuple(items)
     if tp is float and isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value):
         raise ConfigError(where, key, line, f"expected a number, got {_shown(value)}: YAML 1.1 reads an exponent "
@@ -353,7 +390,11 @@ def _cut(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _build(cls: type, data: Any, prefix: str, where: str, doc: Document):
+def _build(cls: type, data: Any, prefix: str, where: str, doc: Document, errors: list[ConfigError]):
+    """``cls`` from a mapping. Every key is checked: a bad one is recorded in ``errors``
+    and left out, its default standing in so that the keys after it are checked too (the
+    caller refuses the whole when ``errors`` holds anything). Raises _Recorded when a
+    required key is missing (nothing can stand in for it)."""
     if not isinstance(data, dict):
         raise ConfigError(where, prefix or "(top level)", doc.line_of(prefix), f"expected a mapping, got {_shown(data)}")
     hints = typing.get_type_hints(cls)
@@ -362,49 +403,82 @@ def _build(cls: type, data: Any, prefix: str, where: str, doc: Document):
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            raise ConfigError(where, _cut(key), doc.line_of(key), f"unknown key; known here: {', '.join(sorted(names))}")
-        value = _convert(hints[k], v, key, where, doc)
+            errors.append(ConfigError(where, _cut(key), doc.line_of(key),
+                                      f"unknown key; known here: {', '.join(sorted(names))}"))
+            continue
+        try:
+            value = _convert(hints[k], v, key, where, doc, errors)
+        except _Recorded:
+            continue
+        except ConfigError as e:
+            errors.append(e)
+            continue
         rule = _RULES.get(_rule_key(key))
         reason = rule(value) if rule else None
         if reason:
-            raise ConfigError(where, key, doc.line_of(key), reason)
+            errors.append(ConfigError(where, key, doc.line_of(key), reason))
+            continue
         kwargs[k] = value
     required = [f.name for f in dataclasses.fields(cls)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    for name in required:
-        if name not in kwargs:
-            key = f"{prefix}.{name}" if prefix else name
-            raise ConfigError(where, key, doc.line_of(prefix), "required key missing")
+    missing = [name for name in required if name not in data]
+    for name in missing:
+        key = f"{prefix}.{name}" if prefix else name
+        errors.append(ConfigError(where, key, doc.line_of(prefix), "required key missing"))
+    if missing or any(name not in kwargs for name in required):
+        raise _Recorded()
     return cls(**kwargs)
 
 
-def _check_whole(config: Config, where: str, doc: Document) -> None:
-    """What no single key shows: relations between keys, and paths made from several."""
+def _failed(keys: tuple[str, ...], failed: set[str]) -> bool:
+    """Whether any of ``keys``, or anything inside one, had a problem of its own."""
+    return any(f == k or f.startswith((f"{k}.", f"{k}[")) for k in keys for f in failed)
+
+
+def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) -> list[ConfigError]:
+    """What no single key shows: relations between keys, and paths made from several.
+    A relation is checked only where each of its keys was right on its own (``failed``:
+    the keys with problems): a default standing in for a bad key proves nothing."""
+    errors = []
     c = config.contention
-    if c.release_threshold >= c.threshold:
-        raise ConfigError(where, "contention.release_threshold", doc.line_of("contention.release_threshold"),
-                          f"{c.release_threshold} must be below contention.threshold ({c.threshold}) for hysteresis")
+    if not _failed(("contention.threshold", "contention.release_threshold"), failed) \
+            and c.release_threshold >= c.threshold:
+        errors.append(ConfigError(where, "contention.release_threshold", doc.line_of("contention.release_threshold"),
+                                  f"{c.release_threshold} must be below contention.threshold ({c.threshold}) for "
+                                  "hysteresis"))
     for i, src in enumerate(config.jobs.sources):
         if src.kind in ("systemd", "cgroup") and not src.patterns:
             key = f"jobs.sources[{i}].patterns"
-            raise ConfigError(where, key, doc.line_of(key),
-                              f"a {src.kind} source needs explicit patterns (noded never guesses which units are jobs)")
-    sockets = [("admin.socket" if config.admin.socket else "runtime_dir", config.admin_socket),
-               ("runtime_dir", config.report_socket)]
-    for key, path in sockets:
-        if len(path.encode()) > SOCKET_PATH_MAX:
-            raise ConfigError(where, key, doc.line_of(key), f"the socket {_shown(path)} would be longer than the "
-                                                             f"{SOCKET_PATH_MAX} bytes a Unix socket path may have")
+            errors.append(ConfigError(where, key, doc.line_of(key), f"a {src.kind} source needs explicit patterns "
+                                                                     "(noded never guesses which units are jobs)"))
+    if not _failed(("admin.socket", "runtime_dir"), failed):
+        sockets = [("admin.socket" if config.admin.socket else "runtime_dir", config.admin_socket),
+                   ("runtime_dir", config.report_socket)]
+        for key, path in sockets:
+            if len(path.encode()) > SOCKET_PATH_MAX and not any(e.key == key for e in errors):
+                errors.append(ConfigError(where, key, doc.line_of(key),
+                                          f"the socket {_shown(path)} would be longer than the {SOCKET_PATH_MAX} "
+                                          "bytes a Unix socket path may have"))
+    return errors
 
 
 def parse_config(text: str | bytes, where: str = "<config>") -> Config:
-    """A Config from YAML text; raises only ConfigError."""
+    """A Config from YAML text; raises only ConfigError, with every problem in the file in
+    its ``problems``: each key is checked whatever was wrong with the ones before it."""
     try:
         doc = parse_yaml(text, where)
     except YamlError as e:
         raise ConfigError(where, e.key or ("(yaml)" if e.line else "(file)"), e.line, e.reason) from None
-    config = _build(Config, {} if doc.data is None else doc.data, "", where, doc)
-    _check_whole(config, where, doc)
+    errors: list[ConfigError] = []
+    try:
+        config = _build(Config, {} if doc.data is None else doc.data, "", where, doc, errors)
+    except ConfigError as e:  # not a mapping at all
+        errors.append(e)
+        config = None
+    if config is not None:
+        errors += _check_whole(config, where, doc, {e.key for e in errors})
+    if errors:
+        raise ConfigError.of(errors)
     return config
 
 
