@@ -58,9 +58,6 @@ events:
 
 class Noded:
     def __init__(self, workdir: str, tick_s: float):
-        standin = os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin")
-        if not os.access(standin, os.X_OK):
-            raise SystemExit(f"bench.hostile_clients: needs the MPS stand-in ({standin}): pip install -e .")
         self.workdir = workdir
         self.admin_socket = f"{workdir}/noded.sock"
         scenario = f"{workdir}/scenario.yaml"
@@ -70,7 +67,7 @@ class Noded:
         with open(config, "w") as f:
             f.write(f"tick_s: {tick_s}\nmetrics: {{address: 127.0.0.1, port: 0}}\n"
                     f"admin: {{socket: {self.admin_socket}, group: root}}\n"
-                    f"colocation:\n  enabled: true\n  mps: {{control: {standin}, log_dir: {workdir}/mps-log}}\n")
+                    f"colocation:\n  enabled: true\n  mps: {{log_dir: {workdir}/mps-log}}\n")  # the sim's MPS stand-in
         self.tmp = f"{workdir}/tmp"  # where noded run --sim makes its scratch (runtime and state) directory
         os.mkdir(self.tmp)
         self.proc = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", config],

@@ -1,11 +1,18 @@
 """Shared by the MPS tests: the stand-in's path and what is left on the host."""
 
+import atexit
 import os
-import sys
+import shutil
+import tempfile
 
 from noded.procstat import PPID, stat_fields
+from noded.sim.mps_standin import write_launcher
 
-STANDIN = os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin")
+# The stand-in is no installed command: one launcher for the whole session, in a
+# directory of its own that goes when the session ends.
+_LAUNCHER_DIR = tempfile.mkdtemp(prefix="noded-mps-standin-")
+atexit.register(shutil.rmtree, _LAUNCHER_DIR, ignore_errors=True)
+STANDIN = write_launcher(_LAUNCHER_DIR)
 
 
 def _live_processes():

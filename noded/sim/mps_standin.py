@@ -1,5 +1,7 @@
 """A stand-in for ``nvidia-cuda-mps-control``, for hosts without NVIDIA's MPS: part
-of the simulated node, never imported by the product's ``mps`` package.
+of the simulated node, never imported by the product's ``mps`` package. It is no
+installed command: ``write_launcher`` puts an executable for it where a simulated node
+or a test needs one.
 
 Like the real binary: ``-d`` starts the control daemon in the background (``-f`` in
 the foreground); without a flag it is a client that reads commands from stdin,
@@ -29,6 +31,11 @@ import time
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET = "control"
+#: The launcher's name: apart from NVIDIA's binary, so it can never be taken for the real one.
+LAUNCHER = "nvidia-cuda-mps-control-standin"
+#: Where ``noded`` imports from, for the launcher (noded runs the control binary with
+#: a bare environment: no PYTHONPATH reaches it).
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _dirs() -> tuple[str, str]:
@@ -209,6 +216,40 @@ def already_running(pipe_dir: str) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ValueError, ProcessLookupError):
         return False
+
+
+def write_launcher(directory: str) -> str:
+    """Write the stand-in's launcher, an executable ``nvidia-cuda-mps-control-standin``
+    that runs ``main`` under this interpreter, into ``directory``; return its path (what
+    a simulated node or a test gives noded as ``colocation.mps.control``).
+
+    The stand-in is no installed command: a host never finds it on its PATH, only where
+    a simulation put it. The launcher is a script named for the stand-in, so the control
+    daemon's command line carries that name, as noded checks before it signals one.
+    Written to a temporary name and renamed into place, so a concurrent exec never
+    sees half of it.
+    """
+    if len(sys.executable) > 200 or any(c.isspace() for c in sys.executable):
+        raise RuntimeError(f"the MPS stand-in's launcher cannot name this interpreter on its #! line "
+                           f"(whitespace or over 200 characters): {sys.executable!r}")
+    path = os.path.join(directory, LAUNCHER)
+    text = (f"#!{sys.executable}\n"
+            f"import sys\n"
+            f"sys.path.insert(0, {_IMPORT_ROOT!r})\n"
+            f"from noded.sim.mps_standin import main\n"
+            f"sys.exit(main())\n")
+    partial = f"{path}.{os.getpid()}.partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(partial, 0o755)  # whatever the umask took away
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+        raise
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

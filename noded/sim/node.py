@@ -26,6 +26,7 @@ from ..config import Config
 from ..jobs.discovery import JobDiscovery
 from ..jobs.model import JobMeta
 from . import fake_nvml
+from .mps_standin import write_launcher
 from .scenario import JobSpec, Scenario
 from .workload import GB, MODELS, gpu_utilisation
 
@@ -78,13 +79,17 @@ class SimNode:
         return self
 
     def configure(self, config: Config, scratch: str) -> Config:
-        """``config`` pointed at this node: its emulator, its peak, and state and runtime
-        directories under ``scratch`` (a simulated run must not touch the host's)."""
+        """``config`` pointed at this node: its emulator, its peak, state and runtime
+        directories under ``scratch`` (a simulated run must not touch the host's), and
+        the MPS stand-in as the control binary (its GPUs are fake: NVIDIA's MPS could not
+        serve them), started through a launcher written into ``scratch``."""
         assert self.emu is not None
+        mps = dataclasses.replace(config.colocation.mps, control=write_launcher(scratch))
         return dataclasses.replace(
             config, peak_gbps_per_domain=self.scenario.node.peak_gbps, state_dir=f"{scratch}/state",
             runtime_dir=f"{scratch}/run",
-            resctrl=dataclasses.replace(config.resctrl, root=self.emu.root, mounts=self.emu.mounts_file))
+            resctrl=dataclasses.replace(config.resctrl, root=self.emu.root, mounts=self.emu.mounts_file),
+            colocation=dataclasses.replace(config.colocation, mps=mps))
 
     def open_resctrl(self, **kw) -> Resctrl:
         assert self.emu is not None
