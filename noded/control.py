@@ -1,22 +1,34 @@
 """What operators set and what the loop decided, beside the loop: overrides, pause,
 each job's recent decisions and the decision counts.
 
-One object with its own lock. The loop reads it once a tick and records its actions;
-the admin socket and the metrics read it and the last ``TickResult``, never the
-daemon's internals, so no client can see a half-made tick or hold the loop up.
+One object with its own lock. The loop reads it once a tick, records its actions and
+puts a ``ControlSnapshot`` of it in the tick's result: the metrics read only that; the
+admin socket reads this object and the last ``TickResult``, never the daemon's
+internals, so no client can see a half-made tick or hold the loop up.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from typing import Iterable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
 
-from .admin.overrides import OverrideStore
+from .admin.overrides import Override, OverrideStore
 from .policy.contention import Action
 
 #: decisions kept per job for `nodectl explain`
 HISTORY = 10
+
+
+@dataclass(frozen=True)
+class ControlSnapshot:
+    """The control state as a tick left it (immutable): what the metrics read."""
+
+    paused: str | None = None  # why the eliminator is paused, or None
+    overrides: tuple[Override, ...] = ()  # not expired, by job
+    actions: Mapping[tuple[str, str], int] = field(default_factory=lambda: MappingProxyType({}))  # (kind, cause)
 
 
 class ControlState:
@@ -60,3 +72,9 @@ class ControlState:
     def actions_total(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._actions)
+
+    def snapshot(self) -> ControlSnapshot:
+        store = self.overrides
+        overrides = tuple(sorted(store.current().values(), key=lambda o: o.job)) if store else ()
+        with self._lock:
+            return ControlSnapshot(self._paused, overrides, MappingProxyType(dict(self._actions)))

@@ -15,3 +15,4 @@ class ColocationView:
     jobs_per_gpu: Mapping[str, int]  # GPU UUID -> jobs admitted there by noded
     mps_state: str
     decided_by: str
+    mps_restarts: int = 0  # MPS control daemons that failed (died, faulted, stopped answering) and were restarted

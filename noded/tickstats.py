@@ -1,0 +1,104 @@
+"""What the loop counts over its whole life, for the metrics: how long ticks and
+samplers took (histograms), failed writes, failed samplers and ticks that raised.
+
+``TickStats`` is kept by the loop's thread alone (no lock); each tick publishes
+``snapshot()``, an immutable ``Totals``, in its ``TickResult``. A scrape reads that
+snapshot and never these counters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+#: Upper bounds (seconds) of the duration histograms' buckets: suited to a 1 s tick,
+#: and to see a 100 ms one.
+BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Observations so far: ``buckets[i]`` of them were <= ``BUCKETS[i]`` (cumulative, as
+    Prometheus counts them); ``count`` is all of them (the +Inf bucket), ``sum`` their total."""
+
+    buckets: tuple[int, ...] = (0,) * len(BUCKETS)
+    count: int = 0
+    sum: float = 0.0
+
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Everything counted since the daemon started, as of one tick."""
+
+    tick_durations: Mapping[str, Histogram] = field(default_factory=_empty)  # stage -> seconds
+    sampler_durations: Mapping[str, Histogram] = field(default_factory=_empty)  # sampler -> seconds
+    sampler_errors: Mapping[str, int] = field(default_factory=_empty)  # sampler -> runs that failed
+    actuator_errors: Mapping[tuple[str, str], int] = field(default_factory=_empty)  # (actuator, operation) -> failed
+    tick_failures: int = 0  # ticks that raised (the loop went on)
+
+
+class _Observations:
+    __slots__ = ("per_bucket", "count", "sum")
+
+    def __init__(self) -> None:
+        self.per_bucket = [0] * len(BUCKETS)  # not cumulative: one observation lands in one bucket at most
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        if math.isnan(value):
+            return  # a clock that failed is no duration
+        value = max(0.0, value)  # a clock stepping back is not a negative time spent
+        i = bisect.bisect_left(BUCKETS, value)
+        if i < len(BUCKETS):
+            self.per_bucket[i] += 1
+        self.count += 1
+        self.sum += value
+
+    def frozen(self) -> Histogram:
+        running, cumulative = 0, []
+        for n in self.per_bucket:
+            running += n
+            cumulative.append(running)
+        return Histogram(tuple(cumulative), self.count, self.sum)
+
+
+class TickStats:
+    """The loop's own counters (its thread only)."""
+
+    def __init__(self) -> None:
+        self._ticks: dict[str, _Observations] = {}
+        self._samplers: dict[str, _Observations] = {}
+        self._sampler_errors: dict[str, int] = {}
+        self._actuator_errors: dict[tuple[str, str], int] = {}
+        self._tick_failures = 0
+
+    def tick(self, durations: Mapping[str, float], samplers: Iterable[tuple[str, bool, float]]) -> None:
+        """One tick done: its stages' durations, and each sampler's (name, ok, seconds)."""
+        for stage, seconds in durations.items():
+            self._ticks.setdefault(stage, _Observations()).observe(seconds)
+        for name, ok, seconds in samplers:
+            self._samplers.setdefault(name, _Observations()).observe(seconds)
+            if not ok:
+                self._sampler_errors[name] = self._sampler_errors.get(name, 0) + 1
+
+    def actuator_error(self, actuator: str, operation: str) -> None:
+        key = (actuator, operation)
+        self._actuator_errors[key] = self._actuator_errors.get(key, 0) + 1
+
+    def tick_failed(self) -> None:
+        self._tick_failures += 1
+
+    def snapshot(self) -> Totals:
+        return Totals(MappingProxyType({k: o.frozen() for k, o in self._ticks.items()}),
+                      MappingProxyType({k: o.frozen() for k, o in self._samplers.items()}),
+                      MappingProxyType(dict(self._sampler_errors)),
+                      MappingProxyType(dict(self._actuator_errors)),
+                      self._tick_failures)
