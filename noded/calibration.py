@@ -1,6 +1,6 @@
 """The node's measured peak memory bandwidth, kept in the state directory.
 
-``python -m bench.scenario calibrate`` measures it (all cores, STREAM triad) and
+``noded calibrate`` (``noded.calibrate``) measures it (all cores, STREAM triad) and
 writes ``calibration.json`` next to noded's other state; noded takes it at start
 and on reload when the config leaves ``peak_gbps_per_domain`` unset. A value in
 the config always wins: an operator's number is never overridden by a file.
@@ -95,6 +95,6 @@ def with_node_peak(config: Config) -> tuple[Config, str]:
     if cal is None:
         return (dataclasses.replace(config, peak_gbps_per_domain=DEFAULT_PEAK_GBPS),
                 f"a default: no peak_gbps_per_domain in the config and no {calibration_path(config.state_dir)}; "
-                f"run `python -m bench.scenario calibrate`")
+                f"run `noded calibrate`")
     return (dataclasses.replace(config, peak_gbps_per_domain=cal.peak_gbps_per_domain),
             f"measured {cal.measured_at} by `{cal.command}`, {calibration_path(config.state_dir)}")

@@ -28,12 +28,40 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-v", "--verbose", action="store_true")
     check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
     check.add_argument("file")
+    cal = sub.add_parser("calibrate", help="measure this host's peak memory bandwidth and write it where noded "
+                         "reads its node peak", description="Runs STREAM's triad at full speed on every CPU and "
+                         "writes the median rate per L3 domain to STATE_DIR/calibration.json; noded uses it at "
+                         "start and reload when its config leaves peak_gbps_per_domain unset. Run it as root on a "
+                         "quiet host with noded stopped.")
+    cal.add_argument("--seconds", type=float, default=10, help="seconds to measure, at least 2; the first is not "
+                     "counted (default: 10)")
+    cal.add_argument("--size", type=int, default=512, metavar="MIB", help="MiB per array, three arrays, well "
+                     "beyond any last-level cache (default: 512)")
+    cal.add_argument("--threads", type=int, help="measuring threads, pinned to the CPUs in turn "
+                     "(default: one per CPU)")
+    cal.add_argument("--state-dir", default="/var/lib/noded", help="noded's state_dir, where calibration.json goes "
+                     "(default: /var/lib/noded)")
     sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
     sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
     sim.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
+    if args.command == "calibrate":
+        if not 2 <= args.seconds < float("inf"):
+            cal.error(f"--seconds must be a finite number of at least 2 (the first second is not counted), "
+                      f"got {args.seconds:g}")
+        if args.size < 1:
+            cal.error(f"--size must be at least 1 MiB, got {args.size}")
+        if args.threads is not None and args.threads < 1:
+            cal.error(f"--threads must be at least 1, got {args.threads}")
+        import shlex
+
+        from .calibrate import main as calibrate
+
+        shown = sys.argv[1:] if argv is None else argv
+        return calibrate(args.state_dir, args.seconds, args.size, args.threads,
+                         " ".join(["noded", *map(shlex.quote, shown)]))
     if args.command == "run":
         # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
         # never kills noded half-started (see noded.signals).

@@ -1,6 +1,6 @@
 """``python -m bench.scenario contention|calibrate``: the end-to-end scenarios.
 
-    python -m bench.scenario calibrate [--seconds 10] [--state-dir /var/lib/noded]
+    python -m bench.scenario calibrate [--seconds 10] [--size 512] [--state-dir /var/lib/noded]
     python -m bench.scenario contention [--victim decode|tokenise] [--nodes cpusets,sim]
                                         [--shares 25,50,75,100] [--seconds 12] [--warmup 3]
                                         [--peak-gbps X] [--resctrl auto|host|emulator]
@@ -10,7 +10,8 @@
 peak, without and with noded, on this machine's real cpusets (core halving; on a host
 with RDT, its resctrl and MBA) and on the simulated node (MBA); it prints a table and writes contention.json and
 contention.png in ``--out``. ``calibrate`` measures the peak (all CPUs, triad) and
-writes it where noded reads it. Progress goes to stderr.
+writes it where noded reads it: the product's ``noded calibrate`` (``noded.calibrate``),
+recorded with this command line. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def node_peak(args, progress: Progress) -> float:
         progress.line(f"peak: {cal.peak_gbps_per_domain * cal.domains:.1f} GB/s from {args.state_dir}/calibration.json "
                       f"({cal.measured_at})")
         return cal.peak_gbps_per_domain * cal.domains
-    from .calibrate import measure_peak_gbps
+    from noded.calibrate import measure_peak_gbps
 
-    peak = measure_peak_gbps(5, 256, lambda done, total: progress("measuring the peak", done, total))
+    peak = measure_peak_gbps(5, 256, progress=lambda done, total: progress("measuring the peak", done, total))
     progress.line(f"peak: {peak:.1f} GB/s measured now (no calibration in {args.state_dir})")
     return peak
 
@@ -133,10 +134,10 @@ def contention(args, progress: Progress) -> int:
 
 
 def calibrate(args, progress: Progress) -> int:
-    from .calibrate import calibrate as run
+    from noded.calibrate import calibrate as run
 
     cal, path = run(args.state_dir, args.command, args.seconds, args.size,
-                    lambda done, total: progress("calibrate: triad on all CPUs", done, total))
+                    progress=lambda done, total: progress("calibrate: triad on all CPUs", done, total))
     progress.line("")
     print(f"peak {cal.peak_gbps_per_domain:.2f} GB/s per L3 domain ({cal.domains} domain(s)); wrote {path}\n"
           f"command: {cal.command}")
