@@ -14,13 +14,18 @@ import math
 import time
 from typing import Any, Callable
 
+from ..actuators.cores import max_level as max_core_level
 from ..control import ControlState
 from ..daemon import TickResult
+from ..journal import log_change
 from ..server.stream import Peer
 from .overrides import Override, OverrideStore
 from .protocol import RequestError
 
 log = logging.getLogger(__name__)
+
+#: the jobs an error about an unknown job names (`nodectl jobs` lists them all)
+KNOWN_SHOWN = 10
 
 
 class AdminCommands:
@@ -55,11 +60,11 @@ class AdminCommands:
         if command == "pause":
             reason = args.get("reason") or f"paused by uid {uid}"
             self.control.pause(reason)
-            log.warning("eliminator=paused uid=%d reason=%r", uid, reason)
+            log_change("pause", None, severity=logging.WARNING, uid=uid, reason=reason)
             return {"paused": reason}
         if command == "resume":
             self.control.resume()
-            log.warning("eliminator=resumed uid=%d", uid)
+            log_change("resume", None, severity=logging.WARNING, uid=uid, reason="automatic throttling resumes")
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)
@@ -78,12 +83,58 @@ class AdminCommands:
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
+        job = args["job"]
+        last = self._known(job)
+        level, max_level = 0, None
+        if command == "throttle":
+            max_level, what = self._level_bound(job, last)
+            level = args["level"] if "level" in args else self._level_for_cores(job, args["cores"], last)
+            if level > max_level:
+                raise RequestError(f"level {level} is beyond this host's throttle: levels are 1 to {max_level} "
+                                   f"({what})")
         now = self.wall_clock()
         ttl = args.get("ttl_s")
-        level = 0 if command == "exempt" else args.get("level") or self._level_for_cores(args["job"], args["cores"])
-        override = Override(args["job"], level, uid, args.get("reason", ""), now, now + ttl if ttl else None)
+        override = Override(job, level, uid, args.get("reason", ""), now, now + ttl if ttl else None)
         self.store.set(override)
-        return self._override_json(override)
+        # What the operator needs to hear: where the job stands now, and what follows.
+        return {**self._override_json(override), "level_now": last.levels.get(job, 0), "max_level": max_level,
+                "in_last_sample": job in last.sample.jobs}
+
+    def _known(self, job: str) -> TickResult:
+        """The last tick's result, where ``job`` is known: in that tick's sample, or holding
+        an override already (one that is gone from the sample may still be changed). An
+        override for a job noded does not know (a typo, a job not started) is refused."""
+        last = self.last()
+        if last is None or last.config is None:
+            raise RequestError("noded has not sampled its jobs yet: try again after its first tick")
+        if job in last.sample.jobs or job in self.store.active():
+            return last
+        if not last.sample.jobs_known:
+            raise RequestError(f"noded does not know its jobs now (discovery failed at the last tick), so not "
+                               f"{job!r} either: try again later")
+        known = sorted(last.sample.jobs)
+        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more" if len(known) > KNOWN_SHOWN
+                                                   else "")
+        raise RequestError(f"no job {job!r} at noded's last tick, and no override on it: "
+                           + (f"the jobs are {listed} (nodectl jobs lists them)" if known else
+                              "noded sees no jobs at all (nodectl jobs lists them)"))
+
+    def _level_bound(self, job: str, last: TickResult) -> tuple[int, str]:
+        """The highest level this host's throttle has for ``job``, and where it comes from."""
+        kind = last.throttle_kind
+        if kind == "mba":
+            levels = last.config.contention.mba_levels
+            return len(levels), ("contention.mba_levels: " + ", ".join(f"{lvl:.0%}" for lvl in levels)
+                                 + " of a job's bandwidth")
+        if kind == "cores":
+            n = last.original_cpus.get(job)
+            if not n:
+                raise RequestError(f"no CPUs known for job {job!r} (not in noded's last sample): on this host a "
+                                   "throttle halves a job's CPUs")
+            if max_core_level(n) == 0:
+                raise RequestError(f"job {job!r} has 1 CPU: halving its CPUs cannot throttle it")
+            return max_core_level(n), f"{job} has {n} CPUs, halved at each level"
+        raise RequestError("this host has no throttle (neither MBA nor CPU placement): no job can be held at a level")
 
     def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
         from ..colocation.profiles import JobProfile
@@ -102,22 +153,23 @@ class AdminCommands:
                 "predicted_speedup": d.predicted_speedup, "reason": d.reason, "env": d.env,
                 "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}
 
-    def _level_for_cores(self, job: str, cores: int) -> int:
-        last = self.last()
-        kind = last.throttle_kind if last else None
+    def _level_for_cores(self, job: str, cores: int, last: TickResult) -> int:
+        kind = last.throttle_kind
         if kind != "cores":
             raise RequestError(f"this host throttles with {kind or 'nothing'}: use --level")
-        if job not in last.sample.jobs:
-            raise RequestError(f"no such job {job!r}")
         n = last.original_cpus.get(job, 0)
         if not n:
-            raise RequestError(f"no CPUs known for job {job!r}")
-        # The halving level that leaves at most `cores` CPUs.
-        return max(1, math.ceil(math.log2(n / cores))) if cores < n else 1
+            raise RequestError(f"no CPUs known for job {job!r} (not in noded's last sample)")
+        if cores >= n:
+            raise RequestError(f"job {job!r} has {n} CPU{'s' if n > 1 else ''}: cores must be from 1 to {n - 1} "
+                               "to throttle it" if n > 1 else f"job {job!r} has 1 CPU: it cannot have fewer")
+        # The halving level that leaves at most `cores` CPUs (halving stops at one CPU).
+        return min(max(1, math.ceil(math.log2(n / cores))), max_core_level(n))
 
     def _override_json(self, o: Override) -> dict[str, Any]:
         return {"job": o.job, "kind": o.kind, "level": o.level, "set_by_uid": o.set_by_uid, "reason": o.reason,
-                "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock())}
+                "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock()),
+                "expires_at": o.expires}
 
     def status(self) -> dict[str, Any]:
         r = self.last()
@@ -161,15 +213,36 @@ class AdminCommands:
             why.append(f"the eliminator is paused: {paused}")
         if r.decision.note:
             why.append(r.decision.note)
+        d, cfg = r.decision, r.config.contention if r.config else None
+        level = r.levels.get(job, 0)
+        if js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None:
+            why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
         return {
-            "job": job, "kind": js.kind, "level": r.levels.get(job, 0), "bandwidth_bytes_per_s": js.bandwidth_bps,
+            "job": job, "kind": js.kind, "level": level, "bandwidth_bytes_per_s": js.bandwidth_bps,
             "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
-            "node_share_of_peak": r.decision.node_share,
-            "threshold": r.config.contention.threshold if r.config else None,
-            "slowed_gpu_jobs": list(r.decision.slowed), "why": why,
+            "node_share_of_peak": d.node_share,
+            "threshold": cfg.threshold if cfg else None,
+            "release_threshold": cfg.release_threshold if cfg else None,
+            "slowed_gpu_jobs": list(d.slowed), "why": why,
+            # a job held at a level: each release condition it does not meet, with the values
+            "held": list(d.held.get(job, ())) if level else [],
             "decisions": [{"seconds_ago": round(now - t, 1), "action": a.kind, "from": a.from_level,
                            "to": a.to_level, "cause": a.cause, "reason": a.reason}
                           for t, a in self.control.history(job)],
         }
+
+    @staticmethod
+    def _not_throttled(job: str, r: TickResult) -> str:
+        """Why the policy leaves a CPU job alone, with the values."""
+        d, c = r.decision, r.config.contention
+        if d.node_share is None:
+            return "node bandwidth unknown: nothing is throttled blind"
+        if d.node_share < c.threshold:
+            return f"no contention: node bandwidth {d.node_share:.0%} of peak is below the threshold {c.threshold:.0%}"
+        if not d.slowed:
+            return (f"node bandwidth {d.node_share:.0%} of peak is at or above the threshold {c.threshold:.0%}, but no "
+                    f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
+        return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
+               f"({c.settle_s:g}s)"

@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from ..cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
 from ..server.client import NotThePeer, ReplyTooLarge, request_line
 from .protocol import VERSION, encode
 
@@ -73,7 +74,7 @@ def parse_duration(text: str) -> float:
 def _positive_duration(text: str) -> float:
     seconds = parse_duration(text)
     if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"bad timeout {text!r}: it must be more than 0")
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
     return seconds
 
 
@@ -133,6 +134,9 @@ def format_explain(e: dict[str, Any]) -> str:
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {e['threshold']:.0%}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
     lines += [f"  - {w}" for w in e["why"]]
+    if e.get("held"):
+        lines.append(f"held at level {e['level']}, not released because:")
+        lines += [f"  - {w}" for w in e["held"]]
     if e["decisions"]:
         lines.append("last decisions:")
         lines += [f"  {d['seconds_ago']:>6.1f}s ago  {d['action']} {d['from']}->{d['to']} ({d['cause']}): {d['reason']}"
@@ -142,48 +146,114 @@ def format_explain(e: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nodectl", description="Inspect and override noded on this host.")
-    ap.add_argument("--socket", default=os.environ.get("NODED_SOCKET", DEFAULT_SOCKET))
-    ap.add_argument("--json", action="store_true", help="print the raw answer as JSON")
-    ap.add_argument("--timeout", type=_positive_duration, default=DEFAULT_TIMEOUT_S,
-                    help=f"give up when noded has not answered within this long (default {DEFAULT_TIMEOUT_S:g}s)")
-    sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="node bandwidth, GPUs, jobs, throttles, overrides")
-    sub.add_parser("jobs", help="the jobs and their throttle levels")
-    p = sub.add_parser("throttle", help="hold a job at a throttle level (an override)")
-    p.add_argument("job")
+def _global_options(p: argparse.ArgumentParser, default) -> None:
+    socket = os.environ.get("NODED_SOCKET", DEFAULT_SOCKET)
+    p.add_argument("--socket", default=default(socket),
+                   help=f"noded's admin socket (default: $NODED_SOCKET, else {DEFAULT_SOCKET})")
+    p.add_argument("--json", action="store_true", default=default(False),
+                   help="print noded's answer as JSON (top: one JSON document a line, a line per refresh) "
+                        "(default: text)")
+    p.add_argument("--timeout", type=_positive_duration, default=default(DEFAULT_TIMEOUT_S), metavar="DURATION",
+                   help=f"give up when noded has not answered within this long, e.g. 10, 30s, 1m "
+                        f"(default: {DEFAULT_TIMEOUT_S:g}s)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return n
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top, common = option_parents("nodectl", _global_options)
+    ap = argparse.ArgumentParser(prog="nodectl", description="Inspect and override noded on this host. Options go "
+                                 "before or after the command: `nodectl status --json` is `nodectl --json status`.",
+                                 parents=[top], formatter_class=HelpFormatter)
+    sub = subparsers(ap, common, dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description or help)
+
+    def job_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("job", help="the job's id as `nodectl jobs` lists it, e.g. slurm:4242 (sim:hog on the "
+                                   "simulated node)")
+
+    def reason_arg(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("--reason", default="", help=f"why, for noded's log and `nodectl status` ({what})")
+
+    cmd("status", "node bandwidth, GPUs, jobs, throttles, overrides")
+    cmd("jobs", "the jobs and their throttle levels")
+    p = cmd("throttle", "hold a job at a throttle level (an override)",
+            description="Hold a job at a throttle level: an override that wins over the policy until it expires or "
+                        "is released. noded refuses a job it does not know and a level its throttle does not have.")
+    job_arg(p)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--level", type=int)
-    g.add_argument("--cores", type=int, help="hosts without MBA: leave the job this many cores")
-    p.add_argument("--ttl", type=parse_duration, help="expire after this long (e.g. 30m)")
-    p.add_argument("--reason", default="")
-    p = sub.add_parser("release", help="drop the override on a job")
-    p.add_argument("job")
-    p = sub.add_parser("exempt", help="never throttle a job (an override)")
-    p.add_argument("job")
-    p.add_argument("--ttl", type=parse_duration)
-    p.add_argument("--reason", default="")
-    p = sub.add_parser("pause", help="stop automatic throttling (overrides still hold)")
-    p.add_argument("--reason", default="")
-    sub.add_parser("resume", help="resume automatic throttling")
-    p = sub.add_parser("explain", help="why a job is throttled or not")
-    p.add_argument("job")
-    p = sub.add_parser("admit", help="ask whether a GPU job may share a GPU; prints the environment it must use")
-    p.add_argument("--job", required=True, help="the job's id as noded will see it, e.g. slurm:$SLURM_JOB_ID")
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--profile", help="an Nsight Compute CSV (ncu --csv --page raw) or a profile YAML file")
-    p.add_argument("--gpu", default="auto", help="auto, or a GPU UUID")
-    p.add_argument("--uid", type=int, help="the user the job runs as (MPS serves one user per GPU)")
-    p = sub.add_parser("model", help="the co-location speedup model")
+    g.add_argument("--level", type=_positive_int, help="the level, 1 (mildest) up to the number of levels of noded's "
+                   "throttle (MBA: the entries of contention.mba_levels; cores: halvings until one CPU is left)")
+    g.add_argument("--cores", type=_positive_int, help="hosts without MBA: leave the job at most this many of its "
+                   "CPUs (fewer than it has)")
+    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
+                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
+    reason_arg(p, "default: none")
+    p = cmd("release", "drop the override on a job; the policy decides again")
+    job_arg(p)
+    p = cmd("exempt", "never throttle a job (an override)")
+    job_arg(p)
+    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
+                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
+    reason_arg(p, "default: none")
+    p = cmd("pause", "stop automatic throttling (overrides still hold)")
+    reason_arg(p, "default: 'paused by uid N'")
+    cmd("resume", "resume automatic throttling")
+    p = cmd("explain", "why a job is throttled or not, with the values")
+    job_arg(p)
+    p = cmd("admit", "ask whether a GPU job may share a GPU; prints the environment it must use")
+    p.add_argument("--job", required=True, help="the job's id as noded will see it, e.g. slurm:$SLURM_JOB_ID "
+                                                "(required)")
+    p.add_argument("--model", required=True, help="the job's model, e.g. ResNet-50 (required)")
+    p.add_argument("--batch-size", type=_positive_int, required=True, help="the job's batch size (required)")
+    p.add_argument("--profile", help="an Nsight Compute CSV (ncu --csv --page raw) or a profile YAML file "
+                                     "(default: the profile noded has for the model and batch size)")
+    p.add_argument("--gpu", default="auto", help="auto (noded picks), or a GPU UUID")
+    p.add_argument("--uid", type=int, help="the user the job runs as; MPS serves one user per GPU (default: not "
+                                           "said: no check of the GPU's users)")
+    p = cmd("model", "the co-location speedup model")
     p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
-    p = sub.add_parser("top", help="a live status view")
-    p.add_argument("--interval", type=float, default=1.0)
-    p.add_argument("--iterations", type=int, default=0, help="stop after N refreshes (0: until Ctrl-C)")
-    args = ap.parse_args(argv)
+    p = cmd("top", "a live status view, refreshed until Ctrl-C",
+            description="A live status view. On a terminal the screen is redrawn; into a pipe or file each refresh "
+                        "is appended (with --json: one JSON document a line).")
+    p.add_argument("--interval", type=_positive_duration, default=1.0, metavar="DURATION",
+                   help="seconds between refreshes (default: 1s)")
+    p.add_argument("--iterations", type=_count, default=0, help="stop after N refreshes (default: 0, until Ctrl-C)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """nodectl; exit 0, 1 on an error (said on stderr), 2 on a bad command line, 3 for a
+    refused admission, 130 after Ctrl-C (top ends on it with 0), 141 when stdout's reader
+    went away (nodectl jobs | head)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except BrokenPipeError:  # --help into a closed pipe
+        return broken_pipe()
     try:
         return _run(args)
+    except BrokenPipeError:  # the socket's are NodectlError: this one is stdout's
+        return broken_pipe()
     except NodectlError as e:
         print(f"nodectl: {e}", file=sys.stderr)
         return 1
@@ -193,22 +263,63 @@ def main(argv: list[str] | None = None) -> int:
               f"({type(e).__name__}: {e}); is it noded, of this version?", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _top(args) -> int:
+    """Refreshes until Ctrl-C or --iterations. Screen control codes only on a terminal."""
+    tty = sys.stdout.isatty()
+    n = 0
+    try:
+        while True:
+            st = request(args.socket, "status", timeout=args.timeout)
+            if args.json:
+                text = json.dumps(st, sort_keys=True) + "\n"
+            else:
+                text = format_status(st)
+                stamp = time.strftime("%H:%M:%S")
+                text = f"\x1b[H\x1b[2J{stamp} {text}" if tty else f"{'' if n == 0 else chr(10)}--- {stamp}\n{text}"
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            n += 1
+            if args.iterations and n >= args.iterations:
+                return 0
+            time.sleep(args.interval)  # the refresh period of a live view
+    except KeyboardInterrupt:
+        return 0  # how a live view ends
+
+
+def _when(expires_in_s: float | None) -> str:
+    """'until released', 'until 12:30:00', or 'until 2025-01-02 12:30:00' beyond today."""
+    if expires_in_s is None:
+        return "until released"
+    at = time.time() + expires_in_s
+    fmt = "%H:%M:%S" if time.strftime("%Y-%m-%d", time.localtime(at)) == time.strftime("%Y-%m-%d") \
+        else "%Y-%m-%d %H:%M:%S"
+    return f"until {time.strftime(fmt, time.localtime(at))}"
+
+
+def format_override(command: str, r: dict[str, Any]) -> str:
+    """What a throttle or exempt did, in words."""
+    job, level, now = r["job"], r["level"], r["level_now"]
+    why = f"reason: {r['reason']}" if r["reason"] else "no reason given"
+    if command == "exempt":
+        head = f"{job} is exempt from throttling {_when(r['expires_in_s'])} ({why})"
+        then = f"it was at level {now} and will be released next tick" if now else "it is not throttled now"
+    else:
+        head = f"{job} is held at throttle level {level} of {r['max_level']} {_when(r['expires_in_s'])} ({why})"
+        then = "it is at that level already" if now == level else \
+            f"it was at level {now} and goes to level {level} next tick"
+    if not r["in_last_sample"]:
+        then = "it was not among noded's jobs at the last tick: the override holds once it is"
+    return f"{head}; {then}\n"
 
 
 def _run(args) -> int:
     path = args.socket
     cmd = args.command
     if cmd == "top":
-        n = 0
-        while True:
-            text = format_status(request(path, "status", timeout=args.timeout))
-            sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + text)
-            sys.stdout.flush()
-            n += 1
-            if args.iterations and n >= args.iterations:
-                return 0
-            time.sleep(args.interval)  # the refresh period of a live view
+        return _top(args)
     if cmd == "admit":
         return _admit(args)
     if cmd == "model":
@@ -240,8 +351,7 @@ def _run(args) -> int:
     elif cmd == "explain":
         sys.stdout.write(format_explain(result))
     elif cmd in ("throttle", "exempt"):
-        ttl = "until released" if result["expires_in_s"] is None else f"for {result['expires_in_s']:.0f}s"
-        print(f"{result['job']}: {result['kind']} level {result['level']} {ttl}")
+        sys.stdout.write(format_override(cmd, result))
     elif cmd == "release":
         print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
         if result.get("not_saved"):

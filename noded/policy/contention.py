@@ -76,6 +76,9 @@ class Decision:
     node_share: float | None  # busiest domain's share of its peak
     slowed: tuple[str, ...]  # GPU jobs below their baseline
     note: str  # why nothing happened, when nothing did
+    # throttled job -> why it was not released this tick: each release condition it does
+    # not meet, with the values (see held_because)
+    held: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def node_share(sample: Sample, peak_bytes_per_domain: float) -> float | None:
@@ -206,15 +209,16 @@ def decide(
     else:
         calm_since = None
     last = now if stepped else state.last_step
-    if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
-        def predicted_share(job: str) -> float:
-            # What the node would run at once this job got one step more bandwidth:
-            # releasing into a new contention is the oscillation hysteresis must avoid.
-            level = throttles[job].level
-            bw = jobs[job].bandwidth_bps or 0.0
-            extra = bw * (level_share(level - 1) / level_share(level) - 1.0)
-            return share + extra / peak_bytes_per_domain / max(1, len(sample.domains))
 
+    def predicted_share(job: str) -> float:
+        # What the node would run at once this job got one step more bandwidth:
+        # releasing into a new contention is the oscillation hysteresis must avoid.
+        level = throttles[job].level
+        bw = jobs[job].bandwidth_bps or 0.0
+        extra = bw * (level_share(level - 1) / level_share(level) - 1.0)
+        return share + extra / peak_bytes_per_domain / max(1, len(sample.domains))
+
+    if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
         releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(jobs[j], config)
                       and predicted_share(j) < config.release_threshold]
         if releasable:
@@ -223,11 +227,64 @@ def decide(
                       f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {now - calm_since:.0f}s")
             last = now
 
+    held = {j: held_because(j, t, share=share, triggered=triggered, slowed=tuple(slowed), calm_since=calm_since,
+                            last_step=last, missing_since=missing_since, now=now, config=config,
+                            bandwidth_bps=jobs[j].bandwidth_bps,
+                            predicted_share=predicted_share(j) if share is not None else None,
+                            moved=[a for a in actions if a.to_level < a.from_level])
+            for j, t in throttles.items()}
     decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(actions), triggered,
-                        share, tuple(slowed), note)
+                        share, tuple(slowed), note, MappingProxyType(held))
     return decision, replace(state, baselines=MappingProxyType(baselines), baseline_sources=MappingProxyType(sources),
                              throttles=MappingProxyType(throttles),
                              calm_since=calm_since, last_step=last, missing_since=missing_since)
+
+
+def held_because(job: str, throttle: Throttle, *, share: float | None, triggered: bool, slowed: tuple[str, ...],
+                 calm_since: float | None, last_step: float | None, missing_since: float | None, now: float,
+                 config: ContentionConfig, bandwidth_bps: float | None, predicted_share: float | None,
+                 moved: list[Action]) -> tuple[str, ...]:
+    """Why a throttled job is still held after this tick: each release condition it does not
+    meet, with the values (pure; what ``nodectl explain`` shows). ``predicted_share``: the
+    node's share of its peak were this job released one step; ``moved``: the releases
+    made this tick."""
+    if throttle.cause == OVERRIDE:
+        return ("an operator override holds it at this level (nodectl release lifts it)",)
+    c = config
+    out: list[str] = []
+    if share is None:
+        since = now - missing_since if missing_since is not None else 0.0
+        return (f"node bandwidth unknown for {since:.0f}s: nothing is released blind until "
+                f"contention.missing_release_s ({c.missing_release_s:g}s), then every throttle is",)
+    if triggered:
+        out.append(f"contention goes on: node bandwidth {share:.0%} of peak >= threshold {c.threshold:.0%} and GPU "
+                   f"job(s) {', '.join(slowed)} below their baseline")
+    elif share >= c.release_threshold:
+        out.append(f"node bandwidth {share:.0%} of peak is not below the release threshold "
+                   f"{c.release_threshold:.0%} (contention.release_threshold)")
+    elif calm_since is not None and now - calm_since < c.hold_s:
+        out.append(f"node below the release threshold {c.release_threshold:.0%} for {now - calm_since:.1f}s of the "
+                   f"{c.hold_s:g}s it must stay there (contention.hold_s)")
+    own = [a for a in moved if a.job == job]
+    if own:
+        out.append(f"released one step this tick ({own[0].from_level}->{own[0].to_level}); the next step waits "
+                   f"contention.hold_s ({c.hold_s:g}s)")
+    elif moved:
+        out.append(f"{moved[0].job} was released one step this tick: one step per contention.hold_s ({c.hold_s:g}s)")
+    elif last_step is not None and now - last_step < c.hold_s:
+        out.append(f"the last throttle step was {now - last_step:.1f}s ago; a release waits contention.hold_s "
+                   f"({c.hold_s:g}s) after any step")
+    if c.cpu_job_cap_gbps is not None and bandwidth_bps is not None and bandwidth_bps > 0.5 * c.cpu_job_cap_gbps * GB:
+        out.append(f"its own {bandwidth_bps / GB:.1f} GB/s is above half the per-job cap "
+                   f"(contention.cpu_job_cap_gbps {c.cpu_job_cap_gbps:g} GB/s)")
+    if predicted_share is not None and predicted_share >= c.release_threshold and not triggered \
+            and share < c.release_threshold:
+        out.append(f"released one step, it would take the node to about {predicted_share:.0%} of peak, not below the "
+                   f"release threshold {c.release_threshold:.0%}")
+    if not out:
+        out.append(f"it meets every release condition; jobs at lower levels go first, one step per "
+                   f"contention.hold_s ({c.hold_s:g}s)")
+    return tuple(out)
 
 
 def _over_cap(js, config: ContentionConfig) -> bool:

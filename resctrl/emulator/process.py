@@ -43,6 +43,9 @@ class MountedEmulator:
             [sys.executable, "-m", "resctrl.emulator", self.root, "--profile", self.profile,
              "--control", self.control_path, "--mounts-file", self.mounts_file, *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
+            # reaches only its parent, which stops it in order (stop()), never mid-teardown.
+            start_new_session=True,
         )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
