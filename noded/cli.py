@@ -11,8 +11,31 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="noded", description="Node-level contention and co-location daemon.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """noded; a reader of its output that goes away ends it quietly (141), as Ctrl-C does
+    (130) where the command does not handle it itself (``run`` stops cleanly on it)."""
+    from .cliopts import EXIT_INTERRUPTED, broken_pipe
+
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help, --version: written here, into a pipe that may be closed
+            raise
+        sys.stdout.flush()  # here, not at the interpreter's exit: a closed pipe is seen and said below
+        return code
+    except BrokenPipeError:
+        return broken_pipe()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
+    from .cliopts import HelpFormatter, option_parents, subparsers
+
+    top, common = option_parents("noded", lambda parser, default: None)
+    parser = argparse.ArgumentParser(prog="noded", description="Node-level contention and co-location daemon.",
+                                     parents=[top], formatter_class=HelpFormatter)
+    sub = subparsers(parser, common, dest="command", required=True)
     tour = sub.add_parser("tour", help="a scripted tour of the resctrl library against the emulator")
     tour.add_argument("--profile", default="intel", help="the emulated host: intel (default), intel-cdp, "
                       "intel-mbps, amd or no-mba")
@@ -25,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                           "monitoring groups)")
     run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
     run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
-    run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: every decision, start and stop step "
+                     "(default: WARNING and above)")
     check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
-    check.add_argument("file")
+    check.add_argument("file", help="the YAML config, e.g. /etc/noded/noded.yaml")
     cal = sub.add_parser("calibrate", help="measure this host's peak memory bandwidth and write it where noded "
                          "reads its node peak", description="Runs STREAM's triad at full speed on every CPU and "
                          "writes the median rate per L3 domain to STATE_DIR/calibration.json; noded uses it at "
@@ -74,12 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_run(args, signals)
     if args.command == "sim":
-        import logging
-
+        from .journal import configure_logging
         from .sim.run import run_scenario
         from .sim.scenario import ScenarioError, load_scenario
 
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+        configure_logging(args.verbose)
         try:
             scenario = load_scenario(args.scenario)
         except (OSError, ScenarioError) as e:

@@ -18,10 +18,12 @@ from .actuators.plan import Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
 from .colocation.view import ColocationView
 from .config import Config
-from .control import ControlState
+from .control import ControlSnapshot, ControlState
+from .journal import NOTICE, log_change
 from .policy.contention import Decision, PolicyState, decide
 from .sample import GPU, Sample
 from .telemetry import Telemetry
+from .tickstats import TickStats, Totals
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class TickResult:
     sample: Sample
     decision: Decision
     applied: tuple[Applied, ...]
-    durations: Mapping[str, float]  # sample, decide, act (seconds)
+    durations: Mapping[str, float]  # sample, decide, act, total (seconds)
     throttle_kind: str | None  # mba | cores | None (nothing can throttle here)
     levels: Mapping[str, int]  # levels in force after this tick (as observed, plus the writes that succeeded)
     state_unwritable: str | None = None  # why nothing new may be changed (the state directory), if so
@@ -61,6 +63,8 @@ class TickResult:
     overruns: int = 0  # ticks so far that took longer than their period
     original_cpus: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # cores hosts: CPU jobs
     colocation: ColocationView | None = None  # None: co-location is off
+    control: ControlSnapshot = field(default_factory=ControlSnapshot)  # overrides, pause, action counts after it
+    totals: Totals = field(default_factory=Totals)  # counted since start: durations, errors, failed ticks
 
 
 class Daemon:
@@ -76,6 +80,7 @@ class Daemon:
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
+        self.stats = TickStats()  # the loop's own counters; each TickResult carries a snapshot
         self.extra_info = dict(extra_info or {})
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
@@ -83,6 +88,7 @@ class Daemon:
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
+        self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -109,16 +115,32 @@ class Daemon:
         if not self._reload.is_set() or self.reloader is None:
             return
         self._reload.clear()
-        new = self.reloader()
+        # systemd hears RELOADING=1 now and READY=1 when it is over, applied or not; not
+        # before the first tick's READY=1, which says that noded has started.
+        notifier = self.notifier if self.last is not None else None
+        if notifier is not None:
+            notifier.reloading()
+        status = self._reload_config()
+        if notifier is not None:
+            notifier.ready(status)
+
+    def _reload_config(self) -> str:
+        """Read the config again and take it; returns how that went, for systemd's STATUS."""
+        try:
+            new = self.reloader()
+        except Exception:
+            log.exception("config reload failed, keeping the running config")
+            new = None
         if new is None:
-            return  # refused: the reloader logged why; the running config stays
+            return "config reload refused; the running config is kept (the journal says why)"
         try:
             restart = self.reload(new)
         except Exception:
             log.exception("config reload failed, keeping the running config")
-            return
+            return "config reload failed; the running config is kept (the journal says why)"
         log.warning("config reloaded%s", f"; these changes need a restart and were not applied: {', '.join(restart)}"
                     if restart else "")
+        return "config reloaded" + (f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
 
     def _state_check(self, now: float) -> str | None:
         """Why the state directory cannot be written now (None: it can): tried every
@@ -177,6 +199,9 @@ class Daemon:
             elif unwritable:
                 decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
                                    + (f"; {decision.note}" if decision.note else ""))
+            for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
+                log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause,
+                           reason=a.reason)
             t2 = self.clock()
             result = self.throttle.apply(decision.levels, sample) if self.throttle else \
                 ApplyResult((), MappingProxyType({}))
@@ -184,21 +209,22 @@ class Daemon:
                 self.colocation.tick(sample)
         t3 = self.clock()
         self.control.record(t0, decision.actions, sample.jobs if sample.jobs_known else None)
-        for a in decision.actions:
-            log.info("decision=%s job=%s level=%d->%d cause=%s reason=%r", a.kind, a.job, a.from_level, a.to_level,
-                     a.cause, a.reason)
         self.ticks += 1
         original_cpus = {}
         if self.throttle is not None and self.throttle.kind == "cores":
             original_cpus = {j: len(self.throttle.original_cpus(js)) for j, js in sample.jobs.items()
                              if js.cpus is not None}
-        result = TickResult(self.ticks, t0, sample, decision, result.applied,
-                            MappingProxyType({"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}),
+        colocation = self.colocation.view() if self.colocation is not None else None
+        durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2, "total": self.clock() - t0}
+        self.stats.tick(durations, ((s.name, s.ok, s.duration_s) for s in sample.samplers))
+        for failed in result.failed:
+            self.stats.actuator_error(self.throttle.kind, failed.operation)
+        result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
                             self.throttle.kind if self.throttle else None, result.levels, unwritable,
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
-                            self.config, self.overruns, MappingProxyType(original_cpus),
-                            self.colocation.view() if self.colocation is not None else None)
+                            self.config, self.overruns, MappingProxyType(original_cpus), colocation,
+                            self.control.snapshot(), self.stats.snapshot())
         self.last = result
         return result
 
@@ -213,6 +239,7 @@ class Daemon:
                     on_tick(result)
             except Exception:
                 # A bug in one tick must not take the node's protection down for good.
+                self.stats.tick_failed()
                 log.exception("tick failed")
             next_t += period
             now = self.clock()
@@ -235,6 +262,10 @@ class Daemon:
                 left = self.throttle.release_all()
                 if left:
                     log.error("at stop, could not release: %s", ", ".join(left))
+                for job, level in sorted((self.last.levels if self.last else {}).items()):
+                    log_change("release", job, level_from=level, level_to=0, cause="stopping",
+                               reason="noded is stopping" + (f"; not released: {', '.join(left)}" if left else ""),
+                               severity=logging.WARNING if left else NOTICE)
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
         try:

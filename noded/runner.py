@@ -25,6 +25,7 @@ from .calibration import CalibrationError, with_node_peak
 from .config import Config, ConfigError, load_config
 from .daemon import Daemon, TickResult
 from .hostcheck import start_problems
+from .journal import configure_logging
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from .sdnotify import SystemdNotifier
 from .signals import Signals
@@ -51,7 +52,7 @@ def main_run(args, signals: Signals | None = None) -> int:
     """``signals``: installed by the caller as early as it could (noded.cli does it before
     importing this module); installed here otherwise."""
     signals = signals or Signals().install()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    configure_logging(args.verbose)  # the journal under journald, <N> lines on stderr elsewhere
     try:
         return _run(args, signals)
     except StartError as e:
@@ -146,6 +147,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
         stack.callback(timer.cancel)
     notifier = SystemdNotifier()
     stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
+    daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
     on_tick = _notifier_hook(notifier)
     if sim is not None:
         print(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "

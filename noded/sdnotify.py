@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Mapping
 
 
@@ -47,7 +48,9 @@ class SystemdNotifier:
         return self.watchdog_s is not None and self.notify(WATCHDOG="1")
 
     def reloading(self) -> bool:
-        return self.notify(RELOADING="1")
+        """RELOADING=1 with the time it began (CLOCK_MONOTONIC, µs), as Type=notify-reload
+        wants it; READY=1 says the reload is over."""
+        return self.notify(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
 
     def stopping(self) -> bool:
         return self.notify(STOPPING="1")

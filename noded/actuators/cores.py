@@ -25,6 +25,7 @@ from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 from ..jobs.cgroups import read_procs
 from ..jobs.discovery import descendants, read_ppids
+from ..journal import log_change
 from ..procstat import STARTTIME, stat_fields
 from ..sample import CPU, JobSample, Sample
 from ..samplers.cpus import CpuPlacement
@@ -326,7 +327,7 @@ class CoreHalving(LevelThrottle):
                         "it); forgetting noded's record", path, format_cpu_list(sorted(now)))
             return
         write_cpuset(path, value)
-        log.warning("restored %s/cpuset.cpus <- %s", path, value)
+        log_change("restored", None, cpuset=path, cpus=value, reason="cpuset.cpus written back")
 
     def _restore_affinity(self, pid: int, original: list[int], inherited_only: bool = False) -> None:
         try:
@@ -341,7 +342,7 @@ class CoreHalving(LevelThrottle):
                             "noded's record", pid, format_cpu_list(sorted(now)))
             return
         set_affinity(self.proc, pid, original)
-        log.warning("restored sched_setaffinity(%d, %s)", pid, format_cpu_list(original))
+        log_change("restored", None, pid=pid, cpus=format_cpu_list(original), reason="sched_setaffinity back")
 
     def _job_pids(self, record: Mapping) -> set[int]:
         """The processes of a job halved by affinity now: its cgroup's, else its tree's."""

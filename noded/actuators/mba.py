@@ -22,6 +22,7 @@ from typing import Mapping
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError, normalize_mb
 
 from ..jobs.monitoring import group_name, mon_group_at
+from ..journal import log_change
 from ..sample import Sample
 from ..samplers.resctrl import ResctrlSession
 from .plan import UNKNOWN, UNSETTLED, LevelThrottle
@@ -181,7 +182,7 @@ class MbaThrottle(LevelThrottle):
         except (ResctrlError, OSError) as e:
             log.warning("removing %s failed (retried next tick): %s", name, e)
             return False
-        log.info("mba removed %s: no job at that level", name)
+        log_change("group-removed", None, throttle="mba", group=name, reason="no job at that level")
         return True
 
     def release_all(self) -> list[str]:

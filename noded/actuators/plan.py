@@ -15,6 +15,7 @@ from typing import Mapping
 
 from resctrl import ResctrlError
 
+from ..journal import log_change
 from ..sample import Sample
 from ..state import StateWriteError
 
@@ -33,12 +34,20 @@ class Applied:
     level: int
     writes: tuple[str, ...]  # what was (or, in dry-run, would be) written
     error: str | None = None
+    from_level: int | None = None  # the level in force before (UNSETTLED: none that is a level)
+
+    @property
+    def operation(self) -> str:
+        """``release`` (a level down, or back to none) or ``throttle`` (a level up)."""
+        return "release" if self.level == 0 or (self.from_level is not None and self.level < self.from_level) \
+            else "throttle"
 
 
 @dataclass(frozen=True)
 class ApplyResult:
     applied: tuple[Applied, ...]
     levels: Mapping[str, int]  # in force after this tick: as observed, changed by the writes that succeeded
+    failed: tuple[Applied, ...] = ()  # every change that failed this tick (``applied`` in dry-run shows news only)
 
 
 def plan(in_force: Mapping[str, int | None], wanted: Mapping[str, int], sample: Sample) -> list[tuple[str, int]]:
@@ -78,21 +87,23 @@ class LevelThrottle:
             try:
                 self._set_level(job, level, in_force[job], sample, writes)
             except (OSError, ResctrlError, StateWriteError) as e:
-                out.append(Applied(job, level, tuple(writes), str(e)))
+                out.append(Applied(job, level, tuple(writes), str(e), in_force[job]))
                 continue
-            out.append(Applied(job, level, tuple(writes)))
+            out.append(Applied(job, level, tuple(writes), from_level=in_force[job]))
             if not self.dry_run:
                 after[job] = level
         self._after(levels, sample)
         shown = self._dry_run_news(out) if self.dry_run else out
         for a in shown:
+            was = None if a.from_level == UNSETTLED else a.from_level
             if a.error:
-                log.warning("job=%s %s_level=%d failed: %s%s", a.job, self.kind, a.level, a.error,
-                            f" (after: {'; '.join(a.writes)})" if a.writes else "")
+                log_change("apply-failed", a.job, level_from=was, level_to=a.level, severity=logging.WARNING,
+                           throttle=self.kind, reason=a.error + (f" (after: {'; '.join(a.writes)})" if a.writes else ""))
             else:
-                log.info("job=%s %s_level=%d %s: %s", a.job, self.kind, a.level,
-                         "would write" if self.dry_run else "wrote", "; ".join(a.writes))
-        return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}))
+                log_change("dry-run" if self.dry_run else "applied", a.job, level_from=was, level_to=a.level,
+                           throttle=self.kind, reason=("would write " if self.dry_run else "") + "; ".join(a.writes))
+        return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}),
+                           tuple(a for a in out if a.error))
 
     def _dry_run_news(self, out: list[Applied]) -> list[Applied]:
         # In dry-run nothing changes, so the same plan comes back every tick: say it

@@ -17,6 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
+from ..journal import log_change
 from ..securedir import SecureDir, StateWriteError
 from ..state import open_state_dir
 
@@ -98,10 +99,10 @@ class OverrideStore:
             items = {**self._items, override.job: override}
             self._save(items)
             self._items = items
-        log.warning("override=set job=%s %s level=%d uid=%d ttl=%s reason=%r", override.job, override.kind,
-                    override.level, override.set_by_uid,
-                    "none" if override.expires is None else f"{override.expires - override.created:.0f}s",
-                    override.reason)
+        log_change("override-set", override.job, level_to=override.level, severity=logging.WARNING,
+                   kind=override.kind, uid=override.set_by_uid,
+                   ttl="none" if override.expires is None else f"{override.expires - override.created:.0f}s",
+                   reason=override.reason or None)
 
     def clear(self, job: str, uid: int) -> tuple[bool, str | None]:
         """(whether there was one, why it could not be saved). Lifting an override only ever
@@ -119,8 +120,8 @@ class OverrideStore:
                 except StateWriteError as e:
                     self._dirty, unsaved = True, str(e)
         if gone is not None:
-            log.warning("override=cleared job=%s uid=%d%s", job, uid,
-                        f" (not saved, in force until a restart: {unsaved})" if unsaved else "")
+            log_change("override-cleared", job, severity=logging.WARNING, kind=gone.kind, uid=uid,
+                       reason=f"not saved, in force until a restart: {unsaved}" if unsaved else None)
         return gone is not None, unsaved
 
     def current(self) -> dict[str, Override]:
@@ -150,5 +151,5 @@ class OverrideStore:
                     self._dirty = True
             items = dict(self._items)
         for job in expired:
-            log.warning("override=expired job=%s", job)
+            log_change("override-expired", job, severity=logging.WARNING)
         return items

@@ -22,6 +22,7 @@ from typing import Callable
 
 from mps.supervisor import MpsSupervisor
 
+from ..journal import log_change
 from ..sample import Sample
 from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from .outcomes import ModelError, Outcomes
@@ -98,7 +99,7 @@ class Colocation:
             per_gpu = Counter(h.reservation.gpu_uuid for h in self._held.values())
             decisions = dict(self.decisions)
         return ColocationView(MappingProxyType(decisions), MappingProxyType(dict(per_gpu)), self.mps_state,
-                              self.decided_by)
+                              self.decided_by, self.mps.restarts if self.mps is not None else 0)
 
     def reservations(self) -> list[Reservation]:
         with self._lock:
@@ -115,8 +116,8 @@ class Colocation:
                     held.seen = True
                 elif held.seen or now - held.since > UNSEEN_GRACE_S:
                     del self._held[job]
-                    log.info("colocation job=%s reservation on %s released (job %s)", job,
-                             held.reservation.gpu_uuid, "ended" if held.seen else "never appeared")
+                    log_change("reservation-released", job, gpu=held.reservation.gpu_uuid,
+                               reason="the job ended" if held.seen else "the job never appeared")
 
     def _learn_from_nvml(self, sample: Sample, now: float) -> None:
         """A GPU job alone on its GPU, with a model and batch size in its labels, is
@@ -208,14 +209,16 @@ class Colocation:
 
     def _count(self, d: Decision) -> Decision:
         self.decisions["admit" if d.admit else "refuse"] += 1
-        log.info("colocation decision=%s job=%s gpu=%s predicted_speedup=%s reason=%r sources=%s",
-                 "admit" if d.admit else "refuse", d.job, d.gpu_uuid, d.predicted_speedup, d.reason,
-                 ",".join(d.sources))
+        log_change("admit" if d.admit else "refuse", d.job, gpu=d.gpu_uuid, predicted_speedup=d.predicted_speedup,
+                   sources=",".join(d.sources) or None, reason=d.reason)
         return d
 
     def release(self, job: str) -> bool:
         with self._lock:
-            return self._held.pop(job, None) is not None
+            held = self._held.pop(job, None)
+        if held is not None:
+            log_change("reservation-released", job, gpu=held.reservation.gpu_uuid, reason="released on request")
+        return held is not None
 
     def close(self) -> None:
         """Stop MPS (bounded: see MpsSupervisor.close); safe before start, and twice."""
