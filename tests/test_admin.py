@@ -69,7 +69,7 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
     with caplog.at_level(logging.WARNING, logger="noded.admin.overrides"):
         code, out, _ = ctl(server, "exempt", "sim:hog", "--ttl", "10m", "--reason", "debugging", capsys=capsys)
     assert code == 0 and out == "sim:hog: exempt level 0 for 600s\n"
-    assert any("override=set job=sim:hog exempt level=0 uid=0" in r.message for r in caplog.records)
+    assert any("override-set job=sim:hog level=0 kind=exempt uid=0" in r.message for r in caplog.records)
     h.until(lambda r: "sim:hog" not in r.levels, 5, "the exemption in force")
     assert 'noded_override_active{job="sim:hog",kind="exempt",uid="0"} 1.0' in scrape(h)
     code, out, _ = ctl(server, "status", capsys=capsys)
