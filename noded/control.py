@@ -69,10 +69,6 @@ class ControlState:
         with self._lock:
             return list(self._history.get(job, ()))
 
-    def actions_total(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self._actions)
-
     def snapshot(self) -> ControlSnapshot:
         store = self.overrides
         overrides = tuple(sorted(store.current().values(), key=lambda o: o.job)) if store else ()

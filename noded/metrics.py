@@ -1,23 +1,55 @@
 """Prometheus metrics from the last tick's result, on a private registry.
 
-A scrape reads the control state (overrides, pause, decision counts) and the last
-``TickResult``, swapped whole each tick; it never touches hardware or the loop's
-internals. Names are ``noded_<subsystem>_<name>_<unit>``; GPU series carry the
-labels ``gpu`` (index as a string) and ``UUID`` as dcgm-exporter writes them, so
-the two join in PromQL.
+A scrape reads one immutable ``TickResult`` (swapped whole each tick) and nothing
+else: the control state (overrides, pause, action counts) and everything counted
+since start (duration histograms, failed writes, failed samplers and ticks) are
+snapshots the tick took. So a scrape needs no lock, never touches hardware and
+never sees a half-made tick. Before the first tick only the build info and the
+counters (at 0) are there.
+
+Names are ``noded_<subsystem>_<name>_<unit>``; per-job series carry ``job_id`` (a
+``job`` label would be renamed ``exported_job`` by Prometheus); GPU series carry the
+labels ``gpu`` (index as a string) and ``UUID`` as dcgm-exporter writes them, so the
+two join in PromQL, with utilisation as a ratio 0..1 (dcgm's is percent). Counters
+exist from the first scrape with every label set noded knows, so ``rate()`` and
+``increase()`` see their first increment.
 """
 
 from __future__ import annotations
 
+import math
 import platform
 from importlib import metadata
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily)
+from prometheus_client.utils import floatToGoString
 
-from .control import ControlState
+from .control import ControlSnapshot
 from .daemon import Daemon, TickResult
+from .tickstats import BUCKETS, Histogram, Totals
+
+K = TypeVar("K")
+
+#: (action, cause) pairs the policy and operators' overrides produce (see policy.contention)
+ACTIONS: tuple[tuple[str, str], ...] = (
+    ("throttle", "contention"), ("throttle", "cap"), ("throttle", "override"),
+    ("release", "calm"), ("release", "override"), ("release", "override_ended"), ("release", "gpu_job"),
+    ("release", "exempt"), ("release", "inputs_missing"),
+)
+#: results of a co-location admission (colocation.service)
+ADMISSION_RESULTS = ("admit", "refuse")
+#: (actuator, operation) of a failed change: a throttle level up or down (mba, cores), an
+#: MPS control daemon that failed and was restarted (mps)
+ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
+    ("mba", "throttle"), ("mba", "release"), ("cores", "throttle"), ("cores", "release"), ("mps", "restart"),
+)
+#: the samplers a tick runs (telemetry.Telemetry.sample)
+SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
+#: the stages of a tick (daemon.Daemon.tick)
+STAGES = ("sample", "decide", "act", "total")
 
 
 def _version() -> str:
@@ -27,46 +59,104 @@ def _version() -> str:
         return "unknown"
 
 
-class NodedCollector:
-    """Yields from the control state and the last tick's result only."""
+def _with_zeros(known: Iterable[K], seen: Mapping[K, float]) -> dict[K, float]:
+    """Every known key at 0, and what was counted (keys not known included)."""
+    return {**{k: 0 for k in known}, **seen}
 
-    def __init__(self, control: ControlState, last: Callable[[], TickResult | None], info: Mapping[str, str]):
-        self.control = control
+
+def _ratio(percent: float | None) -> float | None:
+    """A driver's percent as a ratio 0..1; out-of-range values clamped, NaN left out."""
+    if percent is None or math.isnan(percent):
+        return None
+    return min(1.0, max(0.0, percent / 100.0))
+
+
+def _histogram(name: str, doc: str, label: str, known: Iterable[str],
+               seen: Mapping[str, Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for key, h in sorted(_with_zeros(known, seen).items()):
+        h = h or Histogram()
+        family.add_metric([key], [(floatToGoString(b), n) for b, n in zip(BUCKETS, h.buckets)]
+                          + [("+Inf", h.count)], h.sum)
+    return family
+
+
+class NodedCollector:
+    """Yields from the last tick's result only (``last`` returns it, or None before the
+    first tick). ``colocation``: co-location is on, so its counters exist from the start."""
+
+    def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False):
         self.last = last
         self.info = dict(info)
+        self.colocation = colocation
 
     def describe(self):
         return []  # collected lazily from the last tick; no hardware is touched at registration
 
     def collect(self):
+        r = self.last()  # read once: everything below comes from this one result
         info = InfoMetricFamily("noded_build", "noded build information")
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
+        yield from self._counters(r)
+        if r is not None:
+            yield from self._state(r, r.control)
+
+    def _counters(self, r: TickResult | None):
+        control = r.control if r is not None else ControlSnapshot()
+        totals = r.totals if r is not None else Totals()
+        colo = r.colocation if r is not None else None
+
         actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
                                       labels=["action", "cause"])
-        for (kind, cause), n in sorted(self.control.actions_total().items()):
+        for (kind, cause), n in sorted(_with_zeros(ACTIONS, control.actions).items()):
             actions.add_metric([kind, cause], n)
         yield actions
+        if self.colocation or colo is not None:
+            adm = CounterMetricFamily("noded_admission_decisions", "Co-location admission decisions",
+                                      labels=["result"])
+            for result, n in sorted(_with_zeros(ADMISSION_RESULTS, colo.decisions if colo else {}).items()):
+                adm.add_metric([result], n)
+            yield adm
+        ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
+        ticks.add_metric([], r.tick if r is not None else 0)
+        yield ticks
+        overruns = CounterMetricFamily("noded_tick_overruns", "Ticks that took longer than the tick period")
+        overruns.add_metric([], r.overruns if r is not None else 0)
+        yield overruns
+        failures = CounterMetricFamily("noded_tick_failures", "Ticks that raised an error (the loop went on; "
+                                       "see the journal)")
+        failures.add_metric([], totals.tick_failures)
+        yield failures
+        errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
+                                     "(mba, cores), an MPS control daemon that failed and was restarted (mps)",
+                                     labels=["actuator", "operation"])
+        seen = dict(totals.actuator_errors)
+        if colo is not None:
+            seen[("mps", "restart")] = colo.mps_restarts
+        for (actuator, operation), n in sorted(_with_zeros(ACTUATOR_OPERATIONS, seen).items()):
+            errors.add_metric([actuator, operation], n)
+        yield errors
+        serr = CounterMetricFamily("noded_sampler_errors", "Sampler runs that failed (that part was missing "
+                                   "from the tick)", labels=["sampler"])
+        for name, n in sorted(_with_zeros(SAMPLERS, totals.sampler_errors).items()):
+            serr.add_metric([name], n)
+        yield serr
+        yield _histogram("noded_tick_duration_seconds", "Time ticks spent in each stage (total: the whole tick)",
+                         "stage", STAGES, totals.tick_durations)
+        yield _histogram("noded_sampler_duration_seconds", "Time each sampler took per tick", "sampler", SAMPLERS,
+                         totals.sampler_durations)
+
+    def _state(self, r: TickResult, control: ControlSnapshot):
+        cfg = r.config
         active = GaugeMetricFamily("noded_override_active", "Operator overrides in force (1 each), and who set them",
-                                   labels=["job", "kind", "uid"])
-        store = self.control.overrides
-        for o in sorted(store.current().values(), key=lambda o: o.job) if store else ():
+                                   labels=["job_id", "kind", "uid"])
+        for o in control.overrides:
             active.add_metric([o.job, o.kind, str(o.set_by_uid)], 1.0)
         yield active
         paused = GaugeMetricFamily("noded_eliminator_paused", "1 while an operator has paused the eliminator")
-        paused.add_metric([], 1.0 if self.control.paused else 0.0)
+        paused.add_metric([], 1.0 if control.paused else 0.0)
         yield paused
-
-        r = self.last()
-        if r is None:
-            return
-        cfg = r.config
-        ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
-        ticks.add_metric([], r.tick)
-        yield ticks
-        overruns = CounterMetricFamily("noded_tick_overruns", "Ticks that took longer than the tick period")
-        overruns.add_metric([], r.overruns)
-        yield overruns
         if cfg is not None:
             peak = GaugeMetricFamily("noded_node_memory_bandwidth_peak_bytes_per_second",
                                      "Configured peak memory bandwidth of one L3 domain")
@@ -79,11 +169,6 @@ class NodedCollector:
             yield thr
         colo = r.colocation
         if colo is not None:
-            adm = CounterMetricFamily("noded_admission_decisions", "Co-location admission decisions",
-                                      labels=["result"])
-            for result, n in sorted(colo.decisions.items()):
-                adm.add_metric([result], n)
-            yield adm
             held = GaugeMetricFamily("noded_colocation_jobs", "Jobs admitted onto each GPU by noded",
                                      labels=["UUID"])
             for uuid, n in sorted(colo.jobs_per_gpu.items()):
@@ -94,20 +179,11 @@ class NodedCollector:
             yield mps
 
         s = r.sample
-        dur = GaugeMetricFamily("noded_tick_duration_seconds", "Time the last tick spent in each stage",
-                                labels=["stage"])
-        for stage, v in r.durations.items():
-            dur.add_metric([stage], v)
-        yield dur
         ok = GaugeMetricFamily("noded_sampler_success", "Whether the sampler succeeded in the last tick (1/0)",
                                labels=["sampler"])
-        sdur = GaugeMetricFamily("noded_sampler_duration_seconds", "Time the sampler took in the last tick",
-                                 labels=["sampler"])
         for st in s.samplers:
             ok.add_metric([st.name], 1.0 if st.ok else 0.0)
-            sdur.add_metric([st.name], st.duration_s)
         yield ok
-        yield sdur
         missing = GaugeMetricFamily("noded_inputs_missing", "Inputs that could not be measured in the last tick")
         missing.add_metric([], len(s.missing))
         yield missing
@@ -132,60 +208,69 @@ class NodedCollector:
         yield contended
 
         jbw = GaugeMetricFamily("noded_job_memory_bandwidth_bytes_per_second", "Memory bandwidth of a job (MBM)",
-                                labels=["job", "kind"])
+                                labels=["job_id", "kind"])
         level = GaugeMetricFamily("noded_job_throttle_level", "Throttle level in force (0 = none)",
-                                  labels=["job", "method"])
+                                  labels=["job_id", "method"])
         mon = GaugeMetricFamily("noded_job_monitoring", "How a job's bandwidth is monitored (1 for its mode)",
-                                labels=["job", "mode"])
-        jutil = GaugeMetricFamily("noded_job_gpu_utilization_ratio", "GPU utilisation of a GPU job on a GPU",
-                                  labels=["job", "gpu", "UUID"])
+                                labels=["job_id", "mode"])
+        jutil = GaugeMetricFamily("noded_job_gpu_utilization_ratio", "GPU utilisation of a GPU job on a GPU (0..1)",
+                                  labels=["job_id", "gpu", "UUID"])
         index = {g.uuid: g.index for g in s.gpus}
         for job_id, js in sorted(s.jobs.items()):
             if js.bandwidth_bps is not None:
                 jbw.add_metric([job_id, js.kind], js.bandwidth_bps)
             level.add_metric([job_id, r.throttle_kind or "none"], r.levels.get(job_id, 0))
             mon.add_metric([job_id, js.monitoring], 1.0)
-            if js.gpu_util is not None:
+            util = _ratio(js.gpu_util)
+            if util is not None:
                 for uuid in js.gpus:
-                    jutil.add_metric([job_id, str(index.get(uuid, "")), uuid], js.gpu_util / 100.0)
+                    jutil.add_metric([job_id, str(index.get(uuid, "")), uuid], util)
         yield jbw
         yield level
         yield mon
         yield jutil
         known = GaugeMetricFamily("noded_job_gpu_baseline_known",
                                   "1 when a GPU job's uncontended utilisation is known (its slowdown can be seen)",
-                                  labels=["job"])
+                                  labels=["job_id"])
         base = GaugeMetricFamily("noded_job_gpu_baseline_ratio",
-                                 "A GPU job's uncontended utilisation, and where it came from (learned, job, model)",
-                                 labels=["job", "source"])
+                                 "A GPU job's uncontended utilisation (0..1), and where it came from (learned, job, "
+                                 "model)", labels=["job_id", "source"])
         for job_id, js in sorted(s.jobs.items()):
             if js.kind == "gpu":
                 known.add_metric([job_id], 1.0 if job_id in r.baselines else 0.0)
                 if job_id in r.baselines:
                     value, source = r.baselines[job_id]
-                    base.add_metric([job_id, source], value / 100.0)
+                    ratio = _ratio(value)
+                    if ratio is not None:
+                        base.add_metric([job_id, source], ratio)
         yield known
         yield base
 
-        gutil = GaugeMetricFamily("noded_gpu_utilization_ratio", "GPU utilisation (NVML)", labels=["gpu", "UUID"])
+        gutil = GaugeMetricFamily("noded_gpu_utilization_ratio", "GPU utilisation (NVML, 0..1; dcgm-exporter's "
+                                  "DCGM_FI_DEV_GPU_UTIL is this times 100)", labels=["gpu", "UUID"])
         for g in s.gpus:
-            if g.util_gpu is not None and g.uuid:
-                gutil.add_metric([str(g.index), g.uuid], g.util_gpu / 100.0)
+            util = _ratio(g.util_gpu)
+            if util is not None and g.uuid:
+                gutil.add_metric([str(g.index), g.uuid], util)
         yield gutil
 
         facts = s.resctrl
         if facts is not None and facts.num_rmids is not None:
-            rmids = GaugeMetricFamily("noded_resctrl_rmids", "RMIDs: total, and used by noded's groups",
-                                      labels=["state"])
-            rmids.add_metric(["total"], facts.num_rmids)
-            rmids.add_metric(["used_by_noded"], len(facts.groups.mon_parent) + len(facts.groups.ctrl_tasks))
-            yield rmids
+            cap = GaugeMetricFamily("noded_resctrl_rmids_capacity",
+                                    "RMIDs the hardware offers (monitoring IDs; the root group holds one)")
+            cap.add_metric([], facts.num_rmids)
+            yield cap
+            used = GaugeMetricFamily("noded_resctrl_rmids_used_by_noded", "RMIDs held by noded's resctrl groups")
+            used.add_metric([], len(facts.groups.mon_parent) + len(facts.groups.ctrl_tasks))
+            yield used
         if facts is not None and facts.max_ctrl_groups:
-            closids = GaugeMetricFamily("noded_resctrl_closids", "CLOSIDs: usable by control groups, and used by noded",
-                                        labels=["state"])
-            closids.add_metric(["total"], facts.max_ctrl_groups)
-            closids.add_metric(["used_by_noded"], len(facts.groups.ctrl_tasks))
-            yield closids
+            cap = GaugeMetricFamily("noded_resctrl_closids_capacity",
+                                    "CLOSIDs the hardware offers (control groups; the root group holds one)")
+            cap.add_metric([], facts.max_ctrl_groups + 1)
+            yield cap
+            used = GaugeMetricFamily("noded_resctrl_closids_used_by_noded", "CLOSIDs held by noded's control groups")
+            used.add_metric([], len(facts.groups.ctrl_tasks))
+            yield used
         writable = GaugeMetricFamily("noded_state_writable",
                                      "1 while originals can be recorded in the state directory; at 0 noded changes "
                                      "nothing new")
@@ -194,7 +279,9 @@ class NodedCollector:
 
 
 def make_registry(daemon: Daemon) -> CollectorRegistry:
-    """A private registry over a daemon's control state and last result."""
+    """A private registry: noded's series from the daemon's last result, and noded's own
+    process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodedCollector(daemon.control, lambda: daemon.last, daemon.extra_info))
+    registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None))
+    ProcessCollector(registry=registry)
     return registry

@@ -26,6 +26,7 @@ from noded.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuProcess, GpuSample
 from noded.samplers.resctrl import GroupsView, ResctrlFacts
+from noded.tickstats import TickStats
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "metrics.txt")
 
@@ -47,16 +48,22 @@ def fixed_daemon():
                                             MappingProxyType({"noded-job-bert": "", "noded-job-hog": "noded-mba-1"}))))
     action = Action("sim:hog", 0, 1, "node bandwidth 95% >= 75%", "contention")
     decision = Decision(MappingProxyType({"sim:hog": 1}), (action,), True, 0.95, ("sim:bert",), "")
-    result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
-                        MappingProxyType({"sample": 0.01, "decide": 0.0001, "act": 0.002}), "mba",
-                        MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}),
-                        Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
-                        ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
-                                       MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule"))
     control = ControlState(SimpleNamespace(current=lambda: {
         "sim:hog": Override("sim:hog", 2, 1000, "maintenance", 0.0, None)}))
     control.record(10.0, [action], None)
-    return SimpleNamespace(control=control, last=result, extra_info={"throttle": "mba", "dry_run": "false"})
+    durations = {"sample": 0.01, "decide": 0.0001, "act": 0.002, "total": 0.0121}
+    stats = TickStats()
+    stats.tick(durations, [(st.name, st.ok, st.duration_s) for st in sample.samplers])
+    stats.actuator_error("mba", "throttle")
+    stats.tick_failed()
+    result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
+                        MappingProxyType(durations), "mba",
+                        MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}),
+                        Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
+                        ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
+                                       MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
+                        control.snapshot(), stats.snapshot())
+    return SimpleNamespace(last=result, colocation=None, extra_info={"throttle": "mba", "dry_run": "false"})
 
 
 def shape(exposition: str) -> str:
@@ -75,9 +82,11 @@ def shape(exposition: str) -> str:
 def test_exposition_matches_the_golden_file():
     text = generate_latest(make_registry(fixed_daemon())).decode()
     assert 'noded_gpu_utilization_ratio{UUID="GPU-5e3a0000",gpu="0"} 0.4' in text
-    assert 'noded_job_throttle_level{job="sim:hog",method="mba"} 1.0' in text
+    assert 'noded_job_throttle_level{job_id="sim:hog",method="mba"} 1.0' in text
     assert 'noded_throttle_actions_total{action="throttle",cause="contention"} 1.0' in text
-    assert 'noded_override_active{job="sim:hog",kind="throttle",uid="1000"} 1.0' in text
+    assert 'noded_override_active{job_id="sim:hog",kind="throttle",uid="1000"} 1.0' in text
+    assert 'noded_actuator_errors_total{actuator="mps",operation="restart"} 1.0' in text
+    assert 'noded_tick_duration_seconds_bucket{le="0.025",stage="total"} 1.0' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))
@@ -85,9 +94,19 @@ def test_exposition_matches_the_golden_file():
         assert shape(text) == f.read()
 
 
+def scrape_of_the_simulated_node_with_colocation(tmp_path):
+    from test_metrics import colocation_node_exposition
+
+    return colocation_node_exposition(tmp_path)
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
-def test_promtool_accepts_the_exposition():
-    text = generate_latest(make_registry(fixed_daemon()))
+@pytest.mark.parametrize("exposition", [
+    pytest.param(lambda tmp_path: generate_latest(make_registry(fixed_daemon())), id="fixed"),
+    pytest.param(scrape_of_the_simulated_node_with_colocation, id="simulated-node-colocation", marks=pytest.mark.fuse),
+])
+def test_promtool_accepts_the_exposition(tmp_path, exposition):
+    text = exposition(tmp_path)
     p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
     assert p.returncode == 0 and p.stdout.strip() == b"" and p.stderr.strip() == b"", p.stdout + p.stderr
 
@@ -117,7 +136,7 @@ def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_
             if line.startswith("t=") and "hog" in line and "L" in line.split("hog")[1][:40]:
                 body = urllib.request.urlopen(url, timeout=5).read().decode()
                 break
-        assert 'noded_job_throttle_level{job="sim:hog",method="mba"}' in body
+        assert 'noded_job_throttle_level{job_id="sim:hog",method="mba"}' in body
         assert "noded_node_memory_bandwidth_bytes_per_second" in body
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=30)

@@ -48,8 +48,8 @@ def test_a_new_job_of_a_model_this_host_has_run_is_protected_from_its_first_minu
         assert ticks_until_throttled(h, "sim:bert2") <= 5
         assert h.results[-1].baselines["sim:bert2"][1] == "model"
         text = generate_latest(make_registry(h.daemon)).decode()
-        assert 'noded_job_gpu_baseline_known{job="sim:bert2"} 1.0' in text
-        assert 'noded_job_gpu_baseline_ratio{job="sim:bert2",source="model"}' in text
+        assert 'noded_job_gpu_baseline_known{job_id="sim:bert2"} 1.0' in text
+        assert 'noded_job_gpu_baseline_ratio{job_id="sim:bert2",source="model"}' in text
         assert any("from its model history" in a.reason for a in h.actions())
     finally:
         h.stop()
@@ -73,7 +73,8 @@ def test_without_any_history_the_metrics_say_the_baseline_is_missing(tmp_path):
         for _ in range(5):
             r = h.tick()
         assert "sim:bert" not in r.baselines and "sim:hog" not in r.levels
-        assert 'noded_job_gpu_baseline_known{job="sim:bert"} 0.0' in generate_latest(make_registry(h.daemon)).decode()
+        text = generate_latest(make_registry(h.daemon)).decode()
+        assert 'noded_job_gpu_baseline_known{job_id="sim:bert"} 0.0' in text
     finally:
         h.stop()
 
