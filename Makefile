@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps deps system-deps clean install uninstall
+.PHONY: demo test bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test.
@@ -46,8 +46,9 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
-# the systemd unit, a commented default config (kept if one exists), and the admin
-# group. DESTDIR stages everything under another root to inspect it (the venv's
+# the systemd unit, a commented default config (kept if one exists), the documentation
+# the unit points at (README, LICENSE, the remote-scrape drop-in) in $(DOCDIR), and the
+# admin group. DESTDIR stages everything under another root to inspect it (the venv's
 # scripts then point into DESTDIR: stage, look, but ship with a plain install).
 # The venv is made from the system's Python: the unit's ProtectHome=yes hides
 # /root and /home, so an interpreter living there would not start.
@@ -56,15 +57,18 @@ APPDIR ?= /opt/noded
 BINDIR ?= /usr/local/bin
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/noded
+DOCDIR ?= /usr/local/share/doc/noded
 ADMIN_GROUP ?= noded-admin
+DROPINDIR = $(UNITDIR)/noded.service.d
 
 install:
 	$(INSTALL_PYTHON) -m venv $(DESTDIR)$(APPDIR)
 	$(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check .
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
+	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
 	@if [ -z "$(DESTDIR)" ]; then getent group $(ADMIN_GROUP) >/dev/null || groupadd --system $(ADMIN_GROUP); \
 	  systemctl daemon-reload 2>/dev/null || true; \
@@ -73,5 +77,35 @@ install:
 uninstall:
 	@if [ -z "$(DESTDIR)" ]; then systemctl disable --now noded 2>/dev/null || true; fi
 	rm -f $(DESTDIR)$(UNITDIR)/noded.service $(DESTDIR)$(BINDIR)/noded $(DESTDIR)$(BINDIR)/nodectl
-	rm -rf $(DESTDIR)$(APPDIR)
+	rm -f $(DESTDIR)$(DROPINDIR)/remote-scrape.conf
+	if [ -d $(DESTDIR)$(DROPINDIR) ]; then rmdir --ignore-fail-on-non-empty $(DESTDIR)$(DROPINDIR); fi
+	rm -rf $(DESTDIR)$(APPDIR) $(DESTDIR)$(DOCDIR)
+	@if [ -z "$(DESTDIR)" ]; then systemctl daemon-reload 2>/dev/null || true; fi
 	@echo "kept $(CONFDIR)/noded.yaml, /var/lib/noded and the $(ADMIN_GROUP) group; remove them by hand if wanted"
+
+# Remote scraping: the unit talks IP with localhost only; this drop-in allows the
+# scrapers' network as well (PROM_NET: one or more networks in CIDR, space-separated).
+# noded must also listen there: metrics.address in $(CONFDIR)/noded.yaml, then a restart.
+# PROM_NET reaches the recipe through the environment, never pasted into its shell text.
+export PROM_NET
+install-remote-scrape:
+	@set -e; \
+	if [ -z "$$PROM_NET" ]; then \
+	  echo "noded: name the scrapers' network: make install-remote-scrape PROM_NET=10.20.0.0/24" >&2; exit 2; fi; \
+	nets=$$($(INSTALL_PYTHON) -c 'import ipaddress, sys; print(" ".join(str(ipaddress.ip_network(n)) for n in sys.argv[1:]))' \
+	  $$PROM_NET 2>/dev/null) || { \
+	  echo "noded: PROM_NET must be networks in CIDR (e.g. 10.20.0.0/24, host bits zero), got '$$PROM_NET'" >&2; exit 2; }; \
+	install -d "$(DESTDIR)$(DROPINDIR)"; \
+	new="$(DESTDIR)$(DROPINDIR)/.remote-scrape.conf.new"; \
+	sed "s|^IPAddressAllow=localhost 192\.0\.2\.0/24\$$|IPAddressAllow=localhost $$nets|" systemd/remote-scrape.conf > "$$new"; \
+	grep -qx "IPAddressAllow=localhost $$nets" "$$new"; \
+	chmod 0644 "$$new"; mv "$$new" "$(DESTDIR)$(DROPINDIR)/remote-scrape.conf"; \
+	echo "installed $(DESTDIR)$(DROPINDIR)/remote-scrape.conf: IPAddressAllow=localhost $$nets"; \
+	if [ -z "$(DESTDIR)" ]; then systemctl daemon-reload 2>/dev/null || true; \
+	  echo "now set metrics.address in $(CONFDIR)/noded.yaml (e.g. 0.0.0.0) and: systemctl restart noded"; fi
+
+# The unit, alone and with the remote-scrape drop-in, as systemd loads it on a host:
+# systemd-analyze verify (no warnings) and security (exposure at most 3.0), offline.
+verify-unit:
+	systemd/verify
+	systemd/verify systemd/remote-scrape.conf
