@@ -1,0 +1,576 @@
+"""monitoring/: the Prometheus rules and the Grafana dashboards.
+
+Static checks (promtool, the dashboards' JSON, every metric name against noded's metric
+contract), and one live run: the demo daemon on the simulated node, scraped by Debian's
+real Prometheus with the rules loaded, every dashboard query and every rule expression
+evaluated through its HTTP API.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import read_until, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MON = os.path.join(ROOT, "monitoring")
+RULES = os.path.join(MON, "prometheus", "noded-rules.yml")
+RULE_TESTS = os.path.join(MON, "prometheus", "noded-rules.test.yml")
+SCRAPE_EXAMPLE = os.path.join(MON, "prometheus", "scrape-example.yml")
+DASHBOARDS = [os.path.join(MON, "grafana", "noded-host.json"), os.path.join(MON, "grafana", "noded-fleet.json")]
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) is not installed")
+
+# noded's metric contract (issue #12): name -> type. Counters are named with _total;
+# histograms are referenced through _bucket, _sum and _count.
+CONTRACT = {
+    "noded_build_info": "gauge",
+    "noded_eliminator_paused": "gauge",
+    "noded_ticks_total": "counter",
+    "noded_tick_overruns_total": "counter",
+    "noded_tick_failures_total": "counter",
+    "noded_throttle_actions_total": "counter",
+    "noded_admission_decisions_total": "counter",
+    "noded_actuator_errors_total": "counter",
+    "noded_sampler_errors_total": "counter",
+    "noded_tick_duration_seconds": "histogram",
+    "noded_sampler_duration_seconds": "histogram",
+    "noded_node_memory_bandwidth_peak_bytes_per_second": "gauge",
+    "noded_contention_threshold_ratio": "gauge",
+    "noded_colocation_jobs": "gauge",
+    "noded_mps_up": "gauge",
+    "noded_sampler_success": "gauge",
+    "noded_inputs_missing": "gauge",
+    "noded_nvml_available": "gauge",
+    "noded_node_memory_bandwidth_bytes_per_second": "gauge",
+    "noded_node_memory_bandwidth_ratio": "gauge",
+    "noded_contention_triggered": "gauge",
+    "noded_gpu_utilization_ratio": "gauge",
+    "noded_state_writable": "gauge",
+    "noded_job_memory_bandwidth_bytes_per_second": "gauge",
+    "noded_job_throttle_level": "gauge",
+    "noded_job_monitoring": "gauge",
+    "noded_job_gpu_utilization_ratio": "gauge",
+    "noded_job_gpu_baseline_known": "gauge",
+    "noded_job_gpu_baseline_ratio": "gauge",
+    "noded_override_active": "gauge",
+    "noded_resctrl_rmids_capacity": "gauge",
+    "noded_resctrl_rmids_used_by_noded": "gauge",
+    "noded_resctrl_closids_capacity": "gauge",
+    "noded_resctrl_closids_used_by_noded": "gauge",
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+}
+# Prometheus's own series.
+PROMETHEUS_SERIES = {"up", "ALERTS"}
+# Optional: dcgm-exporter's, where it is scraped by the same Prometheus (one dashboard
+# panel compares it with noded's reading; it is empty without dcgm-exporter).
+OPTIONAL_DCGM = {"DCGM_FI_DEV_GPU_UTIL"}
+
+
+def exported_names() -> set[str]:
+    names = set()
+    for name, kind in CONTRACT.items():
+        names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
+    return names
+
+
+# -- PromQL: the metric selectors in an expression ------------------------------------
+
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+             "offset", "atan2", "inf", "nan"}
+_GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+|\#[^\n]*)
+  | (?P<string>"(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`)
+  | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
+  | (?P<number>[0-9.][0-9.eE+\-a-zA-Z]*)
+  | (?P<brace>\{)
+  | (?P<bracket>\[[^\]]*\])
+  | (?P<other>.)
+""", re.X | re.S)
+
+
+def _matchers_end(expr: str, start: int) -> int:
+    """Index just past the '}' that closes the '{' at ``start`` (strings skipped)."""
+    i = start + 1
+    while expr[i] != "}":
+        if expr[i] in "\"'`":
+            m = _TOKEN.match(expr, i)
+            i = m.end()
+        else:
+            i += 1
+    return i + 1
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, selector text) for each vector selector in a PromQL expression.
+    A small lexer, enough for the expressions in monitoring/: names not followed by '('
+    (functions, aggregations) nor keywords, label lists after by/on/... skipped."""
+    tokens: list[tuple[str, str, int, int]] = []
+    i = 0
+    while i < len(expr):
+        m = _TOKEN.match(expr, i)
+        kind = m.lastgroup
+        end = _matchers_end(expr, i) if kind == "brace" else m.end()
+        if kind != "ws":
+            tokens.append((kind, expr[i:end], i, end))
+        i = end
+    out = []
+    skip_list = False
+    for n, (kind, text, start, end) in enumerate(tokens):
+        nxt = tokens[n + 1] if n + 1 < len(tokens) else ("", "", 0, 0)
+        if skip_list:  # inside by (...) / on (...)
+            if text == ")":
+                skip_list = False
+            continue
+        if kind == "ident" and text.lower() in _KEYWORDS:
+            if text in _GROUPING and nxt[1] == "(":
+                skip_list = True
+            continue
+        if kind == "ident" and nxt[1] != "(" and nxt[1] not in ("by", "without"):  # not sum by (...) (...)
+            out.append((text, text + (nxt[1] if nxt[0] == "brace" else "")))
+        elif kind == "brace" and (n == 0 or tokens[n - 1][0] != "ident"):
+            out.append(("", text))  # {__name__=...}: not used in monitoring/
+    return out
+
+
+def test_the_lexer_finds_selectors_and_skips_functions_labels_and_strings():
+    expr = ('sum by (instance, job) (rate(noded_ticks_total{instance="h:1", x=~"a}b"}[5m] offset 1h))\n'
+            '  / on (instance) group_left (gpu) max without (source) (noded_job_gpu_baseline_ratio) > bool 0.5\n'
+            'or label_replace(up == 0, "reason", "down", "", "") unless vector(0) # a comment noded_x')
+    assert selectors(expr) == [("noded_ticks_total", 'noded_ticks_total{instance="h:1", x=~"a}b"}'),
+                               ("noded_job_gpu_baseline_ratio", "noded_job_gpu_baseline_ratio"), ("up", "up")]
+
+
+# -- what the files hold -------------------------------------------------------------
+
+def load_rules() -> list[dict]:
+    with open(RULES) as f:
+        return [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+
+
+def load_dashboards() -> dict[str, dict]:
+    out = {}
+    for path in DASHBOARDS:
+        with open(path) as f:
+            out[os.path.basename(path)] = json.load(f)
+    return out
+
+
+def panels(board: dict) -> list[dict]:
+    out = []
+    for p in board["panels"]:
+        out.append(p)
+        out += p.get("panels", [])  # a collapsed row keeps its panels inside
+    return out
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(where, expression, kind) for every query in both dashboards: kind 'panel' or 'variable'."""
+    out = []
+    for name, board in load_dashboards().items():
+        for p in panels(board):
+            for t in p.get("targets", []):
+                out.append((f"{name}: {p['title']} ({t.get('refId')})", t.get("expr", ""), "panel"))
+        for v in board["templating"]["list"]:
+            if v["type"] == "query":
+                q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+                out.append((f"{name}: variable {v['name']}", q, "variable"))
+    return out
+
+
+def label_values_metric(query: str) -> tuple[str, str]:
+    """label_values(METRIC, LABEL) -> (METRIC, LABEL)."""
+    m = re.fullmatch(r"label_values\(\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*,\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)", query)
+    assert m, f"variable query {query!r} is not label_values(METRIC, LABEL)"
+    return m.group(1), m.group(2)
+
+
+# -- static checks ---------------------------------------------------------------------
+
+@needs_promtool
+def test_promtool_checks_the_rules():
+    p = subprocess.run([PROMTOOL, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "SUCCESS" in p.stdout and "WARNING" not in p.stdout + p.stderr
+
+
+@needs_promtool
+def test_promtool_unit_tests_of_the_rules_pass():
+    p = subprocess.run([PROMTOOL, "test", "rules", os.path.basename(RULE_TESTS)], cwd=os.path.dirname(RULE_TESTS),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@needs_promtool
+def test_the_scrape_example_is_a_valid_prometheus_config_with_the_rules():
+    p = subprocess.run([PROMTOOL, "check", "config", SCRAPE_EXAMPLE], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(SCRAPE_EXAMPLE) as f:
+        config = yaml.safe_load(f)
+    assert config["rule_files"] == ["noded-rules.yml"]
+    jobs = {s["job_name"]: s for s in config["scrape_configs"]}
+    assert set(jobs) == {"noded", "dcgm"}
+    # noded's default metrics port (config/noded.yaml) and dcgm-exporter's
+    from noded.config import Config
+
+    assert all(t.endswith(f":{Config().metrics.port}") for t in jobs["noded"]["static_configs"][0]["targets"])
+    assert all(t.endswith(":9400") for t in jobs["dcgm"]["static_configs"][0]["targets"])
+
+
+def test_every_alert_has_for_severity_and_annotations_naming_the_host():
+    alerts = [r for r in load_rules() if "alert" in r]
+    assert {a["alert"] for a in alerts} >= {
+        "NodedNodeContendedGpuSlowed", "NodedBlind", "NodedThrottleHeldLong", "NodedMpsDown", "NodedTickOverruns",
+        "NodedAdmissionRefusalsRising", "NodedStateUnwritable", "NodedDown", "NodedActuatorErrors"}
+    for a in alerts:
+        assert re.fullmatch(r"\d+[mh]", a.get("for", "")), a["alert"]
+        assert a["labels"]["severity"] in ("critical", "warning", "info"), a["alert"]
+        assert set(a["annotations"]) == {"summary", "description"}, a["alert"]
+        for text in a["annotations"].values():
+            assert "{{ $labels.instance }}" in text, a["alert"]
+        if selectors(a["expr"])[0][0].startswith("noded_job_"):  # a job's alert names the job
+            assert "{{ $labels.job_id }}" in a["annotations"]["summary"], a["alert"]
+
+
+def test_the_unit_tests_cover_every_rule():
+    with open(RULE_TESTS) as f:
+        tests = yaml.safe_load(f)["tests"]
+    alert_cases = [c for t in tests for c in t.get("alert_rule_test", [])]
+    expr_cases = [c["expr"] for t in tests for c in t.get("promql_expr_test", [])]
+    for rule in load_rules():
+        if "alert" in rule:
+            mine = [c for c in alert_cases if c["alertname"] == rule["alert"]]
+            assert any(c["exp_alerts"] for c in mine), f"{rule['alert']}: never shown firing"
+            assert any(not c.get("exp_alerts") for c in mine), f"{rule['alert']}: never shown not firing"
+        else:
+            assert any(re.search(rf"(^|[^\w:]){re.escape(rule['record'])}($|[^\w:])", e) for e in expr_cases), \
+                f"{rule['record']}: no promql_expr_test checks its value"
+
+
+def test_the_dashboards_are_what_their_generator_writes():
+    p = subprocess.run([sys.executable, os.path.join(MON, "grafana", "build.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_the_dashboards_are_valid_grafana_models():
+    boards = load_dashboards()
+    assert len({b["uid"] for b in boards.values()}) == len(boards)
+    for name, board in boards.items():
+        assert 36 <= board["schemaVersion"] <= 39, name
+        assert board["id"] is None  # importable anywhere
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        ids = [p["id"] for p in panels(board)]
+        assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
+        assert panels(board)[0]["type"] == "row", f"{name}: starts with a row"
+        for p in panels(board):
+            where = f"{name}: {p['title']}"
+            gp = p["gridPos"]
+            assert gp["x"] + gp["w"] <= 24 and gp["h"] > 0, where
+            if p["type"] == "row":
+                continue
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
+            assert p["description"], where
+            assert p["targets"], where
+            assert p["fieldConfig"]["defaults"].get("unit"), f"{where}: no unit"
+            refs = [t["refId"] for t in p["targets"]]
+            assert len(refs) == len(set(refs)), where
+            for t in p["targets"]:
+                assert t.get("expr", "").strip(), f"{where}: a target without an expr"
+                assert t["datasource"] == p["datasource"], where
+    host = boards["noded-host.json"]
+    instance = {v["name"]: v for v in host["templating"]["list"]}["instance"]
+    assert label_values_metric(instance["query"]["query"]) == ("noded_build_info", "instance")
+    for p in panels(host):
+        for t in p.get("targets", []):
+            for name, sel in selectors(t["expr"]):
+                if name not in OPTIONAL_DCGM:
+                    assert 'instance="$instance"' in sel, f"host dashboard, {p['title']}: {sel} is not this host's"
+
+
+def test_every_metric_name_is_exported_recorded_or_prometheus_own():
+    recorded = {r["record"] for r in load_rules() if "record" in r}
+    known = exported_names() | recorded | PROMETHEUS_SERIES | OPTIONAL_DCGM
+    used = set()
+    exprs = [(f"rule {r.get('alert') or r.get('record')}", r["expr"]) for r in load_rules()]
+    for where, expr, kind in dashboard_queries():
+        if kind == "variable":
+            used.add(label_values_metric(expr)[0])
+            assert label_values_metric(expr)[0] in known, where
+        else:
+            exprs.append((where, expr))
+    for where, expr in exprs:
+        found = selectors(expr)
+        assert found, f"{where}: no metric in {expr!r}"
+        for name, _ in found:
+            assert name in known, f"{where}: {name} is neither in noded's metric contract nor a recording rule"
+            used.add(name)
+    # and each recording rule only from what noded exports or an earlier rule
+    seen: set[str] = set()
+    for r in load_rules():
+        if "record" in r:
+            for name, _ in selectors(r["expr"]):
+                assert name in exported_names() | seen, f"{r['record']}: {name}"
+            seen.add(r["record"])
+    assert recorded <= used, f"recording rules nothing uses: {recorded - used}"
+
+
+# -- live: the demo daemon, a real Prometheus, every query ------------------------------
+
+NCU_TINY = ('"ID","gpu__time_duration.sum","sm__warps_active.avg.pct_of_peak_sustained_active",'
+            '"dram__throughput.avg.pct_of_peak_sustained_elapsed"\n"","usecond","%","%"\n"0","10","5","5"\n')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeDcgmExporter:
+    """dcgm-exporter's DCGM_FI_DEV_GPU_UTIL for the simulated GPUs (percent, labels gpu,
+    UUID, device, modelName, Hostname), read from noded's own scrape: enough to show that
+    the dashboards' dcgm panel joins noded's series on UUID."""
+
+    def __init__(self, noded_url: str):
+        from prometheus_client.parser import text_string_to_metric_families
+
+        def render() -> bytes:
+            text = urllib.request.urlopen(noded_url, timeout=5).read().decode()
+            lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "noded_gpu_utilization_ratio":
+                        lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{s.labels["gpu"]}",UUID="{s.labels["UUID"]}",'
+                                     f'device="nvidia{s.labels["gpu"]}",modelName="Simulated GPU",'
+                                     f'Hostname="sim"}} {round(s.value * 100)}')
+            return ("\n".join(lines) + "\n").encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = render()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+class PromAPI:
+    def __init__(self, base: str):
+        self.base = base
+
+    def get(self, path: str, **params) -> dict:
+        url = f"{self.base}{path}" + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:  # 400/422: a bad query, with Prometheus's reason
+            return json.load(e)
+
+    def query(self, expr: str) -> dict:
+        return self.get("/api/v1/query", query=expr)
+
+    def has_data(self, expr: str) -> bool:
+        r = self.query(expr)
+        return r.get("status") == "success" and bool(r["data"]["result"])
+
+
+def demo_inputs(tmp_path) -> tuple[str, str]:
+    """The demo's config and scenario, for a test run. The config is
+    scenarios/demo-config.yaml with co-location on (the MPS stand-in), everything it
+    writes under tmp_path; the scenario is scenarios/contention.yaml with the hog starting
+    at 8 s instead of 4 (a first start of co-location compiles its kernels, and the GPU
+    jobs' baselines must be learned before the hog arrives), pushing until the end, and a
+    quiet CPU job an operator will hold back."""
+    with open(os.path.join(ROOT, "scenarios", "demo-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    admin = tmp_path / "admin"
+    admin.mkdir(mode=0o700)
+    config["metrics"] = {"address": "127.0.0.1", "port": 0}
+    config["admin"] = {"socket": str(admin / "noded.sock")}
+    config["colocation"] = {"enabled": True, "mps": {
+        "control": os.path.join(os.path.dirname(sys.executable), "nvidia-cuda-mps-control-standin"),
+        "log_dir": str(tmp_path / "mpslog")}}
+    with open(os.path.join(ROOT, "scenarios", "contention.yaml")) as f:
+        scenario = yaml.safe_load(f)
+    events = []
+    for e in scenario["events"]:
+        if "start" in e and e["start"]["id"] == "hog":
+            events.append({**e, "at": 8})
+        elif "set" not in e:  # the hog calming down: not in this run
+            events.append(e)
+    events.append({"at": 0, "start": {"id": "etl", "cpu_gbps": 0.5}})
+    scenario.update(events=events, duration_s=120)
+    (tmp_path / "noded.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
+    return str(tmp_path / "noded.yaml"), str(tmp_path / "scenario.yaml")
+
+
+def concrete(expr: str, instance: str) -> str:
+    """A dashboard query as Grafana sends it: its variables replaced."""
+    return (expr.replace("$__rate_interval", "10s").replace("$__range", "10m")
+            .replace("$instance", instance).replace("$job", "noded"))
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+@pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus (Debian package) is not installed")
+def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_path):
+    cfg, scenario = demo_inputs(tmp_path)
+    (tmp_path / "tmp").mkdir(mode=0o700)
+    (tmp_path / "tiny.csv").write_text(NCU_TINY)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}  # the emulator's mount and the sim's scratch
+    noded = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", cfg,
+                              "--duration", "110"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=open(tmp_path / "noded.err", "w"), text=True)
+    prometheus = dcgm = None
+    prom_log = open(tmp_path / "prometheus.log", "w")
+    try:
+        url = re.search(r"http://\S+/metrics", read_until(noded.stdout, "metrics at", "noded's metrics URL")).group(0)
+        instance = urllib.parse.urlsplit(url).netloc
+        dcgm = FakeDcgmExporter(url)
+
+        with open(SCRAPE_EXAMPLE) as f:
+            prom_config = yaml.safe_load(f)
+        prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        prom_config["rule_files"] = [RULES]
+        for job in prom_config["scrape_configs"]:
+            job["static_configs"] = [{"targets": [instance if job["job_name"] == "noded" else dcgm.address]}]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
+        port = free_port()
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=prom_log, stderr=subprocess.STDOUT)
+        api = PromAPI(f"http://127.0.0.1:{port}")
+
+        def prom_log_text() -> str:
+            return (tmp_path / "prometheus.log").read_text()[-3000:]
+
+        def up() -> bool:
+            assert prometheus.poll() is None, f"prometheus exited:\n{prom_log_text()}"
+            try:
+                return api.has_data('up{job="noded"} == 1') and api.has_data('up{job="dcgm"} == 1')
+            except OSError:
+                return False
+
+        wait_for(up, timeout=30, interval=0.2, what="Prometheus scraping noded and the dcgm stand-in")
+
+        # What an operator and a Slurm prolog would do: hold the quiet CPU job back, and
+        # ask for co-location twice (one admitted with an ncu profile, one refused: no profile).
+        nodectl = [os.path.join(os.path.dirname(sys.executable), "nodectl"), "--socket",
+                   str(tmp_path / "admin" / "noded.sock")]
+        run = lambda *a: subprocess.run(nodectl + list(a), capture_output=True, text=True, timeout=30)
+        wait_for(lambda: run("throttle", "sim:etl", "--level", "1", "--ttl", "30m",
+                             "--reason", "test").returncode == 0, timeout=20, interval=0.2, what="the etl override")
+        p = run("admit", "--job", "slurm:100", "--model", "tiny", "--batch-size", "8",
+                "--profile", str(tmp_path / "tiny.csv"))
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = run("admit", "--job", "slurm:101", "--model", "GPT-9", "--batch-size", "8")
+        assert p.returncode == 3, p.stdout + p.stderr
+
+        # The scenario's contention: the hog slows the NLP job, noded throttles it and
+        # holds it there; the policy's throttle makes NodedThrottleHeldLong pending.
+        def contended() -> bool:
+            assert noded.poll() is None, f"noded exited:\n{(tmp_path / 'noded.err').read_text()[-3000:]}"
+            return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
+                    and api.has_data('noded_job_throttle_level{job_id="sim:hog"} > 0')
+                    and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="sim:hog"}'))
+
+        wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
+
+        # Every rule loaded and evaluated without error.
+        def evaluated() -> list[dict]:
+            rules = [r for g in api.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+            return rules if all(r["health"] != "unknown" for r in rules) else []
+
+        rules = wait_for(evaluated, timeout=10, interval=0.2, what="every rule evaluated once")
+        assert len(rules) == len(load_rules())
+        problems = [f"rule {r['name']}: health {r['health']}: {r.get('lastError')}" for r in rules
+                    if r["health"] != "ok"]
+
+        # Every dashboard query and every recording rule returns data; every alert
+        # expression evaluates, and each of its selectors has data.
+        for where, expr, kind in dashboard_queries():
+            if kind == "variable":
+                metric, label = label_values_metric(expr)
+                r = api.get(f"/api/v1/label/{label}/values", **{"match[]": metric})
+                if not r.get("data"):
+                    problems.append(f"{where}: {expr} has no values")
+                continue
+            q = concrete(expr, instance)
+            r = api.query(q)
+            if r.get("status") != "success":
+                problems.append(f"{where}: {r.get('error')}: {q}")
+            elif not r["data"]["result"]:
+                problems.append(f"{where}: no data: {q}")
+        for rule in load_rules():
+            r = api.query(rule["expr"])
+            name = rule.get("record") or rule.get("alert")
+            if r.get("status") != "success":
+                problems.append(f"rule {name}: {r.get('error')}")
+            elif "record" in rule and not r["data"]["result"]:
+                problems.append(f"rule {name}: no data")
+            if "alert" in rule:
+                for _, sel in selectors(rule["expr"]):
+                    if not api.has_data(sel):
+                        problems.append(f"rule {name}: no data for {sel}")
+        # the documented join: noded's percent series against dcgm-exporter's, on UUID
+        joined = api.query("noded:gpu_utilization:percent - on (UUID) DCGM_FI_DEV_GPU_UTIL")["data"]["result"]
+        if not joined or any(abs(float(s["value"][1])) > 5 for s in joined):
+            problems.append(f"noded:gpu_utilization:percent does not join DCGM_FI_DEV_GPU_UTIL on UUID: {joined}")
+        assert not problems, "\n".join(problems)
+
+        noded.send_signal(signal.SIGTERM)
+        out, _ = noded.communicate(timeout=30)
+        assert noded.returncode == 0, (tmp_path / "noded.err").read_text()[-3000:]
+        assert "simulated node torn down" in out
+    finally:
+        for proc in (noded, prometheus):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if dcgm is not None:
+            dcgm.stop()
+        prom_log.close()
+    with open("/proc/mounts") as f:
+        assert str(tmp_path) not in f.read(), "the emulator's mount is left behind"
