@@ -48,8 +48,8 @@ def _main(argv: list[str] | None) -> int:
                           "monitoring groups)")
     run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
     run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
-    run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: every decision, start and stop step "
-                     "(default: WARNING and above)")
+    run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: start and stop steps, reads and "
+                     "other detail (default: WARNING and above; every change to a job is logged either way)")
     check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
     check.add_argument("file", help="the YAML config, e.g. /etc/noded/noded.yaml")
     cal = sub.add_parser("calibrate", help="measure this host's peak memory bandwidth and write it where noded "
