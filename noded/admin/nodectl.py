@@ -247,13 +247,21 @@ def main(argv: list[str] | None = None) -> int:
     refused admission, 130 after Ctrl-C (top ends on it with 0), 141 when stdout's reader
     went away (nodectl jobs | head)."""
     try:
-        args = build_parser().parse_args(argv)
-    except BrokenPipeError:  # --help into a closed pipe
-        return broken_pipe()
-    try:
-        return _run(args)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:
+            sys.stdout.flush()  # --help, --version: written here, into a pipe that may be closed
+            raise
+        code = _main(args)
+        sys.stdout.flush()  # here, not at the interpreter's exit: a closed pipe is seen and said below
+        return code
     except BrokenPipeError:  # the socket's are NodectlError: this one is stdout's
         return broken_pipe()
+
+
+def _main(args) -> int:
+    try:
+        return _run(args)
     except NodectlError as e:
         print(f"nodectl: {e}", file=sys.stderr)
         return 1

@@ -124,8 +124,9 @@ class SimNode:
     def _start_job(self, spec: JobSpec) -> None:
         argv = spec.command or ("sleep", "infinity")
         try:
+            # Its own session, as a job on a host is: a Ctrl-C at noded's terminal is not for it.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(argv)}: {e}") from None
         self.procs[spec.id] = proc
