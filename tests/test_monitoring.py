@@ -87,11 +87,37 @@ PROMETHEUS_SERIES = {"up", "ALERTS"}
 OPTIONAL_DCGM = {"DCGM_FI_DEV_GPU_UTIL"}
 
 
-def exported_names() -> set[str]:
+def contract_names() -> set[str]:
     names = set()
     for name, kind in CONTRACT.items():
         names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
     return names
+
+
+GOLDEN = os.path.join(ROOT, "tests", "golden", "metrics.txt")
+TARGET_LABELS = {"instance", "job"}  # what Prometheus adds to every scraped series
+
+
+def exported() -> dict[str, set[str]]:
+    """What noded exports, from tests/golden/metrics.txt (which guards the exposition):
+    series name -> its label names."""
+    out = {}
+    with open(GOLDEN) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            m = re.fullmatch(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}", line.strip())
+            assert m, f"{GOLDEN}: {line!r}"
+            out[m.group(1)] = set(filter(None, m.group(2).split(",")))
+    return out
+
+
+def exported_names() -> set[str]:
+    return set(exported())
+
+
+def matcher_labels(selector: str) -> set[str]:
+    return set(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"(?:\\.|[^"\\])*"', selector))
 
 
 # -- PromQL: the metric selectors in an expression ------------------------------------
@@ -160,6 +186,7 @@ def test_the_lexer_finds_selectors_and_skips_functions_labels_and_strings():
             'or label_replace(up == 0, "reason", "down", "", "") unless vector(0) # a comment noded_x')
     assert selectors(expr) == [("noded_ticks_total", 'noded_ticks_total{instance="h:1", x=~"a}b"}'),
                                ("noded_job_gpu_baseline_ratio", "noded_job_gpu_baseline_ratio"), ("up", "up")]
+    assert matcher_labels('x{instance="$instance", job_id=~"a\\"b", kind!="k"}') == {"instance", "job_id", "kind"}
 
 
 # -- what the files hold -------------------------------------------------------------
@@ -310,6 +337,10 @@ def test_the_dashboards_are_valid_grafana_models():
                     assert 'instance="$instance"' in sel, f"host dashboard, {p['title']}: {sel} is not this host's"
 
 
+def test_the_golden_exposition_holds_the_metric_contract():
+    assert contract_names() <= exported_names(), contract_names() - exported_names()
+
+
 def test_every_metric_name_is_exported_recorded_or_prometheus_own():
     recorded = {r["record"] for r in load_rules() if "record" in r}
     known = exported_names() | recorded | PROMETHEUS_SERIES | OPTIONAL_DCGM
@@ -324,8 +355,10 @@ def test_every_metric_name_is_exported_recorded_or_prometheus_own():
     for where, expr in exprs:
         found = selectors(expr)
         assert found, f"{where}: no metric in {expr!r}"
-        for name, _ in found:
-            assert name in known, f"{where}: {name} is neither in noded's metric contract nor a recording rule"
+        for name, sel in found:
+            assert name in known, f"{where}: {name} is neither exported by noded nor a recording rule"
+            if name in exported():  # and it is selected by labels the series has
+                assert matcher_labels(sel) <= exported()[name] | TARGET_LABELS, f"{where}: {sel}"
             used.add(name)
     # and each recording rule only from what noded exports or an earlier rule
     seen: set[str] = set()
@@ -370,7 +403,11 @@ class FakeDcgmExporter:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
-                body = render()
+                try:
+                    body = render()
+                except OSError:  # noded is stopping: a failed scrape, as an exporter would answer
+                    self.send_error(503)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -436,7 +473,7 @@ def demo_inputs(tmp_path) -> tuple[str, str]:
         elif "set" not in e:  # the hog calming down: not in this run
             events.append(e)
     events.append({"at": 0, "start": {"id": "etl", "cpu_gbps": 0.5}})
-    scenario.update(events=events, duration_s=120)
+    scenario.update(events=sorted(events, key=lambda e: e["at"]), duration_s=120)
     (tmp_path / "noded.yaml").write_text(yaml.safe_dump(config))
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
     return str(tmp_path / "noded.yaml"), str(tmp_path / "scenario.yaml")
@@ -462,7 +499,11 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
     prometheus = dcgm = None
     prom_log = open(tmp_path / "prometheus.log", "w")
     try:
-        url = re.search(r"http://\S+/metrics", read_until(noded.stdout, "metrics at", "noded's metrics URL")).group(0)
+        try:
+            line = read_until(noded.stdout, "metrics at", "noded's metrics URL")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{(tmp_path / 'noded.err').read_text()[-3000:]}") from None
+        url = re.search(r"http://\S+/metrics", line).group(0)
         instance = urllib.parse.urlsplit(url).netloc
         dcgm = FakeDcgmExporter(url)
 
@@ -556,12 +597,16 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
             problems.append(f"noded:gpu_utilization:percent does not join DCGM_FI_DEV_GPU_UTIL on UUID: {joined}")
         assert not problems, "\n".join(problems)
 
+        # Stop: Prometheus, the dcgm stand-in, then noded, which tears the simulated node down.
+        prometheus.send_signal(signal.SIGTERM)
+        assert prometheus.wait(30) == 0, prom_log_text()
+        dcgm.stop()
+        dcgm = None
         noded.send_signal(signal.SIGTERM)
-        out, _ = noded.communicate(timeout=30)
-        assert noded.returncode == 0, (tmp_path / "noded.err").read_text()[-3000:]
-        assert "simulated node torn down" in out
+        read_until(noded.stdout, "simulated node torn down", "noded's last line")
+        assert noded.wait(30) == 0, (tmp_path / "noded.err").read_text()[-3000:]
     finally:
-        for proc in (noded, prometheus):
+        for proc in (prometheus, noded):
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
