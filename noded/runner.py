@@ -8,6 +8,7 @@ READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -125,8 +126,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
         daemon.reloader = lambda: _reload(args.config, settle)
     server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
     stack.callback(server.shutdown)
-    print(f"noded: metrics at {url}", flush=True)  # first thing, before anything else speaks
-    print(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})", flush=True)
+    say(f"noded: metrics at {url}")  # first thing, before anything else speaks
+    say(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})")
     log.info("%s", budget.describe())
     daemon.control.overrides = OverrideStore(built.state, time.time, persist=not args.dry_run)
     for note in daemon.control.overrides.notes:
@@ -139,6 +140,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
                                          timeout_s=config.admin.timeout_s, reports_only=True),
                              "report socket", config.report_socket)
         stack.callback(reports.stop)
+    say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     duration = args.duration or (sim.scenario.duration_s if sim else None)
     if duration:
         timer = threading.Timer(duration, signals.stop.set)
@@ -150,15 +152,37 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
     on_tick = _notifier_hook(notifier)
     if sim is not None:
-        print(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
-              f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
-              f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}", flush=True)
+        say(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
+            f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
+            f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}")
         on_tick = _with_sim(sim, signals.stop, stack, on_tick)
     daemon.run(signals.stop, on_tick=on_tick)
     stack.close()
-    print("noded: stopped; throttles released, groups removed" + (", simulated node torn down." if args.sim else "."),
-          flush=True)
+    say("noded: stopped; throttles released, groups removed" + (", simulated node torn down." if args.sim else "."))
     return 0
+
+
+def say(line: str, stream=None) -> bool:
+    """Print a line for whoever reads noded's output. A reader that went away (``| head``)
+    must not stop or break the daemon: its output goes to /dev/null from then on, and
+    False tells the caller nobody reads any more."""
+    stream = stream or sys.stdout
+    if stream.fileno() in _READERS_GONE:
+        return False
+    try:
+        print(line, file=stream, flush=True)
+        return True
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())  # later writes and the flush at exit go nowhere
+        finally:
+            os.close(devnull)
+        _READERS_GONE.add(stream.fileno())
+        return False
+
+
+_READERS_GONE: set[int] = set()  # descriptors whose reader went away (now /dev/null)
 
 
 def _listening(server: AdminServer, what: str, path: str) -> AdminServer:
@@ -218,11 +242,16 @@ def _with_sim(sim, stop: threading.Event, stack: ExitStack, on_tick):
         if state["t0"] is None:
             state["t0"] = result.t
         elapsed = result.t - state["t0"]
-        for a in result.decision.actions:
-            print(f"t={elapsed:5.1f}s  {a.kind.upper()} {a.job.removeprefix('sim:')} level "
-                  f"{a.from_level}->{a.to_level}: {a.reason}", flush=True)
+        lines = [f"t={elapsed:5.1f}s  {a.kind.upper()} {a.job.removeprefix('sim:')} level "
+                 f"{a.from_level}->{a.to_level}: {a.reason}" for a in result.decision.actions]
         if elapsed >= state["next"]:
             state["next"] += 1.0
-            print_tick(elapsed, result.sample, result.levels, sys.stdout)
+            view = io.StringIO()
+            print_tick(elapsed, result.sample, result.levels, view)
+            lines.append(view.getvalue().rstrip("\n"))
+        # The simulated run is there to be watched: once its reader is gone, it stops
+        # (cleanly, as on SIGTERM).
+        if lines and not say("\n".join(lines)):
+            stop.set()
 
     return report

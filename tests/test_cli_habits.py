@@ -484,3 +484,24 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
     assert not [line for line in err.splitlines() if re.match(r"<[0-4]>", line) and "admin group" not in line], err
     assert not mounted(mount)
     assert not [pid for pid in [emulator, *jobs] if os.path.exists(f"/proc/{pid}")]
+
+
+@pytest.mark.fuse
+def test_the_demo_into_a_reader_that_goes_away_stops_it_cleanly(tmp_path):
+    # `make demo | head -3`: the reader leaves after the admin socket's line; noded sees
+    # its output closed at the next line, and stops as on SIGTERM (no tick fails).
+    argv = DEMO["command"].split()
+    p = subprocess.Popen([sys.executable, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT, start_new_session=True)
+    try:
+        read_until(p.stdout, "noded: admin socket at ", "the admin socket's path", timeout=60)
+        p.stdout.close()
+        p.wait(timeout=60)
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert not re.search(r"Traceback|ERROR|tick failed", err), err
+    assert not [line for line in err.splitlines() if re.match(r"<[0-4]>", line) and "admin group" not in line], err
