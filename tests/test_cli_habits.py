@@ -490,15 +490,27 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
 def test_the_demo_into_a_reader_that_goes_away_stops_it_cleanly(tmp_path):
     # `make demo | head -3`: the reader leaves after the admin socket's line; noded sees
     # its output closed at the next line, and stops as on SIGTERM (no tick fails).
+    import select
+
     argv = DEMO["command"].split()
-    p = subprocess.Popen([sys.executable, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    r, w = os.pipe()
+    p = subprocess.Popen([sys.executable, *argv[1:]], stdout=w, stderr=subprocess.PIPE, text=True,
                          cwd=ROOT, start_new_session=True)
+    os.close(w)
     try:
-        read_until(p.stdout, "noded: admin socket at ", "the admin socket's path", timeout=60)
-        p.stdout.close()
+        out, deadline = b"", time.monotonic() + 60
+        while b"noded: admin socket at " not in out:
+            ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(r, 65536) if ready else b""
+            assert chunk, f"no admin socket line in 60 s; output so far: {out!r}"
+            out += chunk
+        os.close(r)  # the reader goes away
+        r = None
         p.wait(timeout=60)
         err = p.stderr.read()
     finally:
+        if r is not None:
+            os.close(r)
         if p.poll() is None:
             p.kill()
             p.wait()
