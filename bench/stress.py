@@ -25,36 +25,15 @@ import sys
 import threading
 import time
 
-import llvmlite.ir as ir
 import numba
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
 
 from bench.jsonlines import emit
+from noded.calibrate import SCALAR, _stream_store, _triad  # one triad: what `noded calibrate` measures
 
 GB = 1e9
 BYTES_PER_ELEMENT = {"copy": 16, "scale": 16, "add": 24, "triad": 24}
-SCALAR = 3.0
 MIN_SLEEP_S = 0.002
-
-
-@intrinsic
-def _stream_store(typingctx, array, index, value):
-    """``array[index] = value`` as a non-temporal (streaming) store.
-
-    Streaming stores write around the cache: no read-for-ownership of the line first,
-    so the bytes STREAM counts are the bytes that cross the memory bus (and what MBM
-    counts on a real host), and the stressor is not held back by reading what it is
-    about to overwrite. ``index`` must be in range: nothing checks it here.
-    """
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        store = builder.store(args[2], builder.gep(data, [args[1]]))
-        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
-        return context.get_dummy_value()
-
-    return types.void(array, index, value), codegen
 
 
 # Each kernel works on views of [lo, hi) indexed from 0: with the bounds as loop limits
@@ -78,13 +57,6 @@ def _add(a, b, c, lo, hi):
     x, y, dst = a[lo:hi], b[lo:hi], c[lo:hi]
     for i in range(dst.shape[0]):
         _stream_store(dst, i, x[i] + y[i])
-
-
-@numba.njit(nogil=True, cache=True)
-def _triad(a, b, c, lo, hi):
-    y, z, dst = b[lo:hi], c[lo:hi], a[lo:hi]
-    for i in range(dst.shape[0]):
-        _stream_store(dst, i, y[i] + SCALAR * z[i])
 
 
 KERNELS = {"copy": _copy, "scale": _scale, "add": _add, "triad": _triad}

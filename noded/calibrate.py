@@ -48,7 +48,12 @@ Progress = Callable[[int, int], None]  # (seconds done, seconds in all); 0 done:
 
 @intrinsic
 def _stream_store(typingctx, array, index, value):
-    """``array[index] = value`` as a non-temporal store; ``index`` must be in range."""
+    """``array[index] = value`` as a non-temporal (streaming) store.
+
+    Streaming stores write around the cache: no read-for-ownership of the line first, so
+    the bytes counted are the bytes that cross the memory bus (what MBM counts), and the
+    kernel is not held back reading what it is about to overwrite. ``index`` must be in
+    range: nothing checks it here."""
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         store = builder.store(args[2], builder.gep(data, [args[1]]))

@@ -1,6 +1,7 @@
 """The emulator behaves like the kernel's resctrl, seen the way an admin sees it:
 through plain shell commands on the mounted filesystem. Each test is also a record
-of a kernel behaviour noded relies on (shared/reference/resctrl.md)."""
+of a kernel behaviour noded relies on (the kernel's Documentation/filesystems/resctrl.rst
+and fs/resctrl/)."""
 
 import os
 import subprocess

@@ -3,8 +3,8 @@
 ``ResctrlKernel`` answers the file operations the FUSE layer forwards (lookup,
 readdir, read, write, mkdir, rmdir, rename) with the kernel's semantics: the same
 files, the same errno values and the same ``info/last_cmd_status`` text. Its rules
-follow ``fs/resctrl/rdtgroup.c`` and ``ctrlmondata.c`` as summarised in
-``shared/reference/resctrl.md``; each rule names its kernel source in a comment.
+follow ``fs/resctrl/rdtgroup.c`` and ``ctrlmondata.c`` and the kernel's own documentation
+(``Documentation/filesystems/resctrl.rst``); each rule names its kernel source in a comment.
 
 It also carries the bandwidth model: demand per task and domain (set from the
 control socket), capped by the task's control group's MB value and by the

@@ -1,8 +1,8 @@
 """Hardware profiles the resctrl emulator can pretend to be.
 
 Each profile is the set of platform facts the kernel would discover from CPUID
-and publish under ``info/``. Values are typical of real parts (see
-``shared/reference/resctrl.md``); where a real part varies, the choice is noted.
+and publish under ``info/``. Values are typical of real parts (see the
+kernel's ``Documentation/filesystems/resctrl.rst``); where a real part varies, the choice is noted.
 """
 
 from __future__ import annotations
