@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import read_until, wait_for
+from conftest import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MON = os.path.join(ROOT, "monitoring")
@@ -493,17 +493,30 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
     (tmp_path / "tmp").mkdir(mode=0o700)
     (tmp_path / "tiny.csv").write_text(NCU_TINY)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}  # the emulator's mount and the sim's scratch
-    noded = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", cfg,
-                              "--duration", "110"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=open(tmp_path / "noded.err", "w"), text=True)
+    # Compile the co-location kernels into numba's cache first: on a cold cache that takes
+    # about ten seconds, which would otherwise pass on the simulated node's clock.
+    subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=ROOT,
+                   env=env, check=True, timeout=120)
+    out_path, err_path = tmp_path / "noded.out", tmp_path / "noded.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        noded = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", cfg,
+                                  "--duration", "110"], cwd=ROOT, env=env, stdout=out, stderr=err)
+
+    def noded_output() -> str:
+        return f"noded's output:\n{out_path.read_text()[-3000:]}\n{err_path.read_text()[-3000:]}"
+
+    def noded_alive() -> None:
+        assert noded.poll() is None, f"noded exited ({noded.returncode}); {noded_output()}"
+
     prometheus = dcgm = None
     prom_log = open(tmp_path / "prometheus.log", "w")
     try:
-        try:
-            line = read_until(noded.stdout, "metrics at", "noded's metrics URL")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{(tmp_path / 'noded.err').read_text()[-3000:]}") from None
-        url = re.search(r"http://\S+/metrics", line).group(0)
+        def metrics_url() -> str | None:
+            noded_alive()
+            m = re.search(r"^noded: metrics at (http://\S+/metrics)$", out_path.read_text(), re.M)
+            return m and m.group(1)
+
+        url = wait_for(metrics_url, timeout=60, interval=0.1, what="noded's metrics URL")
         instance = urllib.parse.urlsplit(url).netloc
         dcgm = FakeDcgmExporter(url)
 
@@ -548,12 +561,15 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         # The scenario's contention: the hog slows the NLP job, noded throttles it and
         # holds it there; the policy's throttle makes NodedThrottleHeldLong pending.
         def contended() -> bool:
-            assert noded.poll() is None, f"noded exited:\n{(tmp_path / 'noded.err').read_text()[-3000:]}"
+            noded_alive()
             return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
                     and api.has_data('noded_job_throttle_level{job_id="sim:hog"} > 0')
                     and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="sim:hog"}'))
 
-        wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
+        try:
+            wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {noded_output()}") from None
 
         # Every rule loaded and evaluated without error.
         def evaluated() -> list[dict]:
@@ -603,8 +619,8 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         dcgm.stop()
         dcgm = None
         noded.send_signal(signal.SIGTERM)
-        read_until(noded.stdout, "simulated node torn down", "noded's last line")
-        assert noded.wait(30) == 0, (tmp_path / "noded.err").read_text()[-3000:]
+        assert noded.wait(30) == 0, noded_output()
+        assert "simulated node torn down" in out_path.read_text(), noded_output()
     finally:
         for proc in (prometheus, noded):
             if proc is not None and proc.poll() is None:
@@ -619,3 +635,23 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         prom_log.close()
     with open("/proc/mounts") as f:
         assert str(tmp_path) not in f.read(), "the emulator's mount is left behind"
+    # Every process noded started (emulator, job placeholders, the MPS stand-in) inherited
+    # TMPDIR under tmp_path: none may outlive it.
+    try:
+        wait_for(lambda: not processes_with_env(env["TMPDIR"]), timeout=10, what="noded's children to be gone")
+    except AssertionError:
+        raise AssertionError(f"left behind: {processes_with_env(env['TMPDIR'])}") from None
+
+
+def processes_with_env(value: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if value.encode() in f.read():
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        argv = c.read().replace(b"\0", b" ").decode(errors="replace")
+                    found.append(f"{pid}: {argv}")
+        except OSError:  # gone, or a kernel thread
+            pass
+    return found

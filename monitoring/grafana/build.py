@@ -50,12 +50,11 @@ class Board:
         self.panels.append(panel)
 
 
-def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False) -> dict:
-    t = {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend or "__auto", "refId": ref}
-    if instant:
-        t.update(instant=True, range=False, format="table")
-    else:
-        t.update(range=True)
+def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, fmt: str = "time_series") -> dict:
+    """A query; ``instant`` for the value now (tables: ``fmt="table"``, one row per series)."""
+    t = {"datasource": DS, "editorMode": "code", "expr": expr, "legendFormat": legend or "__auto", "refId": ref,
+         "format": fmt}
+    t.update(instant=True, range=False) if instant else t.update(range=True)
     return t
 
 
@@ -113,7 +112,7 @@ def stat(title: str, description: str, tgts: list[dict], unit: str = "none", *, 
 def table(title: str, description: str, expr: str, columns: dict[str, str], unit: str = "none") -> dict:
     """An instant query as a table; ``columns``: label -> header, in order (others hidden)."""
     shown = [c for c in columns if c != "Value"] + ["Value"]
-    return {"type": "table", "title": title, "description": description, "targets": [target(expr, instant=True)],
+    return {"type": "table", "title": title, "description": description, "targets": [target(expr, instant=True, fmt="table")],
             "fieldConfig": {"defaults": {"unit": unit, "custom": {"align": "auto"}}, "overrides": []},
             "options": {"showHeader": True, "footer": {"show": False, "reducer": ["sum"], "fields": ""}},
             "transformations": [{"id": "filterFieldsByName", "options": {"include": {"names": shown}}},
