@@ -46,6 +46,7 @@ class MpsSupervisor:
         self.restarts = 0
         self.last_restart_reason: str | None = None
         self.failures = 0  # in a row: starts that failed, daemons that died before stable_s
+        self.start_failures = 0  # starts that failed, since noded started (for the metrics)
         self.next_start_at: float | None = None  # when the next start is due, while waiting out a backoff
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,6 +81,7 @@ class MpsSupervisor:
                 break
             except Exception as e:  # a start that failed in any way is retried; the thread must not die
                 self.failures += 1
+                self.start_failures += 1
                 self.state, self.last_error = "down", str(e)
                 log.error("mps=start_failed attempt=%d retry_in=%gs error=%s", self.failures,
                           self.backoff_s[min(self.failures - 1, len(self.backoff_s) - 1)], e)

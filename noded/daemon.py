@@ -219,6 +219,8 @@ class Daemon:
         self.stats.tick(durations, ((s.name, s.ok, s.duration_s) for s in sample.samplers))
         for failed in result.failed:
             self.stats.actuator_error(self.throttle.kind, failed.operation)
+        for operation in result.housekeeping_failed:
+            self.stats.actuator_error(self.throttle.kind, operation)
         result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
                             self.throttle.kind if self.throttle else None, result.levels, unwritable,
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))

@@ -41,10 +41,13 @@ ACTIONS: tuple[tuple[str, str], ...] = (
 )
 #: results of a co-location admission (colocation.service)
 ADMISSION_RESULTS = ("admit", "refuse")
-#: (actuator, operation) of a failed change: a throttle level up or down (mba, cores), an
-#: MPS control daemon that failed and was restarted (mps)
+#: (actuator, operation) of a failed change: a throttle level up or down (mba, cores), a
+#: level's control group left in place (mba remove), an original value not recorded or
+#: forgotten (cores record), an MPS control daemon that failed and was restarted or did
+#: not start (mps)
 ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
-    ("mba", "throttle"), ("mba", "release"), ("cores", "throttle"), ("cores", "release"), ("mps", "restart"),
+    ("mba", "throttle"), ("mba", "release"), ("mba", "remove"), ("cores", "throttle"), ("cores", "release"),
+    ("cores", "record"), ("mps", "restart"), ("mps", "start"),
 )
 #: the samplers a tick runs (telemetry.Telemetry.sample)
 SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
@@ -129,11 +132,13 @@ class NodedCollector:
         failures.add_metric([], totals.tick_failures)
         yield failures
         errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
-                                     "(mba, cores), an MPS control daemon that failed and was restarted (mps)",
+                                     "(mba, cores), a control group not removed (mba remove), an original not "
+                                     "recorded (cores record), an MPS control daemon restarted or not started (mps)",
                                      labels=["actuator", "operation"])
         seen = dict(totals.actuator_errors)
         if colo is not None:
             seen[("mps", "restart")] = colo.mps_restarts
+            seen[("mps", "start")] = colo.mps_start_failures
         for (actuator, operation), n in sorted(_with_zeros(ACTUATOR_OPERATIONS, seen).items()):
             errors.add_metric([actuator, operation], n)
         yield errors

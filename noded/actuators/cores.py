@@ -153,6 +153,7 @@ class CoreHalving(LevelThrottle):
                         self.originals.forget(key)
                 except StateWriteError as e:
                     log.warning("job=%s forgetting stale originals failed: %s", job, e)
+                    self._housekeeping_failure("record")
 
     def _forget_gone(self, sample: Sample) -> None:
         """Records of cgroups removed, processes exited and jobs ended: nothing is left to restore."""
@@ -173,6 +174,7 @@ class CoreHalving(LevelThrottle):
                     self.originals.forget(key)
                 except StateWriteError as e:
                     log.warning("forgetting the original of %s (gone) failed: %s", where, e)
+                    self._housekeeping_failure("record")
                     return
 
     def _record_inherited(self, job: str, js: JobSample) -> None:
@@ -196,6 +198,7 @@ class CoreHalving(LevelThrottle):
                     self.originals.record(key, original)
                 except StateWriteError as e:
                     log.warning("job=%s %s appeared while halved; recording its original failed: %s", job, key, e)
+                    self._housekeeping_failure("record")
 
     # -- writes
     def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:

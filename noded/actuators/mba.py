@@ -181,6 +181,7 @@ class MbaThrottle(LevelThrottle):
             return True
         except (ResctrlError, OSError) as e:
             log.warning("removing %s failed (retried next tick): %s", name, e)
+            self._housekeeping_failure("remove")
             return False
         log_change("group-removed", None, throttle="mba", group=name, reason="no job at that level")
         return True

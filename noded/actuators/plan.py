@@ -48,6 +48,9 @@ class ApplyResult:
     applied: tuple[Applied, ...]
     levels: Mapping[str, int]  # in force after this tick: as observed, changed by the writes that succeeded
     failed: tuple[Applied, ...] = ()  # every change that failed this tick (``applied`` in dry-run shows news only)
+    # Failures around the changes, one operation name each: a control group noded could
+    # not remove ("remove"), an original it could not record or forget ("record").
+    housekeeping_failed: tuple[str, ...] = ()
 
 
 def plan(in_force: Mapping[str, int | None], wanted: Mapping[str, int], sample: Sample) -> list[tuple[str, int]]:
@@ -64,6 +67,10 @@ class LevelThrottle:
     def __init__(self, *, dry_run: bool = False):
         self.dry_run = dry_run
         self._would: dict[str, tuple[int, tuple[str, ...]]] = {}  # dry-run: the plan last logged per job
+        self._housekeeping_failed: list[str] = []  # this apply's (see ApplyResult)
+
+    def _housekeeping_failure(self, operation: str) -> None:
+        self._housekeeping_failed.append(operation)
 
     def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
         raise NotImplementedError
@@ -78,6 +85,7 @@ class LevelThrottle:
         """After the changes: tidy up (e.g. remove control groups no job uses)."""
 
     def apply(self, levels: Mapping[str, int], sample: Sample) -> ApplyResult:
+        self._housekeeping_failed = []
         self._before(levels, sample)
         in_force = self.levels_in_force(sample)
         after = {j: lvl for j, lvl in in_force.items() if lvl is not UNKNOWN and lvl > 0}
@@ -103,7 +111,7 @@ class LevelThrottle:
                 log_change("dry-run" if self.dry_run else "applied", a.job, level_from=was, level_to=a.level,
                            throttle=self.kind, reason=("would write " if self.dry_run else "") + "; ".join(a.writes))
         return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}),
-                           tuple(a for a in out if a.error))
+                           tuple(a for a in out if a.error), tuple(self._housekeeping_failed))
 
     def _dry_run_news(self, out: list[Applied]) -> list[Applied]:
         # In dry-run nothing changes, so the same plan comes back every tick: say it

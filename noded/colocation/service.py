@@ -99,7 +99,8 @@ class Colocation:
             per_gpu = Counter(h.reservation.gpu_uuid for h in self._held.values())
             decisions = dict(self.decisions)
         return ColocationView(MappingProxyType(decisions), MappingProxyType(dict(per_gpu)), self.mps_state,
-                              self.decided_by, self.mps.restarts if self.mps is not None else 0)
+                              self.decided_by, self.mps.restarts if self.mps is not None else 0,
+                              self.mps.start_failures if self.mps is not None else 0)
 
     def reservations(self) -> list[Reservation]:
         with self._lock:

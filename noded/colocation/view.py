@@ -16,3 +16,4 @@ class ColocationView:
     mps_state: str
     decided_by: str
     mps_restarts: int = 0  # MPS control daemons that failed (died, faulted, stopped answering) and were restarted
+    mps_start_failures: int = 0  # starts of the MPS control daemon that failed

@@ -106,6 +106,8 @@ def test_a_restart_that_hangs_is_killed_at_its_deadline_and_retried(service, gpu
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: s.mps.failures >= 1 and "did not return within 1s" in (s.mps.last_error or ""), timeout=15,
              what="the hung restart to be given up at its deadline")
+    # counted for the metrics (noded_actuator_errors_total{actuator="mps"}): a restart, a start that failed
+    assert s.view().mps_restarts >= 1 and s.view().mps_start_failures >= 1
     for _ in range(5):  # the loop keeps its rate meanwhile
         took, _ = timed(s.tick, sample())
         assert took < TICK_BUDGET_S, f"a tick waited {took:.2f}s on MPS"

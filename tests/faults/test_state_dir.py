@@ -455,3 +455,33 @@ def test_a_calibration_is_refused_when_it_is_a_link(tmp_path, secret):
     with pytest.raises(CalibrationError, match="calibration.json: a symbolic link"):
         read_calibration(str(tmp_path / "state"))
     assert read_calibration(str(tmp_path / "no-state")) is None
+
+
+@ROOT_ONLY
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
+def test_an_original_that_cannot_be_forgotten_is_counted_as_a_failed_record(tmpfs, sleeper):
+    from types import MappingProxyType
+
+    from noded.actuators.cores import CoreHalving
+    from noded.jobs.model import Job, JobMeta
+    from noded.sample import JobSample, Sample
+    from noded.samplers.cpus import CpuPlacementSampler
+
+    def observe(*jobs):
+        placements = CpuPlacementSampler().sample({j.id: j for j in jobs})
+        samples = {j.id: JobSample(j.id, j.source, j.pids, JobMeta(), "cpu", (), None, 1e9, "own", j.cgroup,
+                                   None, placements[j.id]) for j in jobs}
+        return Sample(0.0, MappingProxyType(samples), (), False, None, (), MappingProxyType({}), (), ())
+
+    mnt = tmpfs()
+    p = sleeper()
+    job = Job("j", "registered", frozenset({p.pid}))
+    cores = CoreHalving(OriginalValues(str(mnt / "state")))
+    assert cores.apply({"j": 1}, observe(job)).housekeeping_failed == ()
+    p.kill()
+    p.wait()
+    remount_read_only(mnt)
+    # The process is gone: its record is to be forgotten, and the state dir refuses.
+    result = cores.apply({}, observe())
+    assert result.housekeeping_failed == ("record",) and result.failed == ()
+    assert cores.originals.items()  # kept, to be forgotten when the directory can be written
