@@ -112,7 +112,8 @@ def stat(title: str, description: str, tgts: list[dict], unit: str = "none", *, 
 def table(title: str, description: str, expr: str, columns: dict[str, str], unit: str = "none") -> dict:
     """An instant query as a table; ``columns``: label -> header, in order (others hidden)."""
     shown = [c for c in columns if c != "Value"] + ["Value"]
-    return {"type": "table", "title": title, "description": description, "targets": [target(expr, instant=True, fmt="table")],
+    return {"type": "table", "title": title, "description": description,
+            "targets": [target(expr, instant=True, fmt="table")],
             "fieldConfig": {"defaults": {"unit": unit, "custom": {"align": "auto"}}, "overrides": []},
             "options": {"showHeader": True, "footer": {"show": False, "reducer": ["sum"], "fields": ""}},
             "transformations": [{"id": "filterFieldsByName", "options": {"include": {"names": shown}}},
