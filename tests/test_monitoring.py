@@ -613,6 +613,16 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
                 for _, sel in selectors(rule["expr"]):
                     if not api.has_data(sel):
                         problems.append(f"rule {name}: no data for {sel}")
+        # The README's queries: each evaluates; one that filters (`... > 0`) may be empty
+        # here, but each series it reads has data; any other returns data.
+        for q in readme_queries():
+            r = api.query(q)
+            if r.get("status") != "success":
+                problems.append(f"README: {r.get('error')}: {q}")
+            elif re.search(r"[<>]=?\s*[0-9.]+\s*$", q):
+                problems += [f"README: no data for {sel} in {q}" for _, sel in selectors(q) if not api.has_data(sel)]
+            elif not r["data"]["result"]:
+                problems.append(f"README: no data: {q}")
         # the documented join: noded's percent series against dcgm-exporter's, on UUID
         # (values only roughly equal: the two are scraped at different ticks)
         joined = api.query("noded:gpu_utilization:percent - on (UUID) DCGM_FI_DEV_GPU_UTIL")["data"]["result"]
@@ -649,6 +659,22 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         wait_for(lambda: not processes_with_env(env["TMPDIR"]), timeout=10, what="noded's children to be gone")
     except AssertionError:
         raise AssertionError(f"left behind: {processes_with_env(env['TMPDIR'])}") from None
+
+
+def readme_queries() -> list[str]:
+    """The PromQL of the README's ```promql blocks, one query a line."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = re.findall(r"^```promql\n(.*?)^```", f.read(), re.M | re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_has_queries_and_each_reads_what_noded_exports_or_records():
+    queries = readme_queries()
+    assert len(queries) >= 5
+    known = exported_names() | {r["record"] for r in load_rules() if "record" in r} | {"DCGM_FI_DEV_GPU_UTIL"}
+    for q in queries:
+        for name, _ in selectors(q):
+            assert name in known, f"README query {q!r} reads {name}, which nothing exports or records"
 
 
 def processes_with_env(value: str) -> list[str]:
