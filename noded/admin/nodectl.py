@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from typing import Any
 
 from ..cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
+from ..journal import printable
 from ..server.client import NotThePeer, ReplyTooLarge, request_line
 from .protocol import VERSION, encode
 
@@ -61,6 +63,20 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     if not ok:
         raise NodectlError(reply.get("error", "unknown error"))
     return result
+
+
+def shown(value: Any) -> Any:
+    """An answer for text output: every string in it (job ids come from cgroup names, reasons
+    from any operator, errors from noded) with its control characters escaped, so nothing
+    in it can move the cursor, retitle or clear the terminal, or forge a line. (--json
+    needs none of this: json.dumps escapes them.)"""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown(v) for v in value]
+    return value
 
 
 def parse_duration(text: str) -> float:
@@ -158,24 +174,20 @@ def _global_options(p: argparse.ArgumentParser, default) -> None:
                         f"(default: {DEFAULT_TIMEOUT_S:g}s)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return n
+def _whole_number(minimum: int):
+    """An argparse type: a whole number of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {minimum} or more")
+        return n
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return n
+_positive_int, _count = _whole_number(1), _whole_number(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,7 +275,7 @@ def _main(args) -> int:
     try:
         return _run(args)
     except NodectlError as e:
-        print(f"nodectl: {e}", file=sys.stderr)
+        print(f"nodectl: {printable(str(e))}", file=sys.stderr)
         return 1
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
         # A well-formed reply of the wrong shape: not one noded gives (or not this version's).
@@ -284,7 +296,7 @@ def _top(args) -> int:
             if args.json:
                 text = json.dumps(st, sort_keys=True) + "\n"
             else:
-                text = format_status(st)
+                text = format_status(shown(st))
                 stamp = time.strftime("%H:%M:%S")
                 text = f"\x1b[H\x1b[2J{stamp} {text}" if tty else f"{'' if n == 0 else chr(10)}--- {stamp}\n{text}"
             sys.stdout.write(text)
@@ -352,7 +364,9 @@ def _run(args) -> int:
     result = request(path, cmd, call_args, timeout=args.timeout)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
-    elif cmd == "status":
+        return 0
+    result = shown(result)
+    if cmd == "status":
         sys.stdout.write(format_status(result))
     elif cmd == "jobs":
         sys.stdout.write(format_jobs(result))
@@ -398,12 +412,14 @@ def _admit(args) -> int:
     result = request(args.socket, "admit", call, timeout=args.timeout)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
-    elif result["admit"]:
+        return 0 if result["admit"] else ADMIT_REFUSED
+    result = shown(result)
+    if result["admit"]:
         speed = "" if result["predicted_speedup"] is None else f", predicted speedup {result['predicted_speedup']:.2f}"
         print(f"# admitted {result['job']} on GPU {result['gpu_index']} ({result['gpu_uuid']}){speed}: "
               f"{result['reason']}")
         for k, v in sorted(result["env"].items()):
-            print(f"export {k}={v}")
+            print(f"export {k}={shlex.quote(v)}")  # for eval: a value is one word, whatever it holds
     else:
         print(f"# refused {result['job']}: {result['reason']}")
     return 0 if result["admit"] else ADMIT_REFUSED
