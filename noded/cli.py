@@ -126,6 +126,7 @@ def check_config(path: str) -> int:
     """Validate a config, and the files it names that ``noded run`` reads at start and
     would refuse to start on. Errors go to stderr as FILE:LINE: KEY: REASON; exit 1."""
     from .config import ConfigError, load_config
+    from .journal import printable
 
     try:
         config = load_config(path)
@@ -144,7 +145,7 @@ def check_config(path: str) -> int:
             doc = None
         for key, reason in problems:
             line = doc.line_of(key) if doc else None
-            print(f"{path}{f':{line}' if line else ''}: {key}: {reason}", file=sys.stderr)
+            print(printable(f"{path}{f':{line}' if line else ''}: {key}: {reason}"), file=sys.stderr)
         return 1
     if config.jobs.labels:
         import os
@@ -155,8 +156,8 @@ def check_config(path: str) -> int:
             if os.path.lexists(config.jobs.labels):
                 parse_labels(config.jobs.labels)
         except (OSError, ValueError) as e:
-            print(f"{path}: jobs.labels: warning: {e} (noded runs without these labels until the file is fixed)",
-                  file=sys.stderr)
+            print(printable(f"{path}: jobs.labels: warning: {e} (noded runs without these labels until the file is "
+                            "fixed)"), file=sys.stderr)
     print(f"{path}: ok")
     return 0
 

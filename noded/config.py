@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .jobs.cgroups import KINDS, check_pattern
+from .journal import printable
 from .yamlsafe import Document, YamlError, parse_yaml, read_regular_file
 
 GB = 1e9
@@ -40,7 +41,9 @@ class ConfigError(ValueError):
     @property
     def line_text(self) -> str:
         at = f":{self.line}" if self.line else ""
-        return f"{self.where}{at}: {self.key}: {self.reason}"
+        # One line, whatever the file's keys hold ("\e[2J" or "\n" in a quoted key): it
+        # goes to a terminal (check-config) and to the journal (a refused reload).
+        return printable(f"{self.where}{at}: {self.key}: {self.reason}")
 
     @classmethod
     def of(cls, problems: list["ConfigError"]) -> "ConfigError":

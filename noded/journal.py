@@ -39,6 +39,19 @@ _FIELD_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
 
+# What must not reach a log line or a terminal as it is: C0 and C1 controls (NUL ends a
+# line for journald's stream reader, so "\0<0>..." would be a second line at priority 0;
+# ESC starts a terminal's control sequence; CR overwrites a line), DEL, Unicode line and
+# paragraph separators, and the bidirectional controls that reorder what is shown. Tab stays.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each character a log line or a terminal must not take as it is
+    (newline included) written as its Python escape (``\\x1b``, ``\\n``, ``\\u2028``)."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def syslog_priority(levelno: int) -> int:
     """Python level -> syslog priority (2 crit, 3 err, 4 warning, 5 notice, 6 info, 7 debug)."""
     if levelno >= logging.CRITICAL:
@@ -106,7 +119,10 @@ class LineHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = self.format(record)
+            # Each line's control characters escaped: a value in a message (a job id from a
+            # cgroup's name, an operator's reason, a config key) cannot end the line early,
+            # forge one at another priority, or drive the terminal it is shown on.
+            text = "\n".join(printable(line) for line in self.format(record).split("\n"))
             if self.prefix:
                 tag = f"<{syslog_priority(record.levelno)}>"
                 text = "\n".join(tag + line for line in text.split("\n"))  # a traceback keeps its priority

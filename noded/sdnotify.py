@@ -9,6 +9,8 @@ import socket
 import time
 from typing import Mapping
 
+from .journal import printable
+
 
 class SystemdNotifier:
     def __init__(self, env: Mapping[str, str] | None = None):
@@ -29,7 +31,10 @@ class SystemdNotifier:
         """Send KEY=value lines; False where there is no socket (not under systemd)."""
         if not self.address:
             return False
-        message = "\n".join(f"{k}={v}" for k, v in fields.items()).encode()
+        # One assignment a line: a newline in a value (a STATUS naming a job, a config
+        # key) would be a line of its own, READY=1 or MAINPID= say, and a NUL or an escape
+        # sequence would reach `systemctl status`; each is written out as its escape.
+        message = "\n".join(f"{k}={printable(str(v))}" for k, v in fields.items()).encode()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
                 s.connect(self.address)

@@ -35,6 +35,8 @@ from yaml.events import AliasEvent, MappingStartEvent, ScalarEvent, SequenceStar
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
+from .journal import printable
+
 try:
     from yaml.cyaml import CParser
 except ImportError:  # PyYAML built without libyaml: the pure-Python parser, slower, same rules
@@ -63,7 +65,7 @@ class YamlError(ValueError):
 
     def __init__(self, where: str, line: int | None, reason: str, key: str | None = None):
         self.where, self.line, self.reason, self.key = where, line, reason, key
-        super().__init__(f"{self.location}: {self.detail}")
+        super().__init__(printable(f"{self.location}: {self.detail}"))  # a key's control characters escaped
 
     @property
     def location(self) -> str:

@@ -1,0 +1,235 @@
+"""What an operator sees, fed by a hostile user or a careless operator (issue #12 red team).
+
+Text that reaches a log line, the operator's terminal or systemd comes partly from
+people other than the operator: job ids from cgroup names (a user with a delegated
+subtree names its own), override and pause reasons from any member of the admin group,
+keys of a config file someone handed over. None of it may end a line early, forge a
+line (at another priority: journald's stream reader ends a line at NUL and reads a
+``<N>`` after it), drive a terminal (ESC, CR, C1 controls), or add an assignment to a
+notify message.
+"""
+
+import io
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+from types import MappingProxyType, SimpleNamespace
+
+import pytest
+
+from noded.admin import nodectl
+from noded.admin.overrides import OverrideStore
+from noded.admin.server import AdminServer
+from noded.config import Config, ConfigError, parse_config
+from noded.control import ControlState
+from noded.daemon import TickResult
+from noded.jobs.model import JobMeta
+from noded.journal import JournalHandler, LineHandler, configure_logging, log_change, printable
+from noded.policy.contention import Decision
+from noded.sample import CPU, JobSample, Sample
+from noded.sdnotify import SystemdNotifier
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GB = 1e9
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="nodectl talks only to a socket served by root")
+
+#: what a hostile value carries: a NUL then a forged emergency, a terminal's clear screen
+#: and title change, a carriage return, a C1 CSI, a line separator, a bidi override
+HOSTILE = "x\0<0>forged \x1b[2J\x1b]0;owned\x07 \rover \x9b31m \u2028 \u202egnp.exe"
+#: what must not be written as it is (the newline is checked per line)
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+@pytest.fixture
+def root_logging():
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    for h in root.handlers:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
+
+
+def assert_lines_clean(text, priorities=None):
+    assert not RAW.search(text), repr(text)
+    for line in text.splitlines():
+        if priorities is not None:
+            assert re.match(r"<(\d)>", line) and int(line[1]) in priorities, repr(line)
+
+
+# ------------------------------------------------------------ the journal's <N> lines
+
+
+def test_a_hostile_value_in_a_logged_line_cannot_forge_a_line_or_drive_a_terminal(root_logging):
+    out = io.StringIO()
+    configure_logging(False, stream=out, env={})  # off a terminal: <N> lines, as journald's stream reads them
+    log_change("override-set", "cgroup:" + HOSTILE, level_to=1, severity=logging.WARNING, uid=1000, reason=HOSTILE)
+    logging.getLogger("noded.jobs.discovery").error("labels=%s rejected: %s", "/x", HOSTILE)
+    try:
+        raise ValueError(HOSTILE)
+    except ValueError:
+        logging.getLogger("noded.daemon").exception("tick failed")
+    text = out.getvalue()
+    assert_lines_clean(text, priorities={3, 4})
+    # NUL, journald's other line end: none, so "<0>forged" stays inside a <4> or <3> line
+    assert "\0" not in text and not re.search(r"(^|\n)<0>", text)
+    assert text.count("\\x00<0>forged") == 4 and "\\x1b[2J" in text and "\\u202e" in text
+
+
+def test_the_journal_fallback_lines_are_escaped_too(tmp_path, root_logging):
+    """Under journald, a record the journal socket refuses goes to stderr as <N> lines."""
+    out = io.StringIO()
+    h = JournalHandler(str(tmp_path / "no-journal-here"), fallback=LineHandler(out, prefix=True))
+    h.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger = logging.getLogger("noded.test_operator_view")
+    logger.addHandler(h)
+    try:
+        logger.warning("job %s", HOSTILE)
+    finally:
+        logger.removeHandler(h)
+        h.close()
+    assert h.last_error is not None
+    assert_lines_clean(out.getvalue(), priorities={4})
+    assert out.getvalue().count("\n") == 1
+
+
+def test_on_a_terminal_no_escape_sequence_of_a_job_id_reaches_it(root_logging):
+    master, slave = os.openpty()
+    with open(slave, "w", closefd=True) as tty, open(master, "rb", buffering=0) as reader:
+        configure_logging(False, stream=tty, env={})
+        log_change("admit", "slurm:7\x1b]52;c;ZWNobyBwd25lZA==\x07", reason="GPU 0 is free\x1b[1A\x1b[2K")
+        got = reader.read(4096).decode()
+    assert "\x1b" not in got and "\x07" not in got
+    assert got == ("noded.changes: admit job=slurm:7\\x1b]52;c;ZWNobyBwd25lZA==\\x07: "
+                   "GPU 0 is free\\x1b[1A\\x1b[2K\r\n")
+
+
+def test_printable_keeps_ordinary_text_and_tabs():
+    text = "throttle job=slurm:42 level=0->2 cause=contention: node at 91% of peak\tµ GB/s ü"
+    assert printable(text) == text
+    assert printable("a\nb\rc\0d") == "a\\nb\\rc\\x00d"
+
+
+# ------------------------------------------------------------ systemd's notify socket
+
+
+def test_a_newline_in_a_status_cannot_add_an_assignment(tmp_path):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind(path)
+        s.settimeout(30)
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": path})
+        assert notifier.status("config reload refused: key\nREADY=1\nMAINPID=1\0STOPPING=1")
+        data = s.recv(4096)
+    assert b"\0" not in data
+    assert data.decode().split("\n") == ["STATUS=config reload refused: key\\nREADY=1\\nMAINPID=1\\x00STOPPING=1"]
+
+
+# ------------------------------------------------------------ check-config
+
+
+HOSTILE_CONFIG = ('"\\e]0;owned\\a\\e[2Jtick_s\\nforged.yaml:1: tick_s": 1\n'
+                  'contention:\n  "\\e[31mred\\r\\u0085": 2\n  threshold: 7\n')
+
+
+def test_check_config_writes_a_hostile_key_as_one_escaped_line():
+    with pytest.raises(ConfigError) as e:
+        parse_config(HOSTILE_CONFIG, "hostile.yaml")
+    assert len(e.value.problems) == 3
+    lines = str(e.value).split("\n")
+    assert len(lines) == 3 and all(line.startswith("hostile.yaml:") for line in lines), lines
+    assert_lines_clean(str(e.value))
+    assert "\\x1b]0;owned\\x07\\x1b[2Jtick_s\\nforged.yaml:1: tick_s" in lines[0]
+
+
+def test_check_config_on_a_terminal_gets_no_control_codes(tmp_path):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(HOSTILE_CONFIG)
+    p = subprocess.run([sys.executable, "-m", "noded", "check-config", str(path)], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert p.returncode == 1 and p.stdout == ""
+    assert_lines_clean(p.stderr)
+    assert len(p.stderr.splitlines()) == 3 and all(line.startswith(f"{path}:") for line in p.stderr.splitlines())
+
+
+# ------------------------------------------------------------ nodectl's text
+
+
+def job(jid, bw=1 * GB):
+    return JobSample(jid, "cgroup", frozenset({1}), JobMeta(), CPU, (), None, bw, "own")
+
+
+EVIL_JOB = "cgroup:user.slice/" + HOSTILE.replace("\0", "")  # a cgroup's name holds no NUL
+
+
+@pytest.fixture
+def served(tmp_path):
+    """An admin socket over a last tick with a job named by a hostile user."""
+    clock = lambda: 1_700_000_000.0  # noqa: E731
+    jobs = [job(EVIL_JOB, 7 * GB), job("slurm:1")]
+    sample = Sample(10.0, MappingProxyType({j.id: j for j in jobs}), (), True, None, (0,),
+                    MappingProxyType({0: 5 * GB}), (), (), True)
+    last = TickResult(3, 10.0, sample, Decision(MappingProxyType({}), (), False, 0.5, (), ""), (),
+                      MappingProxyType({}), "mba", MappingProxyType({EVIL_JOB: 1}),
+                      config=Config(peak_gbps_per_domain=10), original_cpus=MappingProxyType({}))
+    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)), colocation=None,
+                             last=last)
+    os.chmod(tmp_path, 0o755)
+    server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
+    yield SimpleNamespace(path=server.path, daemon=daemon)
+    server.stop()
+
+
+def ctl(path, *argv, capsys):
+    code = nodectl.main(["--socket", path, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@AS_ROOT
+def test_nodectl_text_escapes_job_ids_and_reasons_and_json_keeps_them(served, capsys, root_logging):
+    logging.getLogger("noded.changes").disabled = True  # the override's own log line is not this test's
+    try:
+        code, out, err = ctl(served.path, "throttle", EVIL_JOB, "--level", "2", "--reason", "fine\n" + HOSTILE,
+                             capsys=capsys)
+    finally:
+        logging.getLogger("noded.changes").disabled = False
+    assert code == 0 and err == ""
+    assert_lines_clean(out) and out.count("\n") == 1
+    for argv in (["status"], ["jobs"], ["explain", EVIL_JOB], ["top", "--iterations", "1"]):
+        code, out, err = ctl(served.path, *argv, capsys=capsys)
+        assert code == 0 and err == "", (argv, err)
+        assert_lines_clean(out)
+        assert "\\x1b[2J" in out, argv
+        # a reason's newline is not a line of its own: no line begins with what followed it
+        assert not any(line.startswith("x") for line in out.splitlines()), (argv, out)
+    code, out, _ = ctl(served.path, "--json", "status", capsys=capsys)
+    st = json.loads(out)
+    assert code == 0 and EVIL_JOB in [j["job"] for j in st["jobs"]]
+    assert st["overrides"][0]["reason"] == "fine\n" + HOSTILE
+    assert_lines_clean(out)  # json.dumps escapes them
+
+
+@AS_ROOT
+def test_nodectl_errors_naming_hostile_jobs_are_escaped(served, capsys):
+    code, out, err = ctl(served.path, "throttle", "slurm:2\x1b[2J", "--level", "1", capsys=capsys)
+    assert code == 1 and out == ""
+    assert_lines_clean(err) and err.count("\n") == 1  # the known jobs it names include EVIL_JOB
+    assert "no job" in err and "\\x1b[2J" in err
+
+
+def test_admit_exports_one_shell_word_per_value(capsys, monkeypatch):
+    answer = {"admit": True, "job": "slurm:1", "gpu_uuid": "GPU-1", "gpu_index": 0, "predicted_speedup": None,
+              "reason": "free", "env": {"NODED_JOB": "slurm:1; touch /tmp/owned", "CUDA_VISIBLE_DEVICES": "GPU-1"},
+              "sources": [], "sum_c_after": 0.1, "n_jobs_after": 1}
+    monkeypatch.setattr(nodectl, "request", lambda *a, **kw: answer)
+    code = nodectl.main(["admit", "--job", "slurm:1", "--model", "m", "--batch-size", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "export NODED_JOB='slurm:1; touch /tmp/owned'\n" in out and "export CUDA_VISIBLE_DEVICES=GPU-1\n" in out
