@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ratelimit import RateLimitedLog
 from . import kernels
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,11 @@ MODEL_FILE = "colocation-model.json"
 #: Bounds on what is read back: a model is a few hundred bytes; records are a line per co-located group.
 MAX_MODEL_BYTES = 64 * 1024
 MAX_RECORDS_BYTES = 64 * 1024 * 1024
+#: Bounds on what reports keep (any local process of a job may report, as often as it
+#: likes): the latest iteration times per job (alone) and per job and peers, whose median
+#: a record uses, and the jobs and groups kept, those reported on longest ago dropped first.
+MAX_TIMES = 256
+MAX_KEYS = 4096
 
 
 class ModelError(ValueError):
@@ -98,15 +104,20 @@ class Outcomes:
         self._shared: dict[tuple[str, frozenset[str]], list[float]] = {}
         self._recorded: set[frozenset[str]] = set()
         self._lock = threading.Lock()
+        self._log = RateLimitedLog(log)
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
 
     def report(self, job: str, seconds: float, peers: frozenset[str]) -> None:
         """An iteration time of ``job``, run alone (no peers) or beside ``peers``."""
         with self._lock:
-            if peers:
-                self._shared.setdefault((job, peers), []).append(seconds)
-            else:
-                self._solo.setdefault(job, []).append(seconds)
+            kept: dict = self._shared if peers else self._solo
+            key = (job, peers) if peers else job
+            times = kept.pop(key, [])  # put back last: the dict's order is the order of last report
+            times.append(seconds)
+            del times[:-MAX_TIMES]
+            kept[key] = times
+            while len(kept) > MAX_KEYS:
+                del kept[next(iter(kept))]
 
     def observe(self, group: frozenset[str], features: dict[str, tuple[float, float, float]]) -> CoRecord | None:
         """Record a group's δ once every member has enough solo and shared times.
@@ -130,8 +141,9 @@ class Outcomes:
             try:
                 _append_line(self.records_path, json.dumps(asdict(rec), allow_nan=False))
             except OSError as e:
-                log.error("%s: recording the co-location of %s failed (tried again at the next report): %s",
-                          self.records_path, ",".join(rec.jobs), e)
+                # at most a line per interval: every report of the group tries again
+                self._log.log(logging.ERROR, "record", "%s: recording the co-location of %s failed (tried again "
+                              "at the next report): %s", self.records_path, ",".join(rec.jobs), e)
                 return None
             self._recorded.add(group)
         return rec

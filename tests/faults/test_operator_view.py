@@ -233,3 +233,45 @@ def test_admit_exports_one_shell_word_per_value(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0
     assert "export NODED_JOB='slurm:1; touch /tmp/owned'\n" in out and "export CUDA_VISIBLE_DEVICES=GPU-1\n" in out
+
+
+# ------------------------------------------------------------ the report socket's memory and log
+
+
+def test_a_job_reporting_without_end_keeps_bounded_memory(tmp_path):
+    """Any process of a job may send reports, as fast as it likes, for as long as it likes:
+    what noded keeps of them is bounded, and the latest times are the ones used."""
+    from noded.colocation.outcomes import MAX_KEYS, MAX_TIMES, Outcomes
+
+    outcomes = Outcomes(str(tmp_path / "state"), min_samples=3)
+    for i in range(20 * MAX_TIMES):
+        outcomes.report("a", 1.0 if i < 19 * MAX_TIMES else 2.0, frozenset())
+        outcomes.report("a", 4.0, frozenset({"b"}))
+        outcomes.report("b", 1.0, frozenset())
+        outcomes.report("b", 2.0, frozenset({"a"}))
+    assert len(outcomes._solo["a"]) == MAX_TIMES and len(outcomes._shared[("a", frozenset({"b"}))]) == MAX_TIMES
+    assert set(outcomes._solo["a"]) == {2.0}  # the latest
+    for n in range(2 * MAX_KEYS):  # jobs come and go (a user making cgroups): old ones are dropped
+        outcomes.report(f"cgroup:u/{n}", 1.0, frozenset())
+    assert len(outcomes._solo) == MAX_KEYS and "cgroup:u/0" not in outcomes._solo and "a" not in outcomes._solo
+    for _ in range(3):  # a and b, reporting again, are kept again
+        outcomes.report("a", 2.0, frozenset())
+        outcomes.report("b", 1.0, frozenset())
+    rec = outcomes.observe(frozenset({"a", "b"}), {"a": (0.1, 0.1, 1.0), "b": (0.1, 0.1, 1.0)})
+    assert rec is not None and rec.delta == pytest.approx((2.0 + 1.0) / 4.0)
+
+
+def test_a_failing_record_write_is_not_a_log_line_per_report(tmp_path, caplog):
+    from noded.colocation.outcomes import RECORDS_FILE, Outcomes
+
+    state = tmp_path / "state"
+    outcomes = Outcomes(str(state), min_samples=1)
+    (state / RECORDS_FILE).mkdir()  # the records file cannot be opened for writing
+    features = {"a": (0.1, 0.1, 1.0), "b": (0.1, 0.1, 1.0)}
+    for job, peer in (("a", "b"), ("b", "a")):
+        outcomes.report(job, 1.0, frozenset())
+        outcomes.report(job, 2.0, frozenset({peer}))
+    with caplog.at_level(logging.ERROR, logger="noded.colocation.outcomes"):
+        for _ in range(1000):  # a job's process reporting in a loop
+            assert outcomes.observe(frozenset({"a", "b"}), features) is None
+    assert len([r for r in caplog.records if "recording the co-location" in r.getMessage()]) == 1
