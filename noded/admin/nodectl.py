@@ -87,10 +87,15 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+#: the longest duration an option takes (noded's longest override TTL): a longer timeout or
+#: interval is a typo, and beyond what a socket timeout or a sleep can hold it would crash
+MAX_DURATION_S = 30 * 86400
+
+
 def _positive_duration(text: str) -> float:
     seconds = parse_duration(text)
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0 and at most 30d")
     return seconds
 
 

@@ -275,3 +275,17 @@ def test_a_failing_record_write_is_not_a_log_line_per_report(tmp_path, caplog):
         for _ in range(1000):  # a job's process reporting in a loop
             assert outcomes.observe(frozenset({"a", "b"}), features) is None
     assert len([r for r in caplog.records if "recording the co-location" in r.getMessage()]) == 1
+
+
+# ------------------------------------------------------------ nodectl's durations
+
+
+@pytest.mark.parametrize("argv", [["--timeout", "99999999999999999999d", "status"],
+                                  ["top", "--interval", "99999999999999999999d", "--iterations", "2"],
+                                  ["--timeout", "31d", "jobs"],
+                                  ["exempt", "slurm:1", "--ttl", "1000000000000000000000000h"]])
+def test_a_duration_beyond_any_use_is_a_usage_error_not_a_traceback(argv, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        nodectl.main(["--socket", str(tmp_path / "none.sock"), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "at most 30d" in err and "Traceback" not in err
