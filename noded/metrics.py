@@ -84,6 +84,17 @@ def _histogram(name: str, doc: str, label: str, known: Iterable[str],
     return family
 
 
+def _text_labels(family):
+    """``family`` with every label value one the exposition can encode: a job id is a
+    cgroup's name, bytes that need not be UTF-8 (a lone surrogate in Python), and one such
+    value would fail the whole scrape; it is written as its escape instead."""
+    for i, sample in enumerate(family.samples):
+        if not all(v.isascii() for v in sample.labels.values()):
+            labels = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in sample.labels.items()}
+            family.samples[i] = sample._replace(labels=labels)
+    return family
+
+
 class NodedCollector:
     """Yields from the last tick's result only (``last`` returns it, or None before the
     first tick). ``colocation``: co-location is on, so its counters exist from the start."""
@@ -101,9 +112,9 @@ class NodedCollector:
         info = InfoMetricFamily("noded_build", "noded build information")
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
-        yield from self._counters(r)
+        yield from map(_text_labels, self._counters(r))
         if r is not None:
-            yield from self._state(r, r.control)
+            yield from map(_text_labels, self._state(r, r.control))
 
     def _counters(self, r: TickResult | None):
         control = r.control if r is not None else ControlSnapshot()

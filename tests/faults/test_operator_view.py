@@ -289,3 +289,27 @@ def test_a_duration_beyond_any_use_is_a_usage_error_not_a_traceback(argv, capsys
         nodectl.main(["--socket", str(tmp_path / "none.sock"), *argv])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "at most 30d" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------ the scrape
+
+
+def test_a_job_id_that_is_not_utf8_does_not_fail_the_scrape():
+    """A cgroup's name is bytes: one that is not UTF-8 reaches Python as a lone surrogate,
+    which the exposition cannot encode; every series but that label must still be served."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from noded.metrics import NodedCollector
+
+    odd = "cgroup:user.slice/\udcff"
+    jobs = [job(odd, 7 * GB), job("slurm:1")]
+    sample = Sample(10.0, MappingProxyType({j.id: j for j in jobs}), (), True, None, (0,),
+                    MappingProxyType({0: 5 * GB}), (), (), True)
+    last = TickResult(3, 10.0, sample, Decision(MappingProxyType({}), (), False, 0.5, (), ""), (),
+                      MappingProxyType({}), "mba", MappingProxyType({odd: 1}),
+                      config=Config(peak_gbps_per_domain=10), original_cpus=MappingProxyType({}))
+    registry = CollectorRegistry()
+    registry.register(NodedCollector(lambda: last, {}))
+    text = generate_latest(registry).decode()
+    assert 'noded_job_throttle_level{job_id="cgroup:user.slice/\\\\udcff",method="mba"} 1.0' in text
+    assert 'noded_job_throttle_level{job_id="slurm:1",method="mba"} 0.0' in text
