@@ -34,7 +34,7 @@ class SystemdNotifier:
         # One assignment a line: a newline in a value (a STATUS naming a job, a config
         # key) would be a line of its own, READY=1 or MAINPID= say, and a NUL or an escape
         # sequence would reach `systemctl status`; each is written out as its escape.
-        message = "\n".join(f"{k}={printable(str(v))}" for k, v in fields.items()).encode()
+        message = "\n".join(f"{k}={printable(str(v))}" for k, v in fields.items()).encode("utf-8", "replace")
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
                 s.connect(self.address)

@@ -193,7 +193,10 @@ def read_procs(cgroup_dir: str) -> set[int]:
 def read_process_cgroups(proc: str, pid: int) -> dict[str, str]:
     """Hierarchy (controller list, '' for v2) -> cgroup path of a process."""
     try:
-        with open(f"{proc}/{pid}/cgroup") as f:
+        # A cgroup's name is bytes: decoded as os.listdir decodes paths, so a name that is
+        # not UTF-8 (anyone with a delegated subtree can make one) matches the directory
+        # it names instead of failing every discovery.
+        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return {}

@@ -313,3 +313,19 @@ def test_a_job_id_that_is_not_utf8_does_not_fail_the_scrape():
     text = generate_latest(registry).decode()
     assert 'noded_job_throttle_level{job_id="cgroup:user.slice/\\\\udcff",method="mba"} 1.0' in text
     assert 'noded_job_throttle_level{job_id="slurm:1",method="mba"} 0.0' in text
+
+
+def test_a_cgroup_name_that_is_not_utf8_is_a_job_not_a_failed_discovery(v1_cpuset, sleeper):
+    from noded.jobs.cgroups import CgroupSource, read_process_cgroups
+    from noded.jobs.discovery import JobDiscovery
+
+    base, mkcg = v1_cpuset
+    odd = mkcg("slurm/uid_0/job_\udcff")  # b"job_\xff": any user with a delegated subtree can make one
+    fine = mkcg("slurm/uid_0/job_42")
+    p, q = sleeper(), sleeper()
+    for where, proc in ((odd, p), (fine, q)):
+        with open(f"{where}/cgroup.procs", "w") as f:
+            f.write(str(proc.pid))
+    assert read_process_cgroups("/proc", p.pid)["cpuset"].endswith("/job_\udcff")
+    jobs = JobDiscovery([CgroupSource.create("slurm", base)]).discover()
+    assert jobs["slurm:42"].pids == {q.pid}  # the other job is still seen
