@@ -45,6 +45,14 @@ class ConfigError(ValueError):
         # goes to a terminal (check-config) and to the journal (a refused reload).
         return printable(f"{self.where}{at}: {self.key}: {self.reason}")
 
+    def summary(self, limit: int = 20) -> str:
+        """The first ``limit`` problems, and how many more: for the journal, where one
+        record must stay readable (check-config prints them all)."""
+        shown = [p.line_text for p in self.problems[:limit]]
+        more = len(self.problems) - len(shown)
+        return "\n".join(shown) + (f"\n... and {more} more (`noded check-config {self.where}` lists them all)"
+                                   if more > 0 else "")
+
     @classmethod
     def of(cls, problems: list["ConfigError"]) -> "ConfigError":
         """One error for several problems, in the order of their lines in the file."""

@@ -197,7 +197,10 @@ def _reload(path: str, settle) -> Config | None:
         config, source = settle(load_config(path))
         log.info("reload: node peak %g GB/s per L3 domain (%s)", config.peak_gbps_per_domain, source)
         return config
-    except (ConfigError, CalibrationError) as e:
+    except ConfigError as e:
+        log.error("config reload refused, keeping the running config: %s", e.summary())
+        return None
+    except CalibrationError as e:
         log.error("config reload refused, keeping the running config: %s", e)
         return None
     except Exception as e:  # whatever the failure, the running config stays

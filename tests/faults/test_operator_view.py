@@ -329,3 +329,13 @@ def test_a_cgroup_name_that_is_not_utf8_is_a_job_not_a_failed_discovery(v1_cpuse
     assert read_process_cgroups("/proc", p.pid)["cpuset"].endswith("/job_\udcff")
     jobs = JobDiscovery([CgroupSource.create("slurm", base)]).discover()
     assert jobs["slurm:42"].pids == {q.pid}  # the other job is still seen
+
+
+def test_a_reload_refused_for_thousands_of_errors_logs_a_readable_summary():
+    text = "".join(f"bogus_{i}: 1\n" for i in range(3000))
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "/etc/noded/noded.yaml")
+    assert len(e.value.problems) == 3000  # check-config prints every one
+    summary = e.value.summary()
+    assert len(summary.splitlines()) == 21 and summary.splitlines()[0].startswith("/etc/noded/noded.yaml:1: bogus_0")
+    assert summary.endswith("... and 2980 more (`noded check-config /etc/noded/noded.yaml` lists them all)")
