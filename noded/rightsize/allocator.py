@@ -1,0 +1,552 @@
+"""CODA's adaptive CPU allocator (Sec. V-B) as a pure state machine per GPU job.
+
+The allocator never measures and never writes a cpuset. It asks for a core count
+(``Probe``), is told the throughput the job reached there (a mean from ``signal.Window``),
+and in the end answers ``Sized``: the cores to keep, the throughput there and every point
+measured. ``SizingState`` is a frozen value; every function returns a new one.
+
+**Where to start (V-B1).** The owner's remembered answer for the same model and batch size
+(with the same GPUs and signal) is only confirmed: one measurement, and if the job is not
+slower than the margin there, that is the answer. Otherwise N_start is the largest cores
+per GPU of the owner's recent answers in the job's category, scaled by its GPUs (CODA's
+"we choose the largest core number"); else the paper's defaults for a tenant's first job,
+3 cores per GPU for CV and 5 for NLP and Speech (4 with no category: ours, between the
+two), adjusted by the job's hints (labels, each ``true`` or ``false``):
+
+* ``pipelined``: the input pipeline overlaps reading and pre-processing: -1 core per GPU;
+* ``many_weights``: a large model, longer GPU work per iteration: -1;
+* ``heavy_preprocessing``: much CPU work between iterations: +1.
+
+Hints adjust the defaults only: an owner's history was measured on their own jobs and
+already reflects how they write them.
+
+**CODA's search (V-B2).** Measure N_start; then one core fewer: while fewer cores are kept,
+go on down; if the first step down is not kept, go up one core at a time while more cores
+improve the throughput by more than ``noise_margin``. A step up is kept only for a real
+gain. A step down is kept when the throughput is not lower than the best measured so far
+by more than the margin (``fewer_if_equal``, ours: the paper keeps it only when it
+improves, but past the optimum the loss per core is "slight", often inside the noise, and a
+core freed at no measurable cost is CODA's point); ``fewer_if_equal=False`` is the paper's
+rule. Bounded by 1 and the job's ``max_cores`` (its cpuset at start, or its GPU-proportional
+share).
+
+**Synergy's search (Sec. 3.1, 4).** Measure ``max_cores``, then binary-search 1..max for
+the fewest cores whose throughput is within ``synergy_within`` (10 %) of the best measured;
+the answer is the fewest measured cores within that share of the best.
+
+**Operator controls.** ``pin`` sets a size and measures nothing, ``stop`` keeps the cores the
+job has now (mid-probe included), ``reprobe`` searches again from the cores it has.
+
+``JobSizing`` puts a state and the signal window of its current probe together and is fed
+samples with the caller's ``now``; it is what a daemon keeps per job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+from ..jobs.model import CATEGORIES
+from .history import HistoryView
+from .signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
+
+CODA = "coda"
+SYNERGY = "synergy"
+METHODS = (CODA, SYNERGY)
+
+#: CODA V-B1: the first job of a tenant starts here, cores per GPU.
+DEFAULT_START: Mapping[str, int] = MappingProxyType({"CV": 3, "NLP": 5, "Speech": 5})
+#: Ours: a job whose category is unknown and whose owner has no history.
+UNKNOWN_START = 4
+#: CODA V-B1's optional information, as job labels, and what each does to N_start per GPU.
+HINTS: Mapping[str, int] = MappingProxyType({"pipelined": -1, "many_weights": -1, "heavy_preprocessing": +1})
+
+# where N_start came from
+FROM_HISTORY = "history"  # this owner's answer for this model and batch size: confirmed
+FROM_HISTORY_SCALED = "history_scaled"  # that answer on other GPUs or signal, as a start
+FROM_OWNER = "owner"  # the owner's largest recent answer in the category
+FROM_CATEGORY = "category"  # the paper's default for the category, with hints
+FROM_DEFAULT = "default"  # no category, no history
+FROM_REPROBE = "reprobe"  # the cores the job had when the operator asked again
+
+# phases
+CONFIRM = "confirm"
+START = "start"
+DOWN = "down"
+UP = "up"
+AT_MAX = "at_max"  # Synergy: measuring the maximum
+HALVING = "halving"  # Synergy: the binary search
+SIZED = "sized"
+PINNED = "pinned"
+STOPPED = "stopped"
+PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING)
+PHASES = (*PROBING, SIZED, PINNED, STOPPED)
+
+# why a Sized came out
+SEARCHED = "searched"
+CONFIRMED = "confirmed"
+NO_CHOICE = "no_choice"  # max_cores is 1
+NO_SIGNAL = "no_signal"  # a window ended without a sample
+STEP_LIMIT = "step_limit"
+REASONS = (SEARCHED, CONFIRMED, NO_CHOICE, NO_SIGNAL, STEP_LIMIT, PINNED, STOPPED)
+
+
+class SizingError(Exception):
+    """A request the allocator cannot take in its state, said why."""
+
+
+class HintError(SizingError, ValueError):
+    """A hint label whose value is not true or false."""
+
+
+class NotProbing(SizingError):
+    """A measurement for a job the allocator is not measuring."""
+
+
+class OutOfRange(SizingError, ValueError):
+    """A core count outside 1..max_cores."""
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    method: str = CODA
+    noise_margin: float = 0.03  # a share of the throughput; keep above the signal's tolerance
+    fewer_if_equal: bool = True
+    synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
+    max_steps: int = 24  # measurements per search, whatever the curve does
+    signal: SignalConfig = field(default_factory=SignalConfig)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, not {self.method!r}")
+        if not 0 < self.noise_margin < 1 or not 0 < self.synergy_within < 1:
+            raise ValueError("noise_margin and synergy_within must be in (0, 1)")
+        if self.max_steps < 2:
+            raise ValueError(f"max_steps must be >= 2, not {self.max_steps}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the allocator knows of a GPU job. ``max_cores``: its cpuset at start, or its
+    GPU-proportional share, whichever the caller caps it at. ``labels``: the job's labels;
+    only the names in ``HINTS`` are read."""
+
+    job: str
+    max_cores: int
+    gpus: int = 1
+    owner: str | None = None
+    category: str | None = None
+    model: str | None = None
+    batch_size: int | None = None
+    signal: str = ITERATION_TIME
+    labels: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        if self.max_cores < 1 or self.gpus < 1:
+            raise ValueError(f"{self.job}: max_cores and gpus must be >= 1")
+        if self.category is not None and self.category not in CATEGORIES:
+            raise ValueError(f"{self.job}: category must be one of {CATEGORIES}, not {self.category!r}")
+        if self.signal not in KINDS:
+            raise ValueError(f"{self.job}: signal must be one of {KINDS}, not {self.signal!r}")
+
+    def hint_delta(self) -> int:
+        """The hints' total adjustment of N_start per GPU; HintError for a value not true/false."""
+        total = 0
+        for name, delta in HINTS.items():
+            value = self.labels.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, bool):
+                raise HintError(f"{self.job}: label {name} must be true or false, not {value!r:.40}")
+            total += delta if value else 0
+        return total
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Give ``job`` ``cores`` and measure its throughput there."""
+
+    job: str
+    cores: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class Sized:
+    """The answer: keep ``job`` at ``cores``. ``throughput``: measured there (None when not
+    measured); ``curve_points``: every (cores, mean) measured, by cores; ``steps``: how many
+    measurements it took."""
+
+    job: str
+    cores: int
+    throughput: float | None
+    curve_points: tuple[tuple[int, float], ...]
+    steps: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Start:
+    cores: int
+    source: str
+    expected: float | None = None  # the remembered throughput to confirm (FROM_HISTORY)
+
+
+@dataclass(frozen=True)
+class SizingState:
+    job: str
+    method: str
+    max_cores: int
+    start: Start
+    phase: str
+    cores: int  # what the job has now: the probe's cores, or the answer
+    points: tuple[tuple[int, float], ...] = ()  # in the order measured
+    kept: int | None = None  # CODA: the cores kept so far
+    lo: int = 1  # Synergy: the answer lies in lo..hi
+    hi: int = 1
+    reason: str | None = None  # why it ended, once it has
+
+    @property
+    def steps(self) -> int:
+        return len(self.points)
+
+    def value(self, cores: int) -> float | None:
+        return next((v for c, v in self.points if c == cores), None)
+
+    def top(self) -> float:
+        return max(v for _, v in self.points)
+
+    def answer(self) -> Sized:
+        """The Sized of an ended state. Raises SizingError while probing."""
+        if self.phase in PROBING:
+            raise SizingError(f"{self.job}: still probing ({self.phase})")
+        return Sized(self.job, self.cores, self.value(self.cores), tuple(sorted(self.points)), self.steps,
+                     self.reason or self.phase)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "method": self.method, "max_cores": self.max_cores,
+                "start": {"cores": self.start.cores, "source": self.start.source, "expected": self.start.expected},
+                "phase": self.phase, "cores": self.cores, "points": [[c, v] for c, v in self.points],
+                "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SizingState":
+        """Raises ValueError on any other shape, or on a state the allocator could not reach."""
+        keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason"}
+        if not isinstance(data, dict) or set(data) != keys:
+            raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
+        if not isinstance(data["job"], str) or not data["job"]:
+            raise ValueError("job: not a name")
+        if data["method"] not in METHODS or data["phase"] not in PHASES:
+            raise ValueError(f"method or phase unknown: {str(data['method'])[:20]!r}, {str(data['phase'])[:20]!r}")
+        if data["reason"] is not None and data["reason"] not in REASONS:
+            raise ValueError(f"reason unknown: {str(data['reason'])[:20]!r}")
+        top = _whole(data["max_cores"], "max_cores", 1, 1 << 16)
+        start = data["start"]
+        if not isinstance(start, dict) or set(start) != {"cores", "source", "expected"}:
+            raise ValueError("start: expected cores, source, expected")
+        expected = start["expected"]
+        if expected is not None and not _positive(expected):
+            raise ValueError("start.expected: not a positive number")
+        if not isinstance(start["source"], str):
+            raise ValueError("start.source: not a name")
+        points = data["points"]
+        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+            raise ValueError("points: expected a list of [cores, throughput]")
+        parsed = []
+        for c, v in points:
+            if not _positive(v):
+                raise ValueError(f"points: not a positive throughput: {str(v)[:40]}")
+            parsed.append((_whole(c, "points cores", 1, top), float(v)))
+        if len({c for c, _ in parsed}) != len(parsed):
+            raise ValueError("points: a core count measured twice")
+        kept = None if data["kept"] is None else _whole(data["kept"], "kept", 1, top)
+        return cls(data["job"], data["method"], top,
+                   Start(_whole(start["cores"], "start.cores", 1, top), start["source"], expected),
+                   data["phase"], _whole(data["cores"], "cores", 1, top), tuple(parsed), kept,
+                   _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"])
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _whole(value: Any, where: str, lo: int, hi: int) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ValueError(f"{where}: not a whole number in {lo}..{hi}: {str(value)[:40]}")
+    return value
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def start_point(spec: JobSpec, history: HistoryView | None) -> Start:
+    """N_start for a job (V-B1), clamped to 1..max_cores. Raises HintError for a bad hint."""
+    history = history or HistoryView()
+
+    def clamp(cores: float) -> int:
+        return min(spec.max_cores, max(1, _round(cores)))
+
+    delta = spec.hint_delta()  # checked whatever the source: a bad label is an error either way
+    known = history.exact(spec.owner, spec.model, spec.batch_size)
+    if known is not None:
+        if known.gpus == spec.gpus and known.signal == spec.signal and known.cores <= spec.max_cores:
+            return Start(known.cores, FROM_HISTORY, known.throughput)
+        return Start(clamp(known.cores / known.gpus * spec.gpus), FROM_HISTORY_SCALED)
+    largest = history.largest_per_gpu(spec.owner, spec.category)
+    if largest is not None:
+        return Start(clamp(largest * spec.gpus), FROM_OWNER)
+    if spec.category is not None:
+        return Start(clamp(max(1, DEFAULT_START[spec.category] + delta) * spec.gpus), FROM_CATEGORY)
+    return Start(clamp(max(1, UNKNOWN_START + delta) * spec.gpus), FROM_DEFAULT)
+
+
+def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
+          start: Start | None = None) -> tuple[Probe | Sized, SizingState]:
+    """The first request for a job (``start`` overrides N_start, as ``reprobe`` does)."""
+    start = start or start_point(spec, history)
+    state = SizingState(spec.job, config.method, spec.max_cores, start, START, start.cores)
+    if spec.max_cores == 1:
+        return _end(replace(state, cores=1), NO_CHOICE)
+    if start.source == FROM_HISTORY:
+        return _probe(replace(state, phase=CONFIRM), start.cores)
+    if config.method == SYNERGY:
+        return _probe(replace(state, phase=AT_MAX, lo=1, hi=spec.max_cores), spec.max_cores)
+    return _probe(state, start.cores)
+
+
+def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """Take the mean measured at ``state.cores`` (None: the window saw no sample) and say what
+    next. Raises NotProbing when no measurement is awaited."""
+    if state.phase not in PROBING:
+        raise NotProbing(f"{state.job}: not probing ({state.phase}); a measurement is not expected")
+    if mean is None:
+        fallback = _best_so_far(state, config) if state.points else state.start.cores
+        return _end(replace(state, cores=fallback), NO_SIGNAL)
+    if not _positive(mean):
+        raise SizingError(f"{state.job}: a throughput must be a positive number, not {mean!r:.40}")
+    state = replace(state, points=(*state.points, (state.cores, float(mean))))
+    return _next(state, config)
+
+
+def pin(state: SizingState, cores: int) -> tuple[Sized, SizingState]:
+    """The operator's size: no probing until ``reprobe``. Raises OutOfRange."""
+    if type(cores) is not int or not 1 <= cores <= state.max_cores:
+        raise OutOfRange(f"{state.job}: {cores!r:.20} cores is outside 1..{state.max_cores}")
+    return _end(replace(state, phase=PINNED, cores=cores), PINNED)
+
+
+def stop(state: SizingState) -> tuple[Sized, SizingState]:
+    """Stop probing and keep the cores the job has now; an ended search stays as it is."""
+    if state.phase not in PROBING:
+        return state.answer(), state
+    return _end(replace(state, phase=STOPPED), STOPPED)
+
+
+def reprobe(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """Search again (pin and stop undone), starting from the cores the job has now; what was
+    measured before is forgotten (the job may have changed since)."""
+    spec = JobSpec(state.job, state.max_cores)
+    return begin(spec, None, config, Start(state.cores, FROM_REPROBE))
+
+
+# -- the searches
+
+
+def _probe(state: SizingState, cores: int) -> tuple[Probe, SizingState]:
+    state = replace(state, cores=cores)
+    return Probe(state.job, cores, state.phase), state
+
+
+def _end(state: SizingState, reason: str) -> tuple[Sized, SizingState]:
+    phase = state.phase if state.phase in (PINNED, STOPPED) else SIZED
+    state = replace(state, phase=phase, reason=reason)
+    return state.answer(), state
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A search's wish for one more probe: at ``cores``, in ``phase``, with ``fields`` set."""
+
+    phase: str
+    cores: int
+    fields: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """After a point was added: the next probe, or the answer. A probe at a core count that
+    was measured already (a failed confirmation's point) takes that value without asking."""
+    while True:
+        decided = _coda(state, config) if state.method == CODA else _synergy(state, config)
+        if not isinstance(decided, _Step):
+            return decided
+        phase, cores = decided.phase, decided.cores
+        state = replace(state, phase=phase, cores=cores, **decided.fields)
+        if state.value(cores) is not None:
+            continue  # measured already: decide on that value
+        if state.steps >= config.max_steps:
+            return _end(replace(state, cores=_best_so_far(state, config)), STEP_LIMIT)
+        return Probe(state.job, cores, phase), state
+
+
+def _best_so_far(state: SizingState, config: AllocatorConfig) -> int:
+    if state.method == CODA:
+        return state.kept if state.kept is not None else max(state.points, key=lambda p: (p[1], -p[0]))[0]
+    return _synergy_answer(state, config)
+
+
+def _confirm(state: SizingState, config: AllocatorConfig):
+    """A remembered answer holds when the job is not slower there than the margin."""
+    measured, expected = state.value(state.cores), state.start.expected
+    if expected is not None and measured >= expected * (1 - config.noise_margin):
+        return _end(replace(state, kept=state.cores), CONFIRMED)
+    # the job is not what it was: search, from the point just measured
+    if state.method == SYNERGY:
+        return _Step(AT_MAX, state.max_cores, {"lo": 1, "hi": state.max_cores})
+    return _coda_after_start(replace(state, kept=state.cores))
+
+
+def _coda(state: SizingState, config: AllocatorConfig):
+    """CODA V-B2 one decision at a time: a _Step for the next probe,
+    or the (Sized, state) answer."""
+    c = state.cores
+    v = state.value(c)
+    if state.phase == CONFIRM:
+        return _confirm(state, config)
+    if state.phase == START:
+        return _coda_after_start(replace(state, kept=c))
+    kept = state.kept
+    if state.phase == DOWN:
+        if _keep_fewer(v, state, config):
+            if c > 1:
+                return _Step(DOWN, c - 1, {"kept": c})
+            return _end(replace(state, kept=c), SEARCHED)
+        if kept == state.start.cores and c == kept - 1:
+            # the first step down did not pay: case 2, the other direction
+            if kept < state.max_cores:
+                return _Step(UP, kept + 1, {})
+        return _end(replace(state, cores=kept), SEARCHED)
+    if state.phase == UP:
+        if v > state.value(kept) * (1 + config.noise_margin):
+            if c < state.max_cores:
+                return _Step(UP, c + 1, {"kept": c})
+            return _end(replace(state, kept=c), SEARCHED)
+        return _end(replace(state, cores=kept), SEARCHED)
+    raise SizingError(f"{state.job}: phase {state.phase} is not CODA's")
+
+
+def _coda_after_start(state: SizingState):
+    kept = state.kept
+    if kept > 1:
+        return _Step(DOWN, kept - 1, {"kept": kept})
+    if kept < state.max_cores:
+        return _Step(UP, kept + 1, {"kept": kept})
+    return _end(state, SEARCHED)
+
+
+def _keep_fewer(v: float, state: SizingState, config: AllocatorConfig) -> bool:
+    if config.fewer_if_equal:
+        # against the best measured, not the last step: small losses must not add up
+        return v >= state.top() * (1 - config.noise_margin)
+    return v > state.value(state.kept) * (1 + config.noise_margin)
+
+
+def _synergy(state: SizingState, config: AllocatorConfig):
+    """Synergy 3.1: from the maximum, halve the range towards the fewest cores within
+    ``synergy_within`` of the best throughput measured."""
+    if state.phase == CONFIRM:
+        return _confirm(state, config)
+    lo, hi = state.lo, state.hi
+    if state.phase == HALVING:
+        if state.value(state.cores) >= (1 - config.synergy_within) * state.top():
+            hi = state.cores
+        else:
+            lo = state.cores + 1
+    if lo < hi:
+        return _Step(HALVING, (lo + hi) // 2, {"lo": lo, "hi": hi})
+    return _end(replace(state, lo=lo, hi=hi, cores=_synergy_answer(state, config)), SEARCHED)
+
+
+def _synergy_answer(state: SizingState, config: AllocatorConfig) -> int:
+    """The fewest measured cores within ``synergy_within`` of the best measured."""
+    bar = (1 - config.synergy_within) * state.top()
+    return min(c for c, v in state.points if v >= bar)
+
+
+# -- a job's sizing with its signal window
+
+
+@dataclass(frozen=True)
+class JobSizing:
+    """A job's allocator state and the window measuring its current probe (None when no
+    probe is open). Feed it samples; it opens a window at each probe and closes it once the
+    signal is steady (or at the maximum window)."""
+
+    spec: JobSpec
+    state: SizingState
+    window: Window | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state.to_dict(), "window": self.window.to_dict() if self.window else None}
+
+    @classmethod
+    def from_dict(cls, spec: JobSpec, data: Any) -> "JobSizing":
+        """The spec comes from the job as it is now; raises ValueError on any other shape."""
+        if not isinstance(data, dict) or set(data) != {"state", "window"}:
+            raise ValueError("a job's sizing: expected state and window")
+        state = SizingState.from_dict(data["state"])
+        window = None if data["window"] is None else Window.from_dict(data["window"])
+        if state.job != spec.job or state.max_cores != spec.max_cores:
+            raise ValueError(f"the saved sizing is of {state.job} at {state.max_cores} cores, not this job's")
+        if window is not None and (window.kind != spec.signal or window.cores != state.cores
+                                   or state.phase not in PROBING):
+            raise ValueError("the saved window does not belong to the saved probe")
+        return cls(spec, state, window)
+
+
+def _with_window(spec: JobSpec, out: Probe | Sized, state: SizingState, now: float):
+    window = Window(spec.signal, out.cores, now) if isinstance(out, Probe) else None
+    return out, JobSizing(spec, state, window)
+
+
+def begin_job(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
+              now: float) -> tuple[Probe | Sized, JobSizing]:
+    """The first request for a job; the window of a probe opens at ``now`` (the caller gives
+    the cores at once, and the warm-up covers the change taking hold)."""
+    out, state = begin(spec, history, config)
+    return _with_window(spec, out, state, now)
+
+
+def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
+         config: AllocatorConfig) -> tuple[Probe | Sized | None, JobSizing, Measurement | None]:
+    """Take (t, value) samples of the job's signal. Returns the next request when the current
+    window ended at ``now`` (None otherwise), the new sizing, and what the window measured.
+    Raises BadSample for a value that is not of the signal's kind (nothing is taken then)."""
+    window = sizing.window
+    if window is None:
+        return None, sizing, None
+    for t, value in samples:
+        window = window.add(t, value, config.signal)
+    measured = window.result(now, config.signal)
+    if measured is None:
+        return None, replace(sizing, window=window), None
+    out, state = advance(sizing.state, measured.mean, config)
+    return (*_with_window(sizing.spec, out, state, now), measured)
+
+
+def pin_job(sizing: JobSizing, cores: int) -> tuple[Sized, JobSizing]:
+    out, state = pin(sizing.state, cores)
+    return out, JobSizing(sizing.spec, state, None)
+
+
+def stop_job(sizing: JobSizing) -> tuple[Sized, JobSizing]:
+    out, state = stop(sizing.state)
+    return out, JobSizing(sizing.spec, state, None)
+
+
+def reprobe_job(sizing: JobSizing, config: AllocatorConfig, now: float) -> tuple[Probe | Sized, JobSizing]:
+    out, state = reprobe(sizing.state, config)
+    return _with_window(sizing.spec, out, state, now)
