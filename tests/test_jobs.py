@@ -136,3 +136,16 @@ def test_connector_unavailable_outside_the_initial_network_namespace():
                          timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("False ") and "polling only" in out.stderr
+
+
+def test_right_sizing_hints_are_labels_and_reach_the_allocator_as_it_reads_them(tmp_path):
+    from noded.rightsize.allocator import JobSpec
+
+    meta = JobMeta.from_mapping({"category": "CV", "pipelined": True, "heavy_preprocessing": True}, "labels.yaml:3")
+    assert meta.hints() == {"pipelined": True, "heavy_preprocessing": True}
+    spec = JobSpec("slurm:1", max_cores=8, category=meta.category, labels=meta.hints())
+    assert spec.hint_delta() == 0  # -1 + 1
+    assert JobSpec("slurm:2", max_cores=8, labels=JobMeta(many_weights=True).hints()).hint_delta() == -1
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="labels.yaml:3: "):
+            JobMeta.from_mapping({"pipelined": bad}, "labels.yaml:3")

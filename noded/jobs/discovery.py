@@ -37,7 +37,8 @@ def descendants(root: int, ppids: dict[int, int]) -> set[int]:
 
 
 class LabelFile:
-    """YAML mapping job id -> labels (category, model, requested_cores, priority, exempt).
+    """YAML mapping job id -> labels (category, model, batch_size, requested_cores, priority, exempt,
+    and the right-sizing hints pipelined, many_weights, heavy_preprocessing).
 
     Re-read when its mtime changes. A broken file keeps the previous labels and logs
     why once (a typo must not drop every job's exemption).

@@ -17,18 +17,25 @@ class JobMeta:
     requested_cores: int | None = None
     priority: int = 0
     exempt: bool = False  # never throttled
+    # CODA V-B's hints for a GPU job's first core count (noded.rightsize.allocator.HINTS):
+    # pipelined input -1 core per GPU, many weights -1, heavy per-iteration processing +1
+    pipelined: bool = False
+    many_weights: bool = False
+    heavy_preprocessing: bool = False
 
     def __post_init__(self):
         # Labels come from a file anyone with write access to it shapes: a quoted "no"
         # must not exempt a job, nor a list stand in for a model name.
         for name, kind, what in (("model", str, "a string"), ("batch_size", int, "an integer"),
                                  ("requested_cores", int, "an integer"), ("priority", int, "an integer"),
-                                 ("exempt", bool, "true or false")):
+                                 ("exempt", bool, "true or false"), ("pipelined", bool, "true or false"),
+                                 ("many_weights", bool, "true or false"),
+                                 ("heavy_preprocessing", bool, "true or false")):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise ValueError(f"{name} must be {what}, not {value!r:.60}")
-        if self.priority is None or self.exempt is None:
-            raise ValueError("priority and exempt take no null")
+        if None in (self.priority, self.exempt, self.pipelined, self.many_weights, self.heavy_preprocessing):
+            raise ValueError("priority, exempt and the hints take no null")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
         if self.category is not None and self.category not in CATEGORIES:
@@ -36,9 +43,14 @@ class JobMeta:
         if self.requested_cores is not None and self.requested_cores < 1:
             raise ValueError(f"requested_cores must be >= 1, not {self.requested_cores}")
 
+    def hints(self) -> dict[str, bool]:
+        """The right-sizing hints set on this job, as the allocator reads labels."""
+        return {name: True for name in ("pipelined", "many_weights", "heavy_preprocessing") if getattr(self, name)}
+
     @classmethod
     def from_mapping(cls, data: dict, where: str) -> "JobMeta":
-        known = {"category", "model", "batch_size", "requested_cores", "priority", "exempt"}
+        known = {"category", "model", "batch_size", "requested_cores", "priority", "exempt", "pipelined",
+                 "many_weights", "heavy_preprocessing"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"{where}: unknown label key(s) {sorted(unknown)}; known: {sorted(known)}")
