@@ -12,13 +12,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 import numpy as np
 
+from bench.timing import first_call_s, median_time
 from noded.colocation import kernels, reference
 
 NAN = np.full(kernels.N_FEATURES, np.nan)
@@ -69,13 +67,6 @@ def fit_logistic_numpy(X, y, iterations, lr, l2):
     return raw
 
 
-def timed(fn, repeat):
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 COLD = ("import time; t0 = time.perf_counter(); import numpy as np; from noded.colocation import kernels; "
@@ -84,10 +75,6 @@ COLD = ("import time; t0 = time.perf_counter(); import numpy as np; from noded.c
         "kernels.fit_logistic(np.ones((8, 5)), np.ones(8), 2, 0.1, 0.0); print(time.perf_counter() - t0)")
 
 
-def first_call(cache_dir: str) -> float:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, "-c", COLD], capture_output=True, text=True, env=env, check=True)
-    return float(out.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     assert kernels.place(*place_args)[0].tolist() == reference.place(*ref_args)[0]
     assert kernels.place(*place_args)[0].tolist() == place_numpy(*place_args).tolist()
     rows = {"place 64 jobs x 8 GPUs": {
-        "numba": timed(lambda: kernels.place(*place_args), 200),
-        "numpy": timed(lambda: place_numpy(*place_args), 50),
-        "python": timed(lambda: reference.place(*ref_args), 50)}}
+        "numba": median_time(lambda: kernels.place(*place_args), 200),
+        "numpy": median_time(lambda: place_numpy(*place_args), 50),
+        "python": median_time(lambda: reference.place(*ref_args), 50)}}
     N = args.records
     X = np.column_stack([np.ones(N), rng.uniform(0, 120, N), rng.uniform(0, 80, N), rng.integers(2, 4, N),
                          rng.choice([64.0, 128.0, 256.0], N)])
@@ -120,19 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     Xl, yl, ll = X[:k].tolist(), y[:k].tolist(), labels[:k].tolist()
     scale = N / k
     rows[f"fit linear, {N:.0e} records"] = {
-        "numba": timed(lambda: kernels.fit_linear(X, y, 1e-6), 5),
-        "numpy": timed(lambda: fit_linear_numpy(X, y, 1e-6), 5),
-        "python": timed(lambda: reference.fit_linear(Xl, yl, 1e-6), 1) * scale}
+        "numba": median_time(lambda: kernels.fit_linear(X, y, 1e-6), 5),
+        "numpy": median_time(lambda: fit_linear_numpy(X, y, 1e-6), 5),
+        "python": median_time(lambda: reference.fit_linear(Xl, yl, 1e-6), 1) * scale}
     iters = 50
     rows[f"fit logistic, {N:.0e} records x {iters} steps"] = {
-        "numba": timed(lambda: kernels.fit_logistic(X, labels, iters, 0.5, 1e-4), 3),
-        "numpy": timed(lambda: fit_logistic_numpy(X, labels, iters, 0.5, 1e-4), 3),
-        "python": timed(lambda: reference.fit_logistic(Xl, ll, iters, 0.5, 1e-4), 1) * scale}
+        "numba": median_time(lambda: kernels.fit_logistic(X, labels, iters, 0.5, 1e-4), 3),
+        "numpy": median_time(lambda: fit_logistic_numpy(X, labels, iters, 0.5, 1e-4), 3),
+        "python": median_time(lambda: reference.fit_logistic(Xl, ll, iters, 0.5, 1e-4), 1) * scale}
     np.testing.assert_allclose(kernels.fit_logistic(X, labels, iters, 0.5, 1e-4),
                                fit_logistic_numpy(X, labels, iters, 0.5, 1e-4), rtol=1e-6, atol=1e-9)
     with tempfile.TemporaryDirectory() as cache:
-        cold = first_call(cache)
-        warm = statistics.median(first_call(cache) for _ in range(3))
+        cold = first_call_s(COLD, cache)
+        warm = statistics.median(first_call_s(COLD, cache) for _ in range(3))
     print(f"co-location kernels (median; pure Python timed on {k} records and scaled to {N})")
     print(f"  {'task':<38} {'numba ms':>10} {'numpy ms':>10} {'python ms':>11} {'numpy/numba':>12} {'python/numba':>13}")
     for task, r in rows.items():

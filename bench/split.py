@@ -13,13 +13,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 
+from bench.timing import first_call_s, median_time
 from noded.rightsize import split_kernels, split_reference
 from noded.rightsize.split import JobCurve, normalised_progress, solve_split
 
@@ -72,13 +71,6 @@ def node_curves(seed: int) -> list[JobCurve]:
     return [JobCurve(f"{kind}-{j}", 1, synergy_curve(rng, kind)) for j, kind in enumerate(kinds)]
 
 
-def timed(fn, repeat):
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 FIRST_CALL = ("import time; t0 = time.perf_counter(); import numpy as np; "
@@ -86,10 +78,6 @@ FIRST_CALL = ("import time; t0 = time.perf_counter(); import numpy as np; "
               "split_kernels.best_split(np.zeros((2, 3, 2)), 2, 1); print(time.perf_counter() - t0)")
 
 
-def first_call(cache_dir: str) -> float:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=env, check=True)
-    return float(out.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as cache:
-        cold = first_call(cache)
-        warm = statistics.median(first_call(cache) for _ in range(3))
+        cold = first_call_s(FIRST_CALL, cache)
+        warm = statistics.median(first_call_s(FIRST_CALL, cache) for _ in range(3))
     rows = []
     for seed in seeds:
         curves = node_curves(seed)
@@ -121,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({
             "seed": seed,
             "kinds": [c.job_id.split("-")[0] for c in curves],
-            "kernel_s": timed(lambda: split_kernels.best_split(progress, CORES, MEMORY_UNITS), args.repeat),
-            "solve_split_s": timed(lambda: solve_split(curves, CORES, MEMORY_UNITS, NODE_GPUS), args.repeat),
+            "kernel_s": median_time(lambda: split_kernels.best_split(progress, CORES, MEMORY_UNITS), args.repeat),
+            "solve_split_s": median_time(lambda: solve_split(curves, CORES, MEMORY_UNITS, NODE_GPUS), args.repeat),
             "python_s": python_s,
             "tune_s": tune_s,
             "same_as_python": (kernel[0].tolist(), kernel[1].tolist(), kernel[2]) == python,

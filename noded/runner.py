@@ -24,7 +24,7 @@ from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .config import Config, ConfigError, load_config
-from .daemon import Daemon, TickResult
+from .daemon import TickResult
 from .hostcheck import start_problems
 from .journal import configure_logging
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused

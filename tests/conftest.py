@@ -211,3 +211,54 @@ def v1_cpuset():
                     pass
         wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
         os.rmdir(path)
+
+
+@pytest.fixture
+def root_logging():
+    """For a test that configures the root logger (noded.journal.configure_logging): puts
+    its level and handlers back afterwards."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    for h in root.handlers:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
+
+
+@pytest.fixture
+def admin_socket(tmp_path):
+    """serve(last) -> an admin socket served as noded serves it, over a last tick the test
+    sets (``.path``, ``.daemon``), with a fixed wall clock; stopped after the test."""
+    from types import SimpleNamespace
+
+    from noded.admin.overrides import OverrideStore
+    from noded.admin.server import AdminServer
+    from noded.control import ControlState
+
+    servers = []
+
+    def serve(last):
+        clock = lambda: 1_700_000_000.0  # noqa: E731
+        daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
+                                 colocation=None, last=last)
+        os.chmod(tmp_path, 0o755)
+        server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
+        servers.append(server)
+        return SimpleNamespace(path=server.path, daemon=daemon)
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+def nodectl_run(path, *argv, capsys):
+    """(exit code, stdout, stderr) of nodectl against the socket at ``path``."""
+    from noded.admin import nodectl
+
+    code = nodectl.main(["--socket", path, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import unix_exchange, wait_for
+from conftest import unix_exchange
 from noded.admin import nodectl
 from noded.admin.overrides import Override, OverrideStore
 from noded.admin.protocol import MAX_REQUEST_BYTES

@@ -4,7 +4,6 @@ reservation lifecycle."""
 import json
 import os
 import shutil
-import sys
 from types import MappingProxyType
 
 import pynvml

@@ -13,19 +13,18 @@ import subprocess
 import sys
 import time
 from importlib.metadata import version
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import read_until, wait_for
+from conftest import nodectl_run, read_until, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
-from noded.admin.overrides import Override, OverrideStore
+from noded.admin.overrides import OverrideStore
 from noded.admin.protocol import RequestError
-from noded.admin.server import AdminServer
 from noded.cliopts import EXIT_BROKEN_PIPE
 from noded.config import Config, ConfigError, ContentionConfig, parse_config
 from noded.control import ControlState
@@ -145,22 +144,13 @@ def commands(tmp_path, result):
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(admin_socket):
     """An admin socket served as noded serves it, over a last tick set by the test."""
-    clock = WallClock()
-    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)), colocation=None,
-                             last=tick_result([job("sim:hog", bw=7 * GB), job("sim:bert", GPU, 0.5 * GB, 40.0)],
-                                              {"sim:hog": 2}))
-    os.chmod(tmp_path, 0o755)
-    server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
-    yield SimpleNamespace(path=server.path, daemon=daemon)
-    server.stop()
+    return admin_socket(tick_result([job("sim:hog", bw=7 * GB), job("sim:bert", GPU, 0.5 * GB, 40.0)],
+                                    {"sim:hog": 2}))
 
 
-def ctl(path, *argv, capsys):
-    code = nodectl.main(["--socket", path, *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+ctl = nodectl_run
 
 
 # ------------------------------------------------------------------ output

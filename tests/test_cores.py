@@ -9,7 +9,6 @@ from types import MappingProxyType
 
 import pytest
 
-from conftest import wait_for
 from noded.actuators.cores import CoreHalving, kept_cpus, max_level
 from noded.jobs.model import Job, JobMeta
 from noded.sample import JobSample, Sample

@@ -90,19 +90,6 @@ def on_changes():
         h.close()
 
 
-@pytest.fixture
-def root_logging():
-    """configure_logging changes the root logger: put it back after the test."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for h in root.handlers:
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
-
-
 def test_a_change_goes_to_the_journal_with_its_fields(journal, on_changes):
     fallback = io.StringIO()
     h = on_changes(JournalHandler(journal.path, fallback=LineHandler(fallback, prefix=True)))

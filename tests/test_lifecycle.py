@@ -4,7 +4,6 @@ SIGTERM and SIGKILL (issue #5). The unit file and `make install`: test_install.p
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time

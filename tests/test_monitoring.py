@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.parse
 import urllib.request
 

@@ -1,7 +1,7 @@
 """Pure parsers for /proc/mounts and MBM counter files, and the rate arithmetic."""
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from resctrl.errors import NotMountedError

@@ -5,11 +5,9 @@ facts it states are the demo's files; its PromQL is run by tests/test_monitoring
 import ast
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml

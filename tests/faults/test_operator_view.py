@@ -17,15 +17,14 @@ import re
 import socket
 import subprocess
 import sys
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 
 import pytest
 
+from conftest import nodectl_run
+
 from noded.admin import nodectl
-from noded.admin.overrides import OverrideStore
-from noded.admin.server import AdminServer
 from noded.config import Config, ConfigError, parse_config
-from noded.control import ControlState
 from noded.daemon import TickResult
 from noded.jobs.model import JobMeta
 from noded.journal import JournalHandler, LineHandler, configure_logging, log_change, printable
@@ -42,18 +41,6 @@ AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="nodectl talks only to a 
 HOSTILE = "x\0<0>forged \x1b[2J\x1b]0;owned\x07 \rover \x9b31m \u2028 \u202egnp.exe"
 #: what must not be written as it is (the newline is checked per line)
 RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-@pytest.fixture
-def root_logging():
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    for h in root.handlers:
-        if h not in handlers:
-            root.removeHandler(h)
-            h.close()
-    root.setLevel(level)
 
 
 def assert_lines_clean(text, priorities=None):
@@ -169,27 +156,18 @@ EVIL_JOB = "cgroup:user.slice/" + HOSTILE.replace("\0", "")  # a cgroup's name h
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(admin_socket):
     """An admin socket over a last tick with a job named by a hostile user."""
-    clock = lambda: 1_700_000_000.0  # noqa: E731
     jobs = [job(EVIL_JOB, 7 * GB), job("slurm:1")]
     sample = Sample(10.0, MappingProxyType({j.id: j for j in jobs}), (), True, None, (0,),
                     MappingProxyType({0: 5 * GB}), (), (), True)
     last = TickResult(3, 10.0, sample, Decision(MappingProxyType({}), (), False, 0.5, (), ""), (),
                       MappingProxyType({}), "mba", MappingProxyType({EVIL_JOB: 1}),
                       config=Config(peak_gbps_per_domain=10), original_cpus=MappingProxyType({}))
-    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)), colocation=None,
-                             last=last)
-    os.chmod(tmp_path, 0o755)
-    server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
-    yield SimpleNamespace(path=server.path, daemon=daemon)
-    server.stop()
+    return admin_socket(last)
 
 
-def ctl(path, *argv, capsys):
-    code = nodectl.main(["--socket", path, *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+ctl = nodectl_run
 
 
 @AS_ROOT
