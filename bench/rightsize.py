@@ -1,0 +1,427 @@
+"""Right-sizing on one node: GPU-proportional cores against noded against an oracle.
+
+A discrete-time simulation (1 s ticks) of a node with 8 GPUs and ``--cores`` cores (64 by
+default: 8 per GPU). GPU jobs of five owners (CODA's cluster was shared by four companies and
+one institute, Sec. III-A) arrive at random, each a model of ``noded.rightsize.curves``
+(CODA Table II's speeds) on 1, 2 or 4 GPUs, run for a fixed time (20-90 minutes) and leave;
+arrivals stop after ``--hours`` and the run goes on until the last job ends. The GPU
+schedule (first come, first served, a later job starts when it fits) is the same for every
+scheme, so the schemes differ only in each job's cores and each job is compared with itself.
+A backlog of CPU jobs larger than the node (two jobs: ``batch``, whose source may borrow,
+and ``etl``, whose source may not) takes whatever cores the GPU jobs leave.
+
+* ``proportional``: every GPU job gets cores x gpus / 8 (rounded down), CPU jobs the shares
+  of idle GPUs.
+* ``noded``: each GPU job is sized by the allocator (CODA V-B, ``begin_job``/``feed``): the
+  job reports noisy iteration times from its curve at the cores it has, a signal window
+  measures each probe until steady, so probing costs the simulated time it would. Answers
+  are remembered per owner, model and batch size (``SizingHistory``, in memory); the GPU
+  array is sized from them (``reserve_from_history``). Each tick ``cpuplan.plan`` decides
+  every job's CPUs: GPU jobs at their probe or answer, the idle GPU array lent to ``batch``.
+  A job may be sized up to twice its GPU-proportional share. One step is the bench's, not
+  the allocator's (yet): the *floor check*. An answer below the job's GPU-proportional share
+  where the curve still rose at the last step up (one core more was faster, not by the 3 %
+  margin: on 4 GPUs a core is a quarter core per GPU) is measured once more at the share,
+  and the share is kept when it measured faster (Synergy Sec. 4.2: no job below its
+  GPU-proportional share's throughput).
+* ``allocator only``: the same without the floor check.
+* ``oracle``: the exact split (``solve_split``, Synergy-OPT) over the true curves of the jobs
+  running, every floor kept; what it leaves goes to the CPU jobs.
+
+Per scheme: GPU job progress (each job's iterations over its own under ``proportional``,
+averaged over jobs), mean GPU utilisation over busy GPU-seconds (the curves' utilisation,
+solo utilisations of the simulated node's models), CPU jobs' core-seconds (and how many of
+them were lent GPU-array cores), probing steps and time per job. The last line is noded's
+progress over the oracle's.
+
+    python -m bench.rightsize [--quick] [--seed N] [--cores 64] [--hours H] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from noded.rightsize.allocator import SEARCHED, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed
+from noded.rightsize.cpuplan import CpuJob, GpuJob, NodeView, PlanConfig, plan, reserve_from_history
+from noded.rightsize.curves import MODEL_CURVES
+from noded.rightsize.history import SizingHistory
+from noded.rightsize.signal import ITERATION_TIME, Window
+from noded.rightsize.split import JobCurve, proportional_share, solve_split
+from noded.securedir import SecureDir
+from noded.sim.workload import MODELS
+
+GPUS = 8
+#: CODA's abstract: its GPU utilisation gain, cluster-wide, from all three of its parts
+CODA_GAIN = 0.208
+#: who submits what: (model, batch size); the institute runs any model
+OWNERS = {
+    "speech-co": (("WaveNet", 32), ("DeepSpeech", 64)),
+    "nlp-co": (("BiDAF", 60), ("Transformer", 4096)),
+    "cv-co": (("ResNet-50", 128), ("InceptionV3", 64)),
+    "vision-lab": (("AlexNet", 256), ("VGG16", 64)),
+    "institute": tuple((m, 32) for m in MODEL_CURVES),
+}
+GPU_COUNTS = ((1, 0.6), (2, 0.25), (4, 0.15))
+DURATION_MIN = (20, 90)
+BORROWER, NOT_BORROWER = "batch", "etl"
+
+
+@dataclass(frozen=True)
+class GpuRun:
+    """A GPU job of the schedule: its GPUs from ``start`` to ``end`` (s)."""
+
+    name: str
+    owner: str
+    model: str
+    batch: int
+    gpus: int
+    start: int
+    end: int
+
+
+def schedule(rng: random.Random, arrivals_s: int) -> list[GpuRun]:
+    """Poisson arrivals for ``arrivals_s``, about 10 % more GPU demand than the node has (a
+    queue forms, the GPUs stay busy); first come first served, a later job starts when it
+    fits and the ones ahead of it do not."""
+    mean_gpus = sum(g * p for g, p in GPU_COUNTS)
+    mean_len = 60 * sum(DURATION_MIN) / 2
+    gap = mean_len * mean_gpus / (GPUS * 1.1)
+    owners = list(OWNERS)
+    jobs, t = [], 0.0
+    while True:
+        t += rng.expovariate(1 / gap)
+        if t >= arrivals_s:
+            break
+        owner = rng.choice(owners)
+        model, batch = rng.choice(OWNERS[owner])
+        gpus = rng.choices([g for g, _ in GPU_COUNTS], [p for _, p in GPU_COUNTS])[0]
+        jobs.append((int(t), owner, model, batch, gpus, 60 * rng.randint(*DURATION_MIN)))
+    runs, queue = [], []
+    # event-driven FIFO with fitting: simulate GPU ends and arrivals in time order
+    ends: list[tuple[int, list[int]]] = []
+    free = list(range(GPUS))
+    pending = sorted(jobs)
+    now = 0
+    i = 0
+    while i < len(pending) or queue:
+        next_arrival = pending[i][0] if i < len(pending) else None
+        next_end = min(e for e, _ in ends) if ends else None
+        if next_end is not None and (next_arrival is None or next_end <= next_arrival):
+            now = next_end
+            for e, gs in [x for x in ends if x[0] == next_end]:
+                free.extend(gs)
+            ends = [x for x in ends if x[0] != next_end]
+        else:
+            now = next_arrival
+            queue.append(pending[i])
+            i += 1
+        started = []
+        for job in queue:
+            arrived, owner, model, batch, gpus, length = job
+            if gpus <= len(free):
+                gs, free = free[:gpus], free[gpus:]
+                ends.append((now + length, gs))
+                runs.append(GpuRun(f"{owner}/{model}#{len(runs)}", owner, model, batch, gpus, now, now + length))
+                started.append(job)
+        queue = [j for j in queue if j not in started]
+    return runs
+
+
+@dataclass
+class Tally:
+    """What one scheme did over the run."""
+
+    iterations: dict[str, float]
+    util_gpu_s: float = 0.0  # utilisation (%) x GPU-seconds
+    busy_gpu_s: float = 0.0
+    cpu_core_s: float = 0.0  # cores CPU jobs had, no GPU job's among them, x seconds
+    lent_core_s: float | None = 0.0  # of those, GPU-array cores lent (None: no arrays)
+    gpu_core_s: float = 0.0  # cores GPU jobs had x seconds
+
+    def run(self, job: GpuRun, cores: int, seconds: float) -> None:
+        curve = MODEL_CURVES[job.model]
+        self.iterations[job.name] = self.iterations.get(job.name, 0.0) + curve.throughput(cores, job.gpus) * seconds
+        self.util_gpu_s += curve.utilisation(cores, MODELS[job.model].solo_util, job.gpus) * job.gpus * seconds
+        self.busy_gpu_s += job.gpus * seconds
+        self.gpu_core_s += cores * seconds
+
+
+def segments(runs: list[GpuRun], end: int):
+    """(t0, t1, running jobs) between consecutive starts and ends."""
+    points = sorted({0, end, *(r.start for r in runs), *(r.end for r in runs)})
+    for t0, t1 in zip(points, points[1:]):
+        yield t0, t1, [r for r in runs if r.start <= t0 < r.end]
+
+
+def run_proportional(runs: list[GpuRun], end: int, cores: int) -> Tally:
+    tally = Tally({})
+    for t0, t1, running in segments(runs, end):
+        used = 0
+        for r in running:
+            share = proportional_share(r.gpus, GPUS, cores, 0)[0]
+            tally.run(r, share, t1 - t0)
+            used += share
+        tally.cpu_core_s += (cores - used) * (t1 - t0)
+    return tally
+
+
+def true_table(r: GpuRun, cores: int) -> np.ndarray:
+    curve = MODEL_CURVES[r.model]
+    return np.array([[curve.throughput(c, r.gpus)] for c in range(cores + 1)])
+
+
+def run_oracle(runs: list[GpuRun], end: int, cores: int) -> Tally:
+    tally = Tally({}, lent_core_s=None)  # no arrays: it hands every core out afresh
+    tables = {r.name: true_table(r, cores) for r in runs}
+    for t0, t1, running in segments(runs, end):
+        if running:
+            split = solve_split([JobCurve(r.name, r.gpus, tables[r.name]) for r in running], cores, 0, GPUS)
+            assert split.feasible, split.reason
+            for r in running:
+                tally.run(r, split.allocations[r.name][0], t1 - t0)
+            used = sum(split.allocations[r.name][0] for r in running)
+        else:
+            used = 0
+        tally.cpu_core_s += (cores - used) * (t1 - t0)
+    return tally
+
+
+@dataclass
+class Sizing:
+    """noded's view of one running GPU job."""
+
+    run: GpuRun
+    spec: JobSpec
+    sizing: object
+    out: Probe | Sized
+    rng: random.Random
+    next_report: float
+    source: str
+    share: int
+    floor_check: bool
+    sized_at: float | None = None
+    trimmed_s: int = 0  # ticks a probe got fewer cores than it asked (nothing measured then)
+    floor: Window | None = None  # the floor check's window, while it measures
+    pending: Sized | None = None  # the allocator's answer, while the floor check measures
+    floor_checked: bool = False
+
+
+def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: AllocatorConfig,
+              state_dir: str, floor_check: bool = True) -> tuple[Tally, list[dict]]:
+    tally = Tally({})
+    history = SizingHistory(SecureDir(state_dir), persist=False)
+    cpus = tuple(range(cores))
+    everything = frozenset(cpus)
+    starts: dict[int, list[GpuRun]] = {}
+    for r in runs:
+        starts.setdefault(r.start, []).append(r)
+    running: dict[str, Sizing] = {}
+    answers: list[dict] = []
+    current: dict[str, tuple[int, ...]] = {}
+    default_per_gpu = cores // GPUS
+    for t in range(end):
+        for r in starts.get(t, ()):
+            share = proportional_share(r.gpus, GPUS, cores, 0)[0]
+            spec = JobSpec(r.name, min(cores, 2 * share), r.gpus, r.owner, MODEL_CURVES[r.model].category, r.model,
+                           r.batch)
+            out, sizing = begin_job(spec, history.view(), config, float(t))
+            job = Sizing(r, spec, sizing, out, random.Random(f"{seed}/{r.name}"), float(t),
+                         sizing.state.start.source, share, floor_check)
+            running[r.name] = job
+            if isinstance(out, Sized):
+                _answer(job, out, float(t), config, history, answers)
+        for name in [n for n, j in running.items() if j.run.end <= t]:
+            del running[name]
+            current.pop(name, None)
+        view = NodeView(cpus, GPUS,
+                        tuple(GpuJob.from_allocator(n, j.run.gpus, j.out, current.get(n, ()))
+                              for n, j in running.items()),
+                        (CpuJob("cpu:batch", BORROWER, everything), CpuJob("cpu:etl", NOT_BORROWER, everything)))
+        reserve = reserve_from_history(history.view(), GPUS, cores, default_per_gpu)
+        p = plan(view, PlanConfig(reserve_cores=reserve, lend_to=frozenset({BORROWER})))
+        for name, job in running.items():
+            mine = p.cpus_of(name)
+            current[name] = mine
+            tally.run(job.run, len(mine), 1.0)
+            if isinstance(job.out, Probe):
+                _measure(job, len(mine), t, config, history, answers)
+        gpu = set(p.gpu_cpus)
+        cpu = set(p.cpus_of("cpu:batch")) | set(p.cpus_of("cpu:etl"))
+        tally.cpu_core_s += len(cpu - gpu)
+        tally.lent_core_s += len((cpu - gpu) & set(p.gpu_array))
+    return tally, answers
+
+
+def _measure(job: Sizing, given: int, t: int, config: AllocatorConfig, history: SizingHistory,
+             answers: list[dict]) -> None:
+    """The job's iteration reports during tick [t, t+1) at ``given`` cores, fed to its window."""
+    if given != job.out.cores:
+        job.trimmed_s += 1  # not at the probe's cores: what it reports now says nothing of them
+        job.next_report = float(t + 1)
+        return
+    curve = MODEL_CURVES[job.run.model]
+    while job.next_report < t + 1 and isinstance(job.out, Probe):
+        dt = curve.iteration_time(given, job.rng, job.run.gpus)
+        job.next_report += dt
+        now = job.next_report
+        if job.floor is not None:
+            job.floor = job.floor.add(now, dt, config.signal)
+            measured = job.floor.result(now, config.signal)
+            if measured is not None:
+                _floor_checked(job, measured.mean, now, history, answers)
+            continue
+        step, job.sizing, _ = feed(job.sizing, [(now, dt)], now, config)
+        if isinstance(step, Probe):
+            job.out = step
+        elif isinstance(step, Sized):
+            _answer(job, step, now, config, history, answers)
+
+
+def _still_rising(sized: Sized) -> bool:
+    """The search stopped where one core more was faster, just not by the margin: a curve that
+    rises slowly per core (a job on many GPUs) can stop far below its optimum that way."""
+    points = dict(sized.curve_points)
+    return sized.cores + 1 in points and sized.throughput is not None and points[sized.cores + 1] > sized.throughput
+
+
+def _answer(job: Sizing, sized: Sized, now: float, config: AllocatorConfig, history: SizingHistory,
+            answers: list[dict]) -> None:
+    """The allocator's answer; below the job's GPU-proportional share on a curve still rising
+    there, first one measurement at the share (the floor check: Synergy Sec. 4.2 never runs a job
+    below its GPU-proportional share's throughput)."""
+    if (job.floor_check and sized.reason == SEARCHED and sized.cores < job.share
+            and job.share not in dict(sized.curve_points) and _still_rising(sized)):
+        job.pending, job.floor_checked = sized, True
+        job.out = Probe(job.run.name, job.share, "floor")
+        job.floor = Window(ITERATION_TIME, job.share, now)
+        return
+    job.out = sized
+    _sized(job, sized, now, history, answers)
+
+
+def _floor_checked(job: Sizing, at_share: float | None, now: float, history: SizingHistory,
+                   answers: list[dict]) -> None:
+    """The share wins when it measured faster than the answer at all: the floor is a promise, so
+    a tie inside the noise goes to the share (it costs a few cores, not the job's speed)."""
+    sized = job.pending
+    points = tuple(sorted((*sized.curve_points, *(((job.share, at_share),) if at_share else ()))))
+    if at_share is not None and at_share > sized.throughput:
+        final = Sized(sized.job, job.share, at_share, points, sized.steps + 1, sized.reason)
+    else:
+        final = replace(sized, curve_points=points, steps=sized.steps + 1)
+    job.floor, job.pending, job.out = None, None, final
+    _sized(job, final, now, history, answers)
+
+
+def _sized(job: Sizing, sized: Sized, now: float, history: SizingHistory, answers: list[dict]) -> None:
+    job.sized_at = now
+    history.record(job.spec, sized)
+    curve = MODEL_CURVES[job.run.model]
+    answers.append({"job": job.run.name, "model": job.run.model, "gpus": job.run.gpus, "start": job.source,
+                    "cores": sized.cores, "best": curve.best(job.spec.max_cores, job.run.gpus),
+                    "found_over_best": curve.share(sized.cores, job.run.gpus)
+                    / curve.share(curve.best(job.spec.max_cores, job.run.gpus), job.run.gpus),
+                    "steps": sized.steps, "probe_s": round(now - job.run.start, 1), "reason": sized.reason,
+                    "trimmed_s": job.trimmed_s, "floor_checked": job.floor_checked,
+                    "floor_kept": job.floor_checked and sized.cores == job.share})
+
+
+def summary(tally: Tally, base: Tally, end: int) -> dict:
+    ratios = {n: tally.iterations[n] / base.iterations[n] for n in base.iterations}
+    worst = min(ratios, key=ratios.get)
+    return {"progress": statistics.fmean(ratios.values()), "worst_ratio": ratios[worst], "worst_job": worst,
+            "gpu_utilisation": tally.util_gpu_s / tally.busy_gpu_s, "cpu_core_s": tally.cpu_core_s,
+            "lent_core_s": tally.lent_core_s, "gpu_cores_mean": tally.gpu_core_s / end,
+            "per_job": {n: round(v, 4) for n, v in ratios.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.rightsize", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="arrivals for 3 hours instead of 12")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cores", type=int, default=64)
+    ap.add_argument("--hours", type=float, help="how long jobs arrive (default 12, 3 with --quick)")
+    ap.add_argument("--json", default="bench/out/rightsize.json")
+    args = ap.parse_args(argv)
+    if args.cores < GPUS:
+        ap.error(f"--cores must be at least {GPUS} (one per GPU)")
+    hours = args.hours if args.hours is not None else (3.0 if args.quick else 12.0)
+    wall = time.perf_counter()
+    runs = schedule(random.Random(args.seed), int(hours * 3600))
+    end = max((r.end for r in runs), default=0)
+    if not runs:
+        ap.error("no GPU job arrived; give more --hours")
+    config = AllocatorConfig()
+    prop = run_proportional(runs, end, args.cores)
+    oracle = run_oracle(runs, end, args.cores)
+    with tempfile.TemporaryDirectory(prefix="bench-rightsize-") as state:
+        noded, answers = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "floor"))
+        bare, bare_answers = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "bare"),
+                                       floor_check=False)
+    results = {name: summary(t, prop, end) for name, t in (("proportional", prop), ("allocator only", bare),
+                                                             ("noded", noded), ("oracle", oracle))}
+    results["allocator only"]["steps_mean"] = statistics.fmean(a["steps"] for a in bare_answers) \
+        if bare_answers else None
+    steps = [a["steps"] for a in answers] or [float("nan")]
+    probe_s = [a["probe_s"] for a in answers] or [float("nan")]
+    fresh = [a for a in answers if a["start"] != "history"]
+    gain = results["noded"]["gpu_utilisation"] / results["proportional"]["gpu_utilisation"] - 1
+    oracle_gain = results["oracle"]["gpu_utilisation"] / results["proportional"]["gpu_utilisation"] - 1
+    x = results["noded"]["progress"] / results["oracle"]["progress"]
+
+    print(f"right-sizing on one node: {GPUS} GPUs, {args.cores} cores, seed {args.seed}; {len(runs)} GPU jobs arriving "
+          f"for {hours:g} h, run until the last ends ({end / 3600:.1f} h); CPU-job backlog larger than the node")
+    print(f"  {'scheme':<14} {'progress':>8} {'worst':>6} {'GPU util':>8} {'GPU cores':>9} "
+          f"{'CPU core-h':>10} {'lent core-h':>11}")
+    for name, r in results.items():
+        print(f"  {name:<14} {r['progress']:>8.3f} {r['worst_ratio']:>6.3f} {r['gpu_utilisation']:>7.1f}% "
+              f"{r['gpu_cores_mean']:>9.1f} {r['cpu_core_s'] / 3600:>10.0f} "
+              f"{'-' if r['lent_core_s'] is None else format(r['lent_core_s'] / 3600, '.0f'):>11}")
+    print(f"  progress: each job's iterations over its own under proportional, mean of {len(runs)} jobs; "
+          f"worst: the lowest job's; GPU cores: mean in use")
+    print(f"  noded probing: {len(answers)} jobs sized, mean {statistics.fmean(steps):.2f} steps "
+          f"(max {max(steps)}; CODA Table II: 3-4), mean {statistics.fmean(probe_s):.0f} s per job "
+          f"(max {max(probe_s):.0f} s; CODA: 4 steps of 90 s, 6 min); floor checks: "
+          f"{sum(a['floor_checked'] for a in answers)}, the share kept: {sum(a['floor_kept'] for a in answers)}; "
+          f"allocator only: {results['allocator only']['steps_mean'] or float('nan'):.2f} steps")
+    if fresh:
+        print(f"    without a remembered answer: {len(fresh)} jobs, "
+              f"mean {statistics.fmean(a['steps'] for a in fresh):.2f} steps, "
+              f"{statistics.fmean(a['probe_s'] for a in fresh):.0f} s; with one: "
+              f"{len(answers) - len(fresh)} jobs, "
+              f"{statistics.fmean([a['steps'] for a in answers if a['start'] == 'history'] or [0]):.2f} steps")
+    if answers:
+        print(f"    answers at the best core count: {sum(a['cores'] == a['best'] for a in answers)} of {len(answers)}, "
+              f"true throughput over the best: mean {statistics.fmean(a['found_over_best'] for a in answers):.3f}, "
+              f"worst {min(a['found_over_best'] for a in answers):.3f}; probe ticks cut short by the plan: "
+              f"{sum(a['trimmed_s'] for a in answers)}")
+    print(f"  GPU utilisation over GPU-proportional: noded {gain:+.1%}, oracle {oracle_gain:+.1%} "
+          f"(CODA, cluster-wide: {CODA_GAIN:+.1%})")
+    worst = results["noded"]
+    print(f"  no GPU job below its GPU-proportional progress: {'yes' if worst['worst_ratio'] >= 1 else 'NO'} "
+          f"(worst {worst['worst_ratio']:.3f}, {worst['worst_job']})")
+
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"gpus": GPUS, "cores": args.cores, "seed": args.seed, "hours": hours, "end_s": end,
+                   "jobs": [r.__dict__ for r in runs], "schemes": results, "answers": answers,
+                   "steps_mean": statistics.fmean(steps), "probe_s_mean": statistics.fmean(probe_s),
+                   "gpu_util_gain": gain, "oracle_gpu_util_gain": oracle_gain, "coda_gain": CODA_GAIN,
+                   "tuned_over_oracle": x, "wall_s": time.perf_counter() - wall}, f, indent=1)
+    print(f"  wrote {args.json} ({time.perf_counter() - wall:.1f} s)")
+    print(f"tuned/oracle throughput: {x:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
