@@ -6,6 +6,12 @@ processes (PIDs, /proc, resctrl tasks), bandwidth comes from the emulator's MBM
 counters, GPU state from pynvml over ``FakeNvmlLib``. Each ``step`` applies the
 scenario's due events, then reads the bandwidth the emulator granted and sets
 every GPU job's utilisation from it (``workload.gpu_utilisation``).
+
+A GPU job that follows its core curve (``JobSpec.cpu_curve``) runs at that utilisation
+times its model's curve share (``noded.rightsize.curves``) at the cores it has now: the
+real CPUs its process may run on (its affinity, within its cpuset), mapped proportionally
+onto the simulated host's ``node.cpus`` (``simulated_cores``). Its iteration times, where
+it reports them (``JobSpec.reports``), come from the same curve (``noded.sim.reporter``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -25,8 +34,10 @@ from resctrl.emulator import MountedEmulator
 from ..config import Config
 from ..jobs.discovery import JobDiscovery
 from ..jobs.model import JobMeta
+from ..rightsize.curves import MODEL_CURVES
 from . import fake_nvml
-from .mps_standin import write_launcher
+from .mps_standin import _IMPORT_ROOT, write_launcher
+from .reporter import write_state
 from .scenario import JobSpec, Scenario
 from .workload import GB, MODELS, gpu_utilisation
 
@@ -40,6 +51,7 @@ class SimState:
     granted_gbps: float  # achieved over all domains
     gpu_util: dict[str, float]  # sim job id -> GPU utilisation set this step
     running: tuple[str, ...]
+    cores: dict[str, float] = dataclasses.field(default_factory=dict)  # sim job id -> simulated cores (curve jobs)
 
 
 def job_id(sim_id: str) -> str:
@@ -48,7 +60,8 @@ def job_id(sim_id: str) -> str:
 
 class SimNode:
     def __init__(self, scenario: Scenario, *, clock: Callable[[], float] = time.monotonic,
-                 emulator_args: list[str] | None = None, workdir: str | None = None):
+                 emulator_args: list[str] | None = None, workdir: str | None = None,
+                 report_socket: str | None = None):
         self.scenario = scenario
         self.clock = clock
         self.emulator_args = emulator_args or []
@@ -61,6 +74,14 @@ class SimNode:
         self.demand_gbps: dict[str, float] = {}
         self._base_cpus: dict[str, int] = {}  # CPUs a CPU job started with
         self._granted_cpus: dict[str, int] = {}
+        #: the real CPUs this process may run on, and the simulated host's (``node.cpus``)
+        self.real_cpus = len(os.sched_getaffinity(0))
+        self.cpus = scenario.node.cpus or self.real_cpus
+        self.cores: dict[str, float] = {}  # curve jobs: simulated cores they have now
+        self._rates: dict[str, tuple[float, float]] = {}  # reporting jobs: (cores, rate) last written
+        #: where reporting jobs send their iteration times (``configure`` sets noded's)
+        self.report_socket = report_socket
+        self.scratch: str | None = None  # the jobs' state files (reporters read theirs)
         self._next = 0
         self._t0 = 0.0
         self._rng = random.Random(scenario.seed)
@@ -75,6 +96,7 @@ class SimNode:
         self.nvml = fake_nvml.FakeNvmlLib(self.gpus)
         fake_nvml.install(self.nvml)
         self.domains = self.open_resctrl().caps.domains
+        self.scratch = tempfile.mkdtemp(prefix="noded-sim-jobs-", dir=self.workdir)
         self._t0 = self.clock()
         return self
 
@@ -85,11 +107,13 @@ class SimNode:
         serve them), started through a launcher written into ``scratch``."""
         assert self.emu is not None
         mps = dataclasses.replace(config.colocation.mps, control=write_launcher(scratch))
-        return dataclasses.replace(
+        configured = dataclasses.replace(
             config, peak_gbps_per_domain=self.scenario.node.peak_gbps, state_dir=f"{scratch}/state",
             runtime_dir=f"{scratch}/run",
             resctrl=dataclasses.replace(config.resctrl, root=self.emu.root, mounts=self.emu.mounts_file),
             colocation=dataclasses.replace(config.colocation, mps=mps))
+        self.report_socket = configured.report_socket  # reporting jobs report to this noded
+        return configured
 
     def open_resctrl(self, **kw) -> Resctrl:
         assert self.emu is not None
@@ -101,6 +125,9 @@ class SimNode:
         for p in self.procs.values():
             p.wait()
         self.procs.clear()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
         fake_nvml.install(None)
         if self.emu is not None:
             self.emu.stop()
@@ -120,25 +147,52 @@ class SimNode:
     def finished(self) -> bool:
         return self.elapsed >= self.scenario.duration_s
 
+    # -- cores
+    def simulated_cores(self, real_cpus: int) -> float:
+        """The simulated cores a job with ``real_cpus`` real CPUs has: proportional, so one
+        real CPU is ``node.cpus / real_cpus`` simulated cores (the granularity of a change)."""
+        return real_cpus * self.cpus / self.real_cpus
+
+    def state_file(self, sim_id: str) -> str:
+        assert self.scratch is not None
+        return os.path.join(self.scratch, f"{sim_id}.iteration.json")
+
+    def _reporter(self, spec: JobSpec) -> tuple[tuple[str, ...], dict[str, str]]:
+        """A reporting job's process: its argv and environment (its job id, noded's report socket)."""
+        assert self.scratch is not None
+        path = self.state_file(spec.id)
+        write_state(path, self.simulated_cores(self.real_cpus), 1.0)  # before it starts: nothing to wait for
+        self._rates[spec.id] = (self.simulated_cores(self.real_cpus), 1.0)
+        env = dict(os.environ, NODED_JOB=job_id(spec.id),
+                   # no noded configured: a socket nobody serves (reports are dropped), never the host's
+                   NODED_REPORT_SOCKET=self.report_socket or os.path.join(self.scratch, "no-noded.sock"),
+                   PYTHONPATH=os.pathsep.join(p for p in (_IMPORT_ROOT, os.environ.get("PYTHONPATH")) if p))
+        return (sys.executable, "-m", "noded.sim.reporter", path, spec.model, f"{self.scenario.seed}:{spec.id}"), env
+
     # -- the scenario
     def _start_job(self, spec: JobSpec) -> None:
-        argv = spec.command or ("sleep", "infinity")
+        argv, env = spec.command or ("sleep", "infinity"), None
+        if spec.reports:
+            argv, env = self._reporter(spec)
         try:
             # Its own session, as a job on a host is: a Ctrl-C at noded's terminal is not for it.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.DEVNULL, start_new_session=True, env=env)
         except OSError as e:
             raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(argv)}: {e}") from None
         self.procs[spec.id] = proc
         self._base_cpus[spec.id] = self._granted_cpus[spec.id] = len(os.sched_getaffinity(proc.pid))
+        if spec.cpu_curve:
+            self.cores[spec.id] = self.simulated_cores(self._base_cpus[spec.id])
         model = MODELS.get(spec.model) if spec.model else None
         meta = JobMeta(category=model.category if model else None, model=spec.model, exempt=spec.exempt)
         self.discovery.register(proc.pid, job_id(spec.id), meta)
         self._set_demand(spec.id, model.demand_gbps if model else spec.cpu_gbps or 0.0)
         if model is not None:
             self.gpus[spec.gpu].processes[proc.pid] = fake_nvml.FakeProcess(proc.pid, sm_util=int(model.solo_util))
-        log.info("sim: started %s pid=%d (%s)%s", spec.id, proc.pid, spec.model or f"CPU {spec.cpu_gbps} GB/s",
-                 f": {' '.join(spec.command)}" if spec.command else "")
+        log.info("sim: started %s pid=%d (%s)%s%s", spec.id, proc.pid, spec.model or f"CPU {spec.cpu_gbps} GB/s",
+                 f", {self.cores[spec.id]:g} of {self.cpus} simulated cores on its curve{', reporting'*spec.reports}"
+                 if spec.cpu_curve else "", f": {' '.join(spec.command)}" if spec.command else "")
 
     def _set_demand(self, sim_id: str, gbps: float) -> None:
         assert self.emu is not None and self.emu.control is not None
@@ -150,13 +204,17 @@ class SimNode:
 
     def _follow_affinity(self) -> None:
         for sim_id, proc in self.procs.items():
-            if self.scenario.jobs[sim_id].is_gpu:
+            spec = self.scenario.jobs[sim_id]
+            if spec.is_gpu and not spec.cpu_curve:
                 continue
             try:
                 cpus = len(os.sched_getaffinity(proc.pid))
             except ProcessLookupError:
                 continue
-            if cpus != self._granted_cpus.get(sim_id):
+            if spec.is_gpu:
+                self._granted_cpus[sim_id] = cpus
+                self.cores[sim_id] = self.simulated_cores(cpus)
+            elif cpus != self._granted_cpus.get(sim_id):
                 self._granted_cpus[sim_id] = cpus
                 self._set_demand(sim_id, self.demand_gbps[sim_id])
 
@@ -169,6 +227,12 @@ class SimNode:
         self.demand_gbps.pop(sim_id, None)
         self._base_cpus.pop(sim_id, None)
         self._granted_cpus.pop(sim_id, None)
+        self.cores.pop(sim_id, None)
+        if self._rates.pop(sim_id, None) is not None:
+            try:
+                os.unlink(self.state_file(sim_id))
+            except FileNotFoundError:
+                pass
         log.info("sim: stopped %s", sim_id)
 
     def _fault(self, args: dict) -> None:
@@ -215,12 +279,27 @@ class SimNode:
             spec = self.scenario.jobs[sim_id]
             if not spec.is_gpu:
                 continue
-            u = gpu_utilisation(MODELS[spec.model], utilisation) + self._rng.gauss(0.0, 0.5)
+            model = MODELS[spec.model]
+            contended = gpu_utilisation(model, utilisation)
+            if spec.cpu_curve:  # the model's speed at the cores it has (its peak at the optimum)
+                u = contended * MODEL_CURVES[spec.model].share(self.cores[sim_id]) + self._rng.gauss(0.0, 0.5)
+            else:
+                u = contended + self._rng.gauss(0.0, 0.5)
             u = max(0.0, min(100.0, u))
+            if spec.reports:
+                self._report_state(sim_id, contended / model.solo_util)
             utils[sim_id] = u
             gpu = self.gpus[spec.gpu]
             if proc.pid in gpu.processes:
                 gpu.processes[proc.pid].sm_util = int(round(u))
         for gpu in self.gpus:
             gpu.util_gpu = min(100, sum(p.sm_util for p in gpu.processes.values()))
-        return SimState(elapsed, utilisation, sum(per_domain.values()) / GB, utils, tuple(self.procs))
+        return SimState(elapsed, utilisation, sum(per_domain.values()) / GB, utils, tuple(self.procs),
+                        dict(self.cores))
+
+    def _report_state(self, sim_id: str, rate: float) -> None:
+        """Tell a reporting job its cores and contention (written only when they changed)."""
+        state = (self.cores[sim_id], round(rate, 4))
+        if self._rates.get(sim_id) != state:
+            self._rates[sim_id] = state
+            write_state(self.state_file(sim_id), *state)

@@ -4,10 +4,11 @@
 seed: 7                # noise in GPU utilisation is drawn from this
 duration_s: 30
 tick_s: 0.25           # how often the workload model updates the hardware
-node: {profile: intel, gpus: 4, peak_gbps: 20}
+node: {profile: intel, gpus: 4, peak_gbps: 20}   # cpus: 16 (the simulated host's CPUs)
 events:
   - {at: 0,  start: {id: bert, model: BiDAF, gpu: 0}}
   - {at: 0,  start: {id: cv, model: AlexNet, gpu: 1, command: "python3 -m bench.victims decode"}}
+  - {at: 0,  start: {id: tf, model: Transformer, gpu: 2, cpu_curve: true, reports: true}}
   - {at: 3,  start: {id: hog, cpu: hog}}            # or cpu_gbps: 14
   - {at: 12, set: {id: hog, cpu_gbps: 1}}           # the hog calms down
   - {at: 15, stop: {id: hog}}
@@ -19,6 +20,16 @@ Every key is checked; an error names the file, the event and the key. A job's
 process is ``sleep infinity`` unless ``command`` (a string split as the shell
 would, or a list) names a real workload to run in its place, such as a victim
 of ``bench/victims``; its output is discarded.
+
+**Cores (issue #13).** A GPU job with ``cpu_curve: true`` runs at the share of its
+model's core curve (``noded.rightsize.curves.MODEL_CURVES``) that the cores it has now
+give it: its real CPUs (the affinity of its process, which its cpuset bounds) scaled to
+the simulated host's ``node.cpus`` (default: the CPUs this process may run on, one
+simulated core per real CPU). ``cpu_curve`` defaults to true for every GPU job where
+``node.cpus`` is given, and to false otherwise (the contention model alone, as before).
+``reports: true`` (needs the curve, and no ``command``) makes the job's process a
+reporter (``noded.sim.reporter``) that reports every iteration's time to noded's report
+socket, as a training script does.
 """
 
 from __future__ import annotations
@@ -33,6 +44,10 @@ from ..yamlsafe import YamlError, parse_yaml, read_regular_file
 from .workload import CPU_JOBS, MODELS
 
 
+#: the most CPUs a simulated host may have (``node.cpus``)
+MAX_CPUS = 4096
+
+
 class ScenarioError(ValueError):
     pass
 
@@ -45,6 +60,8 @@ class JobSpec:
     cpu_gbps: float | None = None  # CPU job
     exempt: bool = False
     command: tuple[str, ...] | None = None  # the job's process (None: a placeholder)
+    cpu_curve: bool = False  # GPU utilisation follows the model's core curve at the job's cores
+    reports: bool = False  # the job's process reports iteration times (needs cpu_curve)
 
     @property
     def is_gpu(self) -> bool:
@@ -63,6 +80,7 @@ class NodeSpec:
     profile: str = "intel"
     gpus: int = 4
     peak_gbps: float = 20.0
+    cpus: int | None = None  # the simulated host's CPUs (None: the real ones this process may use)
 
 
 @dataclass(frozen=True)
@@ -104,13 +122,17 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
         raise ScenarioError(f"{e.location}: not valid YAML for a scenario: {e.detail}") from None
     _keys(data, name, {"duration_s", "events"}, {"seed", "tick_s", "node"})
     node_d = data.get("node", {})
-    _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps"})
+    _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps", "cpus"})
     node = NodeSpec(**node_d)
     if node.profile not in PROFILES:
         raise ScenarioError(f"{name}: node.profile {node.profile!r} is not one of {sorted(PROFILES)}")
     if not isinstance(node.gpus, int) or not 0 <= node.gpus <= 64:
         raise ScenarioError(f"{name}: node.gpus must be an integer 0..64, got {node.gpus!r}")
     _number(node.peak_gbps, f"{name}: node.peak_gbps", 0.1)
+    if node.cpus is not None and (not isinstance(node.cpus, int) or isinstance(node.cpus, bool)
+                                  or not 1 <= node.cpus <= MAX_CPUS):
+        raise ScenarioError(f"{name}: node.cpus must be an integer 1..{MAX_CPUS} (the simulated host's CPUs), "
+                            f"got {node.cpus!r:.60}")
     duration = _number(data["duration_s"], f"{name}: duration_s", 0.1)
     tick = _number(data.get("tick_s", 0.25), f"{name}: tick_s", 0.01)
     seed = data.get("seed", 0)
@@ -132,7 +154,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
         args = ev[action]
         w = f"{where}.{action}"
         if action == "start":
-            _keys(args, w, {"id"}, {"model", "gpu", "cpu", "cpu_gbps", "exempt", "command"})
+            _keys(args, w, {"id"}, {"model", "gpu", "cpu", "cpu_gbps", "exempt", "command", "cpu_curve", "reports"})
             jid = str(args["id"])
             command = _command(args.get("command"), f"{w}.command")
             if jid in jobs:
@@ -145,9 +167,21 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
                     raise ScenarioError(f"{w}.gpu: {gpu!r} is not a GPU index below {node.gpus}")
                 if "cpu" in args or "cpu_gbps" in args:
                     raise ScenarioError(f"{w}: a job is a GPU job (model) or a CPU job (cpu/cpu_gbps), not both")
+                curve = _flag(args, "cpu_curve", node.cpus is not None, w)
+                reports = _flag(args, "reports", False, w)
+                if reports and not curve:
+                    raise ScenarioError(f"{w}.reports: iteration times come from the job's core curve: "
+                                        "set cpu_curve: true (or node.cpus)")
+                if reports and command is not None:
+                    raise ScenarioError(f"{w}.reports: the reporter is the job's process; it cannot also run "
+                                        "a command")
                 spec = JobSpec(jid, model=args["model"], gpu=gpu, exempt=bool(args.get("exempt", False)),
-                               command=command)
+                               command=command, cpu_curve=curve, reports=reports)
             else:
+                for key in ("cpu_curve", "reports"):
+                    if key in args:
+                        raise ScenarioError(f"{w}.{key}: only a GPU job (model) follows a core curve and reports "
+                                            "iterations; a CPU job's bandwidth follows its cores already")
                 gbps = _cpu_gbps(args, w)
                 spec = JobSpec(jid, cpu_gbps=gbps, exempt=bool(args.get("exempt", False)), command=command)
             jobs[jid] = spec
@@ -175,6 +209,13 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
             raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
         events.append(Event(at, action, dict(args)))
     return Scenario(duration, tuple(events), node, seed, tick, name, jobs)
+
+
+def _flag(args: dict, key: str, default: bool, where: str) -> bool:
+    value = args.get(key, default)
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where}.{key}: expected true or false, got {value!r:.60}")
+    return value
 
 
 def _command(value, where: str) -> tuple[str, ...] | None:
