@@ -18,13 +18,12 @@ and ``etl``, whose source may not) takes whatever cores the GPU jobs leave.
   are remembered per owner, model and batch size (``SizingHistory``, in memory); the GPU
   array is sized from them (``reserve_from_history``). Each tick ``cpuplan.plan`` decides
   every job's CPUs: GPU jobs at their probe or answer, the idle GPU array lent to ``batch``.
-  A job may be sized up to twice its GPU-proportional share. One step is the bench's, not
-  the allocator's (yet): the *floor check*. An answer below the job's GPU-proportional share
-  where the curve still rose at the last step up (one core more was faster, not by the 3 %
-  margin: on 4 GPUs a core is a quarter core per GPU) is measured once more at the share,
-  and the share is kept when it measured faster (Synergy Sec. 4.2: no job below its
-  GPU-proportional share's throughput).
-* ``allocator only``: the same without the floor check.
+  A job may be sized up to twice its GPU-proportional share, which it is given as
+  ``JobSpec.share``: the allocator's floor phase measures an answer below it once at the
+  share (Synergy Sec. 4.2). When the plan gives a probing job fewer cores than the probe
+  asks (the node is short: other jobs' shares first), the bench tells the allocator
+  (``limit_job``) and the probe is cut to what the plan gave, as the daemon would.
+* ``no floor phase``: the same without ``share`` (the allocator's search alone).
 * ``oracle``: the exact split (``solve_split``, Synergy-OPT) over the true curves of the jobs
   running, every floor kept; what it leaves goes to the CPU jobs.
 
@@ -47,15 +46,14 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from noded.rightsize.allocator import SEARCHED, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed
+from noded.rightsize.allocator import FLOOR, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed, limit_job
 from noded.rightsize.cpuplan import CpuJob, GpuJob, NodeView, PlanConfig, plan, reserve_from_history
 from noded.rightsize.curves import MODEL_CURVES
 from noded.rightsize.history import SizingHistory
-from noded.rightsize.signal import ITERATION_TIME, Window
 from noded.rightsize.split import JobCurve, proportional_share, solve_split
 from noded.securedir import SecureDir
 from noded.sim.workload import MODELS
@@ -208,16 +206,15 @@ class Sizing:
     next_report: float
     source: str
     share: int
-    floor_check: bool
     sized_at: float | None = None
     trimmed_s: int = 0  # ticks a probe got fewer cores than it asked (nothing measured then)
-    floor: Window | None = None  # the floor check's window, while it measures
-    pending: Sized | None = None  # the allocator's answer, while the floor check measures
-    floor_checked: bool = False
+    limited: int = 0  # times the allocator was told the plan's ceiling
+    floor_checked: bool = False  # the allocator's floor phase measured the share
 
 
 def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: AllocatorConfig,
-              state_dir: str, floor_check: bool = True) -> tuple[Tally, list[dict]]:
+              state_dir: str, floor: bool = True) -> tuple[Tally, list[dict], list[str]]:
+    """noded's run: the tally, the answers and the jobs still probing when they ended."""
     tally = Tally({})
     history = SizingHistory(SecureDir(state_dir), persist=False)
     cpus = tuple(range(cores))
@@ -227,20 +224,23 @@ def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: Alloc
         starts.setdefault(r.start, []).append(r)
     running: dict[str, Sizing] = {}
     answers: list[dict] = []
+    unsized: list[str] = []
     current: dict[str, tuple[int, ...]] = {}
     default_per_gpu = cores // GPUS
     for t in range(end):
         for r in starts.get(t, ()):
             share = proportional_share(r.gpus, GPUS, cores, 0)[0]
             spec = JobSpec(r.name, min(cores, 2 * share), r.gpus, r.owner, MODEL_CURVES[r.model].category, r.model,
-                           r.batch)
+                           r.batch, share=share if floor else None)
             out, sizing = begin_job(spec, history.view(), config, float(t))
             job = Sizing(r, spec, sizing, out, random.Random(f"{seed}/{r.name}"), float(t),
-                         sizing.state.start.source, share, floor_check)
+                         sizing.state.start.source, share)
             running[r.name] = job
             if isinstance(out, Sized):
-                _answer(job, out, float(t), config, history, answers)
+                _sized(job, out, float(t), history, answers)
         for name in [n for n, j in running.items() if j.run.end <= t]:
+            if isinstance(running[name].out, Probe):
+                unsized.append(name)
             del running[name]
             current.pop(name, None)
         view = NodeView(cpus, GPUS,
@@ -253,13 +253,23 @@ def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: Alloc
             mine = p.cpus_of(name)
             current[name] = mine
             tally.run(job.run, len(mine), 1.0)
+            if isinstance(job.out, Probe) and len(mine) < job.out.cores:
+                # the plan could not give the probe its cores: the allocator is told, and its
+                # probe (cut to what the plan gave, or a step of the search resumed within it)
+                # is what the job's reports measure from now on
+                job.limited += 1
+                step, job.sizing = limit_job(job.sizing, len(mine), config, float(t))
+                if isinstance(step, Probe):
+                    job.out = step
+                elif isinstance(step, Sized):
+                    _sized(job, step, float(t), history, answers)
             if isinstance(job.out, Probe):
                 _measure(job, len(mine), t, config, history, answers)
         gpu = set(p.gpu_cpus)
         cpu = set(p.cpus_of("cpu:batch")) | set(p.cpus_of("cpu:etl"))
         tally.cpu_core_s += len(cpu - gpu)
         tally.lent_core_s += len((cpu - gpu) & set(p.gpu_array))
-    return tally, answers
+    return tally, answers, unsized
 
 
 def _measure(job: Sizing, given: int, t: int, config: AllocatorConfig, history: SizingHistory,
@@ -274,66 +284,26 @@ def _measure(job: Sizing, given: int, t: int, config: AllocatorConfig, history: 
         dt = curve.iteration_time(given, job.rng, job.run.gpus)
         job.next_report += dt
         now = job.next_report
-        if job.floor is not None:
-            job.floor = job.floor.add(now, dt, config.signal)
-            measured = job.floor.result(now, config.signal)
-            if measured is not None:
-                _floor_checked(job, measured.mean, now, history, answers)
-            continue
         step, job.sizing, _ = feed(job.sizing, [(now, dt)], now, config)
         if isinstance(step, Probe):
             job.out = step
+            job.floor_checked = job.floor_checked or step.phase == FLOOR
         elif isinstance(step, Sized):
-            _answer(job, step, now, config, history, answers)
-
-
-def _still_rising(sized: Sized) -> bool:
-    """The search stopped where one core more was faster, just not by the margin: a curve that
-    rises slowly per core (a job on many GPUs) can stop far below its optimum that way."""
-    points = dict(sized.curve_points)
-    return sized.cores + 1 in points and sized.throughput is not None and points[sized.cores + 1] > sized.throughput
-
-
-def _answer(job: Sizing, sized: Sized, now: float, config: AllocatorConfig, history: SizingHistory,
-            answers: list[dict]) -> None:
-    """The allocator's answer; below the job's GPU-proportional share on a curve still rising
-    there, first one measurement at the share (the floor check: Synergy Sec. 4.2 never runs a job
-    below its GPU-proportional share's throughput)."""
-    if (job.floor_check and sized.reason == SEARCHED and sized.cores < job.share
-            and job.share not in dict(sized.curve_points) and _still_rising(sized)):
-        job.pending, job.floor_checked = sized, True
-        job.out = Probe(job.run.name, job.share, "floor")
-        job.floor = Window(ITERATION_TIME, job.share, now)
-        return
-    job.out = sized
-    _sized(job, sized, now, history, answers)
-
-
-def _floor_checked(job: Sizing, at_share: float | None, now: float, history: SizingHistory,
-                   answers: list[dict]) -> None:
-    """The share wins when it measured faster than the answer at all: the floor is a promise, so
-    a tie inside the noise goes to the share (it costs a few cores, not the job's speed)."""
-    sized = job.pending
-    points = tuple(sorted((*sized.curve_points, *(((job.share, at_share),) if at_share else ()))))
-    if at_share is not None and at_share > sized.throughput:
-        final = Sized(sized.job, job.share, at_share, points, sized.steps + 1, sized.reason)
-    else:
-        final = replace(sized, curve_points=points, steps=sized.steps + 1)
-    job.floor, job.pending, job.out = None, None, final
-    _sized(job, final, now, history, answers)
+            _sized(job, step, now, history, answers)
 
 
 def _sized(job: Sizing, sized: Sized, now: float, history: SizingHistory, answers: list[dict]) -> None:
+    job.out = sized
     job.sized_at = now
     history.record(job.spec, sized)
     curve = MODEL_CURVES[job.run.model]
+    best = curve.best(job.spec.max_cores, job.run.gpus)
     answers.append({"job": job.run.name, "model": job.run.model, "gpus": job.run.gpus, "start": job.source,
-                    "cores": sized.cores, "best": curve.best(job.spec.max_cores, job.run.gpus),
-                    "found_over_best": curve.share(sized.cores, job.run.gpus)
-                    / curve.share(curve.best(job.spec.max_cores, job.run.gpus), job.run.gpus),
+                    "cores": sized.cores, "best": best,
+                    "found_over_best": curve.share(sized.cores, job.run.gpus) / curve.share(best, job.run.gpus),
                     "steps": sized.steps, "probe_s": round(now - job.run.start, 1), "reason": sized.reason,
-                    "trimmed_s": job.trimmed_s, "floor_checked": job.floor_checked,
-                    "floor_kept": job.floor_checked and sized.cores == job.share})
+                    "trimmed_s": job.trimmed_s, "limited": job.limited, "floor_checked": job.floor_checked,
+                    "floor_kept": job.floor_checked and sized.cores == min(job.share, job.spec.max_cores)})
 
 
 def summary(tally: Tally, base: Tally, end: int) -> dict:
@@ -365,12 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     prop = run_proportional(runs, end, args.cores)
     oracle = run_oracle(runs, end, args.cores)
     with tempfile.TemporaryDirectory(prefix="bench-rightsize-") as state:
-        noded, answers = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "floor"))
-        bare, bare_answers = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "bare"),
-                                       floor_check=False)
-    results = {name: summary(t, prop, end) for name, t in (("proportional", prop), ("allocator only", bare),
+        noded, answers, unsized = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "floor"))
+        bare, bare_answers, _ = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "bare"),
+                                          floor=False)
+    results = {name: summary(t, prop, end) for name, t in (("proportional", prop), ("no floor phase", bare),
                                                              ("noded", noded), ("oracle", oracle))}
-    results["allocator only"]["steps_mean"] = statistics.fmean(a["steps"] for a in bare_answers) \
+    results["no floor phase"]["steps_mean"] = statistics.fmean(a["steps"] for a in bare_answers) \
         if bare_answers else None
     steps = [a["steps"] for a in answers] or [float("nan")]
     probe_s = [a["probe_s"] for a in answers] or [float("nan")]
@@ -393,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(max {max(steps)}; CODA Table II: 3-4), mean {statistics.fmean(probe_s):.0f} s per job "
           f"(max {max(probe_s):.0f} s; CODA: 4 steps of 90 s, 6 min); floor checks: "
           f"{sum(a['floor_checked'] for a in answers)}, the share kept: {sum(a['floor_kept'] for a in answers)}; "
-          f"allocator only: {results['allocator only']['steps_mean'] or float('nan'):.2f} steps")
+          f"no floor phase: {results['no floor phase']['steps_mean'] or float('nan'):.2f} steps")
     if fresh:
         print(f"    without a remembered answer: {len(fresh)} jobs, "
               f"mean {statistics.fmean(a['steps'] for a in fresh):.2f} steps, "
@@ -403,8 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     if answers:
         print(f"    answers at the best core count: {sum(a['cores'] == a['best'] for a in answers)} of {len(answers)}, "
               f"true throughput over the best: mean {statistics.fmean(a['found_over_best'] for a in answers):.3f}, "
-              f"worst {min(a['found_over_best'] for a in answers):.3f}; probe ticks cut short by the plan: "
-              f"{sum(a['trimmed_s'] for a in answers)}")
+              f"worst {min(a['found_over_best'] for a in answers):.3f}")
+        starts = {}
+        for a in answers:
+            starts[a["start"]] = starts.get(a["start"], 0) + 1
+        print(f"    starts: {', '.join(f'{k} {v}' for k, v in sorted(starts.items(), key=lambda kv: -kv[1]))}; "
+              f"probes the plan cut (the allocator told): {sum(a['limited'] for a in answers)}, "
+              f"probe ticks short of the probe: {sum(a['trimmed_s'] for a in answers)}; "
+              f"jobs that ended still probing: {len(unsized)}")
     print(f"  GPU utilisation over GPU-proportional: noded {gain:+.1%}, oracle {oracle_gain:+.1%} "
           f"(CODA, cluster-wide: {CODA_GAIN:+.1%})")
     worst = results["noded"]
@@ -417,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                    "jobs": [r.__dict__ for r in runs], "schemes": results, "answers": answers,
                    "steps_mean": statistics.fmean(steps), "probe_s_mean": statistics.fmean(probe_s),
                    "gpu_util_gain": gain, "oracle_gpu_util_gain": oracle_gain, "coda_gain": CODA_GAIN,
-                   "tuned_over_oracle": x, "wall_s": time.perf_counter() - wall}, f, indent=1)
+                   "unsized": unsized, "tuned_over_oracle": x, "wall_s": time.perf_counter() - wall}, f, indent=1)
     print(f"  wrote {args.json} ({time.perf_counter() - wall:.1f} s)")
     print(f"tuned/oracle throughput: {x:.3f}")
     return 0

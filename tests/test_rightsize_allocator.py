@@ -24,13 +24,22 @@ CODA_CFG = AllocatorConfig(method=CODA)
 SYNERGY_CFG = AllocatorConfig(method=SYNERGY)
 
 
-def search(spec: JobSpec, value, config: AllocatorConfig, history: HistoryView | None = None):
+def search(spec: JobSpec, value, config: AllocatorConfig, history: HistoryView | None = None,
+           limits: dict[int, int] | None = None):
     """Run a search to its end, ``value(cores)`` standing in for the measured mean;
-    returns (answer, the cores probed in order)."""
+    returns (answer, the cores measured in order). ``limits``: before the n-th measurement,
+    the plan's ceiling is set to that many cores (``al.limit``)."""
     out, state = al.begin(spec, history, config)
     probed = []
     while isinstance(out, Probe):
         assert out.cores == state.cores
+        if limits and len(probed) in limits:
+            cut, state = al.limit(state, limits.pop(len(probed)), config)
+            out = out if cut is None else cut
+            assert SizingState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+            if not isinstance(out, Probe):
+                break
+            assert out.cores == state.cores <= state.bound
         probed.append(out.cores)
         out, state = al.advance(state, value(out.cores), config)
         # every state on the way serialises and comes back the same
@@ -187,9 +196,11 @@ def test_noise_within_the_margin_does_not_move_the_answer(noise, name, fewer_if_
     curve = MODEL_CURVES[name]
     best = curve.best(14)
     config = AllocatorConfig(method=CODA, fewer_if_equal=fewer_if_equal)
-    history = HistoryView({}, {("alice", curve.category): (float(best),)})
+    # her answer for the model with another batch size: the search starts there
+    history = HistoryView({("alice", name, 999): Remembered("alice", name, 999, curve.category, 1, best, 1.0,
+                                                            ITERATION_TIME)}, {})
     errors = iter(noise)
-    sized, probed = search(JobSpec("j", 14, owner="alice", category=curve.category),
+    sized, probed = search(JobSpec("j", 14, owner="alice", category=curve.category, model=name),
                            lambda c: curve.throughput(c) * (1 + next(errors)), config, history)
     assert probed[0] == best and sized.cores == best and sized.steps <= 3
 
@@ -274,13 +285,17 @@ def test_the_next_job_of_the_same_owner_model_and_batch_starts_at_the_answer_and
     again, probed = search(JobSpec("slurm:2", 14, owner="alice", category="NLP", model="BiDAF", batch_size=32),
                            curve.throughput, CODA_CFG, reloaded.view())
     assert (again.cores, again.steps, probed) == (6, 1, [6])
-    # another batch size of hers starts at her largest NLP answer: found in 3 steps, not 4
+    # another batch size of hers starts at her answer for the model: found in 3 steps, not 4
     other, probed = search(JobSpec("slurm:3", 14, owner="alice", category="NLP", model="BiDAF", batch_size=64),
                            curve.throughput, CODA_CFG, reloaded.view())
-    assert probed[0] == 6 and (other.cores, other.steps) == (6, 3)
-    # another owner learns nothing from hers
+    assert probed[0] == 6 and (other.cores, other.steps) == (6, 3) and probed == [6, 5, 7]
+    assert al.start_point(JobSpec("s", 14, owner="alice", model="BiDAF"), reloaded.view()).source == "model"
+    # another owner's job of the model starts there too (ours: the model before the category) ...
     assert search(JobSpec("slurm:4", 14, owner="bob", category="NLP", model="BiDAF", batch_size=32),
-                  curve.throughput, CODA_CFG, reloaded.view())[1][0] == 5
+                  curve.throughput, CODA_CFG, reloaded.view())[1][0] == 6
+    # ... and another model of hers at her largest NLP answer (CODA), never below the default
+    assert al.start_point(JobSpec("slurm:5", 14, owner="alice", category="NLP", model="GNMT"),
+                          reloaded.view()) == al.Start(6, "owner")
     # pinned, stopped and unmeasured answers are not remembered
     _, pinned = al.pin(al.begin(spec, None, CODA_CFG)[1], 2)
     assert not store.record(spec, pinned.answer())
@@ -364,7 +379,8 @@ def jobs(draw):
     values = draw(st.lists(st.floats(0.01, 100.0), min_size=max_cores, max_size=max_cores))
     labels = {k: draw(st.booleans()) for k in al.HINTS if draw(st.booleans())}
     spec = JobSpec("j", max_cores, gpus=draw(st.integers(1, 4)), owner="alice",
-                   category=draw(st.sampled_from([None, "CV", "NLP", "Speech"])), model="m", labels=labels)
+                   category=draw(st.sampled_from([None, "CV", "NLP", "Speech"])), model="m", labels=labels,
+                   share=draw(st.one_of(st.none(), st.integers(1, 48))))
     history = draw(st.sampled_from([
         None,
         HistoryView({}, {("alice", spec.category): (draw(st.floats(0.1, 50.0)),)}),
@@ -375,23 +391,37 @@ def jobs(draw):
     return spec, values, history
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(job=jobs(), method=st.sampled_from([CODA, SYNERGY]), fewer_if_equal=st.booleans(),
-       max_steps=st.integers(2, 30))
-def test_the_allocator_stays_within_1_and_max_cores_and_ends_within_a_bound(job, method, fewer_if_equal, max_steps):
+       max_steps=st.integers(2, 30), cut=st.one_of(st.none(), st.tuples(st.integers(0, 6), st.integers(1, 44))))
+def test_the_allocator_stays_within_1_and_max_cores_and_ends_within_a_bound(job, method, fewer_if_equal, max_steps,
+                                                                           cut):
     spec, values, history = job
     config = AllocatorConfig(method=method, fewer_if_equal=fewer_if_equal, max_steps=max_steps)
-    sized, probed = search(spec, lambda c: values[c - 1], config, history)
+    sized, probed = search(spec, lambda c: values[c - 1], config, history, dict([cut]) if cut else None)
     assert all(1 <= c <= spec.max_cores for c in probed) and 1 <= sized.cores <= spec.max_cores
     assert len(set(probed)) == len(probed) == sized.steps  # nothing measured twice
-    # CODA: the start, then at most one walk each way; Synergy: the maximum and a halving per
-    # step; a failed confirmation adds the remembered point; never more than max_steps
-    bound = spec.max_cores + 1 if method == CODA else 2 + math.ceil(math.log2(spec.max_cores))
-    assert sized.steps <= min(bound + 1, max_steps)
-    if sized.reason == "searched" and method == CODA:
-        # what it keeps is never measurably slower than the best it saw
-        top = max(v for _, v in sized.curve_points)
-        assert sized.throughput >= top * (1 - config.noise_margin)
+    if cut is not None and cut[0] < len(probed):
+        # from the ceiling on, nothing above it is asked, nor answered after a search
+        assert all(c <= cut[1] for c in probed[cut[0]:])
+        if sized.reason in ("searched", "limited"):
+            assert sized.cores <= cut[1]
+    # CODA: the start, then at most one walk each way (a core per GPU); Synergy: the maximum
+    # and a halving per step; a failed confirmation adds the remembered point, the floor phase
+    # the share, a ceiling a second search; never more than max_steps
+    one = spec.max_cores + 1 if method == CODA else 2 + math.ceil(math.log2(spec.max_cores))
+    assert sized.steps <= min((2 if cut else 1) * one + 2, max_steps)
+    if sized.reason in ("searched", "limited"):
+        within = [v for c, v in sized.curve_points if cut is None or cut[0] >= len(probed) or c <= cut[1]]
+        if method == CODA:
+            # what it keeps is never measurably slower than the best it saw (within the ceiling)
+            assert sized.throughput >= max(within) * (1 - config.noise_margin)
+        if spec.share is not None and sized.cores < min(spec.share, spec.max_cores):
+            # below the share only when the share measured no faster, or nothing above the
+            # answer was faster (the curve did not rise past it)
+            at_share = dict(sized.curve_points).get(min(spec.share, spec.max_cores))
+            assert (at_share is not None and at_share <= sized.throughput) or (cut and cut[1] < spec.share) or \
+                not any(c > sized.cores and v > sized.throughput for c, v in sized.curve_points)
 
 
 @settings(max_examples=40, deadline=None)
@@ -432,6 +462,8 @@ def test_a_dry_run_reads_the_history_but_never_writes_it(tmp_path):
     spec = JobSpec("j", 8, owner="alice", category="CV", model="VGG16")
     assert store.record(spec, Sized("j", 2, 0.8, ((2, 0.8),), 3, "searched"))
     assert store.view().exact("alice", "VGG16", None).cores == 2 and not (tmp_path / FILE).exists()
+    # nor an answer cut to the plan's ceiling: the job may want more
+    assert not store.record(spec, Sized("j", 4, 0.8, ((4, 0.8),), 2, "limited"))
     # a name the file could not hold is not remembered (the file would be refused at the next start)
     long = JobSpec("j", 8, owner="x" * 300, category="CV", model="VGG16")
     assert not store.record(long, Sized("j", 2, 0.8, ((2, 0.8),), 3, "searched"))
@@ -449,3 +481,139 @@ def test_category_curves_are_found_from_their_own_defaults_in_three_steps():
     for category, curve in CATEGORY_CURVES.items():
         sized, probed = search(JobSpec("j", 14, category=category), curve.throughput, CODA_CFG)
         assert (sized.cores, sized.steps) == (curve.optimum_cores, 3)
+
+
+# -- steps per GPU, the floor phase, the plan's ceiling
+
+
+def test_a_step_is_one_core_per_gpu():
+    """CODA's jobs are single-GPU: a step of one core. On 4 GPUs a core is a quarter core per
+    GPU, inside the noise margin; a step of 4 walks the same curve per GPU (IV-B2)."""
+    curve = MODEL_CURVES["BiDAF"]  # 6 per GPU: 24 on 4 GPUs
+    spec = JobSpec("j", 64, gpus=4, category="NLP")
+    sized, probed = search(spec, lambda c: curve.throughput(c, 4), CODA_CFG)
+    assert probed == [20, 16, 24, 28] and sized.cores == 24 and sized.reason == "searched"
+    # never above the maximum (the last step cut to it) nor below one core
+    sized, probed = search(JobSpec("j", 22, gpus=4, category="NLP"), lambda c: curve.throughput(c, 4), CODA_CFG)
+    assert probed == [20, 16, 22] and sized.cores == 22
+    early = BENCH_CURVES["early-peak"]  # 1 per GPU
+    sized, probed = search(JobSpec("j", 32, gpus=4), lambda c: early.throughput(c, 4), CODA_CFG)
+    assert probed == [16, 12, 8, 4, 1] and sized.cores == 4
+
+
+def test_from_the_same_jobs_answer_on_other_gpus_the_search_only_goes_down():
+    curve = MODEL_CURVES["WaveNet"]  # 5 per GPU
+    history = HistoryView({("alice", "WaveNet", 32): Remembered("alice", "WaveNet", 32, "Speech", 1, 5, 0.31,
+                                                                 ITERATION_TIME)}, {})
+    spec = JobSpec("j", 32, gpus=2, owner="alice", category="Speech", model="WaveNet", batch_size=32)
+    sized, probed = search(spec, lambda c: curve.throughput(c, 2), CODA_CFG, history)
+    assert probed == [10, 8] and sized.cores == 10  # fewer was worse: the start stands
+    # a job that needs fewer on more GPUs is still walked down
+    sized, probed = search(spec, lambda c: curve.throughput(2 * c, 2), CODA_CFG, history)  # 2.5 per GPU
+    assert probed == [10, 8, 6, 4] and sized.cores == 6
+
+
+def test_the_floor_phase_measures_the_share_once_when_the_curve_still_rose_below_it():
+    slow = lambda c: 1.0 + 0.01 * min(c, 12)  # +1 % a core: never by the 3 % margin
+    sized, probed = search(JobSpec("j", 16, share=8), slow, CODA_CFG)
+    assert probed == [4, 3, 2, 1, 8] and (sized.cores, sized.reason, sized.steps) == (8, "searched", 5)
+    # without a share, the search alone: down to one core
+    sized, probed = search(JobSpec("j", 16), slow, CODA_CFG)
+    assert probed == [4, 3, 2, 1] and sized.cores == 1
+    # the share measured no faster: the answer stands (and the share was measured)
+    bump = lambda c: {1: 1.0, 2: 1.02}.get(c, 0.99)
+    sized, probed = search(JobSpec("j", 16, share=8), bump, CODA_CFG)
+    assert probed == [4, 3, 2, 1, 8] and sized.cores == 1 and (8, 0.99) in sized.curve_points
+    # past the optimum (nothing above the answer was faster): no floor phase
+    curve = MODEL_CURVES["Transformer"]
+    sized, probed = search(JobSpec("j", 16, category="NLP", share=8), curve.throughput, CODA_CFG)
+    assert sized.cores == 2 and 8 not in probed
+    # an answer at or above the share: none either
+    curve = MODEL_CURVES["BiDAF"]
+    assert search(JobSpec("j", 16, category="NLP", share=4), curve.throughput, CODA_CFG)[1] == [5, 4, 6, 7]
+    # Synergy: its fewest cores within 10 % of the best, then the share (Synergy Sec. 4.2)
+    flat = BENCH_CURVES["flat-plateau"]  # Synergy stops at 6 of its best 8 (6.7 % below)
+    assert search(JobSpec("j", 14), flat.throughput, SYNERGY_CFG)[0].cores == 6
+    sized, probed = search(JobSpec("j", 14, share=10), flat.throughput, SYNERGY_CFG)
+    assert probed[0] == 14 and probed[-1] == 10 and sized.cores == 10
+    # a remembered answer is confirmed, not checked again
+    history = HistoryView({("a", "m", None): Remembered("a", "m", None, None, 1, 2, 1.02, ITERATION_TIME)}, {})
+    sized, probed = search(JobSpec("j", 16, owner="a", model="m", share=8), slow, CODA_CFG, history)
+    assert probed == [2] and sized.reason == "confirmed"
+
+
+def test_a_probe_above_the_plans_ceiling_is_cut_to_it_and_the_search_resumes_within_it():
+    curve = MODEL_CURVES["BiDAF"]  # optimum 6; NLP starts at 5
+    spec = JobSpec("j", 14, category="NLP")
+    # cut before the first measurement: the start moves to the ceiling
+    out, state = al.begin(spec, None, CODA_CFG)
+    out, state = al.limit(state, 4, CODA_CFG)
+    assert out == Probe("j", 4, "start") and state.start == al.Start(4, "limit") and state.bound == 4
+    sized, probed = search(spec, curve.throughput, CODA_CFG, limits={0: 4})
+    # 4, then 3 (worse), no room above: the ceiling is the answer, not remembered
+    assert probed == [4, 3] and (sized.cores, sized.reason) == (4, "limited")
+    # a ceiling above the probe leaves it be, and bounds the walk up
+    sized, probed = search(spec, curve.throughput, CODA_CFG, limits={1: 9})
+    assert probed == [5, 4, 6, 7] and (sized.cores, sized.reason) == (6, "searched")
+    # cut while walking up past points measured above it: from the best point within
+    out, state = al.begin(spec, None, CODA_CFG)
+    for c in (5, 4, 6):
+        out, state = al.advance(state, curve.throughput(c), CODA_CFG)
+    assert out == Probe("j", 7, "up")
+    out, state = al.limit(state, 5, CODA_CFG)
+    assert isinstance(out, Sized) and (out.cores, out.reason, out.steps) == (5, "limited", 3)
+    # Synergy: the maximum cut to the ceiling, the range within it
+    sized, probed = search(spec, curve.throughput, SYNERGY_CFG, limits={0: 8})
+    assert probed[0] == 8 and max(probed) == 8 and sized.cores <= 8
+    # a ceiling at or above max_cores lifts it; one below 1 is refused
+    assert al.limit(state, 14, CODA_CFG)[1].ceiling is None
+    with pytest.raises(OutOfRange):
+        al.limit(state, 0, CODA_CFG)
+
+
+def test_an_ended_search_keeps_its_answer_under_a_ceiling_and_a_reprobe_searches_within_it():
+    curve = MODEL_CURVES["BiDAF"]
+    spec = JobSpec("j", 14, category="NLP")
+    out, state = al.begin(spec, None, CODA_CFG)
+    while isinstance(out, Probe):
+        out, state = al.advance(state, curve.throughput(out.cores), CODA_CFG)
+    assert out.cores == 6
+    cut, limited = al.limit(state, 4, CODA_CFG)
+    assert cut is None and limited.answer() == out and limited.ceiling == 4
+    out, again = al.reprobe(limited, CODA_CFG)
+    assert out == Probe("j", 4, "start") and again.ceiling == 4
+    # the ceiling survives a round trip; one at or above max_cores cannot be saved
+    assert SizingState.from_dict(json.loads(json.dumps(again.to_dict()))) == again
+    with pytest.raises(ValueError):
+        SizingState.from_dict({**again.to_dict(), "ceiling": 14})
+
+
+def test_limit_job_keeps_the_window_of_a_probe_that_stands_and_opens_one_for_a_cut_probe():
+    curve = MODEL_CURVES["ResNet-50"]
+    spec = JobSpec("j", 14, category="CV", share=7)
+    probe, sizing = al.begin_job(spec, None, CODA_CFG, now=0.0)
+    assert probe.cores == 3
+    _, sizing, _ = al.feed(sizing, [(6.0, 1 / curve.throughput(3))], 6.0, CODA_CFG)
+    out, same = al.limit_job(sizing, 10, CODA_CFG, now=7.0)
+    assert out is None and same.window == sizing.window and same.state.ceiling == 10
+    out, cut = al.limit_job(sizing, 2, CODA_CFG, now=7.0)
+    assert out == Probe("j", 2, "start") and cut.window.opened_at == 7.0 and cut.window.cores == 2
+    assert JobSizing.from_dict(spec, json.loads(json.dumps(cut.to_dict()))) == cut
+    with pytest.raises(ValueError, match="not this job's"):
+        JobSizing.from_dict(JobSpec("j", 14, gpus=2), cut.to_dict())
+
+
+def test_the_same_model_is_looked_up_the_owners_newest_first_then_anyones_newest():
+    def r(owner, model, batch, cores):
+        return Remembered(owner, model, batch, "NLP", 1, cores, 1.0, ITERATION_TIME)
+
+    jobs = {("bob", "BiDAF", 8): r("bob", "BiDAF", 8, 7), ("alice", "BiDAF", 16): r("alice", "BiDAF", 16, 6),
+            ("carol", "BiDAF", 8): r("carol", "BiDAF", 8, 5), ("alice", "GNMT", 8): r("alice", "GNMT", 8, 2)}
+    view = HistoryView(jobs, {})
+    assert view.same_model("BiDAF", "alice").cores == 6  # hers, though carol's is newer
+    assert view.same_model("BiDAF", "dave").cores == 5  # anyone's newest
+    assert view.same_model("BERT", "alice") is None and view.same_model(None, "alice") is None
+    # the start: per GPU, times the job's GPUs, before the owner's category
+    view = HistoryView(jobs, {("alice", "NLP"): (2.0,)})
+    assert al.start_point(JobSpec("j", 64, gpus=2, owner="alice", category="NLP", model="BiDAF", batch_size=4),
+                          view) == al.Start(12, "model")

@@ -304,4 +304,5 @@ def test_bench_rightsize_smoke(tmp_path, capsys):
     assert data["schemes"]["proportional"]["worst_ratio"] == 1.0
     assert noded["cpu_core_s"] > data["schemes"]["proportional"]["cpu_core_s"]
     assert noded["lent_core_s"] > 0 and data["steps_mean"] >= 1
+    assert data["unsized"] == [] and "no floor phase" in data["schemes"]  # every job sized
     assert any("GPU utilisation over GPU-proportional" in line and "+20.8%" in line for line in lines)

@@ -7,11 +7,23 @@ measured. ``SizingState`` is a frozen value; every function returns a new one.
 
 **Where to start (V-B1).** The owner's remembered answer for the same model and batch size
 (with the same GPUs and signal) is only confirmed: one measurement, and if the job is not
-slower than the margin there, that is the answer. Otherwise N_start is the largest cores
-per GPU of the owner's recent answers in the job's category, scaled by its GPUs (CODA's
-"we choose the largest core number"); else the paper's defaults for a tenant's first job,
-3 cores per GPU for CV and 5 for NLP and Speech (4 with no category: ours, between the
-two), adjusted by the job's hints (labels, each ``true`` or ``false``):
+slower than the margin there, that is the answer. The same answer on other GPUs or with
+another signal is a start, per GPU. Then, ours, *the same model before the category*: the
+owner's newest answer for this model with another batch size, else any owner's newest
+answer for this model, per GPU times the job's GPUs. CODA goes from the exact job straight to
+the owner's category, but one owner's models of a category can be far apart (here
+Transformer at 2 cores per GPU, BiDAF at 6: BiDAF started from its owner's Transformer
+answer probed at half speed for 8 of its 26 minutes), and the model's optimum per GPU is
+what carries over (IV-B2). Otherwise N_start is the largest cores per GPU of the owner's
+recent answers in the job's category, scaled by its GPUs (CODA's "we choose the largest
+core number"); else the paper's defaults for a tenant's first job, 3 cores per GPU for CV
+and 5 for NLP and Speech (4 with no category: ours, between the two), adjusted by the job's
+hints (labels, each ``true`` or ``false``). Ours again: the owner's answers in the category
+raise the start above the default but never lower it below: they were found for other
+models (the same model is taken first), and a start below the optimum costs the most
+(Fig. 3: the throughput rises linearly up to the optimum and "drops slightly" past it; a
+low start runs slow while it probes and wastes its first step down). The owner's answers
+are used as they are when the job has no category.
 
 * ``pipelined``: the input pipeline overlaps reading and pre-processing: -1 core per GPU;
 * ``many_weights``: a large model, longer GPU work per iteration: -1;
@@ -20,15 +32,35 @@ two), adjusted by the job's hints (labels, each ``true`` or ``false``):
 Hints adjust the defaults only: an owner's history was measured on their own jobs and
 already reflects how they write them.
 
-**CODA's search (V-B2).** Measure N_start; then one core fewer: while fewer cores are kept,
-go on down; if the first step down is not kept, go up one core at a time while more cores
+**CODA's search (V-B2).** Measure N_start; then one step fewer: while fewer cores are kept,
+go on down; if the first step down is not kept, go up one step at a time while more cores
 improve the throughput by more than ``noise_margin``. A step up is kept only for a real
 gain. A step down is kept when the throughput is not lower than the best measured so far
 by more than the margin (``fewer_if_equal``, ours: the paper keeps it only when it
 improves, but past the optimum the loss per core is "slight", often inside the noise, and a
 core freed at no measurable cost is CODA's point); ``fewer_if_equal=False`` is the paper's
 rule. Bounded by 1 and the job's ``max_cores`` (its cpuset at start, or its GPU-proportional
-share).
+share), and by a ceiling the caller may set on the way (``limit``).
+
+*From the same job's answer on other GPUs* (or measured with another signal; ours) the
+search only goes down: the start is measured, then one step fewer, and when that is not
+kept the start is the answer. The remembered search ended where one step more per GPU was
+not measurably faster (CODA's search always tries it, unless at the bound), and the optimum
+per GPU does not depend on the GPUs (IV-B2); two steps instead of three.
+
+*A step is one core per GPU* (ours): CODA's jobs (Table II) are single-GPU, where a step is
+one core. A job on 4 GPUs stepping one core moves a quarter core per GPU, which changes its
+throughput by less than the 3 % margin: the search stopped early (10 of a 4-GPU BiDAF's 24
+cores) or walked 15-19 steps. The optimum grows linearly with the GPUs (IV-B2), so a step of
+``gpus`` cores walks the same curve per GPU as CODA's single-GPU search. Steps never go
+below 1 core nor above the bound (the last step is cut to it).
+
+**The floor phase** (ours, after Synergy Sec. 4.2: no job below its GPU-proportional
+share's throughput). With ``JobSpec.share`` given, an answer below the share, where a point
+measured above the answer was faster (the curve was still rising, just not by the margin),
+is measured once more at the share; the share is kept when it measured faster than the
+answer at all (the floor is a promise: a tie inside the noise goes to the share, which costs
+cores, not the job's speed). Remembered answers are not checked again.
 
 **Synergy's search (Sec. 3.1, 4).** Measure ``max_cores``, then binary-search 1..max for
 the fewest cores whose throughput is within ``synergy_within`` (10 %) of the best measured;
@@ -36,6 +68,15 @@ the answer is the fewest measured cores within that share of the best.
 
 **Operator controls.** ``pin`` sets a size and measures nothing, ``stop`` keeps the cores the
 job has now (mid-probe included), ``reprobe`` searches again from the cores it has.
+
+**The plan's ceiling.** ``limit(state, cores)`` says the node can give the job at most
+``cores`` for now (other jobs' shares come first). A probe above it is cut to it, and the
+search resumes within it from what was measured: CODA from the best point measured within
+the ceiling (or at the ceiling), Synergy with its range cut to the ceiling. An ended search's
+answer stands (the plan gives what it can); ``limit`` with ``max_cores`` lifts the ceiling.
+An answer at the ceiling ends ``LIMITED``, not ``SEARCHED``: the history does not remember
+it (the job may want more than the node had while it was searched; remembered, it would
+start and confirm every later job of the model there).
 
 ``JobSizing`` puts a state and the signal window of its current probe together and is fed
 samples with the caller's ``now``; it is what a daemon keeps per job.
@@ -66,10 +107,12 @@ HINTS: Mapping[str, int] = MappingProxyType({"pipelined": -1, "many_weights": -1
 # where N_start came from
 FROM_HISTORY = "history"  # this owner's answer for this model and batch size: confirmed
 FROM_HISTORY_SCALED = "history_scaled"  # that answer on other GPUs or signal, as a start
+FROM_MODEL = "model"  # ours: this model's newest answer, the owner's (other batch) or anyone's
 FROM_OWNER = "owner"  # the owner's largest recent answer in the category
 FROM_CATEGORY = "category"  # the paper's default for the category, with hints
 FROM_DEFAULT = "default"  # no category, no history
 FROM_REPROBE = "reprobe"  # the cores the job had when the operator asked again
+FROM_LIMIT = "limit"  # the search resumed within a ceiling (``limit``)
 
 # phases
 CONFIRM = "confirm"
@@ -78,10 +121,11 @@ DOWN = "down"
 UP = "up"
 AT_MAX = "at_max"  # Synergy: measuring the maximum
 HALVING = "halving"  # Synergy: the binary search
+FLOOR = "floor"  # measuring the GPU-proportional share once (the floor phase)
 SIZED = "sized"
 PINNED = "pinned"
 STOPPED = "stopped"
-PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING)
+PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING, FLOOR)
 PHASES = (*PROBING, SIZED, PINNED, STOPPED)
 
 # why a Sized came out
@@ -90,7 +134,8 @@ CONFIRMED = "confirmed"
 NO_CHOICE = "no_choice"  # max_cores is 1
 NO_SIGNAL = "no_signal"  # a window ended without a sample
 STEP_LIMIT = "step_limit"
-REASONS = (SEARCHED, CONFIRMED, NO_CHOICE, NO_SIGNAL, STEP_LIMIT, PINNED, STOPPED)
+LIMITED = "limited"  # searched, and the answer is the plan's ceiling: the job may want more
+REASONS = (SEARCHED, CONFIRMED, NO_CHOICE, NO_SIGNAL, STEP_LIMIT, LIMITED, PINNED, STOPPED)
 
 
 class SizingError(Exception):
@@ -116,6 +161,7 @@ class AllocatorConfig:
     fewer_if_equal: bool = True
     synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
     max_steps: int = 24  # measurements per search, whatever the curve does
+    step_per_gpu: bool = True  # CODA's step of one core, per GPU (ours); False: one core (the paper's)
     signal: SignalConfig = field(default_factory=SignalConfig)
 
     def __post_init__(self):
@@ -130,8 +176,9 @@ class AllocatorConfig:
 @dataclass(frozen=True)
 class JobSpec:
     """What the allocator knows of a GPU job. ``max_cores``: its cpuset at start, or its
-    GPU-proportional share, whichever the caller caps it at. ``labels``: the job's labels;
-    only the names in ``HINTS`` are read."""
+    GPU-proportional share, whichever the caller caps it at. ``share``: its GPU-proportional
+    share of the node's cores (None: no floor phase). ``labels``: the job's labels; only the
+    names in ``HINTS`` are read."""
 
     job: str
     max_cores: int
@@ -142,10 +189,13 @@ class JobSpec:
     batch_size: int | None = None
     signal: str = ITERATION_TIME
     labels: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    share: int | None = None
 
     def __post_init__(self):
         if self.max_cores < 1 or self.gpus < 1:
             raise ValueError(f"{self.job}: max_cores and gpus must be >= 1")
+        if self.share is not None and (type(self.share) is not int or self.share < 1):
+            raise ValueError(f"{self.job}: share must be a whole number >= 1, not {self.share!r:.20}")
         if self.category is not None and self.category not in CATEGORIES:
             raise ValueError(f"{self.job}: category must be one of {CATEGORIES}, not {self.category!r}")
         if self.signal not in KINDS:
@@ -207,16 +257,30 @@ class SizingState:
     lo: int = 1  # Synergy: the answer lies in lo..hi
     hi: int = 1
     reason: str | None = None  # why it ended, once it has
+    gpus: int = 1
+    step: int = 1  # cores per step of the search: one per GPU (``step_per_gpu``), else one
+    share: int | None = None  # the GPU-proportional share (within max_cores): the floor phase
+    ceiling: int | None = None  # the plan's limit (``limit``), below max_cores; None: none
 
     @property
     def steps(self) -> int:
         return len(self.points)
 
+    @property
+    def bound(self) -> int:
+        """The most cores a probe or an answer may have now."""
+        return self.max_cores if self.ceiling is None else min(self.ceiling, self.max_cores)
+
     def value(self, cores: int) -> float | None:
         return next((v for c, v in self.points if c == cores), None)
 
+    def within(self) -> tuple[tuple[int, float], ...]:
+        """The points measured within the bound."""
+        return tuple(p for p in self.points if p[0] <= self.bound)
+
     def top(self) -> float:
-        return max(v for _, v in self.points)
+        """The best throughput measured within the bound."""
+        return max(v for _, v in self.within())
 
     def answer(self) -> Sized:
         """The Sized of an ended state. Raises SizingError while probing."""
@@ -229,12 +293,14 @@ class SizingState:
         return {"job": self.job, "method": self.method, "max_cores": self.max_cores,
                 "start": {"cores": self.start.cores, "source": self.start.source, "expected": self.start.expected},
                 "phase": self.phase, "cores": self.cores, "points": [[c, v] for c, v in self.points],
-                "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason}
+                "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason,
+                "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling}
 
     @classmethod
     def from_dict(cls, data: Any) -> "SizingState":
         """Raises ValueError on any other shape, or on a state the allocator could not reach."""
-        keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason"}
+        keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason",
+                "gpus", "step", "share", "ceiling"}
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
         if not isinstance(data["job"], str) or not data["job"]:
@@ -263,10 +329,16 @@ class SizingState:
         if len({c for c, _ in parsed}) != len(parsed):
             raise ValueError("points: a core count measured twice")
         kept = None if data["kept"] is None else _whole(data["kept"], "kept", 1, top)
+        share = None if data["share"] is None else _whole(data["share"], "share", 1, top)
+        ceiling = None if data["ceiling"] is None else _whole(data["ceiling"], "ceiling", 1, top - 1)
+        gpus = _whole(data["gpus"], "gpus", 1, 1 << 10)
+        if data["step"] not in (1, gpus) or type(data["step"]) is not int:
+            raise ValueError(f"step: one core or one per GPU ({gpus}), not {str(data['step'])[:20]}")
         return cls(data["job"], data["method"], top,
                    Start(_whole(start["cores"], "start.cores", 1, top), start["source"], expected),
                    data["phase"], _whole(data["cores"], "cores", 1, top), tuple(parsed), kept,
-                   _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"])
+                   _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"],
+                   gpus, data["step"], share, ceiling)
 
 
 def _positive(value: Any) -> bool:
@@ -296,25 +368,37 @@ def start_point(spec: JobSpec, history: HistoryView | None) -> Start:
         if known.gpus == spec.gpus and known.signal == spec.signal and known.cores <= spec.max_cores:
             return Start(known.cores, FROM_HISTORY, known.throughput)
         return Start(clamp(known.cores / known.gpus * spec.gpus), FROM_HISTORY_SCALED)
+    # ours, before CODA's category rule: the same model's answer (the owner's first)
+    model = history.same_model(spec.model, spec.owner)
+    if model is not None:
+        return Start(clamp(model.cores / model.gpus * spec.gpus), FROM_MODEL)
+    default = max(1, (UNKNOWN_START if spec.category is None else DEFAULT_START[spec.category]) + delta)
     largest = history.largest_per_gpu(spec.owner, spec.category)
-    if largest is not None:
+    if largest is not None and (spec.category is None or largest >= default):
         return Start(clamp(largest * spec.gpus), FROM_OWNER)
-    if spec.category is not None:
-        return Start(clamp(max(1, DEFAULT_START[spec.category] + delta) * spec.gpus), FROM_CATEGORY)
-    return Start(clamp(max(1, UNKNOWN_START + delta) * spec.gpus), FROM_DEFAULT)
+    # ours: the owner's answers for other models of the category lift the start above the
+    # default, never below it (see the module's docstring)
+    return Start(clamp(default * spec.gpus), FROM_DEFAULT if spec.category is None else FROM_CATEGORY)
 
 
 def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
-          start: Start | None = None) -> tuple[Probe | Sized, SizingState]:
-    """The first request for a job (``start`` overrides N_start, as ``reprobe`` does)."""
+          start: Start | None = None, ceiling: int | None = None) -> tuple[Probe | Sized, SizingState]:
+    """The first request for a job (``start`` overrides N_start, as ``reprobe`` does;
+    ``ceiling``: the plan's limit, as ``limit`` sets it)."""
     start = start or start_point(spec, history)
-    state = SizingState(spec.job, config.method, spec.max_cores, start, START, start.cores)
-    if spec.max_cores == 1:
+    share = None if spec.share is None else min(spec.share, spec.max_cores)
+    state = SizingState(spec.job, config.method, spec.max_cores, start, START, start.cores, gpus=spec.gpus,
+                        step=spec.gpus if config.step_per_gpu else 1, share=share,
+                        ceiling=ceiling if ceiling is not None and ceiling < spec.max_cores else None)
+    if start.cores > state.bound:
+        start = Start(state.bound, start.source)  # a remembered answer above the ceiling: a start
+        state = replace(state, start=start, cores=start.cores)
+    if state.bound == 1:
         return _end(replace(state, cores=1), NO_CHOICE)
-    if start.source == FROM_HISTORY:
+    if start.source == FROM_HISTORY and start.expected is not None:
         return _probe(replace(state, phase=CONFIRM), start.cores)
     if config.method == SYNERGY:
-        return _probe(replace(state, phase=AT_MAX, lo=1, hi=spec.max_cores), spec.max_cores)
+        return _probe(replace(state, phase=AT_MAX, lo=1, hi=state.bound), state.bound)
     return _probe(state, start.cores)
 
 
@@ -347,10 +431,11 @@ def stop(state: SizingState) -> tuple[Sized, SizingState]:
 
 
 def reprobe(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
-    """Search again (pin and stop undone), starting from the cores the job has now; what was
-    measured before is forgotten (the job may have changed since)."""
-    spec = JobSpec(state.job, state.max_cores)
-    return begin(spec, None, config, Start(state.cores, FROM_REPROBE))
+    """Search again (pin and stop undone), starting from the cores the job has now (within
+    the plan's ceiling, which stays); what was measured before is forgotten (the job may have
+    changed since)."""
+    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share)
+    return begin(spec, None, config, Start(min(state.cores, state.bound), FROM_REPROBE), state.ceiling)
 
 
 # -- the searches
@@ -380,7 +465,12 @@ def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, S
     """After a point was added: the next probe, or the answer. A probe at a core count that
     was measured already (a failed confirmation's point) takes that value without asking."""
     while True:
-        decided = _coda(state, config) if state.method == CODA else _synergy(state, config)
+        if state.phase == FLOOR:
+            decided = _floor(state)
+        elif state.method == CODA:
+            decided = _coda(state, config)
+        else:
+            decided = _synergy(state, config)
         if not isinstance(decided, _Step):
             return decided
         phase, cores = decided.phase, decided.cores
@@ -393,9 +483,54 @@ def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, S
 
 
 def _best_so_far(state: SizingState, config: AllocatorConfig) -> int:
+    """What to keep when a search must end now: within the bound, or the bound itself."""
+    if state.phase == FLOOR or (state.method == CODA and state.kept is not None):
+        if state.kept is not None and state.kept <= state.bound:
+            return state.kept
+    if not state.within():
+        return min(state.start.cores, state.bound)
     if state.method == CODA:
-        return state.kept if state.kept is not None else max(state.points, key=lambda p: (p[1], -p[0]))[0]
+        return max(state.within(), key=lambda p: (p[1], -p[0]))[0]
     return _synergy_answer(state, config)
+
+
+def _down(state: SizingState, cores: int) -> int:
+    """One step fewer: a core per GPU, never below one core."""
+    return max(1, cores - state.step)
+
+
+def _up(state: SizingState, cores: int) -> int:
+    """One step more: a core per GPU, never above the bound."""
+    return min(state.bound, cores + state.step)
+
+
+def _searched(state: SizingState, cores: int):
+    """A search's answer. Below the job's share where a point measured above it was faster
+    (the curve still rose, not by the margin): first the floor phase, one measurement at the
+    share; with the share measured already, the share when it was faster."""
+    v = state.value(cores)
+    share = None if state.share is None else min(state.share, state.bound)
+    if share is not None and v is not None and cores < share:
+        at_share = state.value(share)
+        if at_share is None:
+            if any(c > cores and x > v for c, x in state.within()):
+                return _Step(FLOOR, share, {"kept": cores})
+        elif at_share > v:
+            cores = share
+    return _end(replace(state, cores=cores, kept=cores), _searched_reason(state, cores))
+
+
+def _searched_reason(state: SizingState, cores: int) -> str:
+    """SEARCHED; LIMITED when the answer is the plan's ceiling (not remembered: the job may
+    want more than the node could give while it was searched)."""
+    return LIMITED if state.ceiling is not None and cores >= state.bound else SEARCHED
+
+
+def _floor(state: SizingState):
+    """The floor phase measured the share: kept when faster than the answer at all."""
+    kept, share = state.kept, state.cores
+    cores = share if state.value(share) > state.value(kept) else kept
+    return _end(replace(state, cores=cores, kept=cores), _searched_reason(state, cores))
 
 
 def _confirm(state: SizingState, config: AllocatorConfig):
@@ -405,7 +540,7 @@ def _confirm(state: SizingState, config: AllocatorConfig):
         return _end(replace(state, kept=state.cores), CONFIRMED)
     # the job is not what it was: search, from the point just measured
     if state.method == SYNERGY:
-        return _Step(AT_MAX, state.max_cores, {"lo": 1, "hi": state.max_cores})
+        return _Step(AT_MAX, state.bound, {"lo": 1, "hi": state.bound})
     return _coda_after_start(replace(state, kept=state.cores))
 
 
@@ -422,29 +557,30 @@ def _coda(state: SizingState, config: AllocatorConfig):
     if state.phase == DOWN:
         if _keep_fewer(v, state, config):
             if c > 1:
-                return _Step(DOWN, c - 1, {"kept": c})
-            return _end(replace(state, kept=c), SEARCHED)
-        if kept == state.start.cores and c == kept - 1:
-            # the first step down did not pay: case 2, the other direction
-            if kept < state.max_cores:
-                return _Step(UP, kept + 1, {})
-        return _end(replace(state, cores=kept), SEARCHED)
+                return _Step(DOWN, _down(state, c), {"kept": c})
+            return _searched(replace(state, kept=c), c)
+        if kept == state.start.cores and c == _down(state, kept):
+            # the first step down did not pay: case 2, the other direction; not from the same
+            # job's answer on other GPUs, whose search found a step more gained nothing
+            if kept < state.bound and state.start.source != FROM_HISTORY_SCALED:
+                return _Step(UP, _up(state, kept), {})
+        return _searched(state, kept)
     if state.phase == UP:
         if v > state.value(kept) * (1 + config.noise_margin):
-            if c < state.max_cores:
-                return _Step(UP, c + 1, {"kept": c})
-            return _end(replace(state, kept=c), SEARCHED)
-        return _end(replace(state, cores=kept), SEARCHED)
+            if c < state.bound:
+                return _Step(UP, _up(state, c), {"kept": c})
+            return _searched(replace(state, kept=c), c)
+        return _searched(state, kept)
     raise SizingError(f"{state.job}: phase {state.phase} is not CODA's")
 
 
 def _coda_after_start(state: SizingState):
     kept = state.kept
     if kept > 1:
-        return _Step(DOWN, kept - 1, {"kept": kept})
-    if kept < state.max_cores:
-        return _Step(UP, kept + 1, {"kept": kept})
-    return _end(state, SEARCHED)
+        return _Step(DOWN, _down(state, kept), {"kept": kept})
+    if kept < state.bound:
+        return _Step(UP, _up(state, kept), {"kept": kept})
+    return _searched(state, kept)
 
 
 def _keep_fewer(v: float, state: SizingState, config: AllocatorConfig) -> bool:
@@ -467,13 +603,59 @@ def _synergy(state: SizingState, config: AllocatorConfig):
             lo = state.cores + 1
     if lo < hi:
         return _Step(HALVING, (lo + hi) // 2, {"lo": lo, "hi": hi})
-    return _end(replace(state, lo=lo, hi=hi, cores=_synergy_answer(state, config)), SEARCHED)
+    return _searched(replace(state, lo=lo, hi=hi), _synergy_answer(state, config))
 
 
 def _synergy_answer(state: SizingState, config: AllocatorConfig) -> int:
-    """The fewest measured cores within ``synergy_within`` of the best measured."""
+    """The fewest measured cores within ``synergy_within`` of the best measured (within the bound)."""
     bar = (1 - config.synergy_within) * state.top()
-    return min(c for c, v in state.points if v >= bar)
+    return min(c for c, v in state.within() if v >= bar)
+
+
+# -- the plan's ceiling
+
+
+def limit(state: SizingState, cores: int, config: AllocatorConfig) -> tuple[Probe | Sized | None, SizingState]:
+    """The node can give the job at most ``cores`` now (``max_cores`` or more: no ceiling).
+    Returns the request that replaces the current probe (None: the probe stands, or no probe
+    is open) and the new state. A probe above the ceiling is cut to it and the search resumes
+    within it from what was measured; points above it are kept but no longer chosen. An ended
+    search's answer stands: the plan gives what it can. Raises OutOfRange below 1."""
+    if type(cores) is not int or cores < 1:
+        raise OutOfRange(f"{state.job}: a ceiling of {cores!r:.20} cores is below 1")
+    state = replace(state, ceiling=cores if cores < state.max_cores else None)
+    if state.phase not in PROBING:
+        return None, state
+    bound = state.bound
+    over = state.cores > bound or (state.kept is not None and state.kept > bound and state.phase != CONFIRM)
+    if state.method == SYNERGY:
+        over = over or state.hi > bound
+    if not over:
+        return None, state
+    before = state.cores
+    out, state = _resume(state, config)
+    if isinstance(out, Probe) and out.cores == before:
+        return None, state  # the same cores: the probe's window goes on
+    return out, state
+
+
+def _resume(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """A search cut by a ceiling, on again within it."""
+    within = state.within()
+    if state.method == SYNERGY:
+        if not within:
+            return _probe(replace(state, phase=AT_MAX, lo=1, hi=state.bound, kept=None), state.bound)
+        bar = (1 - config.synergy_within) * state.top()
+        hi = min(c for c, v in within if v >= bar)
+        lo = 1 + max((c for c, v in within if v < bar and c < hi), default=0)
+        return _next(replace(state, phase=HALVING, lo=lo, hi=hi, kept=None, cores=hi), config)
+    if not within:
+        # nothing measured within: start again at the probe, cut to the ceiling
+        cores = min(state.cores, state.bound)
+        return _probe(replace(state, phase=START, kept=None, start=Start(cores, FROM_LIMIT)), cores)
+    best = max(within, key=lambda p: (p[1], -p[0]))[0]
+    # from the best point within: CODA again from there (measured points are not asked again)
+    return _next(replace(state, phase=START, kept=None, cores=best, start=Start(best, FROM_LIMIT)), config)
 
 
 # -- a job's sizing with its signal window
@@ -499,8 +681,9 @@ class JobSizing:
             raise ValueError("a job's sizing: expected state and window")
         state = SizingState.from_dict(data["state"])
         window = None if data["window"] is None else Window.from_dict(data["window"])
-        if state.job != spec.job or state.max_cores != spec.max_cores:
-            raise ValueError(f"the saved sizing is of {state.job} at {state.max_cores} cores, not this job's")
+        if state.job != spec.job or state.max_cores != spec.max_cores or state.gpus != spec.gpus:
+            raise ValueError(f"the saved sizing is of {state.job} at {state.max_cores} cores on {state.gpus} GPUs, "
+                             f"not this job's")
         if window is not None and (window.kind != spec.signal or window.cores != state.cores
                                    or state.phase not in PROBING):
             raise ValueError("the saved window does not belong to the saved probe")
@@ -549,4 +732,14 @@ def stop_job(sizing: JobSizing) -> tuple[Sized, JobSizing]:
 
 def reprobe_job(sizing: JobSizing, config: AllocatorConfig, now: float) -> tuple[Probe | Sized, JobSizing]:
     out, state = reprobe(sizing.state, config)
+    return _with_window(sizing.spec, out, state, now)
+
+
+def limit_job(sizing: JobSizing, cores: int, config: AllocatorConfig,
+              now: float) -> tuple[Probe | Sized | None, JobSizing]:
+    """``limit`` on a job's sizing: a probe cut to the ceiling opens a new window at ``now``;
+    a probe that stands keeps its window."""
+    out, state = limit(sizing.state, cores, config)
+    if out is None:
+        return None, replace(sizing, state=state)
     return _with_window(sizing.spec, out, state, now)

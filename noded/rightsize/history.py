@@ -7,14 +7,16 @@ keeps two tables, oldest first:
 
 * ``jobs``: per (owner, model, batch size), the last answer: its cores, GPUs, category,
   the throughput measured there and the signal it was measured with. A new job with the
-  same key, GPUs and signal only confirms that answer (one measurement);
+  same key, GPUs and signal only confirms that answer (one measurement); a job of the same
+  model otherwise (another batch size, another owner) starts at its cores per GPU
+  (``same_model``, ours: before CODA's category rule);
 * ``owners``: per (owner, category), the cores per GPU of that owner's last
   ``RECENT_PER_OWNER`` answers, so that one odd job is forgotten in time rather than
   setting everybody's start for ever. A job with no category uses all of its owner's.
 
 Both are capped (``max_jobs``, ``max_owners``); recording past a cap evicts the entry
-recorded longest ago. Only answers that were measured are recorded (a pinned or stopped
-size says nothing about the job).
+recorded longest ago. Only answers that were searched or confirmed are recorded (a pinned
+or stopped size says nothing about the job, nor one cut to the plan's ceiling, ``limited``).
 
 The file is written like ``baselines.json``: through the state directory's ``SecureDir``,
 atomically and durably; a file that cannot be trusted is moved aside at load and noded
@@ -77,6 +79,22 @@ class HistoryView:
         if owner is None or model is None:
             return None
         return self.jobs.get((owner, model, batch_size))
+
+    def same_model(self, model: str | None, owner: str | None = None) -> Remembered | None:
+        """The newest answer for ``model``: the owner's (any batch size) when there is one,
+        else any owner's; None when nobody's job of that model was sized. The allocator's
+        start after the exact job and before CODA's category rule (a model's cores per GPU
+        carry over from one batch size or one owner to the next better than another model's)."""
+        if model is None:
+            return None
+        newest = None
+        for (o, m, _), remembered in reversed(self.jobs.items()):
+            if m != model:
+                continue
+            if o == owner:
+                return remembered
+            newest = newest or remembered
+        return newest
 
     def largest_per_gpu(self, owner: str | None, category: str | None) -> float | None:
         """CODA V-B1: the largest cores per GPU among the owner's recent answers in this
