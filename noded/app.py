@@ -70,6 +70,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     baselines = BaselineStore(state, clock, persist=not dry_run)
     notes += originals.notes + baselines.notes
     cores = CoreHalving(originals, dry_run=dry_run)
+    notes += cores.owner.notes  # cpus_written.json found corrupt and moved aside
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
         if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):

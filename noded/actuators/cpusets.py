@@ -1,0 +1,697 @@
+"""The one owner of every job's CPUs: whatever set a policy wants, written here only.
+
+Contention core halving, right-sizing and lending all want to change a job's CPUs; they
+say what they want (a CPU set per job, or no wish), ``noded.rightsize.cpuplan`` composes
+it, and ``CpuSetOwner`` carries it out with the same rules for every one of them:
+
+* **Where a job's CPUs are set.** A job with a cpuset cgroup of its own (the v1 cpuset
+  hierarchy, or v2 with the cpuset controller) is confined by its directory's and its
+  descendants' ``cpuset.cpus``; any other job by the affinity of every thread of every
+  process (new threads and children inherit it). What the kernel shows now comes from
+  the Sample (``CpuPlacement``), never from what noded remembers having written.
+* **What each of them gets.** The job's directory (or each process) gets the wanted set,
+  a descendant what its own original keeps of its parent's new set plus whatever the
+  parent got beyond its original (lent CPUs reach the tasks), or all of the parent's
+  where that leaves nothing (``derived``). A wish equal to the job's original, or no
+  wish, puts every recorded original back.
+* **Record before you touch.** Before the first write to a cpuset or an affinity its
+  original goes durably into ``originals.json`` (``OriginalValues``) and every value noded
+  is about to leave there (the target, and what a cpuset holds between two writes) into
+  ``cpus_written.json``; when either cannot be written nothing is changed, and the
+  change fails saying why.
+* **Only differences, in an order the kernel accepts.** A child's CPUs must stay inside
+  its parent's: what shrinks is shrunk children first, what grows grown parents first,
+  and a change that is both (CPUs swapped) shrinks what it can first, grows to the
+  union, then shrinks to the target (``cpuset_steps``). All writes go through
+  ``O_NOFOLLOW`` and never create a file.
+* **Someone else's change is theirs.** A value that is neither the original nor one noded
+  wrote (a scheduler's resize, an operator) means the job's CPUs are someone else's now:
+  noded forgets its records of the job and leaves every value as it is.
+* **What appears meanwhile is recorded at once.** A cgroup or a process that appears in a
+  changed job holding what it inherited from noded's write (a new Slurm step, a fork) gets
+  the original of its parent (its cgroup's, or the job's) recorded, so neither a release
+  nor a crash leaves it changed.
+* **Restored** when the job's wish goes, at stop (``release_all``), and at the next start
+  after a crash (``restore_all``), only where the value is still one noded wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+from resctrl.cpulist import format_cpu_list, parse_cpu_list
+
+from ..jobs.cgroups import read_procs
+from ..jobs.discovery import descendants, read_ppids
+from ..journal import log_change
+from ..procstat import STARTTIME, stat_fields
+from ..sample import JobSample, Sample
+from ..securedir import SecureDir
+from ..state import OriginalValues, StateWriteError
+
+log = logging.getLogger(__name__)
+
+#: what noded wrote (or was about to write) into each cpuset and affinity it recorded
+WRITTEN_FILE = "cpus_written.json"
+_MAX_CPU = 1 << 16
+_MAX_VALUES = 8  # values kept per record: a change leaves at most four (now, shrunk, union, target)
+_KINDS = ("cpuset", "affinity", "affinity_job")
+
+CpuSet = frozenset  # of CPU ids
+
+
+# -- pure: halving levels, what a child gets, the order of cpuset writes
+
+
+def kept_cpus(original: Sequence[int], level: int) -> list[int]:
+    """The CPUs a job keeps at a contention level: halved per level, never below one."""
+    cpus = sorted(original)
+    return cpus[: max(1, len(cpus) >> level)]
+
+
+def max_level(ncpus: int) -> int:
+    return max(0, ncpus.bit_length() - 1)  # halvings until one CPU is left
+
+
+def halvings(original: Iterable[int]) -> list[CpuSet]:
+    """Every set core halving can leave of ``original`` (levels 1 and up)."""
+    cpus = sorted(original)
+    return [frozenset(kept_cpus(cpus, lvl)) for lvl in range(1, max_level(len(cpus)) + 1)]
+
+
+def derived(own_original: CpuSet, parent_original: CpuSet, parent_value: CpuSet) -> CpuSet:
+    """What a child (a cgroup below the job's, or a process of the job) gets when its
+    parent gets ``parent_value``: the CPUs of its own original the parent still has, and
+    whatever the parent got beyond its original; all of the parent's where that is none."""
+    return ((own_original & parent_value) | (parent_value - parent_original)) or parent_value
+
+
+def cpuset_steps(tree: Sequence[tuple[CpuSet, CpuSet, int | None]]) -> list[tuple[int, CpuSet]]:
+    """The writes that take a cpuset tree from what it holds to its targets, each one valid
+    (a child inside its parent, never empty) when made in order: (index, value).
+
+    ``tree``: (now, target, index of the parent or None) per cgroup, parents first; every
+    child's now inside its parent's now and its target inside its parent's target. First
+    what shrinks, children first (to what it keeps of its target, and at least what its
+    children keep); then what grows, parents first (to the union of that and its target);
+    then, children first, each to its target."""
+    n = len(tree)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i, (_now, _target, parent) in enumerate(tree):
+        if parent is not None:
+            children[parent].append(i)
+    cur = [now for now, _t, _p in tree]
+    steps: list[tuple[int, CpuSet]] = []
+    for i in reversed(range(n)):
+        keep = frozenset().union(cur[i] & tree[i][1], *(cur[c] for c in children[i])) or cur[i]
+        if keep != cur[i]:
+            steps.append((i, keep))
+            cur[i] = keep
+    for i in range(n):
+        union = cur[i] | tree[i][1]
+        if union != cur[i]:
+            steps.append((i, union))
+            cur[i] = union
+    for i in reversed(range(n)):
+        if cur[i] != tree[i][1]:
+            steps.append((i, tree[i][1]))
+            cur[i] = tree[i][1]
+    return steps
+
+
+# -- the records' keys (the format of originals.json: noded.state.parse_originals)
+
+
+def cpuset_key(path: str) -> str:
+    return f"cpuset:{path}"
+
+
+def affinity_key(pid: int, starttime: str) -> str:
+    # The start time tells a reused pid from the process we recorded.
+    return f"affinity:{pid}:{starttime}"
+
+
+def affinity_job_key(job: str) -> str:
+    return f"affinity_job:{job}"
+
+
+def _cpus_of(value: Any) -> CpuSet:
+    return frozenset(parse_cpu_list(value)) if isinstance(value, str) else frozenset(value)
+
+
+# -- what noded wrote, durably
+
+
+def parse_written(data: Any) -> dict[str, list[list[int]]]:
+    """``cpus_written.json``: a record's key (as in originals.json) -> the CPU sets noded may
+    have left there, each a sorted list of CPU ids. Raises ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+    for key, values in data.items():
+        if key.partition(":")[0] not in _KINDS or not key.partition(":")[2]:
+            raise ValueError(f"unknown record {key[:200]!r}")
+        if not isinstance(values, list) or len(values) > _MAX_VALUES or not all(
+                isinstance(v, list) and v and all(type(c) is int and 0 <= c < _MAX_CPU for c in v) for v in values):
+            raise ValueError(f"{key[:200]}: expected up to {_MAX_VALUES} lists of CPU numbers")
+    return data
+
+
+class WrittenValues:
+    """Per record, the CPU sets noded wrote or was about to write there (see the module's
+    docstring); what noded may have left in the kernel, so a value that is none of them
+    is someone else's. Memory follows the file: ``update`` raises StateWriteError and then
+    changes nothing. ``notes`` says what was found corrupt at load."""
+
+    def __init__(self, directory: SecureDir):
+        self.dir = directory
+        loaded, note = directory.load_json(WRITTEN_FILE, "the CPUs noded wrote", parse_written)
+        self._values: dict[str, tuple[CpuSet, ...]] = {
+            k: tuple(frozenset(v) for v in vs) for k, vs in (loaded or {}).items()}
+        self.notes: list[str] = [note] if note else []
+
+    def get(self, key: str) -> tuple[CpuSet, ...] | None:
+        return self._values.get(key)
+
+    def keys(self) -> list[str]:
+        return list(self._values)
+
+    def update(self, changes: Mapping[str, Sequence[CpuSet] | None]) -> None:
+        """Set (a sequence) or drop (None) records, in one durable write when anything differs."""
+        values = dict(self._values)
+        for key, new in changes.items():
+            if new is None or not new:
+                values.pop(key, None)
+            else:
+                values[key] = tuple(dict.fromkeys(new))[-_MAX_VALUES:]
+        if values == self._values:
+            return
+        self.dir.write_json(WRITTEN_FILE, {k: [sorted(v) for v in vs] for k, vs in values.items()})
+        self._values = values
+
+
+# -- one job as noded sees it: the kernel's values now, and the records
+
+
+@dataclass(frozen=True)
+class _Node:
+    """A cgroup of the job (``where``: its directory) or a process (``where``: pid)."""
+
+    key: str
+    where: str | int
+    now: CpuSet
+    recorded: CpuSet | None  # the original noded recorded, if any
+    parent: int | None = None  # cgroups: index of the nearest cgroup above it in the job
+
+    @property
+    def original(self) -> CpuSet:
+        return self.recorded if self.recorded is not None else self.now
+
+
+@dataclass(frozen=True)
+class _JobView:
+    job: str
+    js: JobSample
+    cpusets: bool
+    nodes: tuple[_Node, ...]
+    original: CpuSet  # the job's: its directory's, else the processes' as recorded for the job
+
+    @property
+    def now(self) -> CpuSet:
+        """The job's CPUs now: its directory's, else every process's together."""
+        if self.cpusets:
+            return self.nodes[0].now
+        return frozenset().union(*(n.now for n in self.nodes))
+
+    @property
+    def recorded(self) -> list[_Node]:
+        return [n for n in self.nodes if n.recorded is not None]
+
+
+@dataclass(frozen=True)
+class CpuChange:
+    """One job's change: ``cpus`` the wanted set (None: its originals back); ``writes``
+    what was (in dry-run: would be) written; ``error`` why it failed."""
+
+    job: str
+    cpus: tuple[int, ...] | None
+    writes: tuple[str, ...]
+    error: str | None = None
+    from_cpus: tuple[int, ...] = ()
+
+    @property
+    def operation(self) -> str:
+        return "release" if self.cpus is None else "set"
+
+
+@dataclass(frozen=True)
+class CpuSetResult:
+    applied: tuple[CpuChange, ...]  # every change tried (dry-run: only news)
+    cpus: Mapping[str, tuple[int, ...]]  # per job with a wish other than its original: the set it has now
+    failed: tuple[CpuChange, ...] = ()
+    housekeeping_failed: tuple[str, ...] = ()  # "record": an original not recorded or forgotten
+
+
+class CpuSetOwner:
+    """Applies a wanted CPU set per job (see the module's docstring). ``originals``: the
+    durable records (their directory also holds ``cpus_written.json``)."""
+
+    def __init__(self, originals: OriginalValues, *, proc: str = "/proc", dry_run: bool = False):
+        self.originals = originals
+        self.written = WrittenValues(originals.dir)
+        self.notes = self.written.notes
+        self.proc = proc
+        self.dry_run = dry_run
+        self._would: dict[str, tuple[tuple[int, ...] | None, tuple[str, ...]]] = {}
+
+    # -- reading (no I/O: the Sample and the records)
+    def view(self, job: str, js: JobSample) -> _JobView | None:
+        p = js.cpus
+        if p is None or (not p.cpusets and not p.affinities):
+            return None
+        if p.cpusets:
+            nodes: list[_Node] = []
+            for d, now in p.cpusets:
+                parent = next((i for i in range(len(nodes) - 1, -1, -1)
+                               if d.startswith(str(nodes[i].where) + os.sep)), None)
+                nodes.append(_Node(cpuset_key(d), d, now, self._recorded(cpuset_key(d)), parent))
+            return _JobView(job, js, True, tuple(nodes), nodes[0].original)
+        procs = tuple(_Node(affinity_key(pid, start), pid, now, self._recorded(affinity_key(pid, start)))
+                      for pid, start, now in p.affinities)
+        record = self.originals.get(affinity_job_key(job))
+        if isinstance(record, dict):
+            original = frozenset(record["original"])
+        else:
+            original = next((n.recorded for n in procs if n.recorded is not None), procs[0].now)
+        return _JobView(job, js, False, procs, original)
+
+    def _recorded(self, key: str) -> CpuSet | None:
+        value = self.originals.get(key)
+        return None if value is None else _cpus_of(value)
+
+    def original_cpus(self, js: JobSample) -> list[int]:
+        """The job's CPUs before noded touched them: recorded, else as they are now."""
+        v = self.view(js.id, js)
+        return sorted(v.original) if v is not None else []
+
+    def targets(self, v: _JobView, wanted: Iterable[int] | None) -> list[CpuSet]:
+        """What each cgroup or process of the job gets for ``wanted`` (None, or the job's
+        original: every recorded original back, the rest as it is)."""
+        w = None if wanted is None else frozenset(wanted)
+        if w is None or w == v.original:
+            return [n.original for n in v.nodes]
+        if not v.cpusets:
+            return [derived(n.original, v.original, w) for n in v.nodes]
+        out: list[CpuSet] = []
+        for n in v.nodes:
+            out.append(w if n.parent is None else derived(n.original, v.nodes[n.parent].original, out[n.parent]))
+        return out
+
+    def matches(self, v: _JobView, wanted: Iterable[int] | None) -> bool:
+        """Whether the kernel shows what ``wanted`` gives the job, every cgroup or process."""
+        return all(t == n.now for t, n in zip(self.targets(v, wanted), v.nodes))
+
+    def _ours(self, v: _JobView, n: _Node) -> bool:
+        """A recorded value still the original or one noded wrote (records made before
+        cpus_written.json existed: one that core halving writes)."""
+        if n.now == n.recorded:
+            return True
+        written = self.written.get(n.key)
+        if written is not None:
+            return n.now in written
+        if not v.cpusets:
+            return n.now in halvings(n.recorded)
+        return any(n.now == ((n.original & kept) or kept) for kept in halvings(v.original))
+
+    def changed_by_others(self, v: _JobView) -> bool:
+        """Whether a recorded value of the job is neither its original nor one noded wrote."""
+        return any(not self._ours(v, n) for n in v.recorded)
+
+    # -- before the changes: forget what is stale, record what appeared
+    def prepare(self, sample: Sample, wishes: Mapping[str, Iterable[int] | None]) -> list[str]:
+        """Forget records of what is gone and of jobs someone else changed, record what
+        appeared in a changed job, forget the records of jobs back at their originals with
+        no wish. Returns the failures ("record"), once per kind of step."""
+        if self.dry_run:
+            return []
+        failed = self._forget_gone(sample)
+        if failed:
+            return failed
+        for job, js in sorted(sample.jobs.items()):
+            v = self.view(job, js)
+            if v is None:
+                continue
+            keys = [n.key for n in v.recorded] + ([affinity_job_key(job)] if not v.cpusets and
+                                                  self.originals.get(affinity_job_key(job)) is not None else [])
+            if not keys:
+                continue
+            try:
+                foreign = [n for n in v.recorded if not self._ours(v, n)]  # see changed_by_others
+                if foreign:
+                    log.warning("job=%s its CPUs were changed by someone else since noded recorded them (%s is %s); "
+                                "forgetting noded's records, leaving them as they are", job, foreign[0].where,
+                                format_cpu_list(sorted(foreign[0].now)))
+                    self._forget(keys)
+                    continue
+                if any(n.now != n.recorded for n in v.recorded):
+                    self._record_inherited(v)
+                wish = wishes.get(job)
+                if (wish is None or frozenset(wish) == v.original) and all(n.now == n.recorded for n in v.recorded):
+                    self._forget(keys)
+            except StateWriteError as e:
+                log.warning("job=%s recording or forgetting originals failed: %s", job, e)
+                return ["record"]
+        return []
+
+    def _record_inherited(self, v: _JobView) -> None:
+        """A cgroup or process with no record in a changed job: holding what its parent holds
+        (its cgroup's now, or a set noded gave the job's processes), it inherited noded's
+        write, and its original is its parent's; a cgroup holding anything else keeps its own."""
+        for n in v.nodes:
+            if n.recorded is not None:
+                continue
+            if v.cpusets:
+                parent = v.nodes[n.parent] if n.parent is not None else None
+                inherited = parent is not None and n.now == parent.now and parent.now != parent.original
+                original = parent.original if inherited and parent is not None else n.now
+            else:
+                given = set(self.written.get(affinity_job_key(v.job)) or ()) | {
+                    p.now for p in v.recorded if p.recorded == v.original and p.now != p.recorded}
+                if n.now not in given:
+                    continue  # its own affinity: not noded's to restore
+                inherited, original = True, v.original
+            if inherited:
+                self.written.update({n.key: [n.now]})
+            self.originals.record(n.key, format_cpu_list(sorted(original)) if v.cpusets else sorted(original))
+            log.info("job=%s %s appeared while its CPUs are changed; original recorded: %s", v.job, n.where,
+                     format_cpu_list(sorted(original)))
+
+    def _forget(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for key in keys:
+            self.originals.forget(key)
+        self.written.update({k: None for k in keys})
+
+    def _forget_gone(self, sample: Sample) -> list[str]:
+        """Records of cgroups removed, processes exited and jobs ended: nothing is left to
+        restore. Written values with no original left go too."""
+        for key, _value in self.originals.items():
+            kind, _, where = key.partition(":")
+            if kind == "cpuset":
+                gone = not os.path.isdir(where)
+            elif kind == "affinity_job":
+                gone = where not in sample.jobs
+            elif kind == "affinity":
+                pid_text, _, start = where.partition(":")
+                gone = not self._alive(int(pid_text), start)
+            else:
+                continue  # not a record of CPUs (a GPU's compute mode)
+            if gone:
+                try:
+                    self.originals.forget(key)
+                except StateWriteError as e:
+                    log.warning("forgetting the original of %s (gone) failed: %s", where, e)
+                    return ["record"]
+        try:
+            self._prune_written()
+        except StateWriteError as e:
+            log.warning("forgetting what noded wrote into CPUs no longer recorded failed: %s", e)
+            return ["record"]
+        return []
+
+    def _prune_written(self) -> None:
+        recorded = {k for k, _ in self.originals.items()}
+        self.written.update({k: None for k in self.written.keys() if k not in recorded})
+
+    def _alive(self, pid: int, start: str) -> bool:
+        fields = stat_fields(self.proc, pid)
+        return fields is not None and fields[STARTTIME].decode() == start
+
+    # -- the changes
+    def change(self, v: _JobView, wanted: Iterable[int] | None, writes: list[str]) -> None:
+        """Give one job ``wanted`` (None: its originals back), writing only what differs.
+        Raises OSError (a write failed: ``writes`` holds those made) or StateWriteError
+        (an original or the values about to be written could not be recorded: nothing written)."""
+        w = None if wanted is None else frozenset(wanted)
+        restoring = w is None or w == v.original
+        targets = self.targets(v, w)
+        if v.cpusets:
+            steps = cpuset_steps([(n.now, t, n.parent) for n, t in zip(v.nodes, targets)])
+        else:
+            steps = [(i, t) for i, (n, t) in enumerate(zip(v.nodes, targets)) if t != n.now]
+        if not steps:
+            return
+        if self.dry_run:
+            writes.extend(self._describe(v, i, value) for i, value in steps)
+            return
+        touched = list(dict.fromkeys(i for i, _ in steps))
+        # Record before you touch: what noded may leave there, then the originals.
+        update: dict[str, list[CpuSet]] = {}
+        for i in touched:
+            n = v.nodes[i]
+            values = [n.now] + [value for j, value in steps if j == i]
+            update[n.key] = [x for x in values if x != n.original]
+        if not v.cpusets and not restoring:
+            before = [x for x in (self.written.get(affinity_job_key(v.job)) or ()) if x in {n.now for n in v.nodes}]
+            update[affinity_job_key(v.job)] = before + [w]
+        self.written.update(update)
+        # Every cgroup or process of a job noded changes, touched or not: one of them could
+        # not be told later from one that inherited noded's write.
+        for n in v.nodes if not restoring else [v.nodes[i] for i in touched]:
+            self.originals.record(n.key, format_cpu_list(sorted(n.now)) if v.cpusets else sorted(n.now))
+        if not v.cpusets and not restoring:
+            # The job as a whole, so whatever it forks while noded is down is put back too.
+            root = min(v.js.cpus.affinities, key=lambda a: (int(a[1]), a[0]))
+            self.originals.record(affinity_job_key(v.job), {"original": sorted(v.original), "cgroup": v.js.cgroup,
+                                                            "root": [root[0], root[1]]})
+        for i, value in steps:
+            writes.append(self._describe(v, i, value))
+            n = v.nodes[i]
+            if v.cpusets:
+                write_cpuset(str(n.where), format_cpu_list(sorted(value)))
+            else:
+                set_affinity(self.proc, int(n.where), sorted(value))
+        if restoring:
+            keys = [n.key for n in v.recorded] + ([] if v.cpusets else [affinity_job_key(v.job)])
+            self._forget(keys)
+
+    @staticmethod
+    def _describe(v: _JobView, i: int, value: CpuSet) -> str:
+        n = v.nodes[i]
+        if v.cpusets:
+            return f"{n.where}/cpuset.cpus <- {format_cpu_list(sorted(value))}"
+        return f"sched_setaffinity({n.where} and its threads, {format_cpu_list(sorted(value))})"
+
+    def apply(self, wishes: Mapping[str, Iterable[int] | None], sample: Sample) -> CpuSetResult:
+        """Every job of the Sample to its wish (no wish: its originals), only what differs;
+        jobs losing CPUs first, so CPUs taken from one job are free before another gets them."""
+        if not sample.jobs_known:
+            return CpuSetResult((), MappingProxyType({}))
+        housekeeping = self.prepare(sample, wishes)
+        todo = []
+        held: dict[str, tuple[int, ...]] = {}
+        for job, js in sorted(sample.jobs.items()):
+            v = self.view(job, js)
+            if v is None:
+                continue
+            wish = wishes.get(job)
+            w = None if wish is None or frozenset(wish) == v.original else frozenset(wish)
+            if self.matches(v, w):
+                if w is not None:
+                    held[job] = tuple(sorted(w))
+                continue
+            growing = not frozenset().union(*self.targets(v, w)) <= v.now
+            todo.append((growing, job, v, w))
+        out: list[CpuChange] = []
+        for _growing, job, v, w in sorted(todo, key=lambda t: (t[0], t[1])):
+            writes: list[str] = []
+            cpus = None if w is None else tuple(sorted(w))
+            try:
+                self.change(v, w, writes)
+            except (OSError, StateWriteError) as e:
+                out.append(CpuChange(job, cpus, tuple(writes), str(e), tuple(sorted(v.now))))
+                continue
+            out.append(CpuChange(job, cpus, tuple(writes), None, tuple(sorted(v.now))))
+            if cpus is not None and not self.dry_run:
+                held[job] = cpus
+        shown = self._dry_run_news(out) if self.dry_run else out
+        for c in shown:
+            to = format_cpu_list(list(c.cpus)) if c.cpus is not None else "original"
+            if c.error:
+                log_change("apply-failed", c.job, severity=logging.WARNING, actuator="cpusets",
+                           cpus_from=format_cpu_list(list(c.from_cpus)), cpus=to,
+                           reason=c.error + (f" (after: {'; '.join(c.writes)})" if c.writes else ""))
+            else:
+                log_change("dry-run" if self.dry_run else "applied", c.job, actuator="cpusets",
+                           cpus_from=format_cpu_list(list(c.from_cpus)), cpus=to,
+                           reason=("would write " if self.dry_run else "") + "; ".join(c.writes))
+        return CpuSetResult(tuple(shown), MappingProxyType(held), tuple(c for c in out if c.error),
+                            tuple(housekeeping))
+
+    def _dry_run_news(self, out: list[CpuChange]) -> list[CpuChange]:
+        news = [c for c in out if self._would.get(c.job) != (c.cpus, c.writes)]
+        self._would = {c.job: (c.cpus, c.writes) for c in out}
+        return news
+
+    # -- stop, and the start after a crash
+    def release_all(self) -> list[str]:
+        """Put back every recorded original; returns what could not be restored."""
+        return [key for key, ok in self._restore().items() if not ok]
+
+    def restore_all(self) -> list[str]:
+        """Put back every recorded original (at start: a crash left them changed)."""
+        return [key for key, ok in self._restore().items() if ok]
+
+    def _restore(self) -> dict[str, bool]:
+        """Every record put back, but only where the value is still one noded set: a value
+        someone else changed meanwhile (a scheduler's resize) is theirs, and left as it is."""
+        done: dict[str, bool] = {}
+        if self.dry_run:
+            return done
+        records = dict(self.originals.items())
+        dirs = sorted(k.partition(":")[2] for k in records if k.startswith("cpuset:"))
+        tops = [d for d in dirs if not any(d.startswith(t + os.sep) for t in dirs)]
+        for top in tops:
+            tree = [d for d in dirs if d == top or d.startswith(top + os.sep)]
+            done.update(self._restore_tree(tree, records))
+        for key, value in records.items():
+            kind, _, where = key.partition(":")
+            if kind not in ("affinity", "affinity_job"):
+                continue
+            try:
+                if kind == "affinity":
+                    pid_text, _, start = where.partition(":")
+                    if self._alive(int(pid_text), start):
+                        self._restore_affinity(int(pid_text), frozenset(value), key)
+            except OSError as e:
+                log.warning("restoring %s failed: %s", key, e)
+                done[key] = False
+                continue
+            done[key] = True
+        for key, value in records.items():  # after each process's own: what the job forked meanwhile
+            if key.startswith("affinity_job:"):
+                try:
+                    for pid in self._job_pids(value):
+                        self._restore_affinity(pid, frozenset(value["original"]), key, inherited_only=True)
+                except OSError as e:
+                    log.warning("restoring %s failed: %s", key, e)
+                    done[key] = False
+                    continue
+                done[key] = True
+        for key, ok in done.items():
+            if ok:
+                try:
+                    self.originals.forget(key)
+                except StateWriteError as e:
+                    log.warning("restored %s but could not forget its record: %s", key, e)
+        try:
+            self._prune_written()
+        except StateWriteError as e:
+            log.warning("could not forget what noded wrote into CPUs now restored: %s", e)
+        return done
+
+    def _restore_tree(self, tree: list[str], records: Mapping[str, Any]) -> dict[str, bool]:
+        """One job's recorded cgroups (parents first) back to their originals, in an order
+        the kernel accepts; a cgroup gone, not a cpuset, or changed by someone else is left."""
+        done: dict[str, bool] = {}
+        nodes: list[_Node] = []
+        for d in tree:
+            key = cpuset_key(d)
+            if not os.path.isdir(d):
+                done[key] = True
+                continue
+            try:
+                now = frozenset(parse_cpu_list(read_cpuset(d)))
+            except (OSError, ValueError) as e:
+                log.warning("not restoring %s: not a cpuset (%s); forgetting noded's record", d, e)
+                done[key] = True
+                continue
+            parent = next((i for i in range(len(nodes) - 1, -1, -1) if d.startswith(str(nodes[i].where) + os.sep)),
+                          None)
+            nodes.append(_Node(key, d, now, _cpus_of(records[key]), parent))
+        if not nodes:
+            return done
+        v = _JobView("", None, True, tuple(nodes), nodes[0].original)  # type: ignore[arg-type]
+        targets = []
+        for n in nodes:
+            if self._ours(v, n):
+                targets.append(n.original)
+            else:
+                log.warning("not restoring %s/cpuset.cpus: it is %s, which noded did not set (someone else changed "
+                            "it); forgetting noded's record", n.where, format_cpu_list(sorted(n.now)))
+                targets.append(n.now)
+        steps = cpuset_steps([(n.now, t, n.parent) for n, t in zip(nodes, targets)])
+        last = {i: k for k, (i, _value) in enumerate(steps)}
+        failed_at = None
+        for k, (i, value) in enumerate(steps):
+            try:
+                write_cpuset(str(nodes[i].where), format_cpu_list(sorted(value)))
+            except OSError as e:
+                log.warning("restoring %s/cpuset.cpus failed: %s", nodes[i].where, e)
+                failed_at = k
+                break
+            if last[i] == k:
+                log_change("restored", None, cpuset=nodes[i].where, cpus=format_cpu_list(sorted(value)),
+                           reason="cpuset.cpus written back")
+        for i, n in enumerate(nodes):
+            done[n.key] = failed_at is None or last.get(i, -1) < failed_at
+        return done
+
+    def _restore_affinity(self, pid: int, original: CpuSet, key: str, inherited_only: bool = False) -> None:
+        try:
+            now = frozenset(os.sched_getaffinity(pid))
+        except ProcessLookupError:
+            return
+        if now == original:
+            return
+        written = self.written.get(key)
+        if not (now in written if written is not None else now in halvings(original)):
+            if not inherited_only:
+                log.warning("not restoring the affinity of %d: it is %s, which noded did not set; forgetting "
+                            "noded's record", pid, format_cpu_list(sorted(now)))
+            return
+        set_affinity(self.proc, pid, sorted(original))
+        log_change("restored", None, pid=pid, cpus=format_cpu_list(sorted(original)), reason="sched_setaffinity back")
+
+    def _job_pids(self, record: Mapping) -> set[int]:
+        """The processes of a job whose CPUs are set by affinity now: its cgroup's, else its tree's."""
+        cgroup, root = record.get("cgroup"), record.get("root")
+        if cgroup and os.path.isdir(cgroup):
+            return read_procs(cgroup)
+        if root and self._alive(int(root[0]), str(root[1])):
+            return descendants(int(root[0]), read_ppids(self.proc))
+        return set()
+
+
+def read_cpuset(path: str) -> str:
+    """A cgroup's cpuset.cpus, never through a link (only records noded made name cgroups)."""
+    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode()
+    finally:
+        os.close(fd)
+
+
+def write_cpuset(path: str, text: str) -> None:
+    """Write a cgroup's cpuset.cpus: never creating a file, never through a link."""
+    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def set_affinity(proc: str, pid: int, cpus) -> None:
+    """Every thread of a process (new threads and children inherit it)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
+    except FileNotFoundError:
+        return  # exited
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            pass
