@@ -67,6 +67,13 @@ class TickResult:
     totals: Totals = field(default_factory=Totals)  # counted since start: durations, errors, failed ticks
 
 
+def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
+    """No new original can be recorded: no level may rise above what is in force. A job
+    whose level is unknown (None) or unsettled (a change left half done, -1) is at no
+    level: nothing may rise there either, and no limit is below 0."""
+    return {j: min(lvl, max(0, in_force.get(j) or 0)) for j, lvl in limits.items()}
+
+
 class Daemon:
     def __init__(self, config: Config, telemetry: Telemetry, throttle: Throttle | None, *,
                  clock: Callable[[], float] = time.monotonic, extra_info: Mapping[str, str] | None = None):
@@ -176,8 +183,7 @@ class Daemon:
             in_force = self.throttle.levels_in_force(sample) if self.throttle else {}
             limits = self.throttle.max_levels(sample) if self.throttle else {}
             if unwritable:
-                # No new original can be recorded: no level may rise above what is in force.
-                limits = {j: min(lvl, in_force.get(j) or 0) for j, lvl in limits.items()}
+                limits = limits_while_unwritable(limits, in_force)
             store = self.control.overrides
             overrides = {j: o.level for j, o in store.active().items()} if store else {}
             paused = self.control.paused

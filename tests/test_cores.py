@@ -162,3 +162,18 @@ def test_a_broken_state_file_is_moved_aside_and_noded_starts(tmp_path):
     values = OriginalValues(str(tmp_path))
     assert values.items() == [] and values.notes and "moved aside" in values.notes[0]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("originals.json.corrupt-")]
+
+
+def test_a_level_that_needs_no_write_is_no_change_and_no_journal_line(tmp_path, sleeper, caplog):
+    # One CPU cannot be halved: a level asked of a one-CPU job (an override set when it had
+    # more) writes nothing, so it is no change: nothing applied, nothing logged, every tick.
+    p = sleeper()
+    os.sched_setaffinity(p.pid, {min(os.sched_getaffinity(p.pid))})
+    job = Job("j", "registered", frozenset({p.pid}))
+    cores = CoreHalving(OriginalValues(str(tmp_path)))
+    for _ in range(3):
+        with caplog.at_level("INFO", logger="noded.changes"):
+            result = cores.apply({"j": 1}, observe(job))
+        assert result.applied == () and result.failed == ()
+    assert not [r for r in caplog.records if r.name == "noded.changes"]
+    assert OriginalValues(str(tmp_path)).items() == []  # nothing touched, nothing recorded

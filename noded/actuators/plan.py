@@ -97,9 +97,13 @@ class LevelThrottle:
             except (OSError, ResctrlError, StateWriteError) as e:
                 out.append(Applied(job, level, tuple(writes), str(e), in_force[job]))
                 continue
-            out.append(Applied(job, level, tuple(writes), from_level=in_force[job]))
             if not self.dry_run:
                 after[job] = level
+            if not writes:
+                # Nothing to write: the kernel already shows what this level means for the
+                # job (one CPU cannot be halved): no change, so no line in the journal.
+                continue
+            out.append(Applied(job, level, tuple(writes), from_level=in_force[job]))
         self._after(levels, sample)
         shown = self._dry_run_news(out) if self.dry_run else out
         for a in shown:

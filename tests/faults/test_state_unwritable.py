@@ -56,3 +56,13 @@ def test_a_read_only_state_dir_changes_nothing_until_it_is_writable(tmp_path, st
         rebuilt.daemon.shutdown()
     finally:
         h.sim.stop()
+
+
+def test_while_unwritable_no_level_rises_and_none_goes_below_zero():
+    from noded.actuators.plan import UNKNOWN, UNSETTLED
+    from noded.daemon import limits_while_unwritable
+
+    limits = {"held": 3, "free": 3, "unknown": 3, "unsettled": 3, "absent": 3, "low": 1}
+    in_force = {"held": 2, "free": 0, "unknown": UNKNOWN, "unsettled": UNSETTLED, "low": 2}
+    assert limits_while_unwritable(limits, in_force) == {"held": 2, "free": 0, "unknown": 0, "unsettled": 0,
+                                                         "absent": 0, "low": 1}
