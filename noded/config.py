@@ -24,6 +24,8 @@ from .journal import printable
 from .yamlsafe import Document, YamlError, parse_yaml, read_regular_file
 
 GB = 1e9
+#: where a job can come from: a cgroup source's kind, or a process tree registered with noded
+JOB_SOURCES = (*KINDS, "registered")
 #: the node peak when neither the config nor a calibration gives one (GB/s per L3 domain)
 DEFAULT_PEAK_GBPS = 50.0
 
@@ -149,6 +151,34 @@ class ColocationConfig:
 
 
 @dataclass(frozen=True)
+class RightsizeConfig:
+    """Right-sizing the CPU side of GPU jobs (issue #13; noded.rightsize). Off unless
+    ``sources`` names a job source."""
+
+    #: job sources (kinds as in jobs.sources, or registered) whose GPU jobs are sized; empty: off
+    sources: tuple[str, ...] = ()
+    #: job sources whose CPU jobs may borrow the GPU array's idle cores (taken back at once)
+    lend_to: tuple[str, ...] = ()
+    #: coda (CODA's adaptive search) or synergy (Synergy's binary search down from the maximum)
+    method: str = "coda"
+    #: a step up is kept only for a gain above this share of the throughput
+    noise_margin: float = 0.03
+    #: a measurement ends once its interval's half-width is this share of the mean
+    tolerance: float = 0.02
+    #: ... or after this long at one core count, steady or not
+    max_window_s: float = 90.0
+    #: samples before this long after a change of cores describe the old one: skipped
+    warmup_s: float = 5.0
+    #: the GPU array's cores per GPU of the node; null: from the answers found before
+    #: (their mean per GPU), 4 per GPU without history
+    reserve_per_gpu: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.sources)
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     address: str = "127.0.0.1"
     port: int = 9464
@@ -170,6 +200,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     colocation: ColocationConfig = field(default_factory=ColocationConfig)
+    rightsize: RightsizeConfig = field(default_factory=RightsizeConfig)
 
     @property
     def peak_bytes_per_domain(self) -> float:
@@ -306,6 +337,14 @@ _RULES: dict[str, Check] = {
     "jobs.rmid_retry_s": _between(0, 3600, " seconds", above=True),
     "jobs.sources.kind": _must(lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
     "resctrl.prefix": prefix_problem,
+    "rightsize.sources": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
+    "rightsize.lend_to": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
+    "rightsize.method": _must(lambda v: v in ("coda", "synergy"), "one of coda, synergy"),
+    "rightsize.noise_margin": _must(lambda v: 0 < v <= 0.5, "a share above 0 and at most 0.5"),
+    "rightsize.tolerance": _must(lambda v: 0 < v <= 0.5, "a share above 0 and at most 0.5"),
+    "rightsize.max_window_s": _between(1, 3600, " seconds"),
+    "rightsize.warmup_s": _between(0, 600, " seconds"),
+    "rightsize.reserve_per_gpu": _between(1, 1024, " cores per GPU", nullable="to size it from history"),
     **{k: path_problem for k in _PATH_KEYS},
 }
 
@@ -314,6 +353,8 @@ _ITEM_RULES: dict[str, Check] = {
     "contention.mba_levels": _must(lambda v: 0 < v < 1, "a share in (0, 1)"),
     "jobs.sources.patterns": check_pattern,
     "colocation.mps.gpus": gpu_uuid_problem,
+    "rightsize.sources": _must(lambda v: v in JOB_SOURCES, f"one of {', '.join(JOB_SOURCES)}"),
+    "rightsize.lend_to": _must(lambda v: v in JOB_SOURCES, f"one of {', '.join(JOB_SOURCES)}"),
 }
 
 
@@ -462,6 +503,14 @@ def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) ->
             key = f"jobs.sources[{i}].patterns"
             errors.append(ConfigError(where, key, doc.line_of(key), f"a {src.kind} source needs explicit patterns "
                                                                      "(noded never guesses which units are jobs)"))
+    r = config.rightsize
+    if not _failed(("rightsize.noise_margin", "rightsize.tolerance"), failed) and r.tolerance >= r.noise_margin:
+        errors.append(ConfigError(where, "rightsize.tolerance", doc.line_of("rightsize.tolerance"),
+                                  f"{r.tolerance} must be below rightsize.noise_margin ({r.noise_margin}): a "
+                                  "measurement must be finer than the difference it has to tell"))
+    if not _failed(("rightsize.warmup_s", "rightsize.max_window_s"), failed) and r.warmup_s >= r.max_window_s:
+        errors.append(ConfigError(where, "rightsize.warmup_s", doc.line_of("rightsize.warmup_s"),
+                                  f"{r.warmup_s} must be shorter than rightsize.max_window_s ({r.max_window_s})"))
     if not _failed(("admin.socket", "runtime_dir"), failed):
         sockets = [("admin.socket" if config.admin.socket else "runtime_dir", config.admin_socket),
                    ("runtime_dir", config.report_socket)]

@@ -107,7 +107,7 @@ class Daemon:
         old = self.config
         restart_only = {"resctrl": old.resctrl, "jobs": old.jobs, "metrics": old.metrics, "state_dir": old.state_dir,
                         "runtime_dir": old.runtime_dir, "nvml": old.nvml, "admin": old.admin,
-                        "colocation": old.colocation}
+                        "colocation": old.colocation, "rightsize": old.rightsize}
         needs_restart = [k for k, v in restart_only.items() if getattr(new, k) != v]
         for k in ("mba_levels", "method"):
             if getattr(new.contention, k) != getattr(old.contention, k):

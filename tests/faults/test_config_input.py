@@ -281,6 +281,18 @@ def test_metrics_address_refuses_what_is_not_an_ip_literal(address):
     ("tick_s: 1:30", "tick_s", "expected a number, got '1:30'"),
     ("peak_gbps_per_domain: 1.0e2", "peak_gbps_per_domain", "a sign in it (1.5e+9)"),
     ("peak_gbps_per_domain: 1e2", "peak_gbps_per_domain", "a sign in it (1.5e+9)"),
+    ("rightsize: {sources: [slurm, slurm]}", "rightsize.sources", "listed twice"),
+    ("rightsize: {sources: [pbs]}", "rightsize.sources[0]", "one of slurm, kubernetes, systemd, cgroup, registered"),
+    ("rightsize: {lend_to: [slurm, 3]}", "rightsize.lend_to[1]", "expected a string"),
+    ("rightsize: {method: oracle}", "rightsize.method", "one of coda, synergy"),
+    ("rightsize: {noise_margin: 0}", "rightsize.noise_margin", "above 0 and at most 0.5"),
+    ("rightsize: {tolerance: 0.9}", "rightsize.tolerance", "above 0 and at most 0.5"),
+    ("rightsize: {max_window_s: 1.0e+9}", "rightsize.max_window_s", "at most 3600"),
+    ("rightsize: {warmup_s: -1}", "rightsize.warmup_s", "at least 0"),
+    ("rightsize: {reserve_per_gpu: 0}", "rightsize.reserve_per_gpu", "or null to size it from history"),
+    ("rightsize: {reserve_per_gpu: 2.5}", "rightsize.reserve_per_gpu", "expected an integer"),
+    ("rightsize: {tolerance: 0.05}", "rightsize.tolerance", "below rightsize.noise_margin (0.03)"),
+    ("rightsize: {warmup_s: 30, max_window_s: 20}", "rightsize.warmup_s", "shorter than rightsize.max_window_s"),
 ])
 def test_numbers_and_names_have_sane_bounds(text, key, bound):
     e = config_error(text + "\n")
@@ -288,6 +300,19 @@ def test_numbers_and_names_have_sane_bounds(text, key, bound):
 
 
 # --------------------------------------------------------- files of any kind
+
+
+def test_every_rightsize_problem_is_reported_at_once():
+    """check-config reports each bad key of the section, not the first one only; a relation
+    is not checked against a default standing in for a bad key."""
+    e = config_error("rightsize:\n  sources: [pbs]\n  method: x\n  noise_margin: 2\n  tolerance: 0.04\n"
+                     "  warmup_s: 700\n")
+    assert [(p.key, p.line) for p in e.problems] == [("rightsize.sources[0]", 2), ("rightsize.method", 3),
+                                                     ("rightsize.noise_margin", 4), ("rightsize.warmup_s", 6)]
+    config = parse_config("rightsize: {sources: [registered, slurm], lend_to: [slurm], method: synergy, "
+                          "reserve_per_gpu: 3}\n")
+    assert config.rightsize.enabled and config.rightsize.sources == ("registered", "slurm")
+    assert not parse_config("").rightsize.enabled
 
 
 def test_check_config_answers_for_any_kind_of_file_without_blocking(tmp_path):
@@ -504,7 +529,8 @@ def test_a_key_written_twice_is_always_refused_with_both_lines(entries, data):
 
 KNOWN = {"tick_s", "peak_gbps_per_domain", "state_dir", "runtime_dir", "nvml", "resctrl.root", "resctrl.prefix",
          "jobs.labels", "jobs.rmid_retry_s", "contention.hold_s", "contention.threshold", "contention.mba_levels",
-         "metrics.address", "metrics.port", "admin.group", "admin.socket", "colocation.mps.gpus"}
+         "metrics.address", "metrics.port", "admin.group", "admin.socket", "colocation.mps.gpus",
+         "rightsize.sources", "rightsize.noise_margin", "rightsize.tolerance", "rightsize.reserve_per_gpu"}
 ANY_VALUE = st.one_of(SCALARS, st.floats(), st.sampled_from(["", "/", "/a/", "a/b", "/a//b", "127.0.0.1", "::1",
                                                               "noded-", "info", "GPU-1"]),
                       st.lists(st.one_of(st.floats(0, 1), st.text(max_size=5)), max_size=3))
@@ -540,6 +566,7 @@ def test_a_config_that_loads_holds_every_invariant(settings_):
         assert path_problem(p) is None
     assert config.resctrl.prefix and not config.resctrl.prefix.startswith(".")
     assert len(config.admin_socket.encode()) <= 107
+    assert config.rightsize.tolerance < config.rightsize.noise_margin
 
 
 def test_the_yaml_loader_reads_a_real_file_with_lines(tmp_path):
