@@ -1,0 +1,455 @@
+"""The daemon's right-sizing state, beside the loop (as ``noded.colocation.service`` is for
+co-location): one ``JobSizing`` per GPU job of an enabled source, fed every tick, and the
+node's plan of CPUs made from what each of them asks for.
+
+Each tick the daemon calls ``tick(sample, have, originals, now)``:
+
+* **Which jobs.** A GPU job of a source in ``rightsize.sources`` whose CPUs the Sample
+  shows (``have``) is sized; its sizing begins the first tick it is seen and ends when it
+  is gone (its queued reports go with it). Its ``JobSpec``: ``max_cores`` its CPUs before
+  noded changed them (``originals``), its GPUs, its owner (the uid of its first process,
+  read once from ``/proc/PID``), its labels' category, model, batch size and hints, and its
+  GPU-proportional share of the node (the floor phase).
+* **The signal.** Iteration times the job reported (``report``, from the report socket)
+  where it reports them, else its GPU utilisation from the Sample. A job starts on
+  utilisation; its first report switches it to iteration times if nothing was measured
+  yet (points of two signals are never mixed).
+* **Observe, don't believe.** A probe's window takes samples only while the Sample shows
+  the job holding the probed number of CPUs; while it does not (the write is pending or
+  failed, the plan cut it), the window is opened again, so its warm-up counts from when
+  the cores are really there.
+* **Answers.** A searched or confirmed answer is remembered in ``rightsize.json``
+  (``history.record``; a state directory that cannot be written is logged, the answer is
+  kept). Each new probe and answer is one journal line (``probe``, ``size``).
+
+``plan(sample, originals, levels, now)`` makes the node's plan (``cpuplan``) from the
+sized jobs' targets, the CPU jobs' own CPUs and contention levels; a probe the plan cuts
+(the node is short) goes to the allocator as a ceiling (``limit``) and the plan is made
+again once. GPU jobs that are not sized are not in the plan and their CPUs are not handed
+out. ``view(...)`` is the frozen record of it all for the TickResult.
+
+**Operator controls** (``pin``, ``stop``, ``reprobe``, from nodectl through the admin
+socket) take effect at once, under the service's lock, and are kept with who asked and
+why for as long as the job runs. They are not persisted: after a restart a job is sized
+again (a remembered answer is confirmed in one step). A job that is not being sized (not
+a GPU job of an enabled source, or gone) is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
+
+from ..config import RightsizeConfig
+from ..journal import log_change
+from ..sample import CPU, GPU, Sample
+from ..state import StateWriteError
+from . import allocator as alloc
+from . import cpuplan
+from .history import SizingHistory
+from .signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window
+
+log = logging.getLogger(__name__)
+
+#: the GPU array's cores per GPU without configuration or history
+DEFAULT_RESERVE_PER_GPU = alloc.UNKNOWN_START
+#: iteration times kept per job between two ticks (a job reporting faster drops the oldest)
+MAX_QUEUED = 4096
+
+# a sized job's state, for the metrics (noded_job_sizing_state)
+PROBING = "probing"
+SIZED = "sized"
+PINNED = "pinned"
+STOPPED = "stopped"
+LIMITED = "limited"  # sized, at the plan's ceiling: it may want more than the node had
+STATES = (PROBING, SIZED, PINNED, STOPPED, LIMITED)
+
+
+class NotSized(ValueError):
+    """An operator control for a job right-sizing does not size (the message says why)."""
+
+
+def allocator_config(config: RightsizeConfig) -> alloc.AllocatorConfig:
+    return alloc.AllocatorConfig(method=config.method, noise_margin=config.noise_margin,
+                                 signal=SignalConfig(tolerance=config.tolerance, max_window_s=config.max_window_s,
+                                                     warmup_s=config.warmup_s))
+
+
+def state_of(state: alloc.SizingState) -> str:
+    if state.phase in alloc.PROBING:
+        return PROBING
+    if state.phase == alloc.PINNED:
+        return PINNED
+    if state.phase == alloc.STOPPED:
+        return STOPPED
+    return LIMITED if state.reason == alloc.LIMITED else SIZED
+
+
+@dataclass(frozen=True)
+class Control:
+    """An operator's control of a job's sizing: pin (with ``cores``), stop or reprobe."""
+
+    kind: str
+    uid: int | None
+    reason: str
+    t: float
+    cores: int | None = None
+
+
+@dataclass(frozen=True)
+class JobSizingView:
+    """One sized job as a tick left it. ``target``: the cores its sizing asks for now (the
+    probe's or the answer's); ``allocated``: the CPUs the Sample showed it holding;
+    ``planned``: the CPUs the plan gives it (None without a plan); ``optimal``: the answer
+    found (None while probing, and for a pin or a stop)."""
+
+    job: str
+    owner: str | None
+    model: str | None
+    batch_size: int | None
+    category: str | None
+    gpus: int
+    signal: str
+    state: str  # one of STATES
+    phase: str
+    reason: str | None
+    target: int
+    max_cores: int
+    ceiling: int | None
+    optimal: int | None
+    start: int
+    start_source: str
+    points: tuple[tuple[int, float], ...]  # (cores, throughput) in the order measured
+    window_samples: int  # in the open window (0 without one)
+    window_open_s: float | None
+    allocated: int | None
+    planned: tuple[int, ...] | None
+    plan_note: str | None
+    control: Control | None
+    remembered: bool  # its answer is in the history (recorded by this noded)
+
+
+@dataclass(frozen=True)
+class RightsizeView:
+    """What one tick saw of right-sizing: the sized jobs; CPU jobs' borrowed CPUs; the
+    GPU array's lent and idle CPUs (empty without a plan); why there is no plan, if so."""
+
+    jobs: Mapping[str, JobSizingView]
+    borrowed: Mapping[str, tuple[int, ...]]  # CPU job -> GPU-array CPUs it has on loan
+    lent: tuple[int, ...]
+    idle: tuple[int, ...]
+    reserve: int
+    plan_error: str | None = None
+    history_errors: int = 0  # answers that could not be remembered (state directory)
+
+
+class _Job:
+    """The service's record of one sized job (under the service's lock)."""
+
+    def __init__(self, sizing: alloc.JobSizing, out: alloc.Probe | alloc.Sized):
+        self.sizing = sizing
+        self.out = out
+        self.control: Control | None = None
+        self.remembered = False
+        self.reports: list[tuple[float, float]] = []
+        self.reported = False
+
+
+def job_owner(proc: str, pids: Iterable[int]) -> str | None:
+    """The uid owning the job's first process that still exists (a name, as history keeps it)."""
+    for pid in sorted(pids):
+        try:
+            return str(os.stat(f"{proc}/{pid}").st_uid)
+        except OSError:
+            continue
+    return None
+
+
+class RightSizing:
+    def __init__(self, config: RightsizeConfig, history: SizingHistory | None, *, clock: Callable[[], float],
+                 proc: str = "/proc"):
+        self.config = config
+        self.alloc_config = allocator_config(config)
+        self.history = history
+        self.clock = clock
+        self.proc = proc
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()
+        self.history_errors = 0
+
+    # -- what the job says (report socket thread)
+    def report(self, job: str, seconds: float) -> dict:
+        """An iteration time from a job's own process. Raises ValueError for a value that is
+        not one (nothing is taken); a job that is not sized is answered, not refused."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise ValueError(f"iteration_s must be a number, not {seconds!r:.40}")
+        try:
+            Window(ITERATION_TIME, 1, 0.0).add(1.0, float(seconds), SignalConfig(warmup_s=0.0, warmup_samples=0))
+        except BadSample as e:
+            raise ValueError(str(e)) from None
+        t = self.clock()
+        with self._lock:
+            j = self._jobs.get(job)
+            if j is None:
+                return {"job": job, "sized": False}
+            j.reports.append((t, float(seconds)))
+            del j.reports[:-MAX_QUEUED]
+            return {"job": job, "sized": True, "state": state_of(j.sizing.state), "cores": j.out.cores}
+
+    # -- the tick
+    def sized_jobs(self, sample: Sample) -> list[str]:
+        """The jobs of this sample right-sizing sizes: GPU jobs of enabled sources with CPUs known."""
+        return sorted(j for j, js in sample.jobs.items()
+                      if js.kind == GPU and js.source in self.config.sources and js.cpus is not None)
+
+    def tick(self, sample: Sample, have: Mapping[str, int], originals: Mapping[str, Iterable[int]],
+             now: float, node_cpus: int, node_gpus: int) -> dict[str, alloc.Probe | alloc.Sized]:
+        """Begin, feed and end sizings for this Sample; returns every sized job's request.
+        ``have``: per job, how many CPUs the Sample shows it holding; ``originals``: per job,
+        its CPUs before noded changed them; ``node_cpus``/``node_gpus``: what the plan shares."""
+        if not sample.jobs_known:
+            with self._lock:
+                return {j: r.out for j, r in self._jobs.items()}
+        wanted = set(self.sized_jobs(sample))
+        with self._lock:
+            for job in [j for j in self._jobs if j not in wanted]:
+                del self._jobs[job]
+                log.info("job=%s no longer sized (gone, or no longer a GPU job of an enabled source)", job)
+            for job in sorted(wanted):
+                js = sample.jobs[job]
+                own = sorted(originals.get(job) or ())
+                if not own:
+                    continue
+                r = self._jobs.get(job)
+                if r is None:
+                    r = self._begin(job, js, len(own), now, node_cpus, node_gpus)
+                    if r is None:
+                        continue
+                    self._jobs[job] = r
+                    continue  # its window opened now: the cores it has now are the old ones
+                self._feed(job, r, js.gpu_util, sample.t, have.get(job), now)
+            return {j: r.out for j, r in self._jobs.items()}
+
+    def _begin(self, job: str, js, max_cores: int, now: float, node_cpus: int, node_gpus: int) -> _Job | None:
+        gpus = max(1, len(js.gpus))
+        meta = js.meta
+        try:
+            spec = alloc.JobSpec(job, max_cores, gpus, owner=job_owner(self.proc, js.pids), category=meta.category,
+                                 model=meta.model, batch_size=meta.batch_size, signal=GPU_UTILISATION,
+                                 labels=MappingProxyType(meta.hints()),
+                                 share=max(1, node_cpus * gpus // max(1, node_gpus)))
+            out, sizing = alloc.begin_job(spec, self.history.view() if self.history else None, self.alloc_config, now)
+        except (ValueError, alloc.SizingError) as e:
+            log.warning("job=%s cannot be sized: %s", job, e)
+            return None
+        self._announce(job, None, out, sizing, f"begins: {max_cores} CPUs, {gpus} GPU{'s' * (gpus > 1)}, start "
+                       f"{sizing.state.start.cores} from {sizing.state.start.source}")
+        r = _Job(sizing, out)
+        self._maybe_remember(job, r)
+        return r
+
+    def _feed(self, job: str, r: _Job, gpu_util: float | None, t: float, have: int | None, now: float) -> None:
+        reports, r.reports = r.reports, []
+        sizing = r.sizing
+        if reports and sizing.spec.signal == GPU_UTILISATION and not sizing.state.points:
+            # the job reports its iterations: measure those (nothing was measured on utilisation)
+            spec = replace(sizing.spec, signal=ITERATION_TIME)
+            window = Window(ITERATION_TIME, sizing.state.cores, now) if sizing.window is not None else None
+            sizing = r.sizing = alloc.JobSizing(spec, sizing.state, window)
+            log.info("job=%s reports its iteration times: measured by them from now", job)
+        if sizing.window is None:
+            return
+        if have != sizing.state.cores:
+            # observe, don't believe: measure only while the job holds the probed cores
+            r.sizing = replace(sizing, window=Window(sizing.window.kind, sizing.state.cores, now))
+            return
+        if sizing.spec.signal == ITERATION_TIME:
+            samples = reports
+        else:
+            samples = [(t, gpu_util)] if gpu_util is not None else []
+        try:
+            out, new, measured = alloc.feed(sizing, samples, now, self.alloc_config)
+        except BadSample as e:
+            log.warning("job=%s a sample was refused: %s", job, e)
+            return
+        if out is None:
+            r.sizing = new
+            return
+        note = (f"measured {measured.mean:.4g} at {measured.cores} cores over {measured.elapsed_s:.1f}s "
+                f"({measured.samples} samples{'' if measured.steady else ', not steady'})"
+                if measured is not None and measured.mean is not None else "no sample in the window")
+        self._announce(job, r.out, out, new, note)
+        r.sizing, r.out = new, out
+        self._maybe_remember(job, r)
+
+    def _maybe_remember(self, job: str, r: _Job) -> None:
+        if self.history is None or not isinstance(r.out, alloc.Sized) or r.remembered:
+            return
+        try:
+            r.remembered = self.history.record(r.sizing.spec, r.out)
+        except StateWriteError as e:
+            self.history_errors += 1
+            log.warning("job=%s its answer (%d cores) could not be remembered: %s", job, r.out.cores, e)
+
+    @staticmethod
+    def _announce(job: str, before: alloc.Probe | alloc.Sized | None, out: alloc.Probe | alloc.Sized,
+                  sizing: alloc.JobSizing, note: str) -> None:
+        was = None if before is None else before.cores
+        if isinstance(out, alloc.Probe):
+            log_change("probe", job, cores_from=was, cores=out.cores, phase=out.phase, reason=note)
+        else:
+            log_change("size", job, cores_from=was, cores=out.cores, state=state_of(sizing.state),
+                       reason=f"{out.reason} after {out.steps} step{'s' * (out.steps != 1)}; {note}")
+
+    def limit(self, job: str, cores: int, now: float) -> alloc.Probe | alloc.Sized:
+        """The plan can give ``job`` at most ``cores`` now: a probe above is cut (the search
+        resumes within). Returns the job's request after it."""
+        with self._lock:
+            r = self._jobs[job]
+            out, sizing = alloc.limit_job(r.sizing, cores, self.alloc_config, now)
+            if out is not None:
+                self._announce(job, r.out, out, sizing, f"the node can give it at most {cores} now")
+                r.out = out
+                self._maybe_remember(job, r)
+            r.sizing = sizing
+            return r.out
+
+    # -- operator controls (admin socket thread)
+    def _control(self, job: str) -> _Job:
+        r = self._jobs.get(job)
+        if r is None:
+            raise NotSized(f"job {job!r} is not being sized: right-sizing sizes GPU jobs of the sources "
+                           f"{', '.join(self.config.sources) or '(none: rightsize.sources is empty)'} "
+                           "whose CPUs noded sees")
+        return r
+
+    def pin(self, job: str, cores: int, uid: int | None, reason: str) -> dict:
+        """Hold ``job`` at ``cores`` (1 to its CPUs at start), no probing until ``reprobe``."""
+        with self._lock:
+            r = self._control(job)
+            try:
+                out, sizing = alloc.pin_job(r.sizing, cores)
+            except alloc.OutOfRange as e:
+                raise ValueError(str(e)) from None
+            return self._controlled(job, r, out, sizing, Control("pin", uid, reason, self.clock(), cores))
+
+    def stop(self, job: str, uid: int | None, reason: str) -> dict:
+        """Stop probing ``job``: it keeps the cores it has now (an ended search stays as it is)."""
+        with self._lock:
+            r = self._control(job)
+            out, sizing = alloc.stop_job(r.sizing)
+            return self._controlled(job, r, out, sizing, Control("stop", uid, reason, self.clock()))
+
+    def reprobe(self, job: str, uid: int | None, reason: str) -> dict:
+        """Search again from the cores ``job`` has (a pin or stop undone)."""
+        with self._lock:
+            r = self._control(job)
+            out, sizing = alloc.reprobe_job(r.sizing, self.alloc_config, self.clock())
+            r.remembered = False
+            return self._controlled(job, r, out, sizing, Control("reprobe", uid, reason, self.clock()))
+
+    def _controlled(self, job: str, r: _Job, out, sizing: alloc.JobSizing, control: Control) -> dict:
+        before = r.out
+        r.sizing, r.out, r.control = sizing, out, control
+        log_change(control.kind, job, severity=logging.WARNING, cores_from=before.cores, cores=out.cores,
+                   uid=control.uid, state=state_of(sizing.state), reason=control.reason or f"by uid {control.uid}")
+        return {"job": job, "state": state_of(sizing.state), "phase": sizing.state.phase, "cores": out.cores,
+                "cores_before": before.cores, "control": control.kind, "reason": control.reason}
+
+    # -- the plan
+    def plan(self, sample: Sample, originals: Mapping[str, Iterable[int]], levels: Mapping[str, int],
+             lend_to: Iterable[str], now: float) -> cpuplan.CpuPlan | None:
+        """The node's plan of CPUs for this Sample (see the module's docstring); None while
+        no GPU job is sized (the arrays exist for GPU jobs: without one, every CPU job keeps
+        its own CPUs, halved for contention as before). ``levels``: the CPU jobs' contention
+        levels where the throttle halves cores. Raises PlanError when no plan can be made
+        (more sized GPU jobs than CPUs)."""
+        made = self.node_view(sample, originals, levels, lend_to)
+        if made is None:
+            return None
+        out = cpuplan.plan(*made)
+        cut = {j.job: len(out.cpus_of(j.job)) for j in made[0].gpu_jobs
+               if j.target is not None and len(out.cpus_of(j.job)) < j.target}
+        if not cut:
+            return out
+        for job, cores in cut.items():
+            self.limit(job, cores, now)
+        return cpuplan.plan(*self.node_view(sample, originals, levels, lend_to))
+
+    def node_view(self, sample: Sample, originals: Mapping[str, Iterable[int]], levels: Mapping[str, int],
+                  lend_to: Iterable[str]) -> tuple[cpuplan.NodeView, cpuplan.PlanConfig] | None:
+        """What the plan is made from (None: nothing to plan, see ``plan``). The node's CPUs
+        are every sized GPU job's and CPU job's own, less those of GPU jobs not sized."""
+        with self._lock:
+            outs = {j: r.out for j, r in self._jobs.items() if j in sample.jobs}
+        unsized_gpu = set().union(*(frozenset(originals.get(j) or ()) for j, js in sample.jobs.items()
+                                    if js.kind == GPU and j not in outs))
+        gpu_jobs, cpu_jobs, cpus = [], [], set()
+        for job, js in sorted(sample.jobs.items()):
+            own = frozenset(originals.get(job) or ())
+            if not own:
+                continue
+            now_cpus = _cpus_now(js)
+            if job in outs:
+                gpu_jobs.append(cpuplan.GpuJob.from_allocator(job, max(1, len(js.gpus)), outs[job],
+                                                              now_cpus or ()))
+                cpus |= own
+            elif js.kind == CPU:
+                cpu_jobs.append(cpuplan.CpuJob(job, js.source, own, levels.get(job, 0), now_cpus))
+                cpus |= own
+        cpus -= unsized_gpu
+        if not cpus or not gpu_jobs:
+            return None  # nothing to plan: no sized GPU job, or every CPU is an unsized GPU job's
+        node_gpus = max(len(sample.gpus), sum(j.gpus for j in gpu_jobs), 1)
+        if self.config.reserve_per_gpu is not None:
+            reserve = min(len(cpus), self.config.reserve_per_gpu * node_gpus)
+        else:
+            history = self.history.view() if self.history else None
+            reserve = (cpuplan.reserve_from_history(history, node_gpus, len(cpus), DEFAULT_RESERVE_PER_GPU)
+                       if history is not None else min(len(cpus), DEFAULT_RESERVE_PER_GPU * node_gpus))
+        view = cpuplan.NodeView(tuple(sorted(cpus)), node_gpus, tuple(gpu_jobs), tuple(cpu_jobs))
+        return view, cpuplan.PlanConfig(reserve_cores=reserve, lend_to=frozenset(lend_to))
+
+    # -- what the tick leaves
+    def view(self, have: Mapping[str, int] | None = None, plan: cpuplan.CpuPlan | None = None,
+             plan_error: str | None = None) -> RightsizeView:
+        have = have or {}
+        jobs = {}
+        with self._lock:
+            for job, r in sorted(self._jobs.items()):
+                s, spec, w = r.sizing.state, r.sizing.spec, r.sizing.window
+                planned = plan.jobs.get(job) if plan is not None else None
+                st = state_of(s)
+                jobs[job] = JobSizingView(
+                    job, spec.owner, spec.model, spec.batch_size, spec.category, spec.gpus, spec.signal, st, s.phase,
+                    s.reason, r.out.cores, s.max_cores, s.ceiling, r.out.cores if st in (SIZED, LIMITED) else None,
+                    s.start.cores, s.start.source, s.points, w.n if w is not None else 0,
+                    None if w is None else max(0.0, self.clock() - w.opened_at), have.get(job),
+                    planned.cpus if planned is not None else None, planned.note if planned is not None else None,
+                    r.control, r.remembered)
+            errors = self.history_errors
+        borrowed: dict[str, tuple[int, ...]] = {}
+        if plan is not None:
+            lent = set(plan.lent)
+            for job, jc in plan.jobs.items():
+                if jc.kind == cpuplan.CPU and lent & set(jc.cpus):
+                    borrowed[job] = tuple(sorted(lent & set(jc.cpus)))
+        return RightsizeView(MappingProxyType(jobs), MappingProxyType(borrowed),
+                             plan.lent if plan is not None else (), plan.idle if plan is not None else (),
+                             plan.reserve if plan is not None else 0, plan_error, errors)
+
+
+def _cpus_now(js) -> frozenset[int] | None:
+    """The CPUs the Sample shows a job holding: its top cpuset's, else every process's together."""
+    p = js.cpus
+    if p is None:
+        return None
+    if p.cpusets:
+        return frozenset(p.cpusets[0][1])
+    if p.affinities:
+        return frozenset().union(*(frozenset(a[2]) for a in p.affinities))
+    return None
