@@ -26,7 +26,10 @@ it, and ``CpuSetOwner`` carries it out with the same rules for every one of them
   ``O_NOFOLLOW`` and never create a file.
 * **Someone else's change is theirs.** A value that is neither the original nor one noded
   wrote (a scheduler's resize, an operator) means the job's CPUs are someone else's now:
-  noded forgets its records of the job and leaves every value as it is.
+  noded forgets its records of the job and leaves every value as it is. Such a value only
+  below the job's own directory (its owner's, in a delegated subtree) is taken as that
+  cgroup's original: the job's CPUs are still noded's to put back, and a child is always
+  kept inside what its parent gets back (``fitted``), so CPUs lent are never kept that way.
 * **What appears meanwhile is recorded at once.** A cgroup or a process that appears in a
   changed job holding what it inherited from noded's write (a new Slurm step, a fork) gets
   the original of its parent (its cgroup's, or the job's) recorded, so neither a release
@@ -88,6 +91,17 @@ def derived(own_original: CpuSet, parent_original: CpuSet, parent_value: CpuSet)
     parent gets ``parent_value``: the CPUs of its own original the parent still has, and
     whatever the parent got beyond its original; all of the parent's where that is none."""
     return ((own_original & parent_value) | (parent_value - parent_original)) or parent_value
+
+
+def fitted(nodes: Sequence[Any], targets: Sequence[CpuSet]) -> list[CpuSet]:
+    """``targets`` (parents first), each cgroup's kept inside its parent's: a value its
+    owner chose beyond what the parent gets back (CPUs noded lent, taken back) keeps what
+    the parent has of it (``derived``). ``nodes``: each with ``parent`` and ``original``."""
+    out = list(targets)
+    for i, n in enumerate(nodes):
+        if n.parent is not None and not out[i] <= out[n.parent]:
+            out[i] = derived(out[i], nodes[n.parent].original, out[n.parent])
+    return out
 
 
 def cpuset_steps(tree: Sequence[tuple[CpuSet, CpuSet, int | None]]) -> list[tuple[int, CpuSet]]:
@@ -302,7 +316,7 @@ class CpuSetOwner:
         original: every recorded original back, the rest as it is)."""
         w = None if wanted is None else frozenset(wanted)
         if w is None or w == v.original:
-            return [n.original for n in v.nodes]
+            return fitted(v.nodes, [n.original for n in v.nodes]) if v.cpusets else [n.original for n in v.nodes]
         if not v.cpusets:
             return [derived(n.original, v.original, w) for n in v.nodes]
         out: list[CpuSet] = []
@@ -350,7 +364,17 @@ class CpuSetOwner:
                 continue
             try:
                 foreign = [n for n in v.recorded if not self._ours(v, n)]  # see changed_by_others
-                if foreign:
+                if foreign and v.cpusets and self._ours(v, v.nodes[0]):
+                    # Only cgroups below the job's own (its owner's, delegated): their values
+                    # are theirs, but the job's CPUs are still noded's to put back. Their
+                    # records go; each is recorded afresh below as what it holds now.
+                    for n in foreign:
+                        log.warning("job=%s %s/cpuset.cpus is %s, which noded did not set (its owner changed it): "
+                                    "taken as its original", job, n.where, format_cpu_list(sorted(n.now)))
+                    self._forget(n.key for n in foreign)
+                    v = self.view(job, js)
+                    keys = [n.key for n in v.recorded]
+                elif foreign:
                     log.warning("job=%s its CPUs were changed by someone else since noded recorded them (%s is %s); "
                                 "forgetting noded's records, leaving them as they are", job, foreign[0].where,
                                 format_cpu_list(sorted(foreign[0].now)))
@@ -359,7 +383,7 @@ class CpuSetOwner:
                 if any(n.now != n.recorded for n in v.recorded):
                     self._record_inherited(v)
                 wish = wishes.get(job)
-                if (wish is None or frozenset(wish) == v.original) and all(n.now == n.recorded for n in v.recorded):
+                if (wish is None or frozenset(wish) == v.original) and self.matches(v, None):
                     self._forget(keys)
             except StateWriteError as e:
                 log.warning("job=%s recording or forgetting originals failed: %s", job, e)
@@ -623,6 +647,7 @@ class CpuSetOwner:
                 log.warning("not restoring %s/cpuset.cpus: it is %s, which noded did not set (someone else changed "
                             "it); forgetting noded's record", n.where, format_cpu_list(sorted(n.now)))
                 targets.append(n.now)
+        targets = fitted(nodes, targets)
         steps = cpuset_steps([(n.now, t, n.parent) for n, t in zip(nodes, targets)])
         last = {i: k for k, (i, _value) in enumerate(steps)}
         failed_at = None
