@@ -492,12 +492,12 @@ class CpuSetOwner:
             self.originals.record(affinity_job_key(v.job), {"original": sorted(v.original), "cgroup": v.js.cgroup,
                                                             "root": [root[0], root[1]]})
         for i, value in steps:
-            writes.append(self._describe(v, i, value))
             n = v.nodes[i]
             if v.cpusets:
                 write_cpuset(str(n.where), format_cpu_list(sorted(value)))
             else:
                 set_affinity(self.proc, int(n.where), sorted(value))
+            writes.append(self._describe(v, i, value))  # made: a refused write is the error's
         if restoring:
             keys = [n.key for n in v.recorded] + ([] if v.cpusets else [affinity_job_key(v.job)])
             self._forget(keys)
@@ -705,6 +705,8 @@ def write_cpuset(path: str, text: str) -> None:
     fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
+    except OSError as e:  # the kernel's refusal (EBUSY, EINVAL): say which file and what
+        raise OSError(e.errno, f"{e.strerror} writing {text!r} into", os.path.join(path, "cpuset.cpus")) from None
     finally:
         os.close(fd)
 
@@ -720,3 +722,6 @@ def set_affinity(proc: str, pid: int, cpus) -> None:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:
             pass
+        except OSError as e:  # EINVAL: none of them allowed by its cpuset; EPERM
+            raise OSError(e.errno, f"{e.strerror}: sched_setaffinity of thread {tid} of {pid} to "
+                          f"{format_cpu_list(sorted(cpus))}") from None
