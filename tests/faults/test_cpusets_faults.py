@@ -375,3 +375,15 @@ def test_the_state_dir_turning_read_only_at_any_step_leaves_nothing_unrecorded_a
         assert records(tmpfs_state) == ({}, {}), (k, records(tmpfs_state))
         if not hit:
             break
+
+
+def test_a_reused_pid_never_gets_a_restore_meant_for_the_process_recorded(tmp_path, sleeper):
+    p = sleeper()
+    os.sched_setaffinity(p.pid, {1})  # another user's process, now holding the pid noded recorded
+    originals = OriginalValues(str(tmp_path))
+    key = f"affinity:{p.pid}:1"  # the recorded process started at tick 1: not this one
+    owner = CpuSetOwner(originals)
+    owner.written.update({key: [frozenset({1})]})
+    originals.record(key, [0, 1])
+    CpuSetOwner(OriginalValues(str(tmp_path))).restore_all()
+    assert os.sched_getaffinity(p.pid) == {1} and records(tmp_path) == ({}, {})
