@@ -94,13 +94,23 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
     else:
         throttle = cores
+    rightsize = config.rightsize.enabled
+    # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
-                          cpus=CpuPlacementSampler() if throttle is cores else None)
+                          cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
     daemon.baselines = baselines
     if not dry_run:
         daemon.state_probe = originals.probe
+    if rightsize:
+        from .rightsize.history import SizingHistory
+        from .rightsize.service import RightSizing
+
+        history = SizingHistory(state, persist=not dry_run)
+        notes += history.notes
+        daemon.rightsize = RightSizing(config.rightsize, history, clock=clock)
+        daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs, whatever throttles bandwidth
     if config.colocation.enabled and dry_run:
         notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
     elif config.colocation.enabled:

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
-from .actuators.plan import Applied, ApplyResult
+from .actuators.cpusets import CpuSetResult
+from .actuators.plan import UNKNOWN, Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
 from .colocation.view import ColocationView
 from .config import Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
 from .policy.contention import Decision, PolicyState, decide
+from .rightsize.cpuplan import CpuPlan, PlanError
+from .rightsize.service import RightsizeView
 from .sample import GPU, Sample
 from .telemetry import Telemetry
 from .tickstats import TickStats, Totals
@@ -65,6 +68,8 @@ class TickResult:
     colocation: ColocationView | None = None  # None: co-location is off
     control: ControlSnapshot = field(default_factory=ControlSnapshot)  # overrides, pause, action counts after it
     totals: Totals = field(default_factory=Totals)  # counted since start: durations, errors, failed ticks
+    rightsize: RightsizeView | None = None  # None: right-sizing is off
+    cpus: CpuSetResult | None = None  # the one owner of every job's CPUs applied this tick's plan (right-sizing)
 
 
 def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
@@ -84,6 +89,8 @@ class Daemon:
         self.state = PolicyState()
         self.control = ControlState()  # overrides, pause, decision history: what the admin socket changes
         self.colocation = None  # a colocation.service.Colocation where co-location is enabled
+        self.rightsize = None  # a rightsize.service.RightSizing where rightsize.sources names a source
+        self.cpu_owner = None  # the CpuSetOwner right-sizing writes every job's CPUs through (with it on)
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
@@ -167,11 +174,61 @@ class Daemon:
             log.warning("state=writable again: throttling resumes")
         return self._state_unwritable
 
+    def _rightsize(self, sample: Sample, decision: Decision, now: float) -> tuple[CpuPlan | None, RightsizeView]:
+        """Right-sizing's part of a tick: its sizings fed from this Sample, and the node's
+        plan of CPUs (None: nothing to plan, or no plan possible: the view says why)."""
+        owner, rs = self.cpu_owner, self.rightsize
+        originals, have = {}, {}
+        for job, js in sample.jobs.items():
+            v = owner.view(job, js)
+            if v is not None:
+                originals[job], have[job] = sorted(v.original), len(v.now)
+        node_cpus = len(set().union(*map(set, originals.values()))) if originals else 0
+        rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
+        cores = self.throttle is not None and self.throttle.kind == "cores"
+        error = None
+        try:
+            plan = rs.plan(sample, originals, decision.levels if cores else {}, self.config.rightsize.lend_to, now)
+        except PlanError as e:
+            plan, error = None, str(e)
+            log.warning("rightsize: no plan of CPUs this tick: %s", e)
+        if cores:
+            # the levels in force are read against what the plan grants CPU jobs (lent CPUs included)
+            self.throttle.granted = {} if plan is None else {
+                j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"}
+        return plan, rs.view(have, plan, error)
+
+    def _apply_plan(self, plan: CpuPlan, levels: Mapping[str, int], in_force: Mapping[str, int | None],
+                    sample: Sample) -> tuple[ApplyResult, CpuSetResult]:
+        """Every job's CPUs from the plan, through the one owner: one writer a tick. On a host
+        that halves cores the plan holds the levels too (the throttle does not write then); on
+        an MBA host the throttle still applies its levels, and the owner only sizes and lends."""
+        cpus = self.cpu_owner.apply({job: plan.cpus_of(job) for job in plan.jobs}, sample)
+        if self.throttle is None or self.throttle.kind != "cores":
+            result = self.throttle.apply(levels, sample) if self.throttle else ApplyResult((), MappingProxyType({}))
+            return result, cpus
+        changed = {c.job: c for c in cpus.applied}
+        applied, after = [], {}
+        cpu_jobs = {j for j, js in sample.jobs.items() if js.kind != GPU}
+        for job in sorted((set(levels) | {j for j, lvl in in_force.items() if lvl}) & cpu_jobs):
+            want, was = levels.get(job, 0), in_force.get(job)
+            c = changed.get(job)
+            if c is not None and c.error:
+                if was is not UNKNOWN and was > 0:
+                    after[job] = was
+            elif want > 0:
+                after[job] = want
+            if c is not None and was != want:
+                applied.append(Applied(job, want, c.writes, c.error, was))
+        failed = tuple(a for a in applied if a.error)
+        return ApplyResult(tuple(applied), MappingProxyType(after), failed, cpus.housekeeping_failed), cpus
+
     def tick(self) -> TickResult:
         t0 = self.clock()
         sample = self.telemetry.sample()
         t1 = self.clock()
         unwritable = self._state_check(t1)
+        rightsize, cpus = None, None
         if not sample.jobs_known:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
@@ -209,8 +266,14 @@ class Daemon:
                 log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause,
                            reason=a.reason)
             t2 = self.clock()
-            result = self.throttle.apply(decision.levels, sample) if self.throttle else \
-                ApplyResult((), MappingProxyType({}))
+            plan = None
+            if self.rightsize is not None:
+                plan, rightsize = self._rightsize(sample, decision, t0)
+            if plan is not None:
+                result, cpus = self._apply_plan(plan, decision.levels, in_force, sample)
+            else:
+                result = self.throttle.apply(decision.levels, sample) if self.throttle else \
+                    ApplyResult((), MappingProxyType({}))
             if self.colocation is not None:
                 self.colocation.tick(sample)
         t3 = self.clock()
@@ -223,16 +286,24 @@ class Daemon:
         colocation = self.colocation.view() if self.colocation is not None else None
         durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2, "total": self.clock() - t0}
         self.stats.tick(durations, ((s.name, s.ok, s.duration_s) for s in sample.samplers))
+        kind = self.throttle.kind if self.throttle else "cpusets"
         for failed in result.failed:
-            self.stats.actuator_error(self.throttle.kind, failed.operation)
+            self.stats.actuator_error(kind, failed.operation)
         for operation in result.housekeeping_failed:
-            self.stats.actuator_error(self.throttle.kind, operation)
+            self.stats.actuator_error(kind, operation)
+        if cpus is not None and kind != "cores":  # on a cores host, the result above is the owner's
+            for c in cpus.failed:
+                self.stats.actuator_error("cpusets", c.operation)
+            for operation in cpus.housekeeping_failed:
+                self.stats.actuator_error("cpusets", operation)
+        if rightsize is None and self.rightsize is not None:
+            rightsize = self.rightsize.view()
         result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
                             self.throttle.kind if self.throttle else None, result.levels, unwritable,
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot())
+                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus)
         self.last = result
         return result
 
@@ -276,6 +347,13 @@ class Daemon:
                                severity=logging.WARNING if left else NOTICE)
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
+        if self.cpu_owner is not None and (self.throttle is None or self.throttle.kind != "cores"):
+            try:  # right-sizing on an MBA host: the owner's records are not the throttle's
+                left = self.cpu_owner.release_all()
+                if left:
+                    log.error("at stop, could not restore the CPUs of: %s", ", ".join(left))
+            except Exception:
+                log.exception("restoring jobs' CPUs at shutdown failed")
         try:
             self.telemetry.close()
         except Exception:

@@ -135,7 +135,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
                                    timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
     stack.callback(admin.stop)
-    if daemon.colocation is not None:
+    if daemon.colocation is not None or daemon.rightsize is not None:
         reports = _listening(AdminServer(config.report_socket, daemon, group=None,
                                          timeout_s=config.admin.timeout_s, reports_only=True),
                              "report socket", config.report_socket)

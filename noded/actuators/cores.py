@@ -12,8 +12,11 @@ The level in force is read from the Sample (what the kernel reports now) against
 recorded originals: a value someone else changed since (a resize by the scheduler, an
 operator) is theirs: noded forgets its record rather than fight it.
 
-Right-sizing is not wired into the daemon yet: the plan here holds only the CPU jobs,
-each granted its own original CPUs (no GPU array, nothing lent).
+The plan here holds only the CPU jobs, each granted its own original CPUs (no GPU array,
+nothing lent). Where right-sizing is on and has a plan, the daemon writes that plan through
+the owner and this throttle does not write (one writer); ``granted`` then holds what the
+plan granted each CPU job before halving (lent CPUs included), and a level in force is
+read against it as well as against the job's original.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class CoreHalving(LevelThrottle):
         self.originals = originals
         self.proc = proc
         self._plan: cpuplan.CpuPlan | None = None
+        #: per CPU job, the CPUs right-sizing's last plan granted it before halving (the daemon sets it)
+        self.granted: Mapping[str, tuple[int, ...]] = {}
 
     @staticmethod
     def level_share(level: int) -> float:
@@ -68,8 +73,10 @@ class CoreHalving(LevelThrottle):
                 out[job] = UNKNOWN
                 continue
             original = sorted(v.original)
-            out[job] = next((lvl for lvl in range(max_level(len(original)) + 1)
-                             if self.owner.matches(v, kept_cpus(original, lvl))),
+            granted = sorted(self.granted.get(job) or ())
+            out[job] = next((lvl for base in ([granted] if granted else []) + [original]
+                             for lvl in range(max_level(len(base)) + 1)
+                             if self.owner.matches(v, kept_cpus(base, lvl))),
                             0 if self.owner.changed_by_others(v) else UNSETTLED)
         return out
 

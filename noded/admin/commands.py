@@ -3,8 +3,8 @@
 The transport (noded.admin.server) checks who the peer is and parses the request;
 it calls an ``AdminCommands`` with ``(command, args, peer)`` and sends back what it
 returns, or the error it raises. Commands read and change only the ``ControlState``
-and read the last ``TickResult`` (and ask the co-location service): never the
-loop's internals.
+and read the last ``TickResult`` (and ask the co-location and right-sizing services):
+never the loop's internals.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ KNOWN_SHOWN = 10
 
 class AdminCommands:
     def __init__(self, control: ControlState, last: Callable[[], TickResult | None], colocation=None, *,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, rightsize=None):
         self.control = control
+        self.rightsize = rightsize  # a rightsize.service.RightSizing, where right-sizing is on
         self.last = last
         self.colocation = colocation  # a colocation.service.Colocation, where co-location is enabled
         self.wall_clock = wall_clock
@@ -44,6 +45,17 @@ class AdminCommands:
 
     def __call__(self, command: str, args: dict[str, Any], peer: Peer) -> Any:
         return self.dispatch(command, args, peer.uid)
+
+    def _report(self, args: dict[str, Any]) -> dict[str, Any]:
+        """An iteration time for right-sizing, and for co-location where it is on too."""
+        try:
+            out = {"rightsize": self.rightsize.report(args["job"], args["iteration_s"])}
+            if self.colocation is not None:
+                last = self.last()
+                out.update(self.colocation.report(args["job"], args["iteration_s"], last.sample if last else None))
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        return out
 
     def _check_reporter(self, job: str, pid: int) -> None:
         last = self.last()
@@ -68,6 +80,8 @@ class AdminCommands:
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)
+        if command == "report" and self.rightsize is not None:
+            return self._report(args)
         if command in ("report", "model_fit"):
             service = self.colocation
             if service is None:

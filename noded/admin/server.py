@@ -54,8 +54,9 @@ class AdminServer(Protocol):
         self.timeout_s = timeout_s
         self.wall_clock = wall_clock
         self.limits = limits or replace(REPORTS if reports_only else ADMIN, deadline_s=timeout_s)
-        # What commands see of the daemon: its control state, its last result, co-location.
-        self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock)
+        # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
+        self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
+                                      rightsize=getattr(daemon, "rightsize", None))
         self.gid: int | None = None
         if group:
             try:

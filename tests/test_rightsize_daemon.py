@@ -1,0 +1,134 @@
+"""Right-sizing in the daemon (issue #13), end to end on the simulated node: real
+processes whose affinity noded changes, the simulated GPUs' utilisation following each
+job's core curve at the CPUs it really has. The clock is the test's: each step is one
+tick of 0.25 s, and nothing sleeps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from noded.config import Config, MetricsConfig, RightsizeConfig
+from noded.rightsize import allocator as alloc
+from noded.rightsize import cpuplan
+from noded.rightsize.curves import MODEL_CURVES
+from noded.sim.node import SimNode
+from noded.sim.scenario import parse_scenario
+
+REAL = sorted(os.sched_getaffinity(0))
+needs_two_cpus = pytest.mark.skipif(len(REAL) != 2, reason="the expectations are for a host of 2 CPUs")
+
+#: a on GPU 0 and a CPU job that may borrow from the start; b (same owner and model) arrives
+#: on GPU 1 at 30 s while a runs. On 2 real CPUs and 16 simulated ones, one real CPU is 8
+#: simulated cores: AlexNet (best at 4) is faster on 8 than on 16.
+SCENARIO = """
+seed: 3
+duration_s: 600
+node: {gpus: 2, cpus: 16}
+events:
+  - {at: 0, start: {id: a, model: AlexNet, gpu: 0}}
+  - {at: 0, start: {id: c, cpu: batch}}
+  - {at: 30, start: {id: b, model: AlexNet, gpu: 1}}
+"""
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture(params=["auto", "cores"])
+def node(request):
+    """The simulated node's host has MBA (auto: the throttle is MBA, the owner of CPUs only
+    sizes and lends), or noded is told to halve cores (the plan holds the levels too)."""
+    from noded.app import build_daemon
+    from noded.config import ContentionConfig
+
+    clock = Clock()
+    scratch = tempfile.mkdtemp(prefix="noded-rs-")
+    sim = SimNode(parse_scenario(SCENARIO, "inline"), clock=clock).start()
+    built = None
+    try:
+        config = sim.configure(Config(tick_s=0.25, metrics=MetricsConfig(port=0),
+                                      contention=ContentionConfig(method=request.param), rightsize=RightsizeConfig(
+            sources=("registered",), lend_to=("registered",), warmup_s=1.0, max_window_s=20.0)), scratch)
+        os.makedirs(config.runtime_dir, mode=0o755)
+        built = build_daemon(config, discovery=sim.discovery, clock=clock)
+        assert built.daemon.throttle.kind == ("cores" if request.param == "cores" else "mba")
+        yield sim, built.daemon, clock
+    finally:
+        if built is not None:
+            built.daemon.shutdown()
+        sim.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(sim, daemon, clock, until, seconds):
+    for _ in range(int(seconds / 0.25)):
+        clock.t += 0.25
+        sim.step()
+        result = daemon.tick()
+        if until(result):
+            return result
+    raise AssertionError(f"not reached in {seconds}s: {daemon.last.rightsize}")
+
+
+def affinity(sim, sim_id):
+    return set(os.sched_getaffinity(sim.procs[sim_id].pid))
+
+
+@pytest.mark.fuse
+@needs_two_cpus
+def test_a_gpu_job_is_probed_for_real_sized_at_its_curves_best_remembered_and_lends_its_idle_cores(node):
+    sim, daemon, clock = node
+    seen: set[int] = set()
+
+    def a_sized(result):
+        seen.add(len(affinity(sim, "a")))
+        v = result.rightsize.jobs.get("sim:a")
+        return v is not None and v.state == "sized"
+
+    result = run(sim, daemon, clock, a_sized, 25)
+    v = result.rightsize.jobs["sim:a"]
+    # the best of the curve at the granularity there is: 1 real CPU (8 simulated cores) or 2 (16)
+    curve = MODEL_CURVES["AlexNet"]
+    best = max((1, 2), key=lambda n: curve.share(sim.simulated_cores(n)))
+    assert seen == {1, 2}  # probed for real: both sizes were the job's affinity
+    assert v.optimal == best == 1 and v.reason == alloc.SEARCHED and {c for c, _ in v.points} == {1, 2}
+    assert v.remembered and v.owner == str(os.getuid())
+    assert result.levels == {}  # no contention here: no CPU job is at a level (lent CPUs are no level)
+    run(sim, daemon, clock, lambda r: len(affinity(sim, "a")) == 1 and affinity(sim, "c") == {REAL[0]}, 2)
+    # its idle core is lent to the CPU job (lend_to: registered)
+    r = daemon.last
+    assert r.rightsize.borrowed == {"sim:c": (REAL[0],)} and r.rightsize.lent == (REAL[0],)
+    # b arrives: of the same owner and model, it starts at a's answer and confirms it in one step;
+    # the lent core is taken back for it in the same tick
+    result = run(sim, daemon, clock, lambda r: "sim:b" in r.rightsize.jobs, 30)
+    vb = result.rightsize.jobs["sim:b"]
+    assert vb.start_source == alloc.FROM_HISTORY and vb.target == 1 and vb.planned == (REAL[0],)
+    assert affinity(sim, "b") == {REAL[0]} and affinity(sim, "a") == {REAL[1]}
+    assert result.rightsize.borrowed == {} and result.rightsize.lent == ()  # taken back at once
+    assert affinity(sim, "c") == {REAL[0]}  # its last CPU kept (beside b's): a CPU job never has none
+    result = run(sim, daemon, clock, lambda r: r.rightsize.jobs["sim:b"].state == "sized", 15)
+    vb = result.rightsize.jobs["sim:b"]
+    assert vb.reason == alloc.CONFIRMED and len(vb.points) == 1 and vb.optimal == 1
+    # every original back at stop
+    daemon.shutdown()
+    assert affinity(sim, "a") == affinity(sim, "b") == affinity(sim, "c") == set(REAL)
+
+
+@pytest.mark.fuse
+@needs_two_cpus
+def test_nothing_changes_while_no_source_is_sized(node):
+    sim, daemon, clock = node
+    daemon.rightsize = daemon.cpu_owner = None  # as built with rightsize.sources empty
+    result = run(sim, daemon, clock, lambda r: r.tick >= 40, 15)
+    assert result.rightsize is None and result.cpus is None
+    assert affinity(sim, "a") == affinity(sim, "c") == set(REAL)
+    assert cpuplan.LENT  # (the plan's vocabulary is importable without right-sizing on)
