@@ -29,6 +29,8 @@ from prometheus_client.utils import floatToGoString
 
 from .control import ControlSnapshot
 from .daemon import Daemon, TickResult
+from .rightsize.service import STATES as SIZING_STATES
+from .sample import GPU
 from .tickstats import BUCKETS, Histogram, Totals
 
 K = TypeVar("K")
@@ -95,14 +97,29 @@ def _text_labels(family):
     return family
 
 
+def _cpus_held(js) -> int | None:
+    """How many CPUs the Sample shows a job holding: its top cpuset's, else its processes' together."""
+    p = js.cpus
+    if p is None:
+        return None
+    if p.cpusets:
+        return len(p.cpusets[0][1])
+    if p.affinities:
+        return len(frozenset().union(*(frozenset(a[2]) for a in p.affinities)))
+    return None
+
+
 class NodedCollector:
     """Yields from the last tick's result only (``last`` returns it, or None before the
-    first tick). ``colocation``: co-location is on, so its counters exist from the start."""
+    first tick). ``colocation``, ``rightsize``: that service is on, so its counters exist
+    from the start."""
 
-    def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False):
+    def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False,
+                 rightsize: bool = False):
         self.last = last
         self.info = dict(info)
         self.colocation = colocation
+        self.rightsize = rightsize
 
     def describe(self):
         return []  # collected lazily from the last tick; no hardware is touched at registration
@@ -132,6 +149,16 @@ class NodedCollector:
             for result, n in sorted(_with_zeros(ADMISSION_RESULTS, colo.decisions if colo else {}).items()):
                 adm.add_metric([result], n)
             yield adm
+        rs = r.rightsize if r is not None else None
+        if self.rightsize or rs is not None:
+            probes = CounterMetricFamily("noded_rightsize_probes", "Right-sizing probes begun (a GPU job given a "
+                                         "number of cores to measure)")
+            probes.add_metric([], rs.probes if rs is not None else 0)
+            yield probes
+            sized = CounterMetricFamily("noded_rightsize_sized", "Right-sizing answers found (a GPU job sized: "
+                                        "searched, confirmed from history, or at the node's limit)")
+            sized.add_metric([], rs.sized if rs is not None else 0)
+            yield sized
         ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
         ticks.add_metric([], r.tick if r is not None else 0)
         yield ticks
@@ -287,6 +314,8 @@ class NodedCollector:
             used = GaugeMetricFamily("noded_resctrl_closids_used_by_noded", "CLOSIDs held by noded's control groups")
             used.add_metric([], len(facts.groups.ctrl_tasks))
             yield used
+        if r.rightsize is not None:
+            yield from self._rightsize(r)
         writable = GaugeMetricFamily("noded_state_writable",
                                      "1 while originals can be recorded in the state directory; at 0 noded changes "
                                      "nothing new")
@@ -294,10 +323,47 @@ class NodedCollector:
         yield writable
 
 
+    @staticmethod
+    def _rightsize(r: TickResult):
+        """Right-sizing's series (where it is on): each job's CPUs now, each sized GPU job's
+        target, answer and state, CPUs lent by the GPU array."""
+        rs, s = r.rightsize, r.sample
+        after = {**r.cpus.at_original, **r.cpus.cpus} if r.cpus is not None else {}
+        cpus = GaugeMetricFamily("noded_job_cpus", "CPUs a job has now (after this tick's plan was applied; "
+                                 "role: gpu or cpu job)", labels=["job_id", "role"])
+        for job_id, js in sorted(s.jobs.items()):
+            n = len(after[job_id]) if job_id in after else _cpus_held(js)
+            if n is not None:
+                cpus.add_metric([job_id, "gpu" if js.kind == GPU else "cpu"], n)
+        yield cpus
+        target = GaugeMetricFamily("noded_job_cpus_target", "Cores right-sizing asks for a GPU job now (the probe's, "
+                                   "or the answer's)", labels=["job_id"])
+        optimal = GaugeMetricFamily("noded_job_cpus_optimal", "Cores right-sizing found best for a GPU job (once "
+                                    "sized; absent while probing, pinned or stopped)", labels=["job_id"])
+        state = GaugeMetricFamily("noded_job_sizing_state", "A GPU job's sizing (1 for its state: "
+                                  + ", ".join(SIZING_STATES) + ")", labels=["job_id", "state"])
+        for job_id, v in sorted(rs.jobs.items()):
+            target.add_metric([job_id], v.target)
+            if v.optimal is not None:
+                optimal.add_metric([job_id], v.optimal)
+            state.add_metric([job_id, v.state], 1.0)
+        yield target
+        yield optimal
+        yield state
+        lent = GaugeMetricFamily("noded_job_cpus_lent", "GPU-array CPUs a CPU job has on loan", labels=["job_id"])
+        for job_id, borrowed in sorted(rs.borrowed.items()):
+            lent.add_metric([job_id], len(borrowed))
+        yield lent
+        total = GaugeMetricFamily("noded_cpus_lent", "GPU-array CPUs lent to CPU jobs (the node's total)")
+        total.add_metric([], len(rs.lent))
+        yield total
+
+
 def make_registry(daemon: Daemon) -> CollectorRegistry:
     """A private registry: noded's series from the daemon's last result, and noded's own
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None))
+    registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
+                                     rightsize=getattr(daemon, "rightsize", None) is not None))
     ProcessCollector(registry=registry)
     return registry

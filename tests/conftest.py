@@ -231,8 +231,9 @@ def root_logging():
 
 @pytest.fixture
 def admin_socket(tmp_path):
-    """serve(last) -> an admin socket served as noded serves it, over a last tick the test
-    sets (``.path``, ``.daemon``), with a fixed wall clock; stopped after the test."""
+    """serve(last, rightsize=None) -> an admin socket served as noded serves it, over a last
+    tick the test sets (``.path``, ``.daemon``), with a fixed wall clock and the right-sizing
+    service given; stopped after the test."""
     from types import SimpleNamespace
 
     from noded.admin.overrides import OverrideStore
@@ -241,10 +242,10 @@ def admin_socket(tmp_path):
 
     servers = []
 
-    def serve(last):
+    def serve(last, rightsize=None):
         clock = lambda: 1_700_000_000.0  # noqa: E731
         daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
-                                 colocation=None, last=last)
+                                 colocation=None, last=last, rightsize=rightsize)
         os.chmod(tmp_path, 0o755)
         server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
         servers.append(server)

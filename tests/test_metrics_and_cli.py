@@ -12,6 +12,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
+from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.plan import Applied
 from noded.admin.overrides import Override
 from resctrl import MbFlavour
@@ -22,6 +23,7 @@ from noded.daemon import TickResult
 from noded.jobs.model import JobMeta
 from noded.metrics import make_registry
 from noded.policy.contention import Action, Decision
+from noded.rightsize.service import JobSizingView, RightsizeView
 from noded.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuProcess, GpuSample
@@ -56,13 +58,19 @@ def fixed_daemon():
     stats.tick(durations, [(st.name, st.ok, st.duration_s) for st in sample.samplers])
     stats.actuator_error("mba", "throttle")
     stats.tick_failed()
+    bert = JobSizingView("sim:bert", "1000", "BERT", 32, "NLP", 1, "gpu_utilisation", "sized", "done", "searched", 2, 4,
+                         None, 2, 3, "category", ((3, 40.0), (2, 41.0), (1, 30.0)), 0, None, 2, (1, 2),
+                         "sized: 2 cores", None, True)
+    rightsize = RightsizeView(MappingProxyType({"sim:bert": bert}), MappingProxyType({"sim:hog": (3,)}), (3,), (),
+                              4, probes=3, sized=1)
+    cpus = CpuSetResult((), MappingProxyType({"sim:bert": (1, 2), "sim:hog": (0, 3)}))
     result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
                         MappingProxyType(durations), "mba",
                         MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}),
                         Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
                         ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
-                        control.snapshot(), stats.snapshot())
+                        control.snapshot(), stats.snapshot(), rightsize, cpus)
     return SimpleNamespace(last=result, colocation=None, extra_info={"throttle": "mba", "dry_run": "false"})
 
 
@@ -87,6 +95,8 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_override_active{job_id="sim:hog",kind="throttle",uid="1000"} 1.0' in text
     assert 'noded_actuator_errors_total{actuator="mps",operation="restart"} 1.0' in text
     assert 'noded_tick_duration_seconds_bucket{le="0.025",stage="total"} 1.0' in text
+    assert 'noded_job_cpus{job_id="sim:bert",role="gpu"} 2.0' in text
+    assert 'noded_job_sizing_state{job_id="sim:bert",state="sized"} 1.0' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

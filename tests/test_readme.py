@@ -53,6 +53,8 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
     (r"python -m resctrl\.emulator .*", ("tests/test_emulator_fidelity.py",)),
     (r"nodectl throttle \S+ --cores \d+",
      ("tests/test_cli_habits.py::test_cores_become_the_level_that_leaves_at_most_that_many",)),  # the demo has MBA
+    (r"nodectl size \S+ --(cores \d+ --reason .*|stop|reprobe)",  # the demo has right-sizing off
+     ("tests/test_rightsize_visible.py::test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket",)),
     (r"nodectl .*", (HERE,)),
 ]
 

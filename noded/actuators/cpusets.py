@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -267,6 +267,8 @@ class CpuSetResult:
     cpus: Mapping[str, tuple[int, ...]]  # per job with a wish other than its original: the set it has now
     failed: tuple[CpuChange, ...] = ()
     housekeeping_failed: tuple[str, ...] = ()  # "record": an original not recorded or forgotten
+    # per job at its own CPUs after this apply (found there, or put back): its original set
+    at_original: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class CpuSetOwner:
@@ -517,6 +519,7 @@ class CpuSetOwner:
         housekeeping = self.prepare(sample, wishes)
         todo = []
         held: dict[str, tuple[int, ...]] = {}
+        own: dict[str, tuple[int, ...]] = {}
         for job, js in sorted(sample.jobs.items()):
             v = self.view(job, js)
             if v is None:
@@ -526,6 +529,8 @@ class CpuSetOwner:
             if self.matches(v, w):
                 if w is not None:
                     held[job] = tuple(sorted(w))
+                else:
+                    own[job] = tuple(sorted(v.original))
                 continue
             growing = not frozenset().union(*self.targets(v, w)) <= v.now
             todo.append((growing, job, v, w))
@@ -541,6 +546,8 @@ class CpuSetOwner:
             out.append(CpuChange(job, cpus, tuple(writes), None, tuple(sorted(v.now))))
             if cpus is not None and not self.dry_run:
                 held[job] = cpus
+            elif not self.dry_run:
+                own[job] = tuple(sorted(v.original))
         shown = self._dry_run_news(out) if self.dry_run else out
         for c in shown:
             to = format_cpu_list(list(c.cpus)) if c.cpus is not None else "original"
@@ -553,7 +560,7 @@ class CpuSetOwner:
                            cpus_from=format_cpu_list(list(c.from_cpus)), cpus=to,
                            reason=("would write " if self.dry_run else "") + "; ".join(c.writes))
         return CpuSetResult(tuple(shown), MappingProxyType(held), tuple(c for c in out if c.error),
-                            tuple(housekeeping))
+                            tuple(housekeeping), MappingProxyType(own))
 
     def _dry_run_news(self, out: list[CpuChange]) -> list[CpuChange]:
         news = [c for c in out if self._would.get(c.job) != (c.cpus, c.writes)]

@@ -94,6 +94,8 @@ class AdminCommands:
                 return service.report(args["job"], args["iteration_s"], last.sample if last else None)
             except ValueError as e:
                 raise RequestError(str(e)) from None
+        if command == "size":
+            return self.size(args, uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
@@ -113,6 +115,31 @@ class AdminCommands:
         # What the operator needs to hear: where the job stands now, and what follows.
         return {**self._override_json(override), "level_now": last.levels.get(job, 0), "max_level": max_level,
                 "in_last_sample": job in last.sample.jobs}
+
+    def size(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        """An operator's control of a GPU job's right-sizing: pin its cores, stop probing it,
+        or search again."""
+        from ..rightsize.service import NotSized
+
+        service = self.rightsize
+        if service is None:
+            raise RequestError("right-sizing is not on on this node (rightsize.sources names no job source): no "
+                               "job's cores are sized")
+        job, reason = args["job"], args.get("reason", "")
+        try:
+            if "cores" in args:
+                return service.pin(job, args["cores"], uid, reason)
+            if args.get("stop"):
+                return service.stop(job, uid, reason)
+            return service.reprobe(job, uid, reason)
+        except NotSized as e:
+            sized = sorted(service.view().jobs)
+            listed = ", ".join(sized[:KNOWN_SHOWN]) + (f" and {len(sized) - KNOWN_SHOWN} more"
+                                                       if len(sized) > KNOWN_SHOWN else "")
+            raise RequestError(f"{e}; the jobs sized now are " + (listed if sized else "none")
+                               + " (`nodectl explain JOB` shows a job's sizing)") from None
+        except ValueError as e:
+            raise RequestError(f"job {job!r}: {e}") from None
 
     def _known(self, job: str) -> TickResult:
         """The last tick's result, where ``job`` is known: in that tick's sample, or holding
@@ -233,6 +260,17 @@ class AdminCommands:
             why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
+        sizing, borrowed = None, None
+        if r.rightsize is not None:
+            v = r.rightsize.jobs.get(job)
+            if v is not None:
+                sizing = _sizing_json(v)
+                why.append(sizing["why"])
+            if js.kind != "gpu":
+                borrowed = list(r.rightsize.borrowed.get(job, ()))
+                if borrowed:
+                    why.append(f"borrows {len(borrowed)} idle CPU{'s' * (len(borrowed) > 1)} of the GPU array "
+                               f"({_cpu_list(borrowed)}), given back at once when a GPU job needs them")
         return {
             "job": job, "kind": js.kind, "level": level, "bandwidth_bytes_per_s": js.bandwidth_bps,
             "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
@@ -245,6 +283,8 @@ class AdminCommands:
             "decisions": [{"seconds_ago": round(now - t, 1), "action": a.kind, "from": a.from_level,
                            "to": a.to_level, "cause": a.cause, "reason": a.reason}
                           for t, a in self.control.history(job)],
+            # right-sizing (None where it is off, or does not size this job): the curve and why the size
+            "sizing": sizing, "borrowed_cpus": borrowed,
         }
 
     @staticmethod
@@ -260,3 +300,36 @@ class AdminCommands:
                     f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
         return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
                f"({c.settle_s:g}s)"
+
+
+def _cpu_list(cpus) -> str:
+    return ",".join(map(str, cpus))
+
+
+def _sizing_json(v) -> dict[str, Any]:
+    """A sized GPU job's sizing, for ``explain``: the curve measured and why its size."""
+    from ..rightsize.service import LIMITED, PINNED, PROBING, STOPPED
+
+    c = v.control
+    if v.state == PROBING:
+        why = (f"right-sizing is probing it at {v.target} cores (phase {v.phase}, started at {v.start} from "
+               f"{v.start_source}; {v.window_samples} samples in the window)")
+    elif v.state == PINNED:
+        why = f"pinned at {v.target} cores by uid {c.uid if c else '?'}: {(c.reason if c else '') or 'no reason'}"
+    elif v.state == STOPPED:
+        why = (f"probing stopped at {v.target} cores by uid {c.uid if c else '?'}: "
+               f"{(c.reason if c else '') or 'no reason'}")
+    else:
+        best = max(v.points, key=lambda p: p[1]) if v.points else None
+        why = (f"sized at {v.optimal} cores ({v.reason}"
+               + (f"; best measured {best[1]:.4g} at {best[0]} cores" if best else "")
+               + (f"; the node could give it at most {v.ceiling}: it may want more" if v.state == LIMITED else "")
+               + ")")
+    if v.plan_note:
+        why += f"; plan: {v.plan_note}"
+    return {"state": v.state, "phase": v.phase, "reason": v.reason, "target": v.target, "optimal": v.optimal,
+            "max_cores": v.max_cores, "ceiling": v.ceiling, "start": v.start, "start_source": v.start_source,
+            "signal": v.signal, "points": [[cores, value] for cores, value in v.points], "allocated": v.allocated,
+            "planned": None if v.planned is None else list(v.planned), "plan_note": v.plan_note,
+            "control": None if c is None else {"kind": c.kind, "uid": c.uid, "reason": c.reason, "cores": c.cores},
+            "remembered": v.remembered, "model": v.model, "batch_size": v.batch_size, "owner": v.owner, "why": why}

@@ -155,6 +155,7 @@ def format_explain(e: dict[str, Any]) -> str:
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {e['threshold']:.0%}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
     lines += [f"  - {w}" for w in e["why"]]
+    lines += format_sizing(e)
     if e.get("held"):
         lines.append(f"held at level {e['level']}, not released because:")
         lines += [f"  - {w}" for w in e["held"]]
@@ -165,6 +166,39 @@ def format_explain(e: dict[str, Any]) -> str:
     else:
         lines.append("no decisions about it yet")
     return "\n".join(lines) + "\n"
+
+
+def format_size(r: dict[str, Any]) -> str:
+    """What a `nodectl size` did, in words."""
+    why = f"reason: {r['reason']}" if r["reason"] else "no reason given"
+    head = {"pin": f"{r['job']} is pinned at {r['cores']} cores, no probing until --reprobe",
+            "stop": f"{r['job']}: probing stopped, it keeps {r['cores']} cores",
+            "reprobe": f"{r['job']} is probed again from {r['cores']} cores"}.get(r["control"], r["job"])
+    then = "it has that many already" if r["cores"] == r["cores_before"] else \
+        f"it asked for {r['cores_before']} before; noded's next plan gives it {r['cores']}"
+    return f"{head} ({why}); state {r['state']}; {then}\n"
+
+
+def format_sizing(e: dict[str, Any]) -> list[str]:
+    """A job's right-sizing in explain: the curve measured, the plan's note, what it borrowed."""
+    lines = []
+    z = e.get("sizing")
+    if z:
+        lines.append(f"right-sizing: {z['state']} (phase {z['phase']}), asks {z['target']} of its {z['max_cores']} "
+                     f"CPUs" + (f", found best {z['optimal']}" if z["optimal"] is not None else "")
+                     + (f", holds {z['allocated']} now" if z["allocated"] is not None else "")
+                     + f"; measured by {z['signal']}")
+        if z["points"]:
+            lines.append("  cores -> throughput (in the order measured):")
+            best = max(p[1] for p in z["points"])
+            lines += [f"  {c:>5} -> {v:.4g}{'  (best)' if v == best else ''}" for c, v in z["points"]]
+        else:
+            lines.append("  nothing measured yet")
+        if z["plan_note"]:
+            lines.append(f"  plan: {z['plan_note']}")
+    if e.get("borrowed_cpus"):
+        lines.append(f"borrows GPU-array CPUs {','.join(map(str, e['borrowed_cpus']))} (lent while idle)")
+    return lines
 
 
 def _global_options(p: argparse.ArgumentParser, default) -> None:
@@ -238,6 +272,17 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("resume", "resume automatic throttling")
     p = cmd("explain", "why a job is throttled or not, with the values")
     job_arg(p)
+    p = cmd("size", "pin a GPU job's cores, stop probing it, or probe it again (right-sizing)",
+            description="Control right-sizing of a GPU job: hold it at a number of cores (no probing until "
+                        "--reprobe), stop probing it (it keeps the cores it has), or search its size again. Kept "
+                        "while the job runs (not across a restart of noded); `nodectl explain JOB` shows its sizing.")
+    job_arg(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--cores", type=_positive_int, help="pin the job at this many cores (1 up to the CPUs it had "
+                   "at start)")
+    g.add_argument("--stop", action="store_true", help="stop probing: it keeps the cores it has now")
+    g.add_argument("--reprobe", action="store_true", help="search again from the cores it has (undoes a pin or stop)")
+    reason_arg(p, "default: none")
     p = cmd("admit", "ask whether a GPU job may share a GPU; prints the environment it must use")
     p.add_argument("--job", required=True, help="the job's id as noded will see it, e.g. slurm:$SLURM_JOB_ID "
                                                 "(required)")
@@ -356,8 +401,12 @@ def _run(args) -> int:
                   f"{m['mean_abs_error']:.3f}")
         return 0
     call_args: dict[str, Any] = {}
-    if cmd in ("throttle", "release", "exempt", "explain"):
+    if cmd in ("throttle", "release", "exempt", "explain", "size"):
         call_args["job"] = args.job
+    if cmd == "size":
+        call_args.update({"cores": args.cores} if args.cores is not None else
+                         {"stop": True} if args.stop else {"reprobe": True})
+        call_args["reason"] = args.reason
     if cmd == "throttle":
         call_args.update({"level": args.level} if args.level is not None else {"cores": args.cores})
     if cmd in ("throttle", "exempt"):
@@ -379,6 +428,8 @@ def _run(args) -> int:
         sys.stdout.write(format_explain(result))
     elif cmd in ("throttle", "exempt"):
         sys.stdout.write(format_override(cmd, result))
+    elif cmd == "size":
+        sys.stdout.write(format_size(result))
     elif cmd == "release":
         print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
         if result.get("not_saved"):

@@ -100,6 +100,14 @@ def _reason(v: Any) -> str:
     return v
 
 
+def _flag(name: str):
+    def check(v: Any) -> bool:
+        if v is not True:
+            raise RequestError(f"{name} must be true where given")
+        return v
+    return check
+
+
 # command -> {arg: (required, validator)}
 COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "status": {},
@@ -115,6 +123,9 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
               "profile": (False, _profile), "uid": (False, _uid)},
     "report": {"job": (True, _job), "iteration_s": (True, _seconds)},
     "model_fit": {},
+    # right-sizing: pin a job's cores (cores), stop probing it (stop) or search again (reprobe)
+    "size": {"job": (True, _job), "cores": (False, _cores), "stop": (False, _flag("stop")),
+             "reprobe": (False, _flag("reprobe")), "reason": (False, _reason)},
 }
 
 
@@ -205,6 +216,8 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
             raise RequestError(f"{command}: missing argument {name!r}")
     if command == "throttle" and ("level" in out) == ("cores" in out):
         raise RequestError("throttle: give exactly one of level or cores")
+    if command == "size" and sum(k in out for k in ("cores", "stop", "reprobe")) != 1:
+        raise RequestError("size: give exactly one of cores, stop or reprobe")
     return command, out
 
 

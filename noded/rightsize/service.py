@@ -145,6 +145,8 @@ class RightsizeView:
     reserve: int
     plan_error: str | None = None
     history_errors: int = 0  # answers that could not be remembered (state directory)
+    probes: int = 0  # probes begun since start (each a journal line `probe`)
+    sized: int = 0  # answers found since start (searched, confirmed or limited: each a journal line `size`)
 
 
 class _Job:
@@ -180,6 +182,8 @@ class RightSizing:
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self.history_errors = 0
+        self.probes = 0  # counted under the lock, for the metrics
+        self.sized = 0
 
     # -- what the job says (report socket thread)
     def report(self, job: str, seconds: float) -> dict:
@@ -295,13 +299,14 @@ class RightSizing:
             self.history_errors += 1
             log.warning("job=%s its answer (%d cores) could not be remembered: %s", job, r.out.cores, e)
 
-    @staticmethod
-    def _announce(job: str, before: alloc.Probe | alloc.Sized | None, out: alloc.Probe | alloc.Sized,
+    def _announce(self, job: str, before: alloc.Probe | alloc.Sized | None, out: alloc.Probe | alloc.Sized,
                   sizing: alloc.JobSizing, note: str) -> None:
         was = None if before is None else before.cores
         if isinstance(out, alloc.Probe):
+            self.probes += 1
             log_change("probe", job, cores_from=was, cores=out.cores, phase=out.phase, reason=note)
         else:
+            self.sized += 1
             log_change("size", job, cores_from=was, cores=out.cores, state=state_of(sizing.state),
                        reason=f"{out.reason} after {out.steps} step{'s' * (out.steps != 1)}; {note}")
 
@@ -431,7 +436,7 @@ class RightSizing:
                     None if w is None else max(0.0, self.clock() - w.opened_at), have.get(job),
                     planned.cpus if planned is not None else None, planned.note if planned is not None else None,
                     r.control, r.remembered)
-            errors = self.history_errors
+            errors, probes, sized = self.history_errors, self.probes, self.sized
         borrowed: dict[str, tuple[int, ...]] = {}
         if plan is not None:
             lent = set(plan.lent)
@@ -440,7 +445,7 @@ class RightSizing:
                     borrowed[job] = tuple(sorted(lent & set(jc.cpus)))
         return RightsizeView(MappingProxyType(jobs), MappingProxyType(borrowed),
                              plan.lent if plan is not None else (), plan.idle if plan is not None else (),
-                             plan.reserve if plan is not None else 0, plan_error, errors)
+                             plan.reserve if plan is not None else 0, plan_error, errors, probes, sized)
 
 
 def _cpus_now(js) -> frozenset[int] | None:
