@@ -97,17 +97,6 @@ def _text_labels(family):
     return family
 
 
-def _cpus_held(js) -> int | None:
-    """How many CPUs the Sample shows a job holding: its top cpuset's, else its processes' together."""
-    p = js.cpus
-    if p is None:
-        return None
-    if p.cpusets:
-        return len(p.cpusets[0][1])
-    if p.affinities:
-        return len(frozenset().union(*(frozenset(a[2]) for a in p.affinities)))
-    return None
-
 
 class NodedCollector:
     """Yields from the last tick's result only (``last`` returns it, or None before the
@@ -332,7 +321,8 @@ class NodedCollector:
         cpus = GaugeMetricFamily("noded_job_cpus", "CPUs a job has now (after this tick's plan was applied; "
                                  "role: gpu or cpu job)", labels=["job_id", "role"])
         for job_id, js in sorted(s.jobs.items()):
-            n = len(after[job_id]) if job_id in after else _cpus_held(js)
+            held = js.cpus.held() if js.cpus is not None else None
+            n = len(after[job_id]) if job_id in after else (None if held is None else len(held))
             if n is not None:
                 cpus.add_metric([job_id, "gpu" if js.kind == GPU else "cpu"], n)
         yield cpus

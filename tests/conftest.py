@@ -263,3 +263,23 @@ def nodectl_run(path, *argv, capsys):
     code = nodectl.main(["--socket", path, *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Factory: tmpfs(size="256k", name=None, read_only=False) -> a freshly mounted tmpfs
+    directory (mode 0700) under tmp_path; unmounted after the test."""
+    mounted = []
+
+    def mount(size="256k", name=None, read_only=False):
+        where = tmp_path / (name or f"mnt{len(mounted)}")
+        where.mkdir()
+        options = f"size={size},mode=0700" + (",ro" if read_only else "")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True)
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        if subprocess.run(["umount", str(where)], capture_output=True, text=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], check=True)

@@ -277,14 +277,9 @@ def test_records_of_an_earlier_version_are_still_restored(tmp_path, cgroup_job):
 
 
 @pytest.fixture
-def read_only_state(tmp_path):
+def read_only_state(tmpfs):
     """A state directory on a tmpfs mounted read-only."""
-    where = tmp_path / "state"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700,ro", "tmpfs", str(where)], check=True)
-    yield where
-    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(where)], check=True)
+    return tmpfs(name="state", read_only=True)
 
 
 @ROOT_ONLY

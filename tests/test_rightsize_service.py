@@ -238,14 +238,9 @@ def test_the_owner_is_the_uid_of_the_first_process_still_there(tmp_path):
 
 
 @pytest.fixture
-def tmpfs_state(tmp_path):
+def tmpfs_state(tmpfs):
     """A state directory on a tmpfs of its own (remounted read-only by the test)."""
-    where = tmp_path / "state"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(where)], check=True)
-    yield where
-    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(where)], check=True)
+    return tmpfs(name="state")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs")

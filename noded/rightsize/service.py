@@ -398,7 +398,7 @@ class RightSizing:
             own = frozenset(originals.get(job) or ())
             if not own:
                 continue
-            now_cpus = _cpus_now(js)
+            now_cpus = js.cpus.held() if js.cpus is not None else None
             if job in outs:
                 gpu_jobs.append(cpuplan.GpuJob.from_allocator(job, max(1, len(js.gpus)), outs[job],
                                                               now_cpus or ()))
@@ -447,14 +447,3 @@ class RightSizing:
                              plan.lent if plan is not None else (), plan.idle if plan is not None else (),
                              plan.reserve if plan is not None else 0, plan_error, errors, probes, sized)
 
-
-def _cpus_now(js) -> frozenset[int] | None:
-    """The CPUs the Sample shows a job holding: its top cpuset's, else every process's together."""
-    p = js.cpus
-    if p is None:
-        return None
-    if p.cpusets:
-        return frozenset(p.cpusets[0][1])
-    if p.affinities:
-        return frozenset().union(*(frozenset(a[2]) for a in p.affinities))
-    return None

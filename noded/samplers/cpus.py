@@ -27,6 +27,15 @@ class CpuPlacement:
     # (pid, start time, affinity) of each process of a job without a cpuset.
     affinities: tuple[tuple[int, str, frozenset[int]], ...] = ()
 
+    def held(self) -> frozenset[int] | None:
+        """The CPUs the job holds: its own cpuset's, else every process's together (None:
+        nothing was read)."""
+        if self.cpusets:
+            return self.cpusets[0][1]
+        if self.affinities:
+            return frozenset().union(*(a[2] for a in self.affinities))
+        return None
+
 
 def read_cpuset_file(path: str, name: str) -> str:
     """A cgroup's ``cpuset.cpus`` or ``cpuset.mems``, or its ``.effective`` where cgroup v2

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
 from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner
 from noded.jobs.model import Job
 from noded.state import OriginalValues
@@ -343,15 +342,9 @@ def cgroup_job_2(v1_cpuset, sleeper):
     return Job("slurm:8", "slurm", frozenset({p.pid}), job_dir), job_dir, step, mkcg
 
 
-
 @pytest.fixture
-def tmpfs_state(tmp_path):
-    where = tmp_path / "state"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(where)], check=True)
-    yield where
-    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(where)], check=True)
+def tmpfs_state(tmpfs):
+    return tmpfs("1m", name="state")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: remounts a tmpfs")

@@ -31,25 +31,6 @@ def clock():
     return 1_700_000_000.0
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Factory: tmpfs(size) -> a freshly mounted tmpfs directory; unmounted after the test."""
-    mounted = []
-
-    def mount(size="256k"):
-        where = tmp_path / f"mnt{len(mounted)}"
-        where.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True)
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        r = subprocess.run(["umount", str(where)], capture_output=True, text=True)
-        if r.returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], check=True)
-
-
 def remount_read_only(where):
     subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
 
@@ -64,7 +45,6 @@ def fill(where):
         except OSError as e:
             assert e.errno == errno.ENOSPC, e
     return filler
-
 
 
 # -- a write that fails changes nothing, memory included

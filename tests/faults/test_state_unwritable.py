@@ -21,13 +21,8 @@ def mount(*args):
 
 
 @pytest.fixture
-def state_on_tmpfs(tmp_path):
-    state = tmp_path / "state"
-    state.mkdir()
-    mount("-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(state))
-    yield state
-    if subprocess.run(["umount", str(state)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(state)], check=True)
+def state_on_tmpfs(tmpfs):
+    return tmpfs(name="state")
 
 
 def test_a_read_only_state_dir_changes_nothing_until_it_is_writable(tmp_path, state_on_tmpfs):
