@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                 for st in r.sample.samplers:
                     stages[st.name].append(st.duration_s)
                 for k, v in r.durations.items():
-                    stages[k].append(v)
+                    if k in stages:  # "total" is the tick without the scrape: "tick" below has both
+                        stages[k].append(v)
                 stages["export"].append(t2 - t1)
                 stages["tick"].append(t2 - t0)
             assert len(r.sample.jobs) == args.jobs and r.sample.node_bandwidth_total_bps is not None, r.sample.missing
