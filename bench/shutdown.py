@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 JOBS = 100
@@ -39,8 +40,16 @@ def write_inputs(workdir: str, capped: bool) -> tuple[str, str]:
 
 
 def one_run(scenario: str, config: str, capped: bool, timeout: float = 120.0) -> float:
+    # noded's log goes to a file, and its stdout is drained to the end: a pipe nobody reads
+    # fills (100 jobs' change lines are tens of KB) and blocks noded on its next write.
+    err = tempfile.TemporaryFile("w+")
     p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", config],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def stderr_tail() -> str:
+        err.seek(0)
+        return err.read()[-2000:]
+
     try:
         deadline = time.monotonic() + timeout
         seen = ""
@@ -52,18 +61,20 @@ def one_run(scenario: str, config: str, capped: bool, timeout: float = 120.0) ->
             if time.monotonic() > deadline:
                 raise SystemExit(f"bench.shutdown: no tick with all {JOBS} jobs as wanted within {timeout}s")
         else:
-            raise SystemExit(f"bench.shutdown: noded ended early: {seen}{p.stderr.read()[-2000:]}")
+            raise SystemExit(f"bench.shutdown: noded ended early: {seen}{stderr_tail()}")
+        threading.Thread(target=p.stdout.read, daemon=True).start()  # the rest of its output
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
         code = p.wait(timeout=timeout)
         elapsed = time.monotonic() - t0
         if code != 0:
-            raise SystemExit(f"bench.shutdown: noded exited {code}: {p.stderr.read()[-2000:]}")
+            raise SystemExit(f"bench.shutdown: noded exited {code}: {stderr_tail()}")
         return elapsed
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+        err.close()
 
 
 def main(argv: list[str] | None = None) -> int:
