@@ -94,11 +94,16 @@ def sized(job):
     return lambda out: isinstance(out.get(job), alloc.Sized)
 
 
-def test_a_gpu_job_is_probed_through_the_plan_and_sized_at_its_curves_best_then_remembered(history):
+def one_gpu_job(history):
+    """A node with one GPU job "g" on 16 CPUs, right-sized by CONFIG: (node, service, loop)."""
     node = Node()
     node.start("g", cpus=range(16))
     rs = RightSizing(CONFIG, history, clock=lambda: node.t)
-    loop = Loop(node, rs)
+    return node, rs, Loop(node, rs)
+
+
+def test_a_gpu_job_is_probed_through_the_plan_and_sized_at_its_curves_best_then_remembered(history):
+    node, rs, loop = one_gpu_job(history)
     out = loop.until(sized("g"))
     answer = out["g"]
     assert answer.cores == 6 and answer.reason == alloc.SEARCHED
@@ -119,10 +124,7 @@ def test_a_gpu_job_is_probed_through_the_plan_and_sized_at_its_curves_best_then_
 
 
 def test_a_probe_is_measured_only_while_the_job_holds_its_cores(history):
-    node = Node()
-    node.start("g", cpus=range(16))
-    rs = RightSizing(CONFIG, history, clock=lambda: node.t)
-    loop = Loop(node, rs)
+    node, rs, loop = one_gpu_job(history)
     loop.follow = False  # the plan's CPUs never reach the kernel
     for _ in range(200):
         loop.tick()
@@ -133,10 +135,7 @@ def test_a_probe_is_measured_only_while_the_job_holds_its_cores(history):
 
 
 def test_iteration_reports_replace_utilisation_before_anything_is_measured(history):
-    node = Node()
-    node.start("g", cpus=range(16))
-    rs = RightSizing(CONFIG, history, clock=lambda: node.t)
-    loop = Loop(node, rs)
+    node, rs, loop = one_gpu_job(history)
     loop.tick()
     assert rs.report("g", 0.5)["sized"] and not rs.report("other", 0.5)["sized"]
     loop.tick()
@@ -157,10 +156,7 @@ def test_iteration_reports_replace_utilisation_before_anything_is_measured(histo
 
 
 def test_operator_pin_stop_and_reprobe(history):
-    node = Node()
-    node.start("g", cpus=range(16))
-    rs = RightSizing(CONFIG, history, clock=lambda: node.t)
-    loop = Loop(node, rs)
+    node, rs, loop = one_gpu_job(history)
     loop.tick()
     got = rs.pin("g", 3, 0, "hold it at 3")
     assert got["state"] == PINNED and got["cores"] == 3
