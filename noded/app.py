@@ -16,6 +16,7 @@ from mps.manager import COMPUTE_MODE, ComputeModes
 
 from .actuators.cores import CoreHalving
 from .actuators.mba import MbaThrottle
+from .actuators.memsoft import MemorySoftLimits
 from .baselines import BaselineStore
 from .config import Config
 from .daemon import Daemon
@@ -71,8 +72,11 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     notes += originals.notes + baselines.notes
     cores = CoreHalving(originals, dry_run=dry_run)
     notes += cores.owner.notes  # cpus_written.json found corrupt and moved aside
+    memory = MemorySoftLimits(originals, dry_run=dry_run)
+    notes += memory.notes
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
+        restored += memory.restore_all()  # whether or not memory is sized now: an earlier run's limits
         if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
             restored += ComputeModes.restore_recorded(originals)
         if restored:
@@ -111,6 +115,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         notes += history.notes
         daemon.rightsize = RightSizing(config.rightsize, history, clock=clock)
         daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs, whatever throttles bandwidth
+        if config.rightsize.memory.cache_gb is not None:
+            daemon.memory = memory
     if config.colocation.enabled and dry_run:
         notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
     elif config.colocation.enabled:

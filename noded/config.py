@@ -151,6 +151,19 @@ class ColocationConfig:
 
 
 @dataclass(frozen=True)
+class RightsizeMemoryConfig:
+    """Right-sizing's memory (noded.rightsize.memsplit): soft limits only, off unless
+    ``cache_gb`` is set."""
+
+    #: the node memory sized GPU jobs' data caches share, GiB; null: memory is not sized
+    cache_gb: float | None = None
+    #: the units that memory is split in (Synergy-OPT over memory units)
+    units: int = 16
+    #: a job's soft limit is its process memory, its cache share and this much more (GiB)
+    headroom_gb: float = 1.0
+
+
+@dataclass(frozen=True)
 class RightsizeConfig:
     """Right-sizing the CPU side of GPU jobs (issue #13; noded.rightsize). Off unless
     ``sources`` names a job source."""
@@ -172,6 +185,8 @@ class RightsizeConfig:
     #: the GPU array's cores per GPU of the node; null: from the answers found before
     #: (their mean per GPU), 4 per GPU without history
     reserve_per_gpu: int | None = None
+    #: soft memory limits from each job's declared cache curve (off unless memory.cache_gb is set)
+    memory: RightsizeMemoryConfig = field(default_factory=RightsizeMemoryConfig)
 
     @property
     def enabled(self) -> bool:
@@ -345,6 +360,9 @@ _RULES: dict[str, Check] = {
     "rightsize.max_window_s": _between(1, 3600, " seconds"),
     "rightsize.warmup_s": _between(0, 600, " seconds"),
     "rightsize.reserve_per_gpu": _between(1, 1024, " cores per GPU", nullable="to size it from history"),
+    "rightsize.memory.cache_gb": _between(0, 1_000_000, " GiB", above=True, nullable="not to size memory"),
+    "rightsize.memory.units": _between(1, 256, " units"),
+    "rightsize.memory.headroom_gb": _between(0, 1024, " GiB"),
     **{k: path_problem for k in _PATH_KEYS},
 }
 
@@ -511,6 +529,11 @@ def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) ->
     if not _failed(("rightsize.warmup_s", "rightsize.max_window_s"), failed) and r.warmup_s >= r.max_window_s:
         errors.append(ConfigError(where, "rightsize.warmup_s", doc.line_of("rightsize.warmup_s"),
                                   f"{r.warmup_s} must be shorter than rightsize.max_window_s ({r.max_window_s})"))
+    if not _failed(("rightsize.memory.cache_gb", "rightsize.sources"), failed) and r.memory.cache_gb is not None \
+            and not r.sources:
+        errors.append(ConfigError(where, "rightsize.memory.cache_gb", doc.line_of("rightsize.memory.cache_gb"),
+                                  "memory is sized only for the GPU jobs right-sizing sizes, and rightsize.sources "
+                                  "is empty: name the sources, or leave cache_gb null"))
     if not _failed(("admin.socket", "runtime_dir"), failed):
         sockets = [("admin.socket" if config.admin.socket else "runtime_dir", config.admin_socket),
                    ("runtime_dir", config.report_socket)]

@@ -12,9 +12,10 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from .actuators.cpusets import CpuSetResult
+from .actuators.memsoft import MemoryResult
 from .actuators.plan import UNKNOWN, Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
 from .colocation.view import ColocationView
@@ -27,6 +28,9 @@ from .rightsize.service import RightsizeView
 from .sample import GPU, Sample
 from .telemetry import Telemetry
 from .tickstats import TickStats, Totals
+
+if TYPE_CHECKING:  # the split needs numba: loaded only where memory is sized
+    from .rightsize.memsplit import MemorySplit
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,17 @@ class TickResult:
     totals: Totals = field(default_factory=Totals)  # counted since start: durations, errors, failed ticks
     rightsize: RightsizeView | None = None  # None: right-sizing is off
     cpus: CpuSetResult | None = None  # the one owner of every job's CPUs applied this tick's plan (right-sizing)
+    memory: MemoryView | None = None  # None: right-sizing's memory is off (rightsize.memory.cache_gb null)
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """Right-sizing's memory this tick: the split (None when it could not be made: ``error``
+    says why, and nothing was changed) and what the soft limits' writer did."""
+
+    split: MemorySplit | None
+    result: MemoryResult | None
+    error: str | None = None
 
 
 def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
@@ -91,6 +106,7 @@ class Daemon:
         self.colocation = None  # a colocation.service.Colocation where co-location is enabled
         self.rightsize = None  # a rightsize.service.RightSizing where rightsize.sources names a source
         self.cpu_owner = None  # the CpuSetOwner right-sizing writes every job's CPUs through (with it on)
+        self.memory = None  # the MemorySoftLimits right-sizing's memory writes through (rightsize.memory.cache_gb)
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
@@ -198,6 +214,32 @@ class Daemon:
                 j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"}
         return plan, rs.view(have, plan, error)
 
+    def _memory(self, sample: Sample) -> MemoryView:
+        """Right-sizing's memory: the exact split of ``rightsize.memory.cache_gb`` between the
+        sized jobs that declare a cache curve, each carried out as a soft limit on its memory
+        cgroup; limits no longer wished for are put back. A job whose cgroup could not be read
+        this tick keeps what it has (an error is not "no limit")."""
+        from .rightsize.memsplit import GIB, CacheJob, cache_curve, soft_limit_bytes, split_memory
+        from .rightsize.split import SplitError
+
+        cfg = self.config.rightsize.memory
+        jobs = {j: sample.jobs[j] for j in self.rightsize.sized_jobs(sample)}
+        wanted = [CacheJob(j, max(1, len(js.gpus)), cache_curve(js.meta.dataset_gb, js.meta.uncached_share))
+                  for j, js in jobs.items()]
+        try:
+            split = split_memory(wanted, max(1, len(sample.gpus)), cfg.units, cfg.cache_gb)
+        except SplitError as e:
+            log.warning("rightsize: no memory split this tick (nothing changed): %s", e)
+            return MemoryView(None, None, str(e))
+        cgroups, unplaced = self.memory.observe({j: jobs[j] for j in split.units})
+        headroom = int(cfg.headroom_gb * GIB)
+        wishes = {j: soft_limit_bytes(cg.anon_bytes, split.units[j], split.unit_bytes, headroom)
+                  for j, cg in cgroups.items()}
+        result = self.memory.apply(wishes, cgroups, unplaced)
+        for c in result.failed:
+            self.stats.actuator_error("memory", "record" if c.error.startswith("original not recorded") else "write")
+        return MemoryView(split, result)
+
     def _apply_plan(self, plan: CpuPlan, levels: Mapping[str, int], in_force: Mapping[str, int | None],
                     sample: Sample) -> tuple[ApplyResult, CpuSetResult]:
         """Every job's CPUs from the plan, through the one owner: one writer a tick. On a host
@@ -228,7 +270,7 @@ class Daemon:
         sample = self.telemetry.sample()
         t1 = self.clock()
         unwritable = self._state_check(t1)
-        rightsize, cpus = None, None
+        rightsize, cpus, memory = None, None, None
         if not sample.jobs_known:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
@@ -274,6 +316,8 @@ class Daemon:
             else:
                 result = self.throttle.apply(decision.levels, sample) if self.throttle else \
                     ApplyResult((), MappingProxyType({}))
+            if self.memory is not None and self.rightsize is not None:
+                memory = self._memory(sample)
             if self.colocation is not None:
                 self.colocation.tick(sample)
         t3 = self.clock()
@@ -303,7 +347,7 @@ class Daemon:
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus)
+                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory)
         self.last = result
         return result
 
@@ -354,6 +398,13 @@ class Daemon:
                     log.error("at stop, could not restore the CPUs of: %s", ", ".join(left))
             except Exception:
                 log.exception("restoring jobs' CPUs at shutdown failed")
+        if self.memory is not None:
+            try:
+                left = self.memory.release_all()
+                if left:
+                    log.error("at stop, could not restore the memory soft limits of: %s", ", ".join(left))
+            except Exception:
+                log.exception("restoring jobs' memory soft limits at shutdown failed")
         try:
             self.telemetry.close()
         except Exception:

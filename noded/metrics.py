@@ -46,10 +46,10 @@ ADMISSION_RESULTS = ("admit", "refuse")
 #: (actuator, operation) of a failed change: a throttle level up or down (mba, cores), a
 #: level's control group left in place (mba remove), an original value not recorded or
 #: forgotten (cores record), an MPS control daemon that failed and was restarted or did
-#: not start (mps)
+#: not start (mps), a soft memory limit not written or its original not recorded (memory)
 ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
     ("mba", "throttle"), ("mba", "release"), ("mba", "remove"), ("cores", "throttle"), ("cores", "release"),
-    ("cores", "record"), ("mps", "restart"), ("mps", "start"),
+    ("cores", "record"), ("mps", "restart"), ("mps", "start"), ("memory", "write"), ("memory", "record"),
 )
 #: the samplers a tick runs (telemetry.Telemetry.sample)
 SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
@@ -160,7 +160,8 @@ class NodedCollector:
         yield failures
         errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
                                      "(mba, cores), a control group not removed (mba remove), an original not "
-                                     "recorded (cores record), an MPS control daemon restarted or not started (mps)",
+                                     "recorded (cores record), an MPS control daemon restarted or not started (mps), a "
+                                     "soft memory limit not written or its original not recorded (memory)",
                                      labels=["actuator", "operation"])
         seen = dict(totals.actuator_errors)
         if colo is not None:
@@ -305,6 +306,8 @@ class NodedCollector:
             yield used
         if r.rightsize is not None:
             yield from self._rightsize(r)
+        if r.memory is not None:
+            yield from self._memory(r)
         writable = GaugeMetricFamily("noded_state_writable",
                                      "1 while originals can be recorded in the state directory; at 0 noded changes "
                                      "nothing new")
@@ -347,6 +350,34 @@ class NodedCollector:
         total = GaugeMetricFamily("noded_cpus_lent", "GPU-array CPUs lent to CPU jobs (the node's total)")
         total.add_metric([], len(rs.lent))
         yield total
+
+    @staticmethod
+    def _memory(r: TickResult):
+        """Right-sizing's memory (where rightsize.memory.cache_gb is set): each job's cache
+        share from the split, and the soft limit and memory its cgroup showed."""
+        m = r.memory
+        units = GaugeMetricFamily("noded_job_memory_cache_units", "Memory units of rightsize.memory.cache_gb the "
+                                  "split gives a GPU job with a declared cache curve", labels=["job_id"])
+        unit_bytes = GaugeMetricFamily("noded_memory_unit_bytes", "Bytes in one memory unit of the split")
+        if m.split is not None:
+            for job_id, n in sorted(m.split.units.items()):
+                units.add_metric([job_id], n)
+            unit_bytes.add_metric([], m.split.unit_bytes)
+        yield units
+        yield unit_bytes
+        limit = GaugeMetricFamily("noded_job_memory_soft_limit_bytes", "A sized job's soft memory limit in force "
+                                  "(memory.high, or the v1 soft limit; absent where unlimited)", labels=["job_id"])
+        used = GaugeMetricFamily("noded_job_memory_bytes", "A sized job's memory as its cgroup counts it (kind: anon "
+                                 "or file, i.e. page cache)", labels=["job_id", "kind"])
+        if m.result is not None:
+            for job_id, text in sorted(m.result.limits.items()):
+                if text.isdigit() and int(text) < (1 << 62):  # v1 shows "no limit" as a huge number, v2 as max
+                    limit.add_metric([job_id], int(text))
+            for job_id, cg in sorted(m.result.cgroups.items()):
+                used.add_metric([job_id, "anon"], cg.anon_bytes)
+                used.add_metric([job_id, "file"], cg.file_bytes)
+        yield limit
+        yield used
 
 
 def make_registry(daemon: Daemon) -> CollectorRegistry:

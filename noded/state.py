@@ -62,11 +62,19 @@ def _check_affinity_job(key: str, value: Any) -> None:
         raise ValueError(f"{key}: root must be [pid, start time] or null")
 
 
+def _check_memory(key: str, value: Any) -> None:
+    if (not isinstance(value, dict) or set(value) != {"job", "original", "version"} or not isinstance(value["job"], str)
+            or value["version"] not in (1, 2) or not isinstance(value["original"], str)
+            or not 0 < len(value["original"]) <= 32):
+        raise ValueError(f"{key[:200]}: expected {{job, original, version}} of a soft memory limit")
+
+
 def parse_originals(data: Any) -> dict[str, Any]:
     """The records in ``originals.json``: ``cpuset:<cgroup dir>`` -> a CPU list as the kernel
     writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs, ``affinity_job:<job id>`` ->
     the original CPUs, cgroup and root process of a job halved by affinity,
-    ``compute_mode:<GPU UUID>`` -> an NVML compute mode. Raises ValueError."""
+    ``compute_mode:<GPU UUID>`` -> an NVML compute mode, ``memory:<cgroup dir>`` -> the job,
+    the cgroup version and its soft memory limit as the kernel showed it. Raises ValueError."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     for key, value in data.items():
@@ -77,6 +85,8 @@ def parse_originals(data: Any) -> dict[str, Any]:
             _check_cpus(value)
         elif kind == "affinity_job" and where:
             _check_affinity_job(key, value)
+        elif kind == "memory" and where.startswith("/"):
+            _check_memory(key, value)
         elif kind == "compute_mode" and _GPU_UUID.fullmatch(where):
             if type(value) is not int or not 0 <= value <= 3:
                 raise ValueError(f"{key}: not an NVML compute mode: {str(value)[:40]}")

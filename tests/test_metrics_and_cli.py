@@ -13,16 +13,18 @@ import pytest
 from prometheus_client import generate_latest
 
 from noded.actuators.cpusets import CpuSetResult
+from noded.actuators.memsoft import MemoryCgroup, MemoryResult
 from noded.actuators.plan import Applied
 from noded.admin.overrides import Override
 from resctrl import MbFlavour
 from noded.colocation.view import ColocationView
 from noded.config import Config
 from noded.control import ControlState
-from noded.daemon import TickResult
+from noded.daemon import MemoryView, TickResult
 from noded.jobs.model import JobMeta
 from noded.metrics import make_registry
 from noded.policy.contention import Action, Decision
+from noded.rightsize.memsplit import MemorySplit
 from noded.rightsize.service import JobSizingView, RightsizeView
 from noded.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
@@ -64,13 +66,18 @@ def fixed_daemon():
     rightsize = RightsizeView(MappingProxyType({"sim:bert": bert}), MappingProxyType({"sim:hog": (3,)}), (3,), (),
                               4, probes=3, sized=1)
     cpus = CpuSetResult((), MappingProxyType({"sim:bert": (1, 2), "sim:hog": (0, 3)}))
+    bert_cg = MemoryCgroup("/sys/fs/cgroup/memory/bert", 1, str(3 << 30), 1 << 30, 2 << 30)
+    memory = MemoryView(MemorySplit(MappingProxyType({"sim:bert": 4}), MappingProxyType({"sim:bert": 8}), 1 << 30,
+                                    "optimal"),
+                        MemoryResult((), MappingProxyType({"sim:bert": bert_cg}),
+                                     MappingProxyType({"sim:bert": str(3 << 30)}), MappingProxyType({})))
     result = TickResult(7, 10.0, sample, decision, (Applied("sim:hog", 1, ("rename …",)),),
                         MappingProxyType(durations), "mba",
                         MappingProxyType({"sim:hog": 1}), None, MappingProxyType({"sim:bert": (80.0, "learned")}),
                         Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
                         ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
-                        control.snapshot(), stats.snapshot(), rightsize, cpus)
+                        control.snapshot(), stats.snapshot(), rightsize, cpus, memory)
     return SimpleNamespace(last=result, colocation=None, extra_info={"throttle": "mba", "dry_run": "false"})
 
 
@@ -97,6 +104,7 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_tick_duration_seconds_bucket{le="0.025",stage="total"} 1.0' in text
     assert 'noded_job_cpus{job_id="sim:bert",role="gpu"} 2.0' in text
     assert 'noded_job_sizing_state{job_id="sim:bert",state="sized"} 1.0' in text
+    assert 'noded_job_memory_soft_limit_bytes{job_id="sim:bert"} 3.221225472e+09' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

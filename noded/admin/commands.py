@@ -260,12 +260,15 @@ class AdminCommands:
             why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
-        sizing, borrowed = None, None
+        sizing, borrowed, memory = None, None, None
         if r.rightsize is not None:
             v = r.rightsize.jobs.get(job)
             if v is not None:
                 sizing = _sizing_json(v)
                 why.append(sizing["why"])
+            memory = _memory_json(job, r.memory) if r.memory is not None and v is not None else None
+            if memory is not None:
+                why.append(memory["why"])
             if js.kind != "gpu":
                 borrowed = list(r.rightsize.borrowed.get(job, ()))
                 if borrowed:
@@ -285,6 +288,8 @@ class AdminCommands:
                           for t, a in self.control.history(job)],
             # right-sizing (None where it is off, or does not size this job): the curve and why the size
             "sizing": sizing, "borrowed_cpus": borrowed,
+            # right-sizing's memory (None where rightsize.memory is off or the job is not sized)
+            "memory": memory,
         }
 
     @staticmethod
@@ -304,6 +309,30 @@ class AdminCommands:
 
 def _cpu_list(cpus) -> str:
     return ",".join(map(str, cpus))
+
+
+def _memory_json(job: str, m) -> dict[str, Any]:
+    """A sized job's memory, for ``explain``: its cache share, soft limit and why."""
+    split, result = m.split, m.result
+    units = split.units.get(job) if split is not None else None
+    cg = result.cgroups.get(job) if result is not None else None
+    limit = result.limits.get(job) if result is not None else None
+    if split is None:
+        why = f"memory: no split this tick ({m.error}); soft limits held as they are"
+    elif units is None:
+        why = ("memory: no cache curve declared (labels dataset_gb and uncached_share): no cache share, no soft "
+               "limit")
+    elif result is not None and job in result.unplaced:
+        why = f"memory: {units} units of cache, but no soft limit: {result.unplaced[job]}"
+    else:
+        why = (f"memory: {units} units of cache ({units * split.unit_bytes / 2**30:.3g} GiB; its GPU-proportional "
+               f"share is {split.proportional.get(job)} units), soft limit {limit} bytes on top of "
+               f"{cg.anon_bytes if cg else '?'} bytes of process memory")
+    return {"cache_units": units, "unit_bytes": split.unit_bytes if split is not None else None,
+            "proportional_units": split.proportional.get(job) if split is not None else None,
+            "soft_limit": limit, "cgroup": cg.path if cg is not None else None,
+            "anon_bytes": cg.anon_bytes if cg is not None else None,
+            "file_bytes": cg.file_bytes if cg is not None else None, "why": why}
 
 
 def _sizing_json(v) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def descendants(root: int, ppids: dict[int, int]) -> set[int]:
 
 class LabelFile:
     """YAML mapping job id -> labels (category, model, batch_size, requested_cores, priority, exempt,
-    and the right-sizing hints pipelined, many_weights, heavy_preprocessing).
+    the right-sizing hints pipelined, many_weights, heavy_preprocessing, and the cache curve
+    dataset_gb, uncached_share).
 
     Re-read when its mtime changes. A broken file keeps the previous labels and logs
     why once (a typo must not drop every job's exemption).

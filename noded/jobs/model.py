@@ -22,6 +22,11 @@ class JobMeta:
     pipelined: bool = False
     many_weights: bool = False
     heavy_preprocessing: bool = False
+    # Synergy's cache curve (Sec. 3.1) for memory right-sizing: the bytes the job reads each
+    # epoch, and its throughput with nothing cached as a share of fully cached (the owner
+    # measures it once with a cold cache). Both or neither.
+    dataset_gb: float | None = None
+    uncached_share: float | None = None
 
     def __post_init__(self):
         # Labels come from a file anyone with write access to it shapes: a quoted "no"
@@ -42,6 +47,15 @@ class JobMeta:
             raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
         if self.requested_cores is not None and self.requested_cores < 1:
             raise ValueError(f"requested_cores must be >= 1, not {self.requested_cores}")
+        for name, low, high in (("dataset_gb", 0.0, 1e6), ("uncached_share", 0.0, 1.0)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            # a bool is an int to Python, and .inf/.nan parse as floats: none is a size
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+                raise ValueError(f"{name} must be a number above {low:g} and at most {high:g}, not {value!r:.60}")
+        if (self.dataset_gb is None) != (self.uncached_share is None):
+            raise ValueError("dataset_gb and uncached_share go together (the job's cache curve): give both or neither")
 
     def hints(self) -> dict[str, bool]:
         """The right-sizing hints set on this job, as the allocator reads labels."""
@@ -50,7 +64,7 @@ class JobMeta:
     @classmethod
     def from_mapping(cls, data: dict, where: str) -> "JobMeta":
         known = {"category", "model", "batch_size", "requested_cores", "priority", "exempt", "pipelined",
-                 "many_weights", "heavy_preprocessing"}
+                 "many_weights", "heavy_preprocessing", "dataset_gb", "uncached_share"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"{where}: unknown label key(s) {sorted(unknown)}; known: {sorted(known)}")
