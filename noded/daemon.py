@@ -23,6 +23,7 @@ from .config import Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
 from .policy.contention import Decision, PolicyState, decide
+from .ratelimit import RateLimitedLog
 from .rightsize.cpuplan import CpuPlan, PlanError
 from .rightsize.service import RightsizeView
 from .sample import GPU, Sample
@@ -106,6 +107,7 @@ class Daemon:
         self.colocation = None  # a colocation.service.Colocation where co-location is enabled
         self.rightsize = None  # a rightsize.service.RightSizing where rightsize.sources names a source
         self.cpu_owner = None  # the CpuSetOwner right-sizing writes every job's CPUs through (with it on)
+        self._plan_log = RateLimitedLog(log, 60.0, clock)  # a node short of CPUs says so once a minute, not a tick
         self.memory = None  # the MemorySoftLimits right-sizing's memory writes through (rightsize.memory.cache_gb)
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
@@ -200,14 +202,17 @@ class Daemon:
             if v is not None:
                 originals[job], have[job] = sorted(v.original), len(v.now)
         node_cpus = len(set().union(*map(set, originals.values()))) if originals else 0
-        rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
+        if self.control.paused:
+            rs.hold(now)  # paused: no probe begins or moves on; every job keeps the size it asks for now
+        else:
+            rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
         cores = self.throttle is not None and self.throttle.kind == "cores"
         error = None
         try:
             plan = rs.plan(sample, originals, decision.levels if cores else {}, self.config.rightsize.lend_to, now)
         except PlanError as e:
             plan, error = None, str(e)
-            log.warning("rightsize: no plan of CPUs this tick: %s", e)
+            self._plan_log.log(logging.WARNING, "plan", "rightsize: no plan of CPUs this tick: %s", e)
         if cores:
             # the levels in force are read against what the plan grants CPU jobs (lent CPUs included)
             self.throttle.granted = {} if plan is None else {

@@ -132,3 +132,23 @@ def test_nothing_changes_while_no_source_is_sized(node):
     assert result.rightsize is None and result.cpus is None
     assert affinity(sim, "a") == affinity(sim, "c") == set(REAL)
     assert cpuplan.LENT  # (the plan's vocabulary is importable without right-sizing on)
+
+
+@pytest.mark.fuse
+@needs_two_cpus
+def test_while_paused_no_probe_begins_or_moves_on(node):
+    sim, daemon, clock = node
+    result = run(sim, daemon, clock, lambda r: "sim:a" in r.rightsize.jobs, 5)
+    first = result.rightsize.jobs["sim:a"]
+    assert first.state == "probing"
+    daemon.control.pause("maintenance")
+    for _ in range(84):  # 21 s paused: more than a probe's longest window (max_window_s 20)
+        clock.t += 0.25
+        sim.step()
+        result = daemon.tick()
+        v = result.rightsize.jobs["sim:a"]
+        assert (v.state, v.target, v.points) == (first.state, first.target, first.points)
+    daemon.control.resume()
+    # the window starts again at the resume: the probe is measured, not ended empty-handed
+    result = run(sim, daemon, clock, lambda r: r.rightsize.jobs["sim:a"].points != first.points, 8)
+    assert result.rightsize.jobs["sim:a"].reason != alloc.NO_SIGNAL

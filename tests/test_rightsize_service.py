@@ -172,6 +172,11 @@ def test_operator_pin_stop_and_reprobe(history):
     loop.tick()
     got = rs.stop("g", 0, "enough")
     assert got["state"] == STOPPED and rs.view().jobs["g"].state == STOPPED
+    rs.pin("g", 2, 0, "hold it at 2")
+    got = rs.stop("g", 1, "stop it")  # a pin is not a probe: nothing to stop, and the pin's record stays
+    assert got["control"] is None and "--reprobe` undoes a pin" in got["note"]
+    v = rs.view().jobs["g"]
+    assert v.state == PINNED and v.target == 2 and v.control.kind == "pin" and v.control.uid == 0
     with pytest.raises(NotSized, match="not being sized"):
         rs.pin("nope", 2, 0, "")
     assert history.view().exact(str(os.getuid()), "BiDAF", 32) is None  # a pin or a stop is not an answer

@@ -170,6 +170,8 @@ def format_explain(e: dict[str, Any]) -> str:
 
 def format_size(r: dict[str, Any]) -> str:
     """What a `nodectl size` did, in words."""
+    if r.get("note"):
+        return f"{r['job']}: {r['note']}\n"
     why = f"reason: {r['reason']}" if r["reason"] else "no reason given"
     head = {"pin": f"{r['job']} is pinned at {r['cores']} cores, no probing until --reprobe",
             "stop": f"{r['job']}: probing stopped, it keeps {r['cores']} cores",
@@ -267,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
                    help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
     reason_arg(p, "default: none")
-    p = cmd("pause", "stop automatic throttling (overrides still hold)")
+    p = cmd("pause", "stop automatic throttling and right-sizing's probing (overrides, pins and sizes hold)")
     reason_arg(p, "default: 'paused by uid N'")
     cmd("resume", "resume automatic throttling")
     p = cmd("explain", "why a job is throttled or not, with the values")

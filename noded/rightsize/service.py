@@ -238,6 +238,16 @@ class RightSizing:
                 self._feed(job, r, js.gpu_util, sample.t, have.get(job), now)
             return {j: r.out for j, r in self._jobs.items()}
 
+    def hold(self, now: float) -> None:
+        """A tick while paused: nothing is measured, so every open window starts again at
+        ``now`` (its warm-up and its longest wait count from the resume, not from before)."""
+        with self._lock:
+            for r in self._jobs.values():
+                r.reports = []
+                w = r.sizing.window
+                if w is not None:
+                    r.sizing = replace(r.sizing, window=Window(w.kind, r.sizing.state.cores, now))
+
     def _begin(self, job: str, js, max_cores: int, now: float, node_cpus: int, node_gpus: int) -> _Job | None:
         gpus = max(1, len(js.gpus))
         meta = js.meta
@@ -346,6 +356,13 @@ class RightSizing:
         """Stop probing ``job``: it keeps the cores it has now (an ended search stays as it is)."""
         with self._lock:
             r = self._control(job)
+            if r.sizing.state.phase not in alloc.PROBING:
+                # nothing to stop: a pin or an answer stays as it is, and so does who set it
+                st = state_of(r.sizing.state)
+                return {"job": job, "state": st, "phase": r.sizing.state.phase, "cores": r.out.cores,
+                        "cores_before": r.out.cores, "control": None, "reason": reason,
+                        "note": f"not probing ({st} at {r.out.cores} cores): nothing to stop"
+                                + ("; `nodectl size JOB --reprobe` undoes a pin" if st == PINNED else "")}
             out, sizing = alloc.stop_job(r.sizing)
             return self._controlled(job, r, out, sizing, Control("stop", uid, reason, self.clock()))
 
