@@ -8,6 +8,8 @@ evaluated through its HTTP API.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.server
 import json
 import os
@@ -74,11 +76,24 @@ CONTRACT = {
     "noded_resctrl_rmids_used_by_noded": "gauge",
     "noded_resctrl_closids_capacity": "gauge",
     "noded_resctrl_closids_used_by_noded": "gauge",
+    # right-sizing (issue #13): exported only where rightsize.sources names a source
+    "noded_job_cpus": "gauge",
+    "noded_job_cpus_target": "gauge",
+    "noded_job_cpus_optimal": "gauge",
+    "noded_job_sizing_state": "gauge",
+    "noded_job_cpus_lent": "gauge",
+    "noded_cpus_lent": "gauge",
+    "noded_rightsize_probes_total": "counter",
+    "noded_rightsize_sized_total": "counter",
     "process_cpu_seconds_total": "counter",
     "process_resident_memory_bytes": "gauge",
     "process_open_fds": "gauge",
     "process_max_fds": "gauge",
 }
+# The series right-sizing exports (the demo runs without it: the live tests check the
+# queries that read them against a right-sizing run instead).
+RIGHTSIZING_SERIES = {name for name in CONTRACT if name.startswith(("noded_job_cpus", "noded_job_sizing_state",
+                                                                    "noded_cpus_lent", "noded_rightsize_"))}
 # Prometheus's own series.
 PROMETHEUS_SERIES = {"up", "ALERTS"}
 # Optional: dcgm-exporter's, where it is scraped by the same Prometheus (one dashboard
@@ -223,6 +238,36 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
                 q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
                 out.append((f"{name}: variable {v['name']}", q, "variable"))
     return out
+
+
+@functools.cache
+def rightsizing_names() -> frozenset[str]:
+    """Right-sizing's series and the recording rules made from them."""
+    names = set(RIGHTSIZING_SERIES)
+    for r in load_rules():
+        if "record" in r and any(name in names for name, _ in selectors(r["expr"])):
+            names.add(r["record"])
+    return frozenset(names)
+
+
+def reads_rightsizing(expr: str) -> bool:
+    return any(name in rightsizing_names() for name, _ in selectors(expr))
+
+
+def test_right_sizing_has_recording_rules_alerts_and_a_row_in_both_dashboards():
+    assert len(RIGHTSIZING_SERIES) == 8
+    rules = [r for r in load_rules() if reads_rightsizing(r["expr"])]
+    assert sum("alert" in r for r in rules) >= 2 and sum("record" in r for r in rules) >= 2
+    for name, board in load_dashboards().items():
+        rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+        assert "Right-sizing" in rows, name
+        # and every panel that reads right-sizing's series is in that row
+        row = None
+        for p in board["panels"]:
+            if p["type"] == "row":
+                row = p["title"]
+            elif any(reads_rightsizing(t["expr"]) for t in p["targets"]):
+                assert row == "Right-sizing", f"{name}: {p['title']}"
 
 
 def label_values_metric(query: str) -> tuple[str, str]:
@@ -488,18 +533,26 @@ def concrete(expr: str, instance: str) -> str:
             .replace("$instance", instance).replace("$job", "noded"))
 
 
-@pytest.mark.fuse
-@pytest.mark.slow
-@pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus (Debian package) is not installed")
-def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_path):
-    cfg, scenario = demo_inputs(tmp_path)
+class Live:
+    """noded on the simulated node, the dcgm stand-in and a real Prometheus scraping both
+    with the rules loaded (see ``live``)."""
+
+    def __init__(self, api: PromAPI, instance: str, nodectl, alive, output):
+        self.api, self.instance, self.nodectl, self.alive, self.output = api, instance, nodectl, alive, output
+
+
+@contextlib.contextmanager
+def live(tmp_path, cfg: str, scenario: str, *, warm_kernels: bool = False):
+    """Starts noded (``--sim scenario --config cfg``, 110 s at most), the dcgm stand-in and
+    Prometheus; yields a Live. On a clean exit stops them in order and asserts each stopped
+    cleanly, that the emulator's mount is gone and that no process noded started is left."""
     (tmp_path / "tmp").mkdir(mode=0o700)
-    (tmp_path / "tiny.csv").write_text(NCU_TINY)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}  # the emulator's mount and the sim's scratch
-    # Compile the co-location kernels into numba's cache first: on a cold cache that takes
-    # about ten seconds, which would otherwise pass on the simulated node's clock.
-    subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=ROOT,
-                   env=env, check=True, timeout=120)
+    if warm_kernels:
+        # Compile the co-location kernels into numba's cache first: on a cold cache that takes
+        # about ten seconds, which would otherwise pass on the simulated node's clock.
+        subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=ROOT,
+                       env=env, check=True, timeout=120)
     out_path, err_path = tmp_path / "noded.out", tmp_path / "noded.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         noded = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", cfg,
@@ -547,88 +600,13 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
                 return False
 
         wait_for(up, timeout=30, interval=0.2, what="Prometheus scraping noded and the dcgm stand-in")
+        nodectl_argv = [os.path.join(os.path.dirname(sys.executable), "nodectl"), "--socket",
+                        str(tmp_path / "admin" / "noded.sock")]
 
-        # What an operator and a Slurm prolog would do: hold the quiet CPU job back, and
-        # ask for co-location twice (one admitted with an ncu profile, one refused: no profile).
-        nodectl = [os.path.join(os.path.dirname(sys.executable), "nodectl"), "--socket",
-                   str(tmp_path / "admin" / "noded.sock")]
-        run = lambda *a: subprocess.run(nodectl + list(a), capture_output=True, text=True, timeout=30)
-        wait_for(lambda: run("throttle", "sim:etl", "--level", "1", "--ttl", "30m",
-                             "--reason", "test").returncode == 0, timeout=20, interval=0.2, what="the etl override")
-        # (admissions wait for MPS)
-        wait_for(lambda: api.has_data("noded_mps_up == 1"), timeout=30, interval=0.2, what="MPS up")
-        p = run("admit", "--job", "slurm:100", "--model", "tiny", "--batch-size", "8",
-                "--profile", str(tmp_path / "tiny.csv"))
-        assert p.returncode == 0, p.stdout + p.stderr
-        p = run("admit", "--job", "slurm:101", "--model", "GPT-9", "--batch-size", "8")
-        assert p.returncode == 3, p.stdout + p.stderr
+        def nodectl(*a) -> subprocess.CompletedProcess:
+            return subprocess.run(nodectl_argv + list(a), capture_output=True, text=True, timeout=30)
 
-        # The scenario's contention: the hog slows the NLP job, noded throttles it and
-        # holds it there; the policy's throttle makes NodedThrottleHeldLong pending.
-        def contended() -> bool:
-            noded_alive()
-            return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
-                    and api.has_data('noded_job_throttle_level{job_id="sim:hog"} > 0')
-                    and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="sim:hog"}'))
-
-        try:
-            wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
-        except AssertionError as e:
-            raise AssertionError(f"{e}; {noded_output()}") from None
-
-        # Every rule loaded and evaluated without error.
-        def evaluated() -> list[dict]:
-            rules = [r for g in api.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
-            return rules if all(r["health"] != "unknown" for r in rules) else []
-
-        rules = wait_for(evaluated, timeout=10, interval=0.2, what="every rule evaluated once")
-        assert len(rules) == len(load_rules())
-        problems = [f"rule {r['name']}: health {r['health']}: {r.get('lastError')}" for r in rules
-                    if r["health"] != "ok"]
-
-        # Every dashboard query and every recording rule returns data; every alert
-        # expression evaluates, and each of its selectors has data.
-        for where, expr, kind in dashboard_queries():
-            if kind == "variable":
-                metric, label = label_values_metric(expr)
-                r = api.get(f"/api/v1/label/{label}/values", **{"match[]": metric})
-                if not r.get("data"):
-                    problems.append(f"{where}: {expr} has no values")
-                continue
-            q = concrete(expr, instance)
-            r = api.query(q)
-            if r.get("status") != "success":
-                problems.append(f"{where}: {r.get('error')}: {q}")
-            elif not r["data"]["result"]:
-                problems.append(f"{where}: no data: {q}")
-        for rule in load_rules():
-            r = api.query(rule["expr"])
-            name = rule.get("record") or rule.get("alert")
-            if r.get("status") != "success":
-                problems.append(f"rule {name}: {r.get('error')}")
-            elif "record" in rule and not r["data"]["result"]:
-                problems.append(f"rule {name}: no data")
-            if "alert" in rule:
-                for _, sel in selectors(rule["expr"]):
-                    if not api.has_data(sel):
-                        problems.append(f"rule {name}: no data for {sel}")
-        # The README's queries: each evaluates; one that filters (`... > 0`) may be empty
-        # here, but each series it reads has data; any other returns data.
-        for q in readme_queries():
-            r = api.query(q)
-            if r.get("status") != "success":
-                problems.append(f"README: {r.get('error')}: {q}")
-            elif re.search(r"[<>]=?\s*[0-9.]+\s*$", q):
-                problems += [f"README: no data for {sel} in {q}" for _, sel in selectors(q) if not api.has_data(sel)]
-            elif not r["data"]["result"]:
-                problems.append(f"README: no data: {q}")
-        # the documented join: noded's percent series against dcgm-exporter's, on UUID
-        # (values only roughly equal: the two are scraped at different ticks)
-        joined = api.query("noded:gpu_utilization:percent - on (UUID) DCGM_FI_DEV_GPU_UTIL")["data"]["result"]
-        gpus = api.query("noded:gpu_utilization:percent")["data"]["result"]
-        if not gpus or {s["metric"]["UUID"] for s in joined} != {s["metric"]["UUID"] for s in gpus}:
-            problems.append(f"noded:gpu_utilization:percent does not join DCGM_FI_DEV_GPU_UTIL on UUID: {joined}")
-        assert not problems, "\n".join(problems)
+        yield Live(api, instance, nodectl, noded_alive, noded_output)
 
         # Stop: Prometheus, the dcgm stand-in, then noded, which tears the simulated node down.
         prometheus.send_signal(signal.SIGTERM)
@@ -658,6 +636,164 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         wait_for(lambda: not processes_with_env(env["TMPDIR"]), timeout=10, what="noded's children to be gone")
     except AssertionError:
         raise AssertionError(f"left behind: {processes_with_env(env['TMPDIR'])}") from None
+
+
+def rules_evaluated(api: PromAPI) -> list[str]:
+    """Every rule loaded and evaluated once without error (problems, if not)."""
+    def evaluated() -> list[dict]:
+        rules = [r for g in api.get("/api/v1/rules")["data"]["groups"] for r in g["rules"]]
+        return rules if all(r["health"] != "unknown" for r in rules) else []
+
+    rules = wait_for(evaluated, timeout=10, interval=0.2, what="every rule evaluated once")
+    assert len(rules) == len(load_rules())
+    return [f"rule {r['name']}: health {r['health']}: {r.get('lastError')}" for r in rules if r["health"] != "ok"]
+
+
+def queries_answered(api: PromAPI, instance: str, *, rightsizing: bool) -> list[str]:
+    """Problems with the dashboards' queries, the rules and the README's queries: each must
+    evaluate; those of the run's kind (right-sizing's, or the others when ``rightsizing``
+    is False) must return data, and each alert's selectors must have data (in a right-sizing
+    run: have had data in the last 10 minutes, for a state such as probing comes and goes)."""
+    problems = []
+    for where, expr, kind in dashboard_queries():
+        if kind == "variable":
+            metric, label = label_values_metric(expr)
+            r = api.get(f"/api/v1/label/{label}/values", **{"match[]": metric})
+            if not r.get("data"):
+                problems.append(f"{where}: {expr} has no values")
+            continue
+        q = concrete(expr, instance)
+        r = api.query(q)
+        if r.get("status") != "success":
+            problems.append(f"{where}: {r.get('error')}: {q}")
+        elif not r["data"]["result"] and reads_rightsizing(expr) == rightsizing:
+            problems.append(f"{where}: no data: {q}")
+    for rule in load_rules():
+        r = api.query(rule["expr"])
+        name = rule.get("record") or rule.get("alert")
+        if r.get("status") != "success":
+            problems.append(f"rule {name}: {r.get('error')}")
+        if reads_rightsizing(rule["expr"]) != rightsizing:
+            continue
+        if "record" in rule and not r["data"]["result"]:
+            problems.append(f"rule {name}: no data")
+        if "alert" in rule:
+            for _, sel in selectors(rule["expr"]):
+                if not api.has_data(f"last_over_time({sel}[10m])" if rightsizing else sel):
+                    problems.append(f"rule {name}: no data for {sel}")
+    # The README's queries: each evaluates; one that filters (`... > 0`) may be empty
+    # here, but each series it reads has data; any other returns data.
+    for q in readme_queries():
+        r = api.query(q)
+        if r.get("status") != "success":
+            problems.append(f"README: {r.get('error')}: {q}")
+        elif reads_rightsizing(q) != rightsizing:
+            continue
+        elif re.search(r"[<>]=?\s*[0-9.]+\s*$", q):
+            problems += [f"README: no data for {sel} in {q}" for _, sel in selectors(q) if not api.has_data(sel)]
+        elif not r["data"]["result"]:
+            problems.append(f"README: no data: {q}")
+    return problems
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+@pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus (Debian package) is not installed")
+def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_path):
+    """Every query but right-sizing's (the demo runs without it; the next test runs them)."""
+    cfg, scenario = demo_inputs(tmp_path)
+    (tmp_path / "tiny.csv").write_text(NCU_TINY)
+    with live(tmp_path, cfg, scenario, warm_kernels=True) as d:
+        api = d.api
+        # What an operator and a Slurm prolog would do: hold the quiet CPU job back, and
+        # ask for co-location twice (one admitted with an ncu profile, one refused: no profile).
+        wait_for(lambda: d.nodectl("throttle", "sim:etl", "--level", "1", "--ttl", "30m",
+                                   "--reason", "test").returncode == 0, timeout=20, interval=0.2,
+                 what="the etl override")
+        # (admissions wait for MPS)
+        wait_for(lambda: api.has_data("noded_mps_up == 1"), timeout=30, interval=0.2, what="MPS up")
+        p = d.nodectl("admit", "--job", "slurm:100", "--model", "tiny", "--batch-size", "8",
+                      "--profile", str(tmp_path / "tiny.csv"))
+        assert p.returncode == 0, p.stdout + p.stderr
+        p = d.nodectl("admit", "--job", "slurm:101", "--model", "GPT-9", "--batch-size", "8")
+        assert p.returncode == 3, p.stdout + p.stderr
+
+        # The scenario's contention: the hog slows the NLP job, noded throttles it and
+        # holds it there; the policy's throttle makes NodedThrottleHeldLong pending.
+        def contended() -> bool:
+            d.alive()
+            return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
+                    and api.has_data('noded_job_throttle_level{job_id="sim:hog"} > 0')
+                    and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="sim:hog"}'))
+
+        try:
+            wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {d.output()}") from None
+
+        problems = rules_evaluated(api) + queries_answered(api, d.instance, rightsizing=False)
+        # the documented join: noded's percent series against dcgm-exporter's, on UUID
+        # (values only roughly equal: the two are scraped at different ticks)
+        joined = api.query("noded:gpu_utilization:percent - on (UUID) DCGM_FI_DEV_GPU_UTIL")["data"]["result"]
+        gpus = api.query("noded:gpu_utilization:percent")["data"]["result"]
+        if not gpus or {s["metric"]["UUID"] for s in joined} != {s["metric"]["UUID"] for s in gpus}:
+            problems.append(f"noded:gpu_utilization:percent does not join DCGM_FI_DEV_GPU_UTIL on UUID: {joined}")
+        assert not problems, "\n".join(problems)
+
+
+def rightsize_inputs(tmp_path) -> tuple[str, str]:
+    """A right-sizing run: scenarios/demo-config.yaml with right-sizing on for the simulated
+    node's jobs (registered process trees) and lending to them, short windows, everything it
+    writes under tmp_path; scenarios/rightsize.yaml's first GPU job (AlexNet, reporting its
+    iteration times) and its CPU job from the start. One GPU job so that it fits any host
+    (a GPU job never shares a CPU with another; on 2 CPUs it is sized to 1 and lends the other)."""
+    with open(os.path.join(ROOT, "scenarios", "demo-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    admin = tmp_path / "admin"
+    admin.mkdir(mode=0o700)
+    config.update(tick_s=0.25, metrics={"address": "127.0.0.1", "port": 0}, admin={"socket": str(admin / "noded.sock")},
+                  rightsize={"sources": ["registered"], "lend_to": ["registered"], "warmup_s": 1.0,
+                             "max_window_s": 10.0})
+    with open(os.path.join(ROOT, "scenarios", "rightsize.yaml")) as f:
+        scenario = yaml.safe_load(f)
+    gpu = next(e for e in scenario["events"] if "gpu" in e.get("start", {}))
+    cpu = next(e for e in scenario["events"] if "cpu" in e.get("start", {}))
+    assert gpu["start"]["model"] == "AlexNet"
+    scenario.update(events=[gpu, {**cpu, "at": 0}], duration_s=120)
+    (tmp_path / "noded.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
+    return str(tmp_path / "noded.yaml"), str(tmp_path / "scenario.yaml")
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+@pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="prometheus (Debian package) is not installed")
+def test_every_right_sizing_query_returns_data_from_a_real_prometheus_scraping_a_right_sizing_run(tmp_path):
+    cfg, scenario = rightsize_inputs(tmp_path)
+    with live(tmp_path, cfg, scenario) as d:
+        api = d.api
+        job = "sim:" + yaml.safe_load(open(scenario))["events"][0]["start"]["id"]
+
+        def sized_and_lending() -> bool:
+            d.alive()
+            return (api.has_data(f'noded_job_sizing_state{{job_id="{job}", state="sized"}} == 1')
+                    and api.has_data(f'noded_job_cpus_optimal{{job_id="{job}"}}')
+                    and api.has_data("noded_job_cpus_lent > 0") and api.has_data("noded_cpus_lent > 0")
+                    and api.has_data("noded:rightsize_probes_per_answer:ratio1h"))
+
+        try:
+            wait_for(sized_and_lending, timeout=60, interval=0.5, what=f"{job} sized and its idle CPUs lent")
+            # An operator searches again (the probing state seen by Prometheus), and it is
+            # sized again and lends again.
+            p = d.nodectl("size", job, "--reprobe", "--reason", "test")
+            assert p.returncode == 0, p.stdout + p.stderr
+            wait_for(lambda: api.has_data(f'noded_job_sizing_state{{job_id="{job}", state="probing"}} == 1'),
+                     timeout=30, interval=0.2, what=f"{job} probing again")
+            wait_for(sized_and_lending, timeout=60, interval=0.5, what=f"{job} sized again")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {d.output()}") from None
+        problems = rules_evaluated(api) + queries_answered(api, d.instance, rightsizing=True)
+        assert not problems, "\n".join(problems)
 
 
 def readme_queries() -> list[str]:

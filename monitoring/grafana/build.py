@@ -285,6 +285,45 @@ def host() -> dict:
         "MPS control daemon", "1 while it answers; noded's supervisor restarts it with backoff.",
         targets((f"noded_mps_up{{{HOST}}}", "MPS up")), "none", min_=0, max_=1, stepped=True), 6, 8)
 
+    b.row("Right-sizing")
+    b.add(stat("GPU jobs by sizing state", "GPU jobs right-sizing sizes, by state: probing (searching), sized, "
+               "limited (sized at what the node had), pinned or stopped by an operator (`nodectl size`). "
+               "Empty where rightsize.sources is empty.",
+               targets((f"noded:rightsize_jobs:count{{{HOST}}}", "{{state}}")), decimals=0,
+               text_mode="value_and_name"), 8, 5)
+    b.add(stat("CPUs lent", "GPU-array CPUs lent to CPU jobs (rightsize.lend_to) now; taken back at once when a "
+               "GPU job needs them.", targets((f"noded_cpus_lent{{{HOST}}}", "")), decimals=0), 4, 5)
+    b.add(stat("GPU jobs off target", "Sized GPU jobs holding a number of CPUs other than right-sizing's target: "
+               "the node is short, no plan could be made, or writes fail (NodedRightsizeOffTarget after 10 "
+               "minutes).", targets((f"noded:rightsize_jobs_off_target:count{{{HOST}}}", "")),
+               steps=thresholds(("green", None), ("orange", 1)), decimals=0), 4, 5)
+    b.add(stat("Probes per answer (1 h)", "Steps a search took over the last hour: CODA's take 3-4, an answer "
+               "confirmed from history 1.", targets((f"noded:rightsize_probes_per_answer:ratio1h{{{HOST}}}", "")),
+               decimals=1), 4, 5)
+    b.add(table("GPU jobs' sizing now", "Each sized GPU job's state; `nodectl explain JOB_ID` shows its curve.",
+                f"noded_job_sizing_state{{{HOST}}} == 1", {"job_id": "job", "state": "state"}), 4, 5)
+    b.add(timeseries(
+        "GPU jobs: CPUs, target and answer", "CPUs each sized GPU job holds, what right-sizing asks for now (the "
+        "probe's or the answer's) and the answer once found (both dashed).",
+        targets((f"noded_job_cpus{{{HOST}, role=\"gpu\"}}", "{{job_id}} has"),
+                (f"noded_job_cpus_target{{{HOST}}}", "{{job_id}} target"),
+                (f"noded_job_cpus_optimal{{{HOST}}}", "{{job_id}} answer")),
+        "none", min_=0, stepped=True, decimals=0, dashed=".* (target|answer)$"), 12, 8)
+    b.add(timeseries(
+        "CPUs lent to CPU jobs", "GPU-array CPUs each CPU job has on loan (stacked; borrowers may share a CPU), "
+        "and the node's total lent (dashed).",
+        targets((f"noded_job_cpus_lent{{{HOST}}}", "{{job_id}}"), (f"noded_cpus_lent{{{HOST}}}", "lent")),
+        "none", min_=0, stepped=True, stack=True, decimals=0, dashed="^lent$"), 12, 8)
+    b.add(timeseries(
+        "Probes and answers", "Probes begun and answers found per minute (journal lines `probe` and `size`).",
+        targets((f"rate(noded_rightsize_probes_total{{{HOST}}}[$__rate_interval]) * 60", "probes"),
+                (f"rate(noded_rightsize_sized_total{{{HOST}}}[$__rate_interval]) * 60", "answers")),
+        "opm", min_=0), 12, 8)
+    b.add(timeseries(
+        "CPU jobs' CPUs", "CPUs each CPU job has (its own CPU-array share, plus lent CPUs, less contention "
+        "halving).", targets((f"noded_job_cpus{{{HOST}, role=\"cpu\"}}", "{{job_id}}")),
+        "none", min_=0, stepped=True, decimals=0), 12, 8)
+
     b.row("noded: loop and samplers")
     b.add(timeseries(
         "Tick duration by stage (p50, p99)", "From the noded_tick_duration_seconds histogram. A tick longer than "
@@ -408,6 +447,21 @@ def fleet() -> dict:
         "GPU jobs below 90 % of their baseline, per host", "Jobs that contention (or anything else) slows.",
         targets(("sum by (instance) (noded:job_gpu_utilization:ratio_of_baseline < bool 0.9)", "{{instance}}")),
         "none", min_=0, decimals=0), 12, 8)
+
+    b.row("Right-sizing")
+    b.add(timeseries(
+        "GPU jobs by sizing state", "Across the fleet (hosts where rightsize.sources is set).",
+        targets(("sum by (state) (noded:rightsize_jobs:count)", "{{state}}")), "none", min_=0, stepped=True,
+        decimals=0), 8, 8)
+    b.add(timeseries(
+        "CPUs lent per host (top 10)", "GPU-array CPUs lent to CPU jobs.",
+        targets(("topk(10, noded_cpus_lent)", "{{instance}}")), "none", min_=0, stepped=True, decimals=0), 8, 8)
+    b.add(timeseries(
+        "GPU jobs off target, and probes per answer", "Per host: sized GPU jobs not holding their target "
+        "(NodedRightsizeOffTarget after 10 minutes), and the steps a search took over the last hour (dashed).",
+        targets(("noded:rightsize_jobs_off_target:count", "{{instance}} off target"),
+                ("noded:rightsize_probes_per_answer:ratio1h", "{{instance}} probes per answer")),
+        "none", min_=0, dashed=".* probes per answer$"), 8, 8)
 
     b.row("Co-location and noded's health")
     b.add(timeseries(
