@@ -108,12 +108,15 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     if not dry_run:
         daemon.state_probe = originals.probe
     if rightsize:
+        from .rightsize.controls import SizeControls
         from .rightsize.history import SizingHistory
         from .rightsize.service import RightSizing
 
         history = SizingHistory(state, persist=not dry_run)
         notes += history.notes
-        daemon.rightsize = RightSizing(config.rightsize, history, clock=clock)
+        controls = SizeControls(state, persist=not dry_run)
+        notes += controls.notes
+        daemon.rightsize = RightSizing(config.rightsize, history, clock=clock, controls=controls)
         daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs, whatever throttles bandwidth
         if config.rightsize.memory.cache_gb is not None:
             daemon.memory = memory

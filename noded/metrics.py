@@ -148,6 +148,10 @@ class NodedCollector:
                                         "searched, confirmed from history, or at the node's limit)")
             sized.add_metric([], rs.sized if rs is not None else 0)
             yield sized
+            unkept = CounterMetricFamily("noded_rightsize_history_errors", "Right-sizing answers that could not be "
+                                         "remembered (the state directory's rightsize.json could not be written)")
+            unkept.add_metric([], rs.history_errors if rs is not None else 0)
+            yield unkept
         ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
         ticks.add_metric([], r.tick if r is not None else 0)
         yield ticks
@@ -350,6 +354,10 @@ class NodedCollector:
         total = GaugeMetricFamily("noded_cpus_lent", "GPU-array CPUs lent to CPU jobs (the node's total)")
         total.add_metric([], len(rs.lent))
         yield total
+        ok = GaugeMetricFamily("noded_rightsize_plan_ok", "1 when this tick made a plan of CPUs (or had nothing to "
+                               "plan); 0 when none could be made (more sized GPU jobs than CPUs: the journal says why)")
+        ok.add_metric([], 0.0 if rs.plan_error else 1.0)
+        yield ok
 
     @staticmethod
     def _memory(r: TickResult):

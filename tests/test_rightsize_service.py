@@ -254,3 +254,64 @@ def test_an_answer_that_cannot_be_remembered_is_kept_and_counted(tmpfs_state):
     out = Loop(node, rs).until(sized("g"))
     assert out["g"].cores == 6 and rs.view().history_errors == 1 and not rs.view().jobs["g"].remembered
     assert history.view().exact(str(os.getuid()), "BiDAF", 32) is None
+
+
+def test_a_pin_and_a_stop_hold_again_after_a_restart_and_a_reprobe_or_the_jobs_end_forgets_them(tmp_path, history):
+    from noded.rightsize.controls import SizeControls
+
+    state = SecureDir(str(tmp_path / "state"))
+    node = Node()
+    node.start("g", cpus=range(16))
+    node.start("h", cpus=range(16))
+    rs = RightSizing(CONFIG, history, clock=lambda: node.t, controls=SizeControls(state))
+    loop = Loop(node, rs)
+    loop.tick()
+    rs.pin("g", 3, 1000, "hold it")
+    rs.stop("h", 1001, "leave it")
+    stopped_at = rs.view().jobs["h"].target
+    # noded restarts: a new service, the same state directory; the jobs' CPUs back at their originals
+    node.jobs["g"]["cpus"] = node.jobs["h"]["cpus"] = frozenset(range(16))
+    rs = RightSizing(CONFIG, history, clock=lambda: node.t, controls=SizeControls(state))
+    loop = Loop(node, rs)
+    loop.tick()
+    g, h = rs.view().jobs["g"], rs.view().jobs["h"]
+    assert (g.state, g.target, g.control.kind, g.control.uid, g.control.reason) == (PINNED, 3, "pin", 1000, "hold it")
+    assert (h.state, h.target, h.control.kind, h.control.uid) == (STOPPED, stopped_at, "stop", 1001)
+    rs.reprobe("g", 0, "again")
+    del node.jobs["h"]
+    loop.tick()
+    assert SizeControls(state).jobs() == set()  # neither comes back after another restart
+
+
+def test_a_pin_that_cannot_be_kept_is_refused_and_changes_nothing(tmp_path, history, tmpfs):
+    from noded.rightsize.controls import SizeControls
+    from noded.state import StateWriteError
+
+    where = tmpfs(name="controls")
+    controls = SizeControls(SecureDir(str(where)))
+    node, _, _ = one_gpu_job(history)
+    rs = RightSizing(CONFIG, history, clock=lambda: node.t, controls=controls)
+    loop = Loop(node, rs)
+    loop.tick()
+    before = rs.view().jobs["g"]
+    subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+    with pytest.raises(StateWriteError):
+        rs.pin("g", 2, 0, "")
+    after = rs.view().jobs["g"]
+    assert (after.state, after.target, after.control) == (before.state, before.target, None)
+    subprocess.run(["mount", "-o", "remount,rw", str(where)], check=True)
+
+
+def test_a_controls_file_that_is_not_one_is_moved_aside(tmp_path):
+    from noded.rightsize.controls import FILE, SizeControls, parse_controls
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / FILE).write_text('{"slurm:1": {"kind": "pin", "cores": 0, "uid": 0, "reason": ""}}')
+    controls = SizeControls(SecureDir(str(state)))
+    assert controls.jobs() == set() and "moved aside" in controls.notes[0]
+    for bad in ([], {"j": {"kind": "grow", "cores": 2, "uid": 0, "reason": ""}},
+                {"j": {"kind": "pin", "cores": True, "uid": 0, "reason": ""}},
+                {"j": {"kind": "pin", "cores": 2, "uid": -1, "reason": ""}}, {"j": {"kind": "pin"}}):
+        with pytest.raises(ValueError):
+            parse_controls(bad)

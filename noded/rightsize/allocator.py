@@ -416,11 +416,14 @@ def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> 
     return _next(state, config)
 
 
-def pin(state: SizingState, cores: int) -> tuple[Sized, SizingState]:
-    """The operator's size: no probing until ``reprobe``. Raises OutOfRange."""
+def pin(state: SizingState, cores: int, phase: str = PINNED) -> tuple[Sized, SizingState]:
+    """The operator's size: no probing until ``reprobe``. Raises OutOfRange. ``phase``
+    STOPPED holds a stop at the cores it kept (a stop brought back after a restart)."""
     if type(cores) is not int or not 1 <= cores <= state.max_cores:
         raise OutOfRange(f"{state.job}: {cores!r:.20} cores is outside 1..{state.max_cores}")
-    return _end(replace(state, phase=PINNED, cores=cores), PINNED)
+    if phase not in (PINNED, STOPPED):
+        raise ValueError(f"a pin holds a job PINNED or STOPPED, not {phase!r}")
+    return _end(replace(state, phase=phase, cores=cores), phase)
 
 
 def stop(state: SizingState) -> tuple[Sized, SizingState]:
@@ -720,8 +723,8 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
     return (*_with_window(sizing.spec, out, state, now), measured)
 
 
-def pin_job(sizing: JobSizing, cores: int) -> tuple[Sized, JobSizing]:
-    out, state = pin(sizing.state, cores)
+def pin_job(sizing: JobSizing, cores: int, phase: str = PINNED) -> tuple[Sized, JobSizing]:
+    out, state = pin(sizing.state, cores, phase)
     return out, JobSizing(sizing.spec, state, None)
 
 

@@ -30,9 +30,10 @@ out. ``view(...)`` is the frozen record of it all for the TickResult.
 
 **Operator controls** (``pin``, ``stop``, ``reprobe``, from nodectl through the admin
 socket) take effect at once, under the service's lock, and are kept with who asked and
-why for as long as the job runs. They are not persisted: after a restart a job is sized
-again (a remembered answer is confirmed in one step). A job that is not being sized (not
-a GPU job of an enabled source, or gone) is refused with the reason.
+why for as long as the job runs: a pin or a stop is in force once ``size_controls.json``
+has it (``controls``), so after a restart the job is held at it again from its first
+tick; a reprobe or the job's end forgets it. A job that is not being sized (not a GPU job
+of an enabled source, or gone) is refused with the reason.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..sample import CPU, GPU, Sample
 from ..state import StateWriteError
 from . import allocator as alloc
 from . import cpuplan
+from .controls import SizeControls, StoredControl
 from .history import SizingHistory
 from .signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window
 
@@ -173,8 +175,9 @@ def job_owner(proc: str, pids: Iterable[int]) -> str | None:
 
 class RightSizing:
     def __init__(self, config: RightsizeConfig, history: SizingHistory | None, *, clock: Callable[[], float],
-                 proc: str = "/proc"):
+                 proc: str = "/proc", controls: SizeControls | None = None):
         self.config = config
+        self.controls = controls  # operators' pins and stops, kept across restarts (None: in memory only)
         self.alloc_config = allocator_config(config)
         self.history = history
         self.clock = clock
@@ -223,6 +226,11 @@ class RightSizing:
             for job in [j for j in self._jobs if j not in wanted]:
                 del self._jobs[job]
                 log.info("job=%s no longer sized (gone, or no longer a GPU job of an enabled source)", job)
+            if self.controls is not None:
+                unsaved = self.controls.drop(self.controls.jobs() - wanted)
+                if unsaved:
+                    log.warning("the controls of jobs no longer sized could not be forgotten in the state "
+                                "directory (a restart may bring them back if the jobs come back): %s", unsaved)
             for job in sorted(wanted):
                 js = sample.jobs[job]
                 own = sorted(originals.get(job) or ())
@@ -263,6 +271,13 @@ class RightSizing:
         self._announce(job, None, out, sizing, f"begins: {max_cores} CPUs, {gpus} GPU{'s' * (gpus > 1)}, start "
                        f"{sizing.state.start.cores} from {sizing.state.start.source}")
         r = _Job(sizing, out)
+        kept = self.controls.get(job) if self.controls is not None else None
+        if kept is not None:  # an operator's pin or stop from before a restart holds again
+            cores = min(kept.cores, max_cores)
+            out, sizing = alloc.pin_job(sizing, cores, alloc.PINNED if kept.kind == "pin" else alloc.STOPPED)
+            self._controlled(job, r, out, sizing, Control(kept.kind, kept.uid, kept.reason, now, cores),
+                             note="kept from before noded's restart")
+            return r
         self._maybe_remember(job, r)
         return r
 
@@ -350,6 +365,7 @@ class RightSizing:
                 out, sizing = alloc.pin_job(r.sizing, cores)
             except alloc.OutOfRange as e:
                 raise ValueError(str(e)) from None
+            self._keep(job, StoredControl("pin", cores, uid, reason))
             return self._controlled(job, r, out, sizing, Control("pin", uid, reason, self.clock(), cores))
 
     def stop(self, job: str, uid: int | None, reason: str) -> dict:
@@ -364,21 +380,32 @@ class RightSizing:
                         "note": f"not probing ({st} at {r.out.cores} cores): nothing to stop"
                                 + ("; `nodectl size JOB --reprobe` undoes a pin" if st == PINNED else "")}
             out, sizing = alloc.stop_job(r.sizing)
+            self._keep(job, StoredControl("stop", out.cores, uid, reason))
             return self._controlled(job, r, out, sizing, Control("stop", uid, reason, self.clock()))
 
     def reprobe(self, job: str, uid: int | None, reason: str) -> dict:
         """Search again from the cores ``job`` has (a pin or stop undone)."""
         with self._lock:
             r = self._control(job)
+            unsaved = self.controls.drop({job}) if self.controls is not None else None
+            if unsaved:
+                log.warning("job=%s reprobed, but its pin or stop could not be forgotten in the state directory: a "
+                            "restart would bring it back: %s", job, unsaved)
             out, sizing = alloc.reprobe_job(r.sizing, self.alloc_config, self.clock())
             r.remembered = False
             return self._controlled(job, r, out, sizing, Control("reprobe", uid, reason, self.clock()))
 
-    def _controlled(self, job: str, r: _Job, out, sizing: alloc.JobSizing, control: Control) -> dict:
+    def _keep(self, job: str, control: StoredControl) -> None:
+        """A pin or a stop is in force once kept: raises StateWriteError (nothing changes) otherwise."""
+        if self.controls is not None:
+            self.controls.set(job, control)
+
+    def _controlled(self, job: str, r: _Job, out, sizing: alloc.JobSizing, control: Control, note: str = "") -> dict:
         before = r.out
         r.sizing, r.out, r.control = sizing, out, control
+        why = control.reason or f"by uid {control.uid}"
         log_change(control.kind, job, severity=logging.WARNING, cores_from=before.cores, cores=out.cores,
-                   uid=control.uid, state=state_of(sizing.state), reason=control.reason or f"by uid {control.uid}")
+                   uid=control.uid, state=state_of(sizing.state), reason=f"{why} ({note})" if note else why)
         return {"job": job, "state": state_of(sizing.state), "phase": sizing.state.phase, "cores": out.cores,
                 "cores_before": before.cores, "control": control.kind, "reason": control.reason}
 
