@@ -5,14 +5,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit
+.PHONY: demo test bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit nvml
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
-# (Debian package prometheus) for the metrics lint test.
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus
+# (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
+# node's stand-in libnvidia-ml.so.1 (native/nvml).
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
-	    && command -v promtool >/dev/null; then :; \
+	    && command -v promtool >/dev/null && command -v cc >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $(SYSTEM_PACKAGES) >/dev/null; \
@@ -23,7 +24,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
-deps: system-deps $(STAMP)
+# The stand-in NVML library, both builds, into build/nvml/ (again when its source changes).
+nvml: $(STAMP)
+	$(PY) -m noded.sim.nvml_lib >/dev/null
+
+deps: system-deps $(STAMP) nvml
 
 test: deps
 	$(PY) -m pytest
@@ -43,7 +48,7 @@ bench: deps bench-deps
 	$(PY) -m bench.report
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation
