@@ -62,11 +62,19 @@ def _check_affinity_job(key: str, value: Any) -> None:
         raise ValueError(f"{key}: root must be [pid, start time] or null")
 
 
+_SOFT_LIMIT = {1: re.compile(r"[0-9]{1,20}"), 2: re.compile(r"[0-9]{1,20}|max")}  # as the kernel shows them
+
+
 def _check_memory(key: str, value: Any) -> None:
+    where = key.partition(":")[2]
+    if os.path.normpath(where) != where or "\0" in where:
+        raise ValueError(f"{key[:200]}: not a normalised absolute cgroup path")
     if (not isinstance(value, dict) or set(value) != {"job", "original", "version"} or not isinstance(value["job"], str)
-            or value["version"] not in (1, 2) or not isinstance(value["original"], str)
-            or not 0 < len(value["original"]) <= 32):
-        raise ValueError(f"{key[:200]}: expected {{job, original, version}} of a soft memory limit")
+            or len(value["job"]) > 4096 or type(value["version"]) is not int or value["version"] not in (1, 2)
+            or not isinstance(value["original"], str)
+            or not _SOFT_LIMIT[value["version"]].fullmatch(value["original"])):
+        raise ValueError(f"{key[:200]}: expected {{job, original, version}} of a soft memory limit (the original as "
+                         "the kernel shows it: bytes, or max on v2)")
 
 
 def parse_originals(data: Any) -> dict[str, Any]:

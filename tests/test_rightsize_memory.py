@@ -246,7 +246,9 @@ def test_on_v2_memory_high_is_written_and_max_put_back(tmp_path):
     js = JobSample("slurm:9", "slurm", frozenset([4242]), JobMeta(), GPU, (), None, None, "none", cgroup=str(job))
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
-    owner = MemorySoftLimits(OriginalValues(str(state)), proc=str(proc))
+    mounts = tmp_path / "mounts"  # the fake tree stands for a cgroup2 mount: noded opens cgroup files only
+    mounts.write_text(f"cgroup2 {tmp_path / 'cg'} cgroup2 rw 0 0\n")
+    owner = MemorySoftLimits(OriginalValues(str(state)), proc=str(proc), mounts=str(mounts))
     cgroups, _ = owner.observe({"slurm:9": js})
     cg = cgroups["slurm:9"]
     assert (cg.version, cg.anon_bytes, cg.file_bytes, cg.limit) == (2, 3 << 30, 1 << 30, "max")

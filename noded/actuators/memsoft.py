@@ -16,10 +16,23 @@ allocations. What the limit is comes from ``noded.rightsize.memsplit``.
   into ``memory_written.json``; when either cannot be written nothing is written.
 * **Someone else's change is theirs.** A value that is neither the original nor one noded
   wrote (an operator, the job's scheduler) means the limit is theirs now: noded forgets its
-  records and leaves it.
+  records and leaves it. The file is read again just before each write, so a value written
+  since the tick observed it is theirs too.
 * **Restored** when the job's wish goes (memory off, the job no longer sized), at stop
   (``release_all``) and at the next start after a crash (``restore_all``), only where the
   value is still one noded wrote. A cgroup gone takes its records with it.
+* **Cgroup files only.** Every limit and ``memory.stat`` is opened without following a
+  link, without blocking (a FIFO never hangs a tick) and without truncating, then taken
+  only if it is a regular file of a cgroup filesystem the mounts file lists (its device is
+  a ``cgroup``/``cgroup2`` mount's): whatever a record, a job's cgroup path or a link on
+  the way names, noded never reads or writes anything else. A record naming no cgroup file
+  is dropped with an error: noded cannot have written there.
+* **What noded writes has a shape**: a positive multiple of ``QUANTUM`` bytes, in decimal.
+  ``memory_written.json`` keeps, per record, the value in force (when noded's) and the one
+  about to be written, so no run of failed writes can push the value in force out of it.
+  When that file was found corrupt at start, a recorded cgroup whose value has noded's
+  shape is taken as noded's (restored), and the note says so: a limit noded wrote is not
+  left behind forever because its list was lost.
 """
 
 from __future__ import annotations
@@ -27,6 +40,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import stat
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -45,8 +60,23 @@ KEY = "memory:"
 V1_FILE = "memory.soft_limit_in_bytes"
 V2_FILE = "memory.high"
 WRITTEN_FILE = "memory_written.json"
-_MAX_VALUES = 4
+_MAX_VALUES = 2  # the value in force (when noded's) and the one about to be written
 _MAX_STAT = 1 << 16  # memory.stat is a few hundred bytes; never read more
+#: soft limits are written in steps of this many bytes (the only values noded writes), so that
+#: process memory that moves a little does not rewrite (and durably record) a limit every tick
+QUANTUM = 256 << 20
+_DECIMAL = re.compile(r"[1-9][0-9]{0,19}")
+CGROUP_FSTYPES = ("cgroup", "cgroup2")
+
+
+def noded_shaped(value: str) -> bool:
+    """Whether ``value`` is one noded could have written: a positive multiple of QUANTUM."""
+    v = value.strip()
+    return bool(_DECIMAL.fullmatch(v)) and int(v) % QUANTUM == 0
+
+
+class NotACgroupFile(OSError):
+    """The path names something other than a regular file of a cgroup filesystem."""
 
 
 class MemoryCgroupError(Exception):
@@ -96,18 +126,50 @@ class MemoryResult:
         return tuple(c for c in self.changes if c.error)
 
 
-def _read_small(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def cgroup_devices(mounts: str = "/proc/mounts") -> frozenset[int]:
+    """The devices of the cgroup filesystems ``mounts`` lists (each v1 hierarchy and the v2
+    tree is a filesystem of its own). Raises OSError when the file cannot be read."""
+    with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
+        listed = [m.target for m in parse_mounts(f.read(1 << 22)) if m.fstype in CGROUP_FSTYPES]
+    devices = set()
+    for target in listed:
+        try:
+            devices.add(os.stat(target).st_dev)
+        except OSError:
+            continue  # listed but not reachable from here: nothing of it can be opened either
+    return frozenset(devices)
+
+
+def _open_cgroup_file(path: str, flags: int, devices: frozenset[int]) -> int:
+    """A descriptor of ``path`` only if it is a regular file of a cgroup filesystem: no link
+    followed, no blocking open (a FIFO), no truncation before it is known what it is.
+    Raises OSError (NotACgroupFile for anything else)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_dev not in devices:
+            raise NotACgroupFile(errno.EXDEV, "not a file of a cgroup filesystem the mounts file lists", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_cgroup_file(path: str, devices: frozenset[int]) -> str:
+    """At most 64 KiB of a cgroup file (see ``_open_cgroup_file``); OSError as the kernel says."""
+    fd = _open_cgroup_file(path, os.O_RDONLY, devices)
     try:
         return os.read(fd, _MAX_STAT).decode("ascii", "replace")
     finally:
         os.close(fd)
 
 
-def write_limit(path: str, text: str) -> None:
-    """Write a soft limit (an existing file only, no symlink followed); OSError as the kernel says."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)  # as a shell's > does
+def write_limit(path: str, text: str, devices: frozenset[int]) -> None:
+    """Write a soft limit into a cgroup file (see ``_open_cgroup_file``), replacing what is
+    there as a shell's > does; OSError as the kernel says."""
+    fd = _open_cgroup_file(path, os.O_WRONLY, devices)
     try:
+        os.ftruncate(fd, 0)
         os.write(fd, text.encode())
     finally:
         os.close(fd)
@@ -136,8 +198,10 @@ def _mount_of(path: str) -> str:
     return path
 
 
-def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/proc/mounts") -> MemoryCgroup:
-    """The job's memory cgroup and what it holds now. Raises MemoryCgroupError."""
+def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/proc/mounts",
+                       devices: frozenset[int] | None = None) -> MemoryCgroup:
+    """The job's memory cgroup and what it holds now (``devices``: the cgroup filesystems',
+    read from ``mounts`` when not given). Raises MemoryCgroupError."""
     if js.cgroup is None:
         raise MemoryCgroupError("the job has no cgroup of its own (a registered process tree)")
     if os.path.exists(os.path.join(js.cgroup, V2_FILE)):
@@ -159,10 +223,15 @@ def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/pr
     if js.pids and not inside:
         raise MemoryCgroupError(f"none of the job's processes is in the memory cgroup {path}")
     try:
-        limit = _read_small(os.path.join(path, V2_FILE if version == 2 else V1_FILE)).strip()
-        anon, cached = parse_memory_stat(_read_small(os.path.join(path, "memory.stat")), version)
+        if devices is None:
+            devices = cgroup_devices(mounts)
     except OSError as e:
-        raise MemoryCgroupError(f"{path}: {e.strerror or e}") from None
+        raise MemoryCgroupError(f"{mounts}: {e.strerror or e}") from None
+    try:
+        limit = read_cgroup_file(os.path.join(path, V2_FILE if version == 2 else V1_FILE), devices).strip()
+        anon, cached = parse_memory_stat(read_cgroup_file(os.path.join(path, "memory.stat"), devices), version)
+    except OSError as e:
+        raise MemoryCgroupError(f"{e.filename or path}: {e.strerror or e}") from None
     except ValueError as e:
         raise MemoryCgroupError(f"{path}: {e}") from None
     return MemoryCgroup(path, version, limit, anon, cached)
@@ -177,9 +246,12 @@ def parse_written(data: Any) -> dict[str, list[str]]:
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     for key, values in data.items():
-        if not key.startswith(KEY + "/") or not isinstance(values, list) or len(values) > _MAX_VALUES or not all(
-                isinstance(v, str) and 0 < len(v) <= 32 for v in values):
-            raise ValueError(f"{key[:200]!r}: expected up to {_MAX_VALUES} limits as the kernel shows them")
+        where = key[len(KEY):]
+        if not key.startswith(KEY + "/") or os.path.normpath(where) != where or "\0" in where \
+                or not isinstance(values, list) or len(values) > _MAX_VALUES \
+                or not all(isinstance(v, str) and noded_shaped(v) for v in values):
+            raise ValueError(f"{key[:200]!r}: expected up to {_MAX_VALUES} limits noded writes (multiples of "
+                             f"{QUANTUM} bytes) for a normalised cgroup path")
     return data
 
 
@@ -194,30 +266,52 @@ class MemorySoftLimits:
         loaded, note = self.dir.load_json(WRITTEN_FILE, "the memory limits noded wrote", parse_written)
         self._written: dict[str, list[str]] = loaded or {}
         self.notes: list[str] = [note] if note else []
+        # The lists were lost: a recorded cgroup holding a value of noded's shape holds noded's.
+        self._lost: set[str] = {k for k, _ in originals.items() if k.startswith(KEY)} if note else set()
+        if self._lost:
+            self.notes.append(f"{len(self._lost)} recorded memory soft limits have no list of the values noded "
+                              f"wrote: where one holds a multiple of {QUANTUM} bytes (what noded writes), it is "
+                              "taken as noded's and put back when no longer wished")
+
+    def _devices(self) -> frozenset[int]:
+        """The cgroup filesystems now (observe, don't believe); OSError when they cannot be known."""
+        return cgroup_devices(self.mounts)
 
     def observe(self, jobs: Mapping[str, JobSample]) -> tuple[dict[str, MemoryCgroup], dict[str, str]]:
         """Each job's memory cgroup now, and why a job has none."""
         found, unplaced = {}, {}
+        try:
+            devices = self._devices() if jobs else frozenset()
+        except OSError as e:
+            return {}, {job: f"{self.mounts}: {e.strerror or e}" for job in jobs}
         for job, js in sorted(jobs.items()):
             try:
-                found[job] = find_memory_cgroup(js, proc=self.proc, mounts=self.mounts)
+                found[job] = find_memory_cgroup(js, proc=self.proc, mounts=self.mounts, devices=devices)
             except MemoryCgroupError as e:
                 unplaced[job] = str(e)
         return found, unplaced
 
     def _set_written(self, key: str, values: list[str] | None) -> None:
-        written = dict(self._written)
+        """What noded may leave in ``key``'s file (None: nothing); entries whose record is gone
+        go with it. Raises StateWriteError (nothing changes)."""
+        written = {k: v for k, v in self._written.items() if k != key and self.originals.get(k) is not None}
         if values:
-            written[key] = list(dict.fromkeys(values))[-_MAX_VALUES:]
-        else:
-            written.pop(key, None)
+            written[key] = list(dict.fromkeys(v.strip() for v in values))[-_MAX_VALUES:]
         if written != self._written:
             self.dir.write_json(WRITTEN_FILE, written)
             self._written = written
+        self._lost.discard(key)
 
     def _ours(self, key: str, value: str) -> bool:
         rec = self.originals.get(key)
-        return rec is not None and (_same(value, rec["original"]) or any(_same(value, w) for w in self._written.get(key, ())))
+        if rec is None:
+            return False
+        if _same(value, rec["original"]):
+            return True
+        written = self._written.get(key)
+        if written is None and key in self._lost:
+            return noded_shaped(value)
+        return any(_same(value, w) for w in written or ())
 
     def _forget(self, key: str) -> None:
         self.originals.forget(key)
@@ -225,11 +319,12 @@ class MemorySoftLimits:
 
     def apply(self, wishes: Mapping[str, int], cgroups: Mapping[str, MemoryCgroup],
               unplaced: Mapping[str, str] | None = None) -> MemoryResult:
-        """Set each wished job's soft limit (bytes) in its cgroup as observed; put back every
-        recorded limit no longer wished for. Returns what was done."""
+        """Set each wished job's soft limit (bytes, a positive multiple of QUANTUM) in its cgroup
+        as observed; put back every recorded limit no longer wished for. Returns what was done."""
         changes: list[MemoryChange] = []
         limits: dict[str, str] = {}
         wished_keys = set()
+        devices: frozenset[int] | OSError | None = None
         for job, want in sorted(wishes.items()):
             cg = cgroups.get(job)
             if cg is None:
@@ -239,42 +334,71 @@ class MemorySoftLimits:
             limits[job] = cg.limit
             if _same(cg.limit, text):
                 continue
+            if not noded_shaped(text):
+                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"{text} is not a soft limit noded writes "
+                                            f"(a positive multiple of {QUANTUM} bytes): nothing written"))
+                continue
             rec = self.originals.get(cg.key)
             if rec is not None and not self._ours(cg.key, cg.limit):
-                self._theirs(job, cg)
+                self._theirs(job, cg, cg.limit)
                 continue
             if self.dry_run:
                 changes.append(MemoryChange(job, cg.path, cg.limit, text, None))
                 continue
+            # what noded may leave there: the value in force when it is noded's, and the new one
+            in_force = [cg.limit] if rec is not None and not _same(cg.limit, rec["original"]) else []
             try:
-                self.originals.record(cg.key, {"job": job, "original": cg.limit, "version": cg.version})
-                self._set_written(cg.key, self._written.get(cg.key, []) + [text])
+                self.originals.record(cg.key, {"job": job, "original": cg.limit.strip(), "version": cg.version})
+                self._set_written(cg.key, in_force + [text])
             except StateWriteError as e:
                 changes.append(MemoryChange(job, cg.path, cg.limit, text, f"original not recorded: {e}"))
                 continue
-            changes.append(self._write(job, cg.path, cg.limit_file, cg.limit, text))
+            if devices is None:
+                try:
+                    devices = self._devices()
+                except OSError as e:
+                    devices = e
+            if isinstance(devices, OSError):
+                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"{self.mounts}: {devices.strerror}"))
+                continue
+            try:  # observed a moment ago: a value someone wrote since is theirs
+                now = read_cgroup_file(cg.limit_file, devices).strip()
+            except OSError as e:
+                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"{cg.limit_file}: {e.strerror or e}"))
+                continue
+            if not _same(now, cg.limit) and not self._ours(cg.key, now):
+                self._theirs(job, cg, now)
+                limits[job] = now
+                continue
+            changes.append(self._write(job, cg.path, cg.limit_file, now, text, devices))
             if changes[-1].error is None:
                 limits[job] = text
         held = set(unplaced or ())  # a cgroup not read this tick is not "no limit wished": held as it is
         for key, rec in self.originals.items():
-            if key.startswith(KEY) and key not in wished_keys and rec.get("job") not in held:
+            if not key.startswith(KEY) or key in wished_keys:
+                continue
+            if rec.get("job") not in held:
                 c = self._restore(key, rec)
                 if c is not None:
                     changes.append(c)
+            elif not self.dry_run and not os.path.lexists(self._file(key, rec)):
+                self._drop(key, "gone")  # held, but nothing is left to hold
+        self._prune()
         return MemoryResult(tuple(changes), MappingProxyType(dict(cgroups)), MappingProxyType(limits),
                             MappingProxyType(dict(unplaced or {})))
 
-    def _theirs(self, job: str, cg: MemoryCgroup) -> None:
+    def _theirs(self, job: str, cg: MemoryCgroup, now: str) -> None:
         log.warning("job=%s its memory soft limit in %s is %s now, neither its original nor one noded wrote: "
-                    "someone else set it; noded leaves it and forgets its record", job, cg.path, cg.limit)
+                    "someone else set it; noded leaves it and forgets its record", job, cg.path, now)
         try:
             self._forget(cg.key)
         except StateWriteError as e:
             log.warning("forgetting the memory record of %s failed: %s", cg.path, e)
 
-    def _write(self, job: str, path: str, file: str, was: str, text: str, action: str = "memory") -> MemoryChange:
+    def _write(self, job: str, path: str, file: str, was: str, text: str, devices: frozenset[int],
+               action: str = "memory") -> MemoryChange:
         try:
-            write_limit(file, text)
+            write_limit(file, text, devices)
         except OSError as e:
             c = MemoryChange(job, path, was, text, f"{file}: {e.strerror or e}")
             log_change("apply-failed", job, memory_from=was, memory=text, reason=c.error, severity=logging.WARNING)
@@ -282,33 +406,57 @@ class MemorySoftLimits:
         log_change(action, job, memory_from=was, memory=text, reason=f"wrote {file}")
         return MemoryChange(job, path, was, text)
 
+    def _drop(self, key: str, why: str) -> None:
+        try:
+            self._forget(key)
+        except StateWriteError as e:
+            log.warning("forgetting the memory record of %s (%s) failed: %s", key[len(KEY):], why, e)
+
+    @staticmethod
+    def _file(key: str, rec: Mapping[str, Any]) -> str:
+        return os.path.join(key[len(KEY):], V2_FILE if rec.get("version") == 2 else V1_FILE)
+
+    def _prune(self) -> None:
+        """Lists of values whose record is gone (a crash between the two forgets) go too."""
+        written = {k: v for k, v in self._written.items() if self.originals.get(k) is not None}
+        if self.dry_run or written == self._written:
+            return
+        try:
+            self.dir.write_json(WRITTEN_FILE, written)
+            self._written = written
+        except StateWriteError as e:
+            log.warning("forgetting the memory limits noded wrote into cgroups no longer recorded failed: %s", e)
+
     def _restore(self, key: str, rec: Mapping[str, Any]) -> MemoryChange | None:
         """One record put back where the value is still noded's; None when nothing was to do."""
         path = key[len(KEY):]
         job = str(rec.get("job", "?"))
-        file = os.path.join(path, V2_FILE if rec.get("version") == 2 else V1_FILE)
+        file = self._file(key, rec)
         if self.dry_run:
             return None
         try:
-            now = _read_small(file).strip()
+            devices = self._devices()
+            now = read_cgroup_file(file, devices).strip()
         except OSError as e:
+            if isinstance(e, NotACgroupFile) or e.errno in (errno.ENOTDIR, errno.ELOOP):
+                # noded writes cgroup files only: nothing of noded's can be there to put back
+                error = f"{file}: {e.strerror or e}; not a cgroup's soft limit: nothing written, record dropped"
+                log.error("memory record %s: %s", key, error)
+                self._drop(key, "not a cgroup")
+                return MemoryChange(job, path, "?", rec["original"], error)
             if e.errno in (errno.ENOENT, errno.ENODEV):  # the cgroup is gone: nothing to put back
-                try:
-                    self._forget(key)
-                except StateWriteError as se:
-                    log.warning("forgetting the memory record of %s (gone) failed: %s", path, se)
+                self._drop(key, "gone")
                 return None
-            return MemoryChange(job, path, "?", rec["original"], f"{file}: {e.strerror or e}")
+            error = f"{e.filename or file}: {e.strerror or e}"
+            log.warning("job=%s could not read the memory soft limit to put back (record kept): %s", job, error)
+            return MemoryChange(job, path, "?", rec["original"], error)
         if not self._ours(key, now):
             log.warning("not restoring %s: it is %s now, not a value noded wrote; someone else's", file, now)
-            try:
-                self._forget(key)
-            except StateWriteError as e:
-                log.warning("forgetting the memory record of %s failed: %s", path, e)
+            self._drop(key, "someone else's")
             return None
         c = MemoryChange(job, path, now, rec["original"])
         if not _same(now, rec["original"]):
-            c = self._write(job, path, file, now, rec["original"], action="restored")
+            c = self._write(job, path, file, now, rec["original"], devices, action="restored")
             if c.error:
                 return c
         try:
@@ -332,4 +480,5 @@ class MemorySoftLimits:
                 c = self._restore(key, rec)
                 if c is not None and bool(c.error) == failed:
                     out.append(key)
+        self._prune()
         return out

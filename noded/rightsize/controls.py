@@ -11,6 +11,7 @@ control back, which the log says). A file that cannot be trusted is moved aside 
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -72,7 +73,9 @@ class SizeControls:
         """Raises StateWriteError (nothing changes) where it cannot be kept."""
         with self._lock:
             if len(self._items) >= MAX_CONTROLS and job not in self._items:
-                raise StateWriteError(f"{MAX_CONTROLS} controls are kept already; reprobe some jobs first")
+                # refused as any write that cannot be kept is: the caller's one error to handle
+                raise StateWriteError(self.dir.file_path(FILE), f"keeping control {MAX_CONTROLS + 1}", OSError(
+                    errno.ENOSPC, f"{MAX_CONTROLS} controls are kept already; reprobe some jobs first"))
             items = {**self._items, job: control}
             self._save(items)
             self._items = items

@@ -27,19 +27,20 @@ always, which is why the limit follows the process memory with a headroom.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..actuators.memsoft import QUANTUM  # noqa: F401 (re-exported: the only values the actuator writes)
 from .curves import CacheCurve
-from .split import JobCurve, SplitError, proportional_share, solve_split
+from .split import JobCurve, SplitError, normalised_progress, proportional_share, solve_split
 
 GIB = 1 << 30
-#: soft limits are written in steps of this many bytes, so that process memory that moves
-#: a little does not rewrite (and durably record) a job's limit every tick
-QUANTUM = 256 << 20
+#: the most a job's declared curve may promise over its GPU-proportional share's throughput
+#: (1 / uncached_share at most): more would make its gains drown every other job's in the sum
+MAX_GAIN = 1e6
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class MemorySplit:
     proportional: Mapping[str, int]
     unit_bytes: int
     reason: str
+    #: jobs whose declared curve cannot be split (job -> why): given no cache and no limit,
+    #: while every other job is split as if they declared none
+    refused: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def cache_curve(dataset_gb: float | None, uncached_share: float | None) -> CacheCurve | None:
@@ -69,29 +73,51 @@ def cache_curve(dataset_gb: float | None, uncached_share: float | None) -> Cache
     return CacheCurve(dataset_gb=float(dataset_gb), process_gb=0.0, uncached_share=float(uncached_share))
 
 
+def _job_curve(j: CacheJob, node_gpus: int, units: int, unit_gb: float) -> JobCurve:
+    """One job's row of the table, checked alone. Raises SplitError: its labels give a curve
+    the split cannot take (no throughput at its share, or gains no float can hold)."""
+    assert j.curve is not None
+    curve = JobCurve(j.job, j.gpus, np.array([[j.curve.share(m * unit_gb) for m in range(units + 1)]]))
+    if curve.throughput[0, proportional_share(j.gpus, node_gpus, 0, units)[1]] == 0:
+        raise SplitError(f"job {j.job}: its cache curve gives no throughput at its GPU-proportional memory")
+    progress, _ = normalised_progress([curve], 0, units, node_gpus)  # raises where it overflows
+    # the objective sums every job's progress: one job's gains must not drown the others'
+    finite = progress[0][np.isfinite(progress[0])]
+    if finite.size and finite.max() > MAX_GAIN:
+        raise SplitError(f"job {j.job}: its cache curve promises {finite.max():.3g} times its share's throughput "
+                         f"(uncached_share {j.curve.uncached_share:g}); at most {MAX_GAIN:g} is taken")
+    return curve
+
+
 def split_memory(jobs: Sequence[CacheJob], node_gpus: int, units: int, cache_gb: float) -> MemorySplit:
     """The exact split of ``cache_gb`` (in ``units`` equal units) between the jobs with a
-    declared cache curve. Raises SplitError when the jobs ask for more GPUs than the node's
-    (the shares would not be shares)."""
+    declared cache curve. A job whose declared curve cannot be split is refused alone
+    (``refused``), never the others with it. Raises SplitError when the jobs ask for more
+    GPUs than the node's (the shares would not be shares)."""
     unit_gb = cache_gb / units
     unit_bytes = int(unit_gb * GIB)
-    cached = [j for j in jobs if j.curve is not None]
-    if not cached:
-        return MemorySplit(MappingProxyType({}), MappingProxyType({}), unit_bytes,
-                           "no sized job declares a cache curve (labels dataset_gb, uncached_share)")
     # every job holds GPUs, so shares count all of them, cached or not
     node_gpus = max(node_gpus, sum(j.gpus for j in jobs))
-    curves = [JobCurve(j.job, j.gpus, np.array([[j.curve.share(m * unit_gb) for m in range(units + 1)]]))
-              for j in cached]
-    for c, j in zip(curves, cached):
-        if c.throughput[0, proportional_share(j.gpus, node_gpus, 0, units)[1]] == 0:
-            raise SplitError(f"job {j.job}: its cache curve gives no throughput at its GPU-proportional memory")
+    curves, refused = [], {}
+    for j in jobs:
+        if j.curve is None:
+            continue
+        try:
+            curves.append(_job_curve(j, node_gpus, units, unit_gb))
+        except SplitError as e:
+            refused[j.job] = str(e)
+    why_refused = "".join(f"; refused, given no cache: {r}" for _, r in sorted(refused.items()))
+    if not curves:
+        return MemorySplit(MappingProxyType({}), MappingProxyType({}), unit_bytes,
+                           ("no sized job declares a cache curve (labels dataset_gb, uncached_share)"
+                            if not refused else "no sized job's cache curve can be split") + why_refused,
+                           MappingProxyType(refused))
     out = solve_split(curves, 0, units, node_gpus)
     if not out.feasible:  # cannot happen with shares rounded down; said rather than assumed
         raise SplitError(out.reason)
     return MemorySplit(MappingProxyType({j: int(m) for j, (_, m) in out.allocations.items()}),
                        MappingProxyType({j: int(m) for j, (_, m) in out.proportional.items()}),
-                       unit_bytes, out.reason)
+                       unit_bytes, out.reason + why_refused, MappingProxyType(refused))
 
 
 def soft_limit_bytes(anon_bytes: int, units: int, unit_bytes: int, headroom_bytes: int) -> int:
