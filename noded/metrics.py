@@ -30,7 +30,6 @@ from prometheus_client.utils import floatToGoString
 from .control import ControlSnapshot
 from .daemon import Daemon, TickResult
 from .rightsize.service import STATES as SIZING_STATES
-from .sample import GPU
 from .tickstats import BUCKETS, Histogram, Totals
 
 K = TypeVar("K")
@@ -326,12 +325,12 @@ class NodedCollector:
         rs, s = r.rightsize, r.sample
         after = {**r.cpus.at_original, **r.cpus.cpus} if r.cpus is not None else {}
         cpus = GaugeMetricFamily("noded_job_cpus", "CPUs a job has now (after this tick's plan was applied; "
-                                 "role: gpu or cpu job)", labels=["job_id", "role"])
+                                 "role: gpu, cpu, or unknown: a job not seen on a GPU while some GPU's processes are unreadable)", labels=["job_id", "role"])
         for job_id, js in sorted(s.jobs.items()):
             held = js.cpus.held() if js.cpus is not None else None
             n = len(after[job_id]) if job_id in after else (None if held is None else len(held))
             if n is not None:
-                cpus.add_metric([job_id, "gpu" if js.kind == GPU else "cpu"], n)
+                cpus.add_metric([job_id, js.kind], n)
         yield cpus
         target = GaugeMetricFamily("noded_job_cpus_target", "Cores right-sizing asks for a GPU job now (the probe's, "
                                    "or the answer's)", labels=["job_id"])

@@ -21,6 +21,9 @@ from .samplers.nvml import GpuSample, NvmlSample
 
 GPU = "gpu"
 CPU = "cpu"
+# neither seen on a GPU nor known not to be: some GPU's processes could not be read
+# (nothing throttles such a job, nothing sizes it)
+UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ def build_sample(
             missing.append(f"gpu {g.index}: {g.error}")
     if bandwidth is not None:
         missing += bandwidth.missing
+    if nvml is not None:
+        processes_known = nvml.processes_known
+    else:  # NVML off (a CPU-only node), unless its sampler failed this tick
+        processes_known = not any(s.name == "nvml" and not s.ok for s in samplers)
     out: dict[str, JobSample] = {}
     for job in (jobs or {}).values():
         held = [g for g in gpus if g.pids() & job.pids]
@@ -127,7 +134,7 @@ def build_sample(
             rates = bandwidth.job_bps[job.id]
             bw = None if any(r is None for r in rates.values()) else sum(rates.values())
         out[job.id] = JobSample(
-            job.id, job.source, job.pids, job.meta, GPU if held else CPU,
+            job.id, job.source, job.pids, job.meta, GPU if held else CPU if processes_known else UNKNOWN,
             tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
             monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
             _ctrl_groups(job, resctrl), (cpus or {}).get(job.id),

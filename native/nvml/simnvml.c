@@ -65,11 +65,15 @@ static struct simnvml_device devices[SIMNVML_MAX_GPUS];
 
 /* -- reading the node */
 
+static dev_t mapped_dev;
+static ino_t mapped_ino;
+
 static int mapped(void)
 {
-    /* Maps the node once; 0 when there is none (no file, a wrong one): "no driver". */
-    if (node)
-        return 1;
+    /* Maps the node named by NODED_SIM_NVML at each first init (under `lock`): 0 when there
+       is none (no file, a wrong one), which a caller reports as "driver not loaded". A
+       mapping replaced by another file's is never unmapped: a call in another thread may
+       still be reading it (a few hundred KiB per file a process ever sees). */
     const char *path = getenv("NODED_SIM_NVML");
     if (!path || !*path)
         return 0;
@@ -86,6 +90,10 @@ static int mapped(void)
         close(fd);
         return 0;
     }
+    if (node && st.st_dev == mapped_dev && st.st_ino == mapped_ino) {
+        close(fd);
+        return 1;
+    }
     void *p = mmap(NULL, sizeof(struct simnvml_node), PROT_READ | (rw ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
@@ -95,8 +103,10 @@ static int mapped(void)
         munmap(p, sizeof(struct simnvml_node));
         return 0;
     }
-    node = n;
+    __atomic_store_n(&node, n, __ATOMIC_RELEASE);
     writable = rw;
+    mapped_dev = st.st_dev;
+    mapped_ino = st.st_ino;
     return 1;
 }
 
@@ -213,7 +223,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     (void)flags;
     pthread_mutex_lock(&lock);
     nvmlReturn_t rc = NVML_SUCCESS;
-    if (!mapped()) {
+    if ((init_count == 0 && !mapped()) || !node) {
         rc = NVML_ERROR_DRIVER_NOT_LOADED;
     } else {
         uint32_t loaded;

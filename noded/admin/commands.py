@@ -256,7 +256,10 @@ class AdminCommands:
             why.append(r.decision.note)
         d, cfg = r.decision, r.config.contention if r.config else None
         level = r.levels.get(job, 0)
-        if js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None:
+        if js.kind == "unknown":
+            why.append("kind unknown: some GPU's processes could not be read this tick, and this job was never seen "
+                       "on a GPU: it may hold one, so it is not throttled (see `nodectl status` for what is missing)")
+        elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None:
             why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
@@ -319,6 +322,8 @@ def _memory_json(job: str, m) -> dict[str, Any]:
     limit = result.limits.get(job) if result is not None else None
     if split is None:
         why = f"memory: no split this tick ({m.error}); soft limits held as they are"
+    elif job in split.refused:
+        why = f"memory: its cache curve is refused ({split.refused[job]}): no cache share, no soft limit"
     elif units is None:
         why = ("memory: no cache curve declared (labels dataset_gb and uncached_share): no cache share, no soft "
                "limit")

@@ -4,16 +4,34 @@ Every device is read on its own: a lost GPU, a call the device does not support
 or a permission error marks that device (or that field) missing and the others
 are still read. A missing library or driver makes the whole node CPU-only until
 a later init succeeds (retried at most every ``retry_s``).
+
+Which processes hold a GPU decides which jobs are GPU jobs, so a process list that could
+not be read is said (``processes_known``), never taken as "no processes": then a job not
+seen on a GPU is of unknown kind, not a CPU job to throttle. The same when NVML, once seen
+with GPUs, stops answering. A driver older than pynvml (a missing ``_v3`` entry point:
+pynvml raises ``NVMLLibraryMismatchError``, which is not an ``NVMLError``) is such a failure.
+
+Per-process utilisation is NVML's buffer of samples, each stamped when the driver took it,
+and only for processes that used the GPU in the period; ``NOT_FOUND`` means nothing newer
+than the last call. A process's figure is the mean of its samples since the last call; with
+none, its last figure holds for ``hold_s`` (wall clock, against the samples' own stamps),
+after which a process the GPU lists is idle: 0, not its last busy figure for ever.
+Utilisation outside 0..100 (seen on real drivers) is clamped.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import pynvml
 
 log = logging.getLogger(__name__)
+
+#: how long a process's last per-process sample stands without a newer one (seconds)
+HOLD_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,7 @@ class GpuSample:
     process_sm_util: tuple[tuple[int, int], ...] = ()
     error: str | None = None  # why the device (or part of it) could not be read
     lost: bool = False
+    processes_known: bool = True  # False: its process lists could not be read (not "none")
 
     def pids(self) -> set[int]:
         return {p.pid for p in self.processes}
@@ -50,23 +69,36 @@ class NvmlSample:
     reason: str | None  # why NVML is unavailable (library or driver missing, …)
     driver_version: str | None
     gpus: tuple[GpuSample, ...]
+    # False where some GPU's processes are unknown, or NVML stopped answering after it had
+    # shown GPUs: which jobs hold GPUs is then not known
+    processes_known: bool = True
 
 
-def _err(e: pynvml.NVMLError) -> str:
+def _err(e: Exception) -> str:
+    if isinstance(e, pynvml.NVMLLibraryMismatchError):
+        return "LibraryMismatch (the driver is older than pynvml: an entry point it needs is missing)"
     return type(e).__name__.replace("NVMLError_", "")
+
+
+def _percent(value: int | None) -> int | None:
+    return None if value is None else min(100, max(0, int(value)))
 
 
 class NvmlSampler:
     name = "nvml"
 
-    def __init__(self, retry_s: float = 30.0):
+    def __init__(self, retry_s: float = 30.0, *, wall_clock: Callable[[], float] = time.time, hold_s: float = HOLD_S):
         self.retry_s = retry_s
+        self.wall_clock = wall_clock  # NVML stamps its samples in wall-clock microseconds
+        self.hold_s = hold_s
+        self._seen_gpus = False  # NVML has shown GPUs here: not answering is then not "no GPUs"
         self._initialised = False
         self._unavailable: str | None = None
         self._next_init = float("-inf")
         self._driver: str | None = None
         self._last_seen_us: dict[int, int] = {}  # device index -> newest sample timestamp
-        self._sm_util: dict[int, dict[int, int]] = {}  # device index -> pid -> last SM util
+        # device index -> pid -> (SM utilisation %, stamp of its newest sample, µs)
+        self._sm_util: dict[int, dict[int, tuple[int, int]]] = {}
 
     def _ensure_init(self, now: float) -> bool:
         if self._initialised:
@@ -95,9 +127,15 @@ class NvmlSampler:
 
     def sample(self, now: float) -> NvmlSample:
         if not self._ensure_init(now):
-            return NvmlSample(False, self._unavailable, None, ())
-        count = pynvml.nvmlDeviceGetCount()
-        return NvmlSample(True, None, self._driver, tuple(self._sample_device(i) for i in range(count)))
+            return NvmlSample(False, self._unavailable, None, (), processes_known=not self._seen_gpus)
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as e:
+            return NvmlSample(False, f"nvmlDeviceGetCount failed: {_err(e)}", self._driver, (),
+                              processes_known=not self._seen_gpus)
+        gpus = tuple(self._sample_device(i) for i in range(count))
+        self._seen_gpus = self._seen_gpus or bool(gpus)
+        return NvmlSample(True, None, self._driver, gpus, all(g.processes_known for g in gpus))
 
     def _sample_device(self, index: int) -> GpuSample:
         try:
@@ -106,58 +144,76 @@ class NvmlSampler:
             name = pynvml.nvmlDeviceGetName(handle)
         except pynvml.NVMLError as e:
             return GpuSample(index, None, None, None, None, None, None, None,
-                             error=_err(e), lost=isinstance(e, pynvml.NVMLError_GpuIsLost))
+                             error=_err(e), lost=isinstance(e, pynvml.NVMLError_GpuIsLost), processes_known=False)
         errors: list[str] = []
+        failed: list[Exception] = []
 
         def field(fn, *args):
             try:
                 return fn(handle, *args)
             except pynvml.NVMLError_GpuIsLost:
                 raise
-            except pynvml.NVMLError as e:
+            except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as e:
                 errors.append(f"{fn.__name__.removeprefix('nvmlDevice')}: {_err(e)}")
+                failed.append(e)
                 return None
 
         try:
             util = field(pynvml.nvmlDeviceGetUtilizationRates)
             mem = field(pynvml.nvmlDeviceGetMemoryInfo)
             mode = field(pynvml.nvmlDeviceGetComputeMode)
-            compute = field(pynvml.nvmlDeviceGetComputeRunningProcesses) or []
-            mps = field(pynvml.nvmlDeviceGetMPSComputeRunningProcesses) or []
-            sm = self._process_utilisation(index, handle, errors)
+            compute = field(pynvml.nvmlDeviceGetComputeRunningProcesses)
+            known = compute is not None
+            mps = field(pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
+            if mps is None and not isinstance(failed[-1], pynvml.NVMLError_NotSupported):
+                known = False  # a GPU without MPS support has no clients; any other failure hides them
+            sm = self._process_utilisation(index, handle, errors, [p.pid for p in compute or ()])
         except pynvml.NVMLError_GpuIsLost:
             self._sm_util.pop(index, None)
-            return GpuSample(index, uuid, name, None, None, None, None, None, error="GpuIsLost", lost=True)
+            return GpuSample(index, uuid, name, None, None, None, None, None, error="GpuIsLost", lost=True,
+                             processes_known=False)
+        compute, mps = compute or [], mps or []
         mps_pids = {p.pid for p in mps}
         procs = [GpuProcess(p.pid, p.usedGpuMemory, mps_server=bool(mps_pids) and p.pid not in mps_pids)
                  for p in compute if p.pid not in mps_pids]
         procs += [GpuProcess(p.pid, p.usedGpuMemory, mps_client=True) for p in mps]
         return GpuSample(
             index, uuid, name,
-            util.gpu if util else None, util.memory if util else None,
+            _percent(util.gpu) if util else None, _percent(util.memory) if util else None,
             mem.used if mem else None, mem.total if mem else None, mode,
-            tuple(procs), tuple(sorted(sm.items())), "; ".join(errors) or None,
+            tuple(procs), tuple(sorted(sm.items())), "; ".join(errors) or None, processes_known=known,
         )
 
-    def _process_utilisation(self, index: int, handle, errors: list[str]) -> dict[int, int]:
+    def _process_utilisation(self, index: int, handle, errors: list[str], listed: list[int]) -> dict[int, int]:
+        """pid -> SM utilisation % (see the module's docstring); {} where the query fails."""
         last = self._sm_util.setdefault(index, {})
+        seen = self._last_seen_us.get(index, 0)
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen_us.get(index, 0))
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
         except pynvml.NVMLError_NotFound:
-            return dict(last)  # no new samples since last time: the last ones still stand
+            samples = []  # nothing newer than the last call: no process used the GPU since
         except pynvml.NVMLError_GpuIsLost:
             raise
         except pynvml.NVMLError as e:
             errors.append(f"GetProcessUtilization: {_err(e)}")
             return {}
-        newest = self._last_seen_us.get(index, 0)
-        fresh: dict[int, int] = {}
+        fresh: dict[int, list[int]] = {}
+        stamps: dict[int, int] = {}
         for s in samples:
-            newest = max(newest, s.timeStamp)
-            fresh[s.pid] = s.smUtil
-        self._last_seen_us[index] = newest
-        self._sm_util[index] = fresh
-        return dict(fresh)
+            if s.timeStamp <= seen:
+                continue  # a driver that repeats an old sample: counted once
+            fresh.setdefault(s.pid, []).append(_percent(s.smUtil))
+            stamps[s.pid] = max(stamps.get(s.pid, 0), s.timeStamp)
+        if stamps:
+            self._last_seen_us[index] = max(seen, *stamps.values())
+        for pid, values in fresh.items():
+            last[pid] = (round(sum(values) / len(values)), stamps[pid])
+        horizon_us = int((self.wall_clock() - self.hold_s) * 1e6)
+        for pid in [p for p, (_, t) in last.items() if t < horizon_us]:
+            del last[pid]  # no sample for hold_s: idle since (bounded: only recent pids are kept)
+        out = {pid: 0 for pid in listed}  # listed on the GPU, no recent sample: idle
+        out.update({pid: util for pid, (util, _) in last.items()})
+        return out
 
     def close(self) -> None:
         if self._initialised:
