@@ -76,7 +76,11 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     notes += memory.notes
     if not dry_run:
         restored = cores.restore_all()  # a crash left these changed
-        restored += memory.restore_all()  # whether or not memory is sized now: an earlier run's limits
+        put_back, not_put_back = memory.restore_recorded()  # whether or not memory is sized now: an earlier run's
+        restored += put_back
+        if not_put_back:
+            notes.append(f"could not restore {len(not_put_back)} soft memory limits changed before a crash (kept "
+                         f"recorded, tried again at stop): {'; '.join(not_put_back)}")
         if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
             restored += ComputeModes.restore_recorded(originals)
         if restored:

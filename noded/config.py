@@ -529,6 +529,12 @@ def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) ->
     if not _failed(("rightsize.warmup_s", "rightsize.max_window_s"), failed) and r.warmup_s >= r.max_window_s:
         errors.append(ConfigError(where, "rightsize.warmup_s", doc.line_of("rightsize.warmup_s"),
                                   f"{r.warmup_s} must be shorter than rightsize.max_window_s ({r.max_window_s})"))
+    if not _failed(("rightsize.memory.cache_gb", "rightsize.memory.units"), failed) \
+            and r.memory.cache_gb is not None and r.memory.cache_gb / r.memory.units < 0.25:
+        errors.append(ConfigError(where, "rightsize.memory.cache_gb", doc.line_of("rightsize.memory.cache_gb"),
+                                  f"{r.memory.cache_gb:g} GiB in {r.memory.units} units is "
+                                  f"{r.memory.cache_gb / r.memory.units * 1024:.3g} MiB a unit, below the 256 MiB "
+                                  "steps soft limits are written in: give at least 0.25 GiB a unit"))
     if not _failed(("rightsize.memory.cache_gb", "rightsize.sources"), failed) and r.memory.cache_gb is not None \
             and not r.sources:
         errors.append(ConfigError(where, "rightsize.memory.cache_gb", doc.line_of("rightsize.memory.cache_gb"),

@@ -228,7 +228,8 @@ class Daemon:
         from .rightsize.split import SplitError
 
         cfg = self.config.rightsize.memory
-        jobs = {j: sample.jobs[j] for j in self.rightsize.sized_jobs(sample)}
+        # every GPU job of an enabled source, whether or not its CPUs could be read this tick
+        jobs = {j: sample.jobs[j] for j in self.rightsize.gpu_jobs(sample)}
         wanted = [CacheJob(j, max(1, len(js.gpus)), cache_curve(js.meta.dataset_gb, js.meta.uncached_share))
                   for j, js in jobs.items()]
         try:

@@ -84,8 +84,9 @@ def test_a_soft_limit_covers_process_memory_cache_and_headroom_in_whole_quanta(a
     ({"dataset_gb": 100.0}, "go together"),
     ({"dataset_gb": float("inf"), "uncached_share": 0.5}, "dataset_gb must be a number"),
     ({"dataset_gb": True, "uncached_share": 0.5}, "dataset_gb must be a number"),
-    ({"dataset_gb": 100, "uncached_share": 0.0}, "uncached_share must be a number above 0"),
-    ({"dataset_gb": 100, "uncached_share": 1.5}, "uncached_share must be a number above 0"),
+    ({"dataset_gb": 100, "uncached_share": 0.0}, "uncached_share must be a number at least 0.01"),
+    ({"dataset_gb": 100, "uncached_share": 0.005}, "uncached_share must be a number at least 0.01"),
+    ({"dataset_gb": 100, "uncached_share": 1.5}, "uncached_share must be a number at least 0.01"),
 ])
 def test_a_cache_curve_label_that_is_not_one_is_refused_naming_the_job(labels, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -300,3 +301,11 @@ def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
     finally:
         daemon.shutdown()  # puts the limit back
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
+
+
+def test_a_memory_unit_below_the_limits_step_is_refused_by_check_config():
+    from noded.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="below the 256 MiB steps"):
+        parse_config("rightsize: {sources: [slurm], memory: {cache_gb: 2, units: 16}}")
+    assert parse_config("rightsize: {sources: [slurm], memory: {cache_gb: 4, units: 16}}").rightsize.memory.units == 16

@@ -471,14 +471,18 @@ class MemorySoftLimits:
 
     def restore_all(self) -> list[str]:
         """Put back every recorded limit (at start: a crash left them set); returns those restored."""
-        return self._restore_every(failed=False)
+        return self.restore_recorded()[0]
 
-    def _restore_every(self, failed: bool) -> list[str]:
-        out = []
+    def restore_recorded(self) -> tuple[list[str], list[str]]:
+        """Every recorded limit put back: (those restored, those that could not be)."""
+        restored, failed = [], []
         for key, rec in self.originals.items():
             if key.startswith(KEY):
                 c = self._restore(key, rec)
-                if c is not None and bool(c.error) == failed:
-                    out.append(key)
+                if c is not None:
+                    (failed if c.error else restored).append(key)
         self._prune()
-        return out
+        return restored, failed
+
+    def _restore_every(self, failed: bool) -> list[str]:
+        return self.restore_recorded()[1 if failed else 0]

@@ -47,13 +47,16 @@ class JobMeta:
             raise ValueError(f"category must be one of {CATEGORIES}, not {self.category!r}")
         if self.requested_cores is not None and self.requested_cores < 1:
             raise ValueError(f"requested_cores must be >= 1, not {self.requested_cores}")
-        for name, low, high in (("dataset_gb", 0.0, 1e6), ("uncached_share", 0.0, 1.0)):
+        # uncached_share: at least 1 %: a job 100x faster cached than not is beyond any
+        # storage the cache model describes (and a tiny share would outweigh every other job)
+        for name, ok, what in (("dataset_gb", lambda v: 0 < v <= 1e6, "above 0 and at most 1e+06"),
+                               ("uncached_share", lambda v: 0.01 <= v <= 1, "at least 0.01 and at most 1")):
             value = getattr(self, name)
             if value is None:
                 continue
             # a bool is an int to Python, and .inf/.nan parse as floats: none is a size
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
-                raise ValueError(f"{name} must be a number above {low:g} and at most {high:g}, not {value!r:.60}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"{name} must be a number {what}, not {value!r:.60}")
         if (self.dataset_gb is None) != (self.uncached_share is None):
             raise ValueError("dataset_gb and uncached_share go together (the job's cache curve): give both or neither")
 

@@ -208,10 +208,13 @@ class RightSizing:
             return {"job": job, "sized": True, "state": state_of(j.sizing.state), "cores": j.out.cores}
 
     # -- the tick
+    def gpu_jobs(self, sample: Sample) -> list[str]:
+        """The jobs of this sample right-sizing is for: GPU jobs of enabled sources."""
+        return sorted(j for j, js in sample.jobs.items() if js.kind == GPU and js.source in self.config.sources)
+
     def sized_jobs(self, sample: Sample) -> list[str]:
-        """The jobs of this sample right-sizing sizes: GPU jobs of enabled sources with CPUs known."""
-        return sorted(j for j, js in sample.jobs.items()
-                      if js.kind == GPU and js.source in self.config.sources and js.cpus is not None)
+        """The jobs of this sample right-sizing sizes now: GPU jobs of enabled sources with CPUs known."""
+        return [j for j in self.gpu_jobs(sample) if sample.jobs[j].cpus is not None]
 
     def tick(self, sample: Sample, have: Mapping[str, int], originals: Mapping[str, Iterable[int]],
              now: float, node_cpus: int, node_gpus: int) -> dict[str, alloc.Probe | alloc.Sized]:
@@ -222,12 +225,15 @@ class RightSizing:
             with self._lock:
                 return {j: r.out for j, r in self._jobs.items()}
         wanted = set(self.sized_jobs(sample))
+        # a job whose CPUs could not be read this tick is held as it is (its sizing, its
+        # operator's control): an error is not "no longer sized"
+        held = set(self.gpu_jobs(sample)) - wanted
         with self._lock:
-            for job in [j for j in self._jobs if j not in wanted]:
+            for job in [j for j in self._jobs if j not in wanted | held]:
                 del self._jobs[job]
                 log.info("job=%s no longer sized (gone, or no longer a GPU job of an enabled source)", job)
             if self.controls is not None:
-                unsaved = self.controls.drop(self.controls.jobs() - wanted)
+                unsaved = self.controls.drop(self.controls.jobs() - wanted - held)
                 if unsaved:
                     log.warning("the controls of jobs no longer sized could not be forgotten in the state "
                                 "directory (a restart may bring them back if the jobs come back): %s", unsaved)
