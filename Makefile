@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit nvml
+.PHONY: demo test test-bench bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit nvml
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -30,8 +30,13 @@ nvml: $(STAMP)
 
 deps: system-deps $(STAMP) nvml
 
+# Every test but the benchmarks' own end-to-end runs (marker bench: make test-bench), which
+# would take the suite past its 10 minutes on a 2-core machine.
 test: deps
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not bench"
+
+test-bench: deps
+	$(PY) -m pytest -m bench
 
 demo: deps
 	$(PY) -m noded run --sim scenarios/contention.yaml --config scenarios/demo-config.yaml

@@ -752,8 +752,8 @@ def rightsize_inputs(tmp_path) -> tuple[str, str]:
     admin = tmp_path / "admin"
     admin.mkdir(mode=0o700)
     config.update(tick_s=0.25, metrics={"address": "127.0.0.1", "port": 0}, admin={"socket": str(admin / "noded.sock")},
-                  rightsize={"sources": ["registered"], "lend_to": ["registered"], "warmup_s": 1.0,
-                             "max_window_s": 10.0})
+                  rightsize={"sources": ["registered"], "lend_to": ["registered"], "warmup_s": 0.5,
+                             "max_window_s": 4.0})
     with open(os.path.join(ROOT, "scenarios", "rightsize.yaml")) as f:
         scenario = yaml.safe_load(f)
     gpu = next(e for e in scenario["events"] if "gpu" in e.get("start", {}))

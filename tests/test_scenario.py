@@ -36,6 +36,7 @@ def leftovers():
 
 @needs_cpusets
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(300)
 def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing(tmp_path):
     out = tmp_path / "results"
