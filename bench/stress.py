@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ import time
 import numba
 import numpy as np
 
-from bench.jsonlines import emit
+from bench.jsonlines import emit, reporter, stop_on_signals
 from noded.calibrate import SCALAR, _stream_store, _triad  # one triad: what `noded calibrate` measures
 
 GB = 1e9
@@ -221,17 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--ramp-period must be positive, got {args.ramp_period}")
     stressor = Stressor(args.threads, args.size, args.kernel, args.cpus, args.target_gbps, args.ramp,
                         args.ramp_period)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stressor.stop.set())
+    stop_on_signals(stressor.stop)
 
-    def report(sample: dict) -> None:
-        if args.json:
-            if not emit(sample):
-                stressor.stop.set()  # nobody is reading: stop as on SIGTERM
-        else:
-            target = "full speed" if sample["target_gbps"] is None else f"target {sample['target_gbps']:.2f}"
-            print(f"\rt={sample['t']:7.1f}s  {sample['achieved_gbps']:7.2f} GB/s  ({target})   ", end="",
-                  file=sys.stderr, flush=True)
+    def progress(sample: dict) -> str:
+        target = "full speed" if sample["target_gbps"] is None else f"target {sample['target_gbps']:.2f}"
+        return f"t={sample['t']:7.1f}s  {sample['achieved_gbps']:7.2f} GB/s  ({target}) "
+
+    report = reporter(args.json, stressor.stop, progress)
 
     summary = stressor.run(args.duration, report)
     if args.json:

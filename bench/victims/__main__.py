@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 import time
 
-from bench.jsonlines import emit
+from bench.jsonlines import emit, reporter, stop_on_signals
 
 from . import VICTIMS, make_victim
 
@@ -63,17 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus:
         os.sched_setaffinity(0, args.cpus)
     victim = make_victim(args.name, seed=args.seed)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    def report(line: dict) -> None:
-        if args.json:
-            if not emit(line):
-                stop.set()  # nobody is reading: stop as on SIGTERM
-        else:
-            print(f"\rt={line['t']:7.1f}s  {line['samples_per_s']:9.1f} samples/s  ~{line['approx_gbps']:.2f} GB/s  ",
-                  end="", file=sys.stderr, flush=True)
+    stop = stop_on_signals(threading.Event())
+    report = reporter(args.json, stop, lambda line: f"t={line['t']:7.1f}s  {line['samples_per_s']:9.1f} samples/s  "
+                                                    f"~{line['approx_gbps']:.2f} GB/s")
 
     if args.json:
         emit({"ready": args.name})

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from bench.jsonlines import emit
+from bench.jsonlines import emit, reporter, stop_on_signals
 
 from . import VICTIMS, make_victim
 
@@ -151,17 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers and --batch must be at least 1")
     if args.duration is not None and args.duration <= 0:
         ap.error(f"--duration must be positive, got {args.duration}")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    def report(line: dict) -> None:
-        if args.json:
-            if not emit(line):
-                stop.set()  # nobody is reading: stop as on SIGTERM
-        else:
-            print(f"\rt={line['t']:7.1f}s  {line['samples_per_s']:9.1f} samples/s  {line['cpus']} CPUs  ",
-                  end="", file=sys.stderr, flush=True)
+    stop = stop_on_signals(threading.Event())
+    report = reporter(args.json, stop,
+                      lambda line: f"t={line['t']:7.1f}s  {line['samples_per_s']:9.1f} samples/s  {line['cpus']} CPUs")
 
     if args.json:
         emit({"ready": args.name, "workers": args.workers})
