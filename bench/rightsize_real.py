@@ -63,7 +63,7 @@ from noded.config import (Config, ContentionConfig, JobsConfig, JobSourceConfig,
 from noded.jobs.discovery import descendants, read_ppids
 from noded.journal import CHANGES
 from noded.procstat import stat_fields
-from noded.sim import fake_nvml
+from noded.sim.gpus import SimGpus, SimProcess, make_gpus
 from resctrl.cpulist import format_cpu_list
 from resctrl.emulator import MountedEmulator
 
@@ -291,9 +291,16 @@ def run_victim(node: "RealNode", name: str, workers: int, timing: Timing, margin
         if not victim.wait_reports(2, timeout=60):
             raise RuntimeError(f"the victim did not report: {victim.failure()}")
         gpu = node.gpus[0]
-        gpu.processes[victim.pid] = fake_nvml.FakeProcess(victim.pid, sm_util=GPU_UTIL)
-        gpu.util_gpu = GPU_UTIL
-        stack.callback(lambda: (gpu.processes.pop(victim.pid, None), setattr(gpu, "util_gpu", 0)))
+        with node.gpus.lock:
+            gpu.processes[victim.pid] = SimProcess(victim.pid, sm_util=GPU_UTIL)
+            gpu.util_gpu = GPU_UTIL
+
+        def off_the_gpu() -> None:
+            with node.gpus.lock:
+                gpu.processes.pop(victim.pid, None)
+                gpu.util_gpu = 0
+
+        stack.callback(off_the_gpu)
 
         # directly: the bench writes the cpuset, from all the CPUs down to 1, round after round
         # (a drift of the machine's speed, or another process busy for a while, falls on every count)
@@ -374,16 +381,17 @@ class RealNode:
         self.cpusets = Cpusets(find_cpuset_root())
         self.stack.callback(self.cpusets.close)  # kills what is left in them, removes them
         self.emu: MountedEmulator | None = None
-        self.gpus: list[fake_nvml.FakeGpu] = []
+        self.gpus: SimGpus | None = None
 
     def start(self) -> "RealNode":
         try:
             self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
                                        extra_args=["--peak-gbps", str(PEAK_GBPS)]).start()
             self.stack.callback(self.emu.stop)
-            self.gpus = fake_nvml.make_gpus(GPUS)
-            fake_nvml.install(fake_nvml.FakeNvmlLib(self.gpus))
-            self.stack.callback(fake_nvml.install, None)
+            self.gpus = SimGpus(os.path.join(self.tmp.name, "nvml.shm"), make_gpus(GPUS))
+            self.stack.callback(self.gpus.close)
+            self.gpus.install()
+            self.gpus.keep_publishing()  # nothing steps this node: the driver samples all the time
         except BaseException:
             self.close()
             raise

@@ -107,14 +107,15 @@ def read_until(stream, text, what, timeout=30.0):
 
 
 @pytest.fixture
-def fake_gpus():
-    """Two fake GPUs behind the real pynvml, for the length of a test."""
-    from noded.sim import fake_nvml as fake
+def sim_gpus(tmp_path):
+    """Two simulated GPUs that this process's pynvml sees through the stand-in library, for
+    the length of a test (``publish`` after changing them; ``compute_mode(i)`` is NVML's)."""
+    from noded.sim.gpus import SimGpus, make_gpus
 
-    gpus = fake.make_gpus(2)
-    fake.install(fake.FakeNvmlLib(gpus))
+    gpus = SimGpus(str(tmp_path / "nvml.shm"), make_gpus(2))
+    gpus.install()
     yield gpus
-    fake.install(None)
+    gpus.close()
 
 
 @pytest.fixture

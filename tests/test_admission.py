@@ -48,8 +48,16 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
             mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
         h.daemon.colocation = build_colocation(config, h.daemon.clock)
         wait_for(lambda: h.daemon.colocation.mps_state == "ok", timeout=30, what="MPS up")
+
+        def mode():  # as the driver says it (the simulated node's model learns it at its next step)
+            pynvml.nvmlInit()
+            try:
+                return pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByIndex(0))
+            finally:
+                pynvml.nvmlShutdown()
+
+        assert mode() == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         gpu = h.sim.gpus[0]
-        assert gpu.compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         h.tick()
         h.daemon.control.overrides = OverrideStore(str(tmp_path / "st"), lambda: 0.0)
         server = AdminServer(str(tmp_path / "noded.sock"), h.daemon, group=None).start()
@@ -82,7 +90,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         server.stop()
         pipe = h.daemon.colocation.mps.pipe_dir
         h.daemon.shutdown()
-        assert gpu.compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT and not os.path.exists(pipe)
+        assert mode() == pynvml.NVML_COMPUTEMODE_DEFAULT and not os.path.exists(pipe)
         assert processes_serving(pipe) == []
     finally:
         h.sim.stop()
@@ -232,6 +240,7 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
     h = Harness(tmp_path, "  []", gpus=1)
     try:
         h.sim.gpus[0].compute_capability = (6, 1)  # pre-Volta: 16 MPS clients per device
+        h.sim.publish()
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, max_jobs_per_gpu=40, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
         with caplog.at_level(logging.WARNING, logger="noded.colocation.setup"):

@@ -19,8 +19,8 @@ from mps_support import STANDIN, control_log, gone, processes_serving
 
 
 @pytest.fixture
-def gpus(fake_gpus):
-    return fake_gpus
+def gpus(sim_gpus):
+    return sim_gpus
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ def test_start_ready_commands_and_a_clean_stop(mps, gpus):
     m = mps(defaults=MpsDefaults(active_thread_percentage=50, pinned_mem_limits={0: "4096M"}))
     m.start()
     pid = m.pid()
-    assert m.alive() and gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-    assert gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT  # MPS serves only GPU 1
+    assert m.alive() and gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert gpus.compute_mode(0) == pynvml.NVML_COMPUTEMODE_DEFAULT  # MPS serves only GPU 1
     with open(f"/proc/{pid}/environ", "rb") as f:
         assert f"CUDA_VISIBLE_DEVICES={gpus[1].uuid}".encode() in f.read().split(b"\0")
     # The defaults were set by start itself, before it returned.
@@ -59,7 +59,7 @@ def test_start_ready_commands_and_a_clean_stop(mps, gpus):
     assert f"Starting new server {server} for user 0" in log_text
     m.stop()
     assert not m.alive() and not os.path.exists(m.pipe_dir) and processes_serving(m.pipe_dir) == []
-    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_DEFAULT
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)
     m.stop()  # twice is fine
@@ -75,7 +75,7 @@ def test_a_daemon_that_will_not_start_leaves_nothing_behind(mps, gpus):
     m = mps("no-start")
     with pytest.raises(MpsError, match="An error occurred while starting the MPS control daemon"):
         m.start()
-    assert not os.path.exists(m.pipe_dir) and gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert not os.path.exists(m.pipe_dir) and gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_DEFAULT
 
 
 def test_a_hung_command_times_out(mps):
@@ -151,6 +151,7 @@ def test_client_limits_by_architecture(gpus):
     assert max_clients_per_device(7) == 48 and max_clients_per_device(9) == 48 and max_clients_per_device(6) == 16
     assert client_limit([g.uuid for g in gpus]) == 48  # A100s (8.0)
     gpus[1].compute_capability = (6, 0)  # a Pascal GPU in the set binds
+    gpus.publish()
     assert client_limit([g.uuid for g in gpus]) == 16
 
 

@@ -11,7 +11,7 @@ from noded.sample import CPU, GPU, UNKNOWN, build_sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import NvmlSampler
 from noded.jobs.model import Job
-from noded.sim import fake_nvml
+from noded.sim import gpus as simgpus
 from noded.sim.nvml_lib import library_path
 from noded.sim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
 
@@ -42,13 +42,13 @@ def node(tmp_path, monkeypatch):
     load("current")
     yield shared
     _shutdown_all()
-    fake_nvml.install(None)
+    simgpus.install(None)
     shared.close()
 
 
 def load(variant):
     _shutdown_all()
-    fake_nvml.install(ctypes.CDLL(library_path(variant)))  # as pynvml's own loader would
+    simgpus.install(ctypes.CDLL(library_path(variant)))  # as pynvml's own loader would
 
 
 def _shutdown_all():
@@ -187,6 +187,6 @@ def test_a_job_on_no_gpu_is_of_unknown_kind_while_some_gpu_hides_its_processes(n
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this host has a real NVML")
 def test_no_nvml_library_at_all_makes_a_cpu_only_node():
-    fake_nvml.install(None)  # pynvml will try to load libnvidia-ml.so.1 for real
+    simgpus.install(None)  # pynvml will try to load libnvidia-ml.so.1 for real
     s = NvmlSampler().sample(0.0)
     assert not s.available and "NVML library not found" in s.reason and s.gpus == () and s.processes_known

@@ -116,6 +116,8 @@ def test_a_gpu_job_slimmed_through_its_affinity_runs_slower_on_its_curve_and_rec
             util, cores = _util_at(sim)
             pid = sim.procs["a"].pid
             assert cores == 4 and util == pytest.approx(expected_util(sim, len(REAL)), abs=3)
+            # noded reads the mean of NVML's samples since its last read: read these first
+            assert telemetry.sample().jobs["sim:a"].gpu_util == pytest.approx(util, abs=1)
             os.sched_setaffinity(pid, {REAL[0]})
             util, cores = _util_at(sim)
             assert cores == pytest.approx(4 / len(REAL))

@@ -15,7 +15,7 @@ from conftest import wait_for
 from noded.jobs import Job, JobDiscovery, JobMonitor
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_groups
-from noded.sim import fake_nvml as fake
+from noded.sim.gpus import SimGpus, SimProcess, make_gpus
 from noded.telemetry import Telemetry
 
 pytestmark = pytest.mark.fuse
@@ -101,7 +101,8 @@ def open_fds():
 
 def test_200_short_lived_jobs_leak_no_groups_fds_or_memory(node):
     emu, rc, monitor = node()
-    fake.install(fake.FakeNvmlLib(fake.make_gpus(2)))
+    gpus = SimGpus(os.path.join(emu.workdir, "nvml.shm"), make_gpus(2))
+    gpus.install()
     discovery = JobDiscovery([])
     telemetry = telemetry_for(rc, discovery, monitor, process_events=False)
     try:
@@ -128,7 +129,7 @@ def test_200_short_lived_jobs_leak_no_groups_fds_or_memory(node):
         assert telemetry.bandwidth.reader.open_files == 0  # nothing kept open in resctrl between ticks
     finally:
         telemetry.close()
-        fake.install(None)
+        gpus.close()
 
 
 @pytest.mark.parametrize("events", [True, False], ids=["connector", "polling"])
@@ -167,22 +168,24 @@ def test_a_new_process_lands_in_its_jobs_group(node, sleeper, events):
 
 def test_a_gpu_job_stays_a_gpu_job_while_its_gpu_is_lost(node, sleeper):
     emu, rc, monitor = node()
-    gpus = fake.make_gpus(2)
-    fake.install(fake.FakeNvmlLib(gpus))
+    gpus = SimGpus(os.path.join(emu.workdir, "nvml.shm"), make_gpus(2))
+    gpus.install()
     discovery = JobDiscovery([])
     telemetry = telemetry_for(rc, discovery, monitor, process_events=False)
     try:
         p = sleeper()
-        gpus[1].processes[p.pid] = fake.FakeProcess(p.pid, sm_util=50)
+        gpus[1].processes[p.pid] = SimProcess(p.pid, sm_util=50)
+        gpus.publish()
         discovery.register(p.pid, "train")
         assert telemetry.sample().jobs["train"].kind == "gpu"
         gpus[1].lost = True
+        gpus.publish()
         s = telemetry.sample()
         assert s.jobs["train"].kind == "gpu" and s.jobs["train"].gpu_util is None
         assert "gpu 1: GpuIsLost" in s.missing
     finally:
         telemetry.close()
-        fake.install(None)
+        gpus.close()
 
 
 def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(node, v1_cpuset):

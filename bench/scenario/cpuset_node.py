@@ -27,7 +27,7 @@ import uuid
 
 from noded.samplers.cpus import read_cpuset_file
 from noded.config import Config, JobsConfig, JobSourceConfig, ResctrlConfig
-from noded.sim import fake_nvml
+from noded.sim.gpus import SimGpus, SimProcess, make_gpus
 from resctrl.emulator import MountedEmulator
 
 from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
@@ -128,7 +128,7 @@ class CpusetNode:
         self.cpusets = Cpusets(find_cpuset_root())
         self.tmp = tempfile.TemporaryDirectory(prefix="noded-bench-")
         self.emu: MountedEmulator | None = None
-        self.gpu: fake_nvml.FakeGpu | None = None
+        self.gpus: SimGpus | None = None
         self.victim: ReportingProcess | None = None
         self.stressor: ReportingProcess | None = None
         self.solo_rate: float | None = None
@@ -142,13 +142,14 @@ class CpusetNode:
             if self.resctrl is None:
                 self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
                                            extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
-            self.gpu = fake_nvml.make_gpus(1)[0]
-            fake_nvml.install(fake_nvml.FakeNvmlLib([self.gpu]))
+            self.gpus = SimGpus(os.path.join(self.tmp.name, "nvml.shm"), make_gpus(1))
+            self.gpus.install()
             self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg,
                                            cpus=self.victim_cpus)
             if not self.victim.wait_reports(2, timeout=120):
                 raise RuntimeError(f"the victim did not report: {self.victim.failure()}")
-            self.gpu.processes[self.victim.pid] = fake_nvml.FakeProcess(self.victim.pid, sm_util=SOLO_UTIL)
+            self.gpus[0].processes[self.victim.pid] = SimProcess(self.victim.pid, sm_util=SOLO_UTIL)
+            self.gpus.publish()
             self._feeder.start()
         except BaseException:
             self.close()
@@ -157,7 +158,7 @@ class CpusetNode:
 
     def _feed(self) -> None:
         """Pass each process's reported bandwidth to the emulator, the victim's pace to the GPU."""
-        assert self.gpu is not None
+        assert self.gpus is not None
         control = self.emu.control if self.emu is not None else None
         sent: dict[int, float] = {}
         while not self._stop.wait(FEED_S):
@@ -166,8 +167,9 @@ class CpusetNode:
             latest = self.victim.latest() if self.victim else None
             if latest is not None and self.solo_rate:
                 util = int(round(min(100, SOLO_UTIL * latest["samples_per_s"] / self.solo_rate)))
-                self.gpu.processes[self.victim.pid].sm_util = util
-                self.gpu.util_gpu = util
+                self.gpus[0].processes[self.victim.pid].sm_util = util
+                self.gpus[0].util_gpu = util
+            self.gpus.publish()  # the driver samples the victim's kernels all the time
 
     def _feed_bandwidth(self, control, sent: dict[int, float]) -> None:
         for proc, key in ((self.victim, "approx_gbps"), (self.stressor, "achieved_gbps")):
@@ -231,7 +233,8 @@ class CpusetNode:
         for proc in (self.stressor, self.victim):
             if proc is not None:
                 proc.stop()
-        fake_nvml.install(None)
+        if self.gpus is not None:
+            self.gpus.close()
         if self.emu is not None:
             self.emu.stop()
             self.emu = None

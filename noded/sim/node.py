@@ -1,11 +1,16 @@
-"""The simulated GPU node: the resctrl emulator, the fake NVML, real placeholder
-processes for each job, and the workload model that ties bandwidth to GPU speed.
+"""The simulated GPU node: the resctrl emulator, simulated GPUs behind a stand-in NVML
+library, real placeholder processes for each job, and the workload model that ties
+bandwidth to GPU speed.
 
 Everything noded reads is real or emulated at the lowest boundary: jobs are real
 processes (PIDs, /proc, resctrl tasks), bandwidth comes from the emulator's MBM
-counters, GPU state from pynvml over ``FakeNvmlLib``. Each ``step`` applies the
-scenario's due events, then reads the bandwidth the emulator granted and sets
-every GPU job's utilisation from it (``workload.gpu_utilisation``).
+counters, GPU state from pynvml over the stand-in ``libnvidia-ml.so.1`` (``native/nvml``),
+which reads what this node publishes in shared memory (``gpus.SimGpus``): any process
+given ``nvml_env`` sees the same GPUs. ``gpus`` is the node's model of each GPU
+(``gpus.SimGpu``); each ``step`` applies the scenario's due events, reads the
+bandwidth the emulator granted, sets every GPU job's utilisation from it
+(``workload.gpu_utilisation``) and publishes the GPUs (``publish``: a change to ``gpus``
+made between steps is seen once published).
 
 A GPU job that follows its core curve (``JobSpec.cpu_curve``) runs at that utilisation
 times its model's curve share (``noded.rightsize.curves``) at the cores it has now: the
@@ -35,14 +40,13 @@ from ..config import Config
 from ..jobs.discovery import JobDiscovery
 from ..jobs.model import JobMeta
 from ..rightsize.curves import MODEL_CURVES
-from . import fake_nvml
+from .gpus import SimGpus, SimProcess, make_gpus
 from .mps_standin import _IMPORT_ROOT, write_launcher
 from .reporter import write_state
 from .scenario import JobSpec, Scenario
 from .workload import GB, MODELS, gpu_utilisation
 
 log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class SimState:
@@ -67,8 +71,7 @@ class SimNode:
         self.emulator_args = emulator_args or []
         self.workdir = workdir
         self.emu: MountedEmulator | None = None
-        self.gpus: list[fake_nvml.FakeGpu] = []
-        self.nvml: fake_nvml.FakeNvmlLib | None = None
+        self.gpus: SimGpus | None = None
         self.discovery = JobDiscovery([])
         self.procs: dict[str, subprocess.Popen] = {}
         self.demand_gbps: dict[str, float] = {}
@@ -92,13 +95,24 @@ class SimNode:
         node = self.scenario.node
         self.emu = MountedEmulator(node.profile, workdir=self.workdir,
                                    extra_args=["--peak-gbps", str(node.peak_gbps), *self.emulator_args]).start()
-        self.gpus = fake_nvml.make_gpus(node.gpus)
-        self.nvml = fake_nvml.FakeNvmlLib(self.gpus)
-        fake_nvml.install(self.nvml)
         self.domains = self.open_resctrl().caps.domains
         self.scratch = tempfile.mkdtemp(prefix="noded-sim-jobs-", dir=self.workdir)
+        os.chmod(self.scratch, 0o755)  # the GPUs' file is every user's to read, as a driver's devices are
+        self.gpus = SimGpus(os.path.join(self.scratch, "nvml.shm"), make_gpus(node.gpus))
+        self.gpus.install()  # a daemon in this process reads them as a host's reads its driver
         self._t0 = self.clock()
         return self
+
+    @property
+    def nvml_env(self) -> dict[str, str]:
+        """What another process needs to see these GPUs through pynvml."""
+        assert self.gpus is not None
+        return self.gpus.env
+
+    def publish(self) -> None:
+        """The GPUs as ``gpus`` has them now, to every process's NVML (each ``step`` does)."""
+        assert self.gpus is not None
+        self.gpus.publish()
 
     def configure(self, config: Config, scratch: str) -> Config:
         """``config`` pointed at this node: its emulator, its peak, state and runtime
@@ -125,10 +139,11 @@ class SimNode:
         for p in self.procs.values():
             p.wait()
         self.procs.clear()
+        if self.gpus is not None:
+            self.gpus.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
-        fake_nvml.install(None)
         if self.emu is not None:
             self.emu.stop()
             self.emu = None
@@ -189,7 +204,7 @@ class SimNode:
         self.discovery.register(proc.pid, job_id(spec.id), meta)
         self._set_demand(spec.id, model.demand_gbps if model else spec.cpu_gbps or 0.0)
         if model is not None:
-            self.gpus[spec.gpu].processes[proc.pid] = fake_nvml.FakeProcess(proc.pid, sm_util=int(model.solo_util))
+            self.gpus[spec.gpu].processes[proc.pid] = SimProcess(proc.pid, sm_util=int(model.solo_util))
         log.info("sim: started %s pid=%d (%s)%s%s", spec.id, proc.pid, spec.model or f"CPU {spec.cpu_gbps} GB/s",
                  f", {self.cores[spec.id]:g} of {self.cpus} simulated cores on its curve{', reporting'*spec.reports}"
                  if spec.cpu_curve else "", f": {' '.join(spec.command)}" if spec.command else "")
@@ -294,6 +309,7 @@ class SimNode:
                 gpu.processes[proc.pid].sm_util = int(round(u))
         for gpu in self.gpus:
             gpu.util_gpu = min(100, sum(p.sm_util for p in gpu.processes.values()))
+        self.publish()
         return SimState(elapsed, utilisation, sum(per_domain.values()) / GB, utils, tuple(self.procs),
                         dict(self.cores))
 

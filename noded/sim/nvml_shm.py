@@ -213,6 +213,10 @@ class SharedGpus:
         ctypes.memmove(ctypes.addressof(node.published), ctypes.addressof(p), ctypes.sizeof(p))
         node.seq += 1
 
+    def set_compute_mode(self, index: int, mode: int) -> None:
+        """The node's own setting (a scenario, a test): as if root had set it through NVML."""
+        self.node.driver.compute_mode[index] = mode
+
     def compute_mode(self, index: int) -> int:
         """The compute mode a root process set through the library (0 DEFAULT until then)."""
         return int(self.node.driver.compute_mode[index])

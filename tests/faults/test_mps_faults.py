@@ -31,8 +31,8 @@ CLOSE_BUDGET_S = 1.0
 
 
 @pytest.fixture
-def gpus(fake_gpus):
-    return fake_gpus
+def gpus(sim_gpus):
+    return sim_gpus
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def left_behind(s, gpus):
     control = s.mps.control
     assert processes_serving(control.pipe_dir) == [], "a process serving the pipe directory survived close()"
     assert not os.path.exists(control.pipe_dir)
-    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_DEFAULT
 
 
 def sample():
@@ -159,7 +159,7 @@ def test_the_service_closes_at_any_point(service, gpus):
     with pytest.raises(RuntimeError, match="the next start step failed"):
         with service().start() as s:
             wait_for(lambda: s.mps_state == "ok", timeout=15, what="MPS up")
-            assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
             raise RuntimeError("the next start step failed")
     assert s.mps_state == "stopped"
 
@@ -206,7 +206,7 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
         assert second != first and f"Control {second}] {expected}" in control_log(log_dir)
         took, _ = timed(s.close)
         assert took < CLOSE_BUDGET_S and processes_serving(s.mps.pipe_dir) == []
-        assert h.sim.gpus[0].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+        assert h.sim.gpus.compute_mode(0) == pynvml.NVML_COMPUTEMODE_DEFAULT
     finally:
         h.stop()
 
@@ -217,13 +217,13 @@ def test_compute_modes_are_recorded_before_they_change_and_restored_after_a_cras
     originals = OriginalValues(str(tmp_path / "state"))
     modes = ComputeModes([gpus[1].uuid], originals)
     modes.set_exclusive()
-    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
     assert OriginalValues(str(tmp_path / "state")).get(f"compute_mode:{gpus[1].uuid}") == \
         pynvml.NVML_COMPUTEMODE_DEFAULT  # durable before the change
     # SIGKILL: restore() never runs. The next start puts the GPU back from the record.
     again = OriginalValues(str(tmp_path / "state"))
     assert ComputeModes.restore_recorded(again) == [f"{gpus[1].uuid} compute mode <- 0"]
-    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT and again.items() == []
+    assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_DEFAULT and again.items() == []
 
 
 def test_a_compute_mode_that_cannot_be_recorded_is_not_changed(tmp_path, gpus):
@@ -239,4 +239,4 @@ def test_a_compute_mode_that_cannot_be_recorded_is_not_changed(tmp_path, gpus):
 
     with pytest.raises(Exception, match="could not be recorded: .*Read-only file system"):
         ComputeModes([gpus[1].uuid], Unwritable()).set_exclusive()
-    assert gpus[1].compute_mode == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert gpus.compute_mode(1) == pynvml.NVML_COMPUTEMODE_DEFAULT
