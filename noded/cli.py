@@ -68,6 +68,12 @@ def _main(argv: list[str] | None) -> int:
     sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
     sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
     sim.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
+    node = sub.add_parser("sim-node", help="run the simulated GPU node as its own process, for a separate "
+                          "`noded run --config` (prints the environment it needs, NAME=value lines, then READY=1)")
+    node.add_argument("scenario", help="scenario YAML (see scenarios/)")
+    node.add_argument("--config", help="a noded config to point at the node (default: noded's defaults)")
+    node.add_argument("--workdir", help="where its files go (default: a new temporary directory, removed at exit)")
+    node.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
@@ -109,6 +115,18 @@ def _main(argv: list[str] | None) -> int:
             print(f"noded sim: {e}", file=sys.stderr)
             return 2
         return run_scenario(scenario)
+    if args.command == "sim-node":
+        from .journal import configure_logging
+        from .sim.scenario import ScenarioError, load_scenario
+        from .sim.sim_node import run_sim_node
+
+        configure_logging(args.verbose)
+        try:
+            scenario = load_scenario(args.scenario)
+        except (OSError, ScenarioError) as e:
+            print(f"noded sim-node: {e}", file=sys.stderr)
+            return 2
+        return run_sim_node(scenario, args.config, args.workdir)
     if args.command == "tour":
         from resctrl.emulator.profiles import PROFILES
 

@@ -62,11 +62,45 @@ def job_id(sim_id: str) -> str:
     return f"sim:{sim_id}"
 
 
+def _make_cpuset(parent: str, name: str) -> str:
+    """A cpuset cgroup (v1) below ``parent`` with all of its parent's CPUs and memory nodes."""
+    path = os.path.join(parent, name)
+    os.mkdir(path)
+    for f in ("cpuset.cpus", "cpuset.mems"):
+        with open(os.path.join(parent, f)) as src, open(os.path.join(path, f), "w") as dst:
+            dst.write(src.read().strip() or "\n")
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("sim: cgroup %s not removed: %s", path, e)
+
+
+def _enter(cgroup: str | None) -> None:
+    """In a job's child before exec: into its cgroup, and killed when the simulated node dies."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    if cgroup is not None:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
 class SimNode:
     def __init__(self, scenario: Scenario, *, clock: Callable[[], float] = time.monotonic,
                  emulator_args: list[str] | None = None, workdir: str | None = None,
-                 report_socket: str | None = None):
+                 report_socket: str | None = None, cpuset_root: str | None = None):
         self.scenario = scenario
+        #: a v1 cpuset hierarchy: each job's processes start in a cgroup of its own under
+        #: ``cgroup_dir`` there (as a host's job manager starts them), its id then the one a
+        #: ``cgroup`` job source gives it (``job_id``); None: registered process trees
+        self.cpuset_root = cpuset_root
+        self.cgroup_dir: str | None = None
         self.clock = clock
         self.emulator_args = emulator_args or []
         self.workdir = workdir
@@ -88,6 +122,7 @@ class SimNode:
         self._next = 0
         self._t0 = 0.0
         self._rng = random.Random(scenario.seed)
+        self.labels: dict[str, JobMeta] = {}  # job id -> what it is (a labels file for a separate noded)
         self.domains: tuple[int, ...] = ()
 
     # -- lifecycle
@@ -99,6 +134,10 @@ class SimNode:
         self.scratch = tempfile.mkdtemp(prefix="noded-sim-jobs-", dir=self.workdir)
         os.chmod(self.scratch, 0o755)  # the GPUs' file is every user's to read, as a driver's devices are
         self.gpus = SimGpus(os.path.join(self.scratch, "nvml.shm"), make_gpus(node.gpus))
+        if self.cpuset_root is not None:
+            # named by this process: a later node removes it only once this one is gone
+            self.cgroup_dir = _make_cpuset(self.cpuset_root,
+                                           f"noded-sim-{os.getpid()}-{os.path.basename(self.scratch)[-8:]}")
         self.gpus.install()  # a daemon in this process reads them as a host's reads its driver
         self._t0 = self.clock()
         return self
@@ -139,6 +178,12 @@ class SimNode:
         for p in self.procs.values():
             p.wait()
         self.procs.clear()
+        if self.cgroup_dir is not None:
+            for d in sorted(os.listdir(self.cgroup_dir)):
+                if os.path.isdir(os.path.join(self.cgroup_dir, d)):
+                    _remove_cgroup(os.path.join(self.cgroup_dir, d))
+            _remove_cgroup(self.cgroup_dir)
+            self.cgroup_dir = None
         if self.gpus is not None:
             self.gpus.close()
         if self.scratch is not None:
@@ -162,6 +207,12 @@ class SimNode:
     def finished(self) -> bool:
         return self.elapsed >= self.scenario.duration_s
 
+    def job_id(self, sim_id: str) -> str:
+        """The job's id as noded sees it: ``sim:ID``, or its cgroup's under a ``cgroup`` source."""
+        if self.cgroup_dir is None:
+            return job_id(sim_id)
+        return "cgroup:" + os.path.relpath(os.path.join(self.cgroup_dir, sim_id), self.cpuset_root)
+
     # -- cores
     def simulated_cores(self, real_cpus: int) -> float:
         """The simulated cores a job with ``real_cpus`` real CPUs has: proportional, so one
@@ -178,7 +229,7 @@ class SimNode:
         path = self.state_file(spec.id)
         write_state(path, self.simulated_cores(self.real_cpus), 1.0)  # before it starts: nothing to wait for
         self._rates[spec.id] = (self.simulated_cores(self.real_cpus), 1.0)
-        env = dict(os.environ, NODED_JOB=job_id(spec.id),
+        env = dict(os.environ, NODED_JOB=self.job_id(spec.id),
                    # no noded configured: a socket nobody serves (reports are dropped), never the host's
                    NODED_REPORT_SOCKET=self.report_socket or os.path.join(self.scratch, "no-noded.sock"),
                    PYTHONPATH=os.pathsep.join(p for p in (_IMPORT_ROOT, os.environ.get("PYTHONPATH")) if p))
@@ -189,10 +240,13 @@ class SimNode:
         argv, env = spec.command or ("sleep", "infinity"), None
         if spec.reports:
             argv, env = self._reporter(spec)
+        cgroup = _make_cpuset(self.cgroup_dir, spec.id) if self.cgroup_dir is not None else None
         try:
             # Its own session, as a job on a host is: a Ctrl-C at noded's terminal is not for it.
+            # It starts in its job's cgroup, and dies with the simulated node.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+                                    stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+                                    preexec_fn=lambda: _enter(cgroup))
         except OSError as e:
             raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(argv)}: {e}") from None
         self.procs[spec.id] = proc
@@ -201,7 +255,8 @@ class SimNode:
             self.cores[spec.id] = self.simulated_cores(self._base_cpus[spec.id])
         model = MODELS.get(spec.model) if spec.model else None
         meta = JobMeta(category=model.category if model else None, model=spec.model, exempt=spec.exempt)
-        self.discovery.register(proc.pid, job_id(spec.id), meta)
+        self.discovery.register(proc.pid, self.job_id(spec.id), meta)
+        self.labels[self.job_id(spec.id)] = meta
         self._set_demand(spec.id, model.demand_gbps if model else spec.cpu_gbps or 0.0)
         if model is not None:
             self.gpus[spec.gpu].processes[proc.pid] = SimProcess(proc.pid, sm_util=int(model.solo_util))
@@ -239,6 +294,9 @@ class SimNode:
             gpu.processes.pop(proc.pid, None)
         proc.kill()
         proc.wait()
+        if self.cgroup_dir is not None:
+            _remove_cgroup(os.path.join(self.cgroup_dir, sim_id))
+        self.labels.pop(self.job_id(sim_id), None)
         self.demand_gbps.pop(sim_id, None)
         self._base_cpus.pop(sim_id, None)
         self._granted_cpus.pop(sim_id, None)
