@@ -103,29 +103,22 @@ def _main(argv: list[str] | None) -> int:
         from .runner import main_run
 
         return main_run(args, signals)
-    if args.command == "sim":
+    if args.command in ("sim", "sim-node"):
         from .journal import configure_logging
-        from .sim.run import run_scenario
         from .sim.scenario import ScenarioError, load_scenario
 
         configure_logging(args.verbose)
         try:
             scenario = load_scenario(args.scenario)
         except (OSError, ScenarioError) as e:
-            print(f"noded sim: {e}", file=sys.stderr)
+            print(f"noded {args.command}: {e}", file=sys.stderr)
             return 2
-        return run_scenario(scenario)
-    if args.command == "sim-node":
-        from .journal import configure_logging
-        from .sim.scenario import ScenarioError, load_scenario
+        if args.command == "sim":
+            from .sim.run import run_scenario
+
+            return run_scenario(scenario)
         from .sim.sim_node import run_sim_node
 
-        configure_logging(args.verbose)
-        try:
-            scenario = load_scenario(args.scenario)
-        except (OSError, ScenarioError) as e:
-            print(f"noded sim-node: {e}", file=sys.stderr)
-            return 2
         return run_sim_node(scenario, args.config, args.workdir)
     if args.command == "tour":
         from resctrl.emulator.profiles import PROFILES

@@ -162,6 +162,11 @@ class _Composer(Composer):
         return node
 
 
+#: the largest integer a file may hold: one Python can still print in decimal (its limit is
+#: 4300 digits; a decimal one past it already fails to convert); far beyond any count or size
+MAX_INT_BITS = 14_000
+
+
 class _Constructor(SafeConstructor):
     """SafeConstructor, with numbers it cannot convert refused as errors of this module
     (not a ValueError from deep inside)."""
@@ -174,7 +179,13 @@ class _Constructor(SafeConstructor):
                                                                   f"can read ({e})") from None
 
     def construct_yaml_int(self, node):
-        return self._number(node, SafeConstructor.construct_yaml_int)
+        value = self._number(node, SafeConstructor.construct_yaml_int)
+        if value.bit_length() > MAX_INT_BITS:
+            # a hex, octal or binary number converts at any length, but Python cannot print it
+            # past 4300 digits (a ValueError in any message naming it)
+            raise YamlError(self._where, node.start_mark.line + 1, f"{_cut(repr(node.value), 40)} is too large a "
+                                                                  f"number (more than {MAX_INT_BITS} bits)")
+        return value
 
     def construct_yaml_float(self, node):
         return self._number(node, SafeConstructor.construct_yaml_float)

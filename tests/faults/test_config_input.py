@@ -487,6 +487,19 @@ def test_load_config_raises_nothing_but_config_error_for_any_bytes(tmp_path, dat
     assert isinstance(config, Config)
 
 
+
+@pytest.mark.parametrize("number", ["0x" + "9" * 5000, "1" * 5000, "0o" + "7" * 5000, "- " + "9" * 400])
+def test_a_number_too_large_to_print_is_a_config_error_naming_it(tmp_path, number):
+    """Found by the property above in CI: a hex number of 5000 digits made the error message
+    itself fail (Python prints no int past 4300 digits): a ValueError, not a ConfigError."""
+    for text in (number, f"tick_s: {number}", f"metrics: {{port: {number}}}"):
+        f = tmp_path / "noded.yaml"
+        f.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(str(f))
+        assert e.value.where == str(f)
+
+
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30),
                     st.floats(allow_nan=False), st.text(max_size=20))
 PLAIN = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
