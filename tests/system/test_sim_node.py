@@ -123,3 +123,66 @@ def test_a_killed_simulated_node_leaves_nothing_running_or_mounted(tmp_path):
     from noded.sim.sim_node import remove_stale_cgroups
 
     assert env["NODED_SIM_CGROUP"] in remove_stale_cgroups(CPUSET) and leftovers(env) == []
+
+
+def noded_groups(resctrl: str) -> list[str]:
+    """noded's control and monitoring groups, as the (emulated) kernel lists them."""
+    groups = [d for d in os.listdir(resctrl) if d.startswith("noded-")]
+    mon = os.path.join(resctrl, "mon_groups")
+    return groups + [f"mon_groups/{d}" for d in os.listdir(mon) if d.startswith("noded-")]
+
+
+def test_a_daemon_killed_at_random_moments_is_put_right_by_its_next_start(tmp_path):
+    """SIGKILL of the daemon process (no handler runs) while it throttles and releases; each
+    next start, then a clean stop, leaves the node as a clean start leaves it, checked from
+    the kernel's side: no group of noded's, every job's cpuset its own."""
+    import random
+    import time
+
+    node, env = start_sim_node(tmp_path)
+    rng = random.Random(14)
+    nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
+    top, resctrl = env["NODED_SIM_CGROUP"], env["NODED_SIM_RESCTRL"]
+
+    def start() -> tuple[subprocess.Popen, str]:
+        p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
+                             env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        return p, re.search(r"http://\S+", read_until(p.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+
+    def cpusets() -> dict[str, str]:
+        out = {}
+        for d in sorted(os.listdir(top)):
+            if os.path.isdir(os.path.join(top, d)):
+                with open(os.path.join(top, d, "cpuset.cpus")) as f:
+                    out[d] = f.read().strip()
+        return out
+
+    try:
+        with open(os.path.join(top, "cpuset.cpus")) as f:
+            everything = f.read().strip()
+        kills, held = 0, []
+        for _ in range(3):
+            daemon, url = start()
+            # somewhere between discovery and a throttle held or released
+            deadline = time.monotonic() + rng.uniform(1.0, 8.0)
+            wait_for(lambda: time.monotonic() >= deadline or daemon.poll() is not None, timeout=10, interval=0.05,
+                     what="the moment to kill")
+            assert daemon.poll() is None, daemon.stderr.read()
+            held.append(bool(noded_groups(resctrl)))
+            daemon.kill()
+            daemon.wait()
+            kills += 1
+            # the next start puts right what the killed one left, and a clean stop removes the rest
+            daemon, url = start()
+            wait_for(lambda: "noded_ticks_total" in scrape(url), timeout=30, what="the next start ticking")
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
+            assert noded_groups(resctrl) == []
+            assert set(cpusets().values()) <= {everything}, cpusets()
+        assert kills == 3 and any(held), held  # killed with groups of its own in the kernel at least once
+    finally:
+        node.send_signal(signal.SIGTERM)
+        code = node.wait(timeout=60)
+    assert code == 0, node.stderr.read()
+    assert leftovers(env) == []
