@@ -24,6 +24,10 @@ BASE = "duration_s: 5\nnode: {gpus: 2}\nevents:\n"
     ("  - {at: 0, start: {id: a, cpu: hog, cpu_gbps: 3}}", "give exactly one of cpu"),
     ("  - {at: 0, fault: {counters: Weird}}", "expected Unavailable, Error, Unassigned or null"),
     ("  - {at: 0, explode: {}}", "unknown action 'explode'"),
+    ("  - {at: 0, fault: {nvml_call: {call: teleport, code: 3}}}", "events[0].fault.nvml_call.call: 'teleport'"),
+    ("  - {at: 0, fault: {nvml_call: {call: processes, code: 0}}}", "expected an NVML return code 1..999"),
+    ("  - {at: 0, fault: {nvml_call: {call: processes, code: 3, gpu: 99}}}", "99 is not a GPU index"),
+    ("  - {at: 0, fault: {nvml_call: processes}}", "expected {call: NAME"),
 ])
 def test_scenario_errors_name_the_event_and_key(events, error):
     with pytest.raises(ScenarioError) as e:

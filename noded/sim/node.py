@@ -315,6 +315,18 @@ class SimNode:
         elif "nvml_lost" in args:
             for gpu in self.gpus:
                 gpu.lost = bool(args["nvml_lost"])
+        elif "nvml_call" in args:
+            from .gpus import CALL_OF
+
+            fault = args["nvml_call"]
+            functions = [fn for fn, call in CALL_OF.items() if call == fault["call"]]
+            gpus = [self.gpus[fault["gpu"]]] if fault.get("gpu") is not None else list(self.gpus)
+            for gpu in gpus:
+                for fn in functions:
+                    if fault.get("code") is None:
+                        gpu.faults.pop(fn, None)
+                    else:
+                        gpu.faults[fn] = fault["code"]
         elif "counters" in args:
             self.emu.control.set_counter_state(args["counters"])
         elif "domain_offline" in args:

@@ -13,7 +13,10 @@ events:
   - {at: 12, set: {id: hog, cpu_gbps: 1}}           # the hog calms down
   - {at: 15, stop: {id: hog}}
   - {at: 18, fault: {gpu_lost: 1}}                  # or counters: Unavailable|Error|null,
-                                                    #    nvml_lost: true|false, domain_offline: 1
+                                                    #    nvml_lost: true|false, domain_offline: 1,
+                                                    #    nvml_call: {call: processes, code: 999},
+                                                    #    (a GPU's or, without gpu:, every GPU's
+                                                    #    NVML call failing; code null: fixed)
 ```
 
 Every key is checked; an error names the file, the event and the key. A job's
@@ -198,17 +201,35 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
                     raise ScenarioError(f"{w}: only a CPU job's bandwidth can be set")
                 args = {"id": jid, "cpu_gbps": _cpu_gbps(args, w)}
         elif action == "fault":
-            _keys(args, w, set(), {"gpu_lost", "counters", "nvml_lost", "domain_offline", "domain_online"})
+            _keys(args, w, set(), {"gpu_lost", "counters", "nvml_lost", "domain_offline", "domain_online",
+                                   "nvml_call"})
             if len(args) != 1:
                 raise ScenarioError(f"{w}: exactly one fault per event")
             if "gpu_lost" in args and not (isinstance(args["gpu_lost"], int) and 0 <= args["gpu_lost"] < node.gpus):
                 raise ScenarioError(f"{w}.gpu_lost: {args['gpu_lost']!r} is not a GPU index below {node.gpus}")
             if "counters" in args and args["counters"] not in ("Unavailable", "Error", "Unassigned", None):
                 raise ScenarioError(f"{w}.counters: expected Unavailable, Error, Unassigned or null")
+            if "nvml_call" in args:
+                _nvml_call(args["nvml_call"], node.gpus, f"{w}.nvml_call")
         else:
             raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
         events.append(Event(at, action, dict(args)))
     return Scenario(duration, tuple(events), node, seed, tick, name, jobs)
+
+
+def _nvml_call(fault, gpus: int, where: str) -> None:
+    from .nvml_shm import CALL_INDEX
+
+    if not isinstance(fault, dict) or not set(fault) <= {"call", "code", "gpu"} or "call" not in fault:
+        raise ScenarioError(f"{where}: expected {{call: NAME, code: NVML_RETURN_CODE|null, gpu: INDEX}}")
+    if fault["call"] not in CALL_INDEX:
+        raise ScenarioError(f"{where}.call: {fault['call']!r} is not one of {', '.join(CALL_INDEX)}")
+    code = fault.get("code")
+    if code is not None and (type(code) is not int or not 1 <= code <= 999):
+        raise ScenarioError(f"{where}.code: expected an NVML return code 1..999 or null, not {code!r}")
+    gpu = fault.get("gpu")
+    if gpu is not None and (type(gpu) is not int or not 0 <= gpu < gpus):
+        raise ScenarioError(f"{where}.gpu: {gpu!r} is not a GPU index below {gpus}")
 
 
 def _flag(args: dict, key: str, default: bool, where: str) -> bool:

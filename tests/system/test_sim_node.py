@@ -26,10 +26,11 @@ CPUSET = "/sys/fs/cgroup/cpuset"
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 
 
-def start_sim_node(tmp_path) -> tuple[subprocess.Popen, dict[str, str]]:
+def start_sim_node(tmp_path, scenario="scenarios/contention.yaml",
+                   config="scenarios/demo-config.yaml") -> tuple[subprocess.Popen, dict[str, str]]:
     os.makedirs(tmp_path / "node")
-    proc = subprocess.Popen([sys.executable, "-m", "noded", "sim-node", "scenarios/contention.yaml",
-                             "--config", "scenarios/demo-config.yaml", "--workdir", str(tmp_path / "node")],
+    proc = subprocess.Popen([sys.executable, "-m", "noded", "sim-node", str(scenario),
+                             "--config", str(config), "--workdir", str(tmp_path / "node")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     env = {}
     while "READY" not in env:
@@ -186,3 +187,73 @@ def test_a_daemon_killed_at_random_moments_is_put_right_by_its_next_start(tmp_pa
         code = node.wait(timeout=60)
     assert code == 0, node.stderr.read()
     assert leftovers(env) == []
+
+
+NVML_PROCESSES_FAIL = """
+seed: 1
+duration_s: 600
+tick_s: 0.25
+node: {profile: intel, gpus: 2, peak_gbps: 8}
+events:
+  - {at: 0, fault: {nvml_call: {call: processes, code: 999}}}
+  - {at: 0, start: {id: bert, model: BiDAF, gpu: 0}}
+  - {at: 0, start: {id: hog, cpu: hog}}
+  - {at: 12, fault: {nvml_call: {call: processes, code: null}}}
+"""
+
+
+def test_while_nvml_cannot_list_processes_nothing_is_throttled_blind_then_it_is(tmp_path):
+    """NVML's process list fails (Unknown) from the start: noded cannot tell its GPU jobs
+    from its CPU jobs, so even the per-job cap (which throttles any CPU job over it) holds
+    off: every job is of unknown kind, what is missing is said. Once the list works again
+    the hog is a CPU job over the cap, and is throttled."""
+    import yaml
+
+    (tmp_path / "scenario.yaml").write_text(NVML_PROCESSES_FAIL)
+    with open(os.path.join(REPO, "scenarios", "demo-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    config["contention"] = {**config.get("contention", {}), "cpu_job_cap_gbps": 1.0}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(config))
+    node, env = start_sim_node(tmp_path, tmp_path / "scenario.yaml", tmp_path / "base.yaml")
+    daemon = None
+    try:
+        nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
+        daemon = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
+                                  env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        url = re.search(r"http://\S+", read_until(daemon.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+        hog = f"cgroup:{os.path.relpath(env['NODED_SIM_CGROUP'], CPUSET)}/hog"
+        unknown = rf'noded_job_memory_bandwidth_bytes_per_second{{job_id="{re.escape(hog)}",kind="unknown"}} [1-9]'
+        wait_for(lambda: re.search(unknown, scrape(url)), timeout=30, interval=0.25,
+                 what="the hog seen, of unknown kind, with its bandwidth over the cap")
+        level = rf'noded_job_throttle_level{{job_id="{re.escape(hog)}",method="mba"}} ([0-9.]+)'
+        blind = 0
+        while blind < 8:  # two seconds of ticks with the hog over the cap and its kind unknown
+            text = scrape(url)
+            if not re.search(unknown, text):
+                break  # the fault ended (a slow start under load): what was seen must do
+            m = re.search(level, text)
+            assert m is None or float(m.group(1)) == 0, f"throttled blind:\n{text}"
+            blind += 1
+            threading_wait(0.25)
+        assert blind >= 4, "the fault ended before noded was seen holding off"
+        wait_for(lambda: (m := re.search(level, scrape(url))) is not None and float(m.group(1)) >= 1, timeout=30,
+                 interval=0.25, what="the hog throttled once NVML lists processes again")
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
+        daemon = None
+    finally:
+        if daemon is not None:
+            daemon.kill()
+            daemon.wait()
+        node.send_signal(signal.SIGTERM)
+        code = node.wait(timeout=60)
+    assert code == 0, node.stderr.read()
+    assert leftovers(env) == []
+
+
+def threading_wait(seconds: float) -> None:
+    """Pacing between two scrapes (not synchronisation: each scrape is checked as it is)."""
+    import threading
+
+    threading.Event().wait(seconds)
