@@ -7,6 +7,7 @@ or mounted (its empty cgroups go at the next start)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -40,6 +41,44 @@ def start_sim_node(tmp_path, scenario="scenarios/contention.yaml",
     return proc, env
 
 
+@contextlib.contextmanager
+def running_node(tmp_path, *args):
+    """A simulated node for the test (``start_sim_node``'s arguments): its environment; at
+    the end it is stopped (SIGTERM) and must leave nothing behind."""
+    node, env = start_sim_node(tmp_path, *args)
+    try:
+        yield env
+    finally:
+        node.send_signal(signal.SIGTERM)
+        code = node.wait(timeout=60)
+    assert code == 0, node.stderr.read()
+    assert leftovers(env) == []
+
+
+def start_daemon(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """noded as a host runs it: its config and the driver's library path, nothing else; and
+    the metrics URL it prints first."""
+    nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
+    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
+                         env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, re.search(r"http://\S+", read_until(p.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+
+
+@contextlib.contextmanager
+def running_daemon(env: dict[str, str]):
+    """A daemon on the node for the test: its metrics URL; stopped cleanly (SIGTERM, exit 0)
+    at the end, or killed where the test failed."""
+    daemon, url = start_daemon(env)
+    try:
+        yield url
+    except BaseException:
+        daemon.kill()
+        daemon.wait()
+        raise
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
+
+
 def leftovers(env: dict[str, str]) -> list[str]:
     with open("/proc/mounts") as f:
         mounts = [line for line in f if env["NODED_SIM_RESCTRL"] in line]
@@ -52,9 +91,7 @@ def scrape(url: str) -> str:
 
 
 def test_a_separate_daemon_on_the_simulated_node_sees_its_gpu_jobs_and_throttles_the_hog(tmp_path):
-    node, env = start_sim_node(tmp_path)
-    daemon = None
-    try:
+    with running_node(tmp_path) as env:
         nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
         seen = subprocess.run([sys.executable, "-c", textwrap.dedent("""
             import json, pynvml
@@ -69,28 +106,13 @@ def test_a_separate_daemon_on_the_simulated_node_sees_its_gpu_jobs_and_throttles
         gpus = json.loads(seen.stdout)
         assert len(gpus) == 4 and all(name == "NVIDIA A100-SXM4-80GB" and uuid.startswith("GPU-")
                                       for name, uuid, _ in gpus)
-        # noded as a host runs it: its config and the driver's library path, nothing else
-        daemon = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
-                                  env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
-        url = re.search(r"http://\S+", read_until(daemon.stdout, "http://", "the metrics URL", timeout=60)).group(0)
-        cgroup = os.path.relpath(env["NODED_SIM_CGROUP"], CPUSET)
-        bert, hog = f"cgroup:{cgroup}/bert", f"cgroup:{cgroup}/hog"
-        wait_for(lambda: re.search(rf'noded_job_gpu_utilization_ratio{{[^}}]*job_id="{re.escape(bert)}"', scrape(url)),
-                 timeout=30, interval=0.25, what="the GPU job seen through the library")
-        wait_for(lambda: re.search(rf'noded_job_throttle_level{{job_id="{re.escape(hog)}",method="mba"}} [1-9]',
-                                   scrape(url)), timeout=60, interval=0.25, what="the hog throttled")
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
-        daemon = None
-    finally:
-        if daemon is not None:
-            daemon.kill()
-            daemon.wait()
-        node.send_signal(signal.SIGTERM)
-        code = node.wait(timeout=60)
-    assert code == 0, node.stderr.read()
-    assert leftovers(env) == []
+        with running_daemon(env) as url:
+            cgroup = os.path.relpath(env["NODED_SIM_CGROUP"], CPUSET)
+            bert, hog = f"cgroup:{cgroup}/bert", f"cgroup:{cgroup}/hog"
+            wait_for(lambda: re.search(rf'noded_job_gpu_utilization_ratio{{[^}}]*job_id="{re.escape(bert)}"',
+                                       scrape(url)), timeout=30, interval=0.25, what="the GPU job seen through the library")
+            wait_for(lambda: re.search(rf'noded_job_throttle_level{{job_id="{re.escape(hog)}",method="mba"}} [1-9]',
+                                       scrape(url)), timeout=60, interval=0.25, what="the hog throttled")
 
 
 def test_a_killed_simulated_node_leaves_nothing_running_or_mounted(tmp_path):
@@ -138,55 +160,45 @@ def test_a_daemon_killed_at_random_moments_is_put_right_by_its_next_start(tmp_pa
     next start, then a clean stop, leaves the node as a clean start leaves it, checked from
     the kernel's side: no group of noded's, every job's cpuset its own."""
     import random
+
+    with running_node(tmp_path) as env:
+        held = killed_and_restarted(env, env["NODED_SIM_CGROUP"], env["NODED_SIM_RESCTRL"], random.Random(14))
+    assert len(held) == 3 and any(held), held  # killed with groups of its own in the kernel at least once
+
+
+def cpusets(top: str) -> dict[str, str]:
+    out = {}
+    for d in sorted(os.listdir(top)):
+        if os.path.isdir(os.path.join(top, d)):
+            with open(os.path.join(top, d, "cpuset.cpus")) as f:
+                out[d] = f.read().strip()
+    return out
+
+
+def killed_and_restarted(env, top, resctrl, rng) -> list[bool]:
+    """Three SIGKILLs of the daemon, each after a restart and a clean stop are checked; per
+    kill, whether noded's groups were in the kernel at that moment."""
     import time
 
-    node, env = start_sim_node(tmp_path)
-    rng = random.Random(14)
-    nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
-    top, resctrl = env["NODED_SIM_CGROUP"], env["NODED_SIM_RESCTRL"]
-
-    def start() -> tuple[subprocess.Popen, str]:
-        p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
-                             env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        return p, re.search(r"http://\S+", read_until(p.stdout, "http://", "the metrics URL", timeout=60)).group(0)
-
-    def cpusets() -> dict[str, str]:
-        out = {}
-        for d in sorted(os.listdir(top)):
-            if os.path.isdir(os.path.join(top, d)):
-                with open(os.path.join(top, d, "cpuset.cpus")) as f:
-                    out[d] = f.read().strip()
-        return out
-
-    try:
-        with open(os.path.join(top, "cpuset.cpus")) as f:
-            everything = f.read().strip()
-        kills, held = 0, []
-        for _ in range(3):
-            daemon, url = start()
-            # somewhere between discovery and a throttle held or released
-            deadline = time.monotonic() + rng.uniform(1.0, 8.0)
-            wait_for(lambda: time.monotonic() >= deadline or daemon.poll() is not None, timeout=10, interval=0.05,
-                     what="the moment to kill")
-            assert daemon.poll() is None, daemon.stderr.read()
-            held.append(bool(noded_groups(resctrl)))
-            daemon.kill()
-            daemon.wait()
-            kills += 1
-            # the next start puts right what the killed one left, and a clean stop removes the rest
-            daemon, url = start()
+    with open(os.path.join(top, "cpuset.cpus")) as f:
+        everything = f.read().strip()
+    held = []
+    for _ in range(3):
+        daemon, url = start_daemon(env)
+        # somewhere between discovery and a throttle held or released
+        deadline = time.monotonic() + rng.uniform(1.0, 8.0)
+        wait_for(lambda: time.monotonic() >= deadline or daemon.poll() is not None, timeout=10, interval=0.05,
+                 what="the moment to kill")
+        assert daemon.poll() is None, daemon.stderr.read()
+        held.append(bool(noded_groups(resctrl)))
+        daemon.kill()
+        daemon.wait()
+        # the next start puts right what the killed one left, and a clean stop removes the rest
+        with running_daemon(env) as url:
             wait_for(lambda: "noded_ticks_total" in scrape(url), timeout=30, what="the next start ticking")
-            daemon.send_signal(signal.SIGTERM)
-            assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
-            assert noded_groups(resctrl) == []
-            assert set(cpusets().values()) <= {everything}, cpusets()
-        assert kills == 3 and any(held), held  # killed with groups of its own in the kernel at least once
-    finally:
-        node.send_signal(signal.SIGTERM)
-        code = node.wait(timeout=60)
-    assert code == 0, node.stderr.read()
-    assert leftovers(env) == []
+        assert noded_groups(resctrl) == []
+        assert set(cpusets(top).values()) <= {everything}, cpusets(top)
+    return held
 
 
 NVML_PROCESSES_FAIL = """
@@ -214,14 +226,8 @@ def test_while_nvml_cannot_list_processes_nothing_is_throttled_blind_then_it_is(
         config = yaml.safe_load(f)
     config["contention"] = {**config.get("contention", {}), "cpu_job_cap_gbps": 1.0}
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(config))
-    node, env = start_sim_node(tmp_path, tmp_path / "scenario.yaml", tmp_path / "base.yaml")
-    daemon = None
-    try:
-        nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
-        daemon = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
-                                  env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True)
-        url = re.search(r"http://\S+", read_until(daemon.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+    with running_node(tmp_path, tmp_path / "scenario.yaml", tmp_path / "base.yaml") as env, \
+            running_daemon(env) as url:
         hog = f"cgroup:{os.path.relpath(env['NODED_SIM_CGROUP'], CPUSET)}/hog"
         unknown = rf'noded_job_memory_bandwidth_bytes_per_second{{job_id="{re.escape(hog)}",kind="unknown"}} [1-9]'
         wait_for(lambda: re.search(unknown, scrape(url)), timeout=30, interval=0.25,
@@ -239,17 +245,6 @@ def test_while_nvml_cannot_list_processes_nothing_is_throttled_blind_then_it_is(
         assert blind >= 4, "the fault ended before noded was seen holding off"
         wait_for(lambda: (m := re.search(level, scrape(url))) is not None and float(m.group(1)) >= 1, timeout=30,
                  interval=0.25, what="the hog throttled once NVML lists processes again")
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
-        daemon = None
-    finally:
-        if daemon is not None:
-            daemon.kill()
-            daemon.wait()
-        node.send_signal(signal.SIGTERM)
-        code = node.wait(timeout=60)
-    assert code == 0, node.stderr.read()
-    assert leftovers(env) == []
 
 
 def threading_wait(seconds: float) -> None:
