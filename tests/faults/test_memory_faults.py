@@ -404,10 +404,12 @@ def test_a_control_beyond_the_limit_is_refused_as_one_that_cannot_be_kept(tmp_pa
     assert SizeControls(state).get("slurm:0").kind == "stop" and "slurm:new" not in SizeControls(state).jobs()
 
 
-def test_the_pin_past_the_limit_is_refused_through_the_service_and_changes_nothing(tmp_path):
+def _sized_with_controls(tmp_path):
+    """One GPU job "g" sized with its controls kept in a state directory, ticked once:
+    (state, node, service, loop)."""
     from test_rightsize_service import CONFIG, Loop, Node
 
-    from noded.rightsize.controls import MAX_CONTROLS, SizeControls
+    from noded.rightsize.controls import SizeControls
     from noded.rightsize.history import SizingHistory
     from noded.rightsize.service import RightSizing
 
@@ -417,6 +419,13 @@ def test_the_pin_past_the_limit_is_refused_through_the_service_and_changes_nothi
     rs = RightSizing(CONFIG, SizingHistory(state), clock=lambda: node.t, controls=SizeControls(state))
     loop = Loop(node, rs)
     loop.tick()
+    return state, node, rs, loop
+
+
+def test_the_pin_past_the_limit_is_refused_through_the_service_and_changes_nothing(tmp_path):
+    from noded.rightsize.controls import MAX_CONTROLS, SizeControls
+
+    state, node, rs, loop = _sized_with_controls(tmp_path)
     # thousands of jobs' controls kept (jobs the next tick would find gone)
     state.write_json("size_controls.json", {f"slurm:{i}": {"kind": "stop", "cores": 1, "uid": 0, "reason": ""}
                                             for i in range(MAX_CONTROLS)})
@@ -489,18 +498,9 @@ def test_a_tick_without_cpu_placements_keeps_the_operators_controls(tmp_path):
     from dataclasses import replace
     from types import MappingProxyType
 
-    from test_rightsize_service import CONFIG, Loop, Node
-
     from noded.rightsize.controls import SizeControls
-    from noded.rightsize.history import SizingHistory
-    from noded.rightsize.service import RightSizing
 
-    state = SecureDir(str(tmp_path / "state"))
-    node = Node()
-    node.start("g", cpus=range(16))
-    rs = RightSizing(CONFIG, SizingHistory(state), clock=lambda: node.t, controls=SizeControls(state))
-    loop = Loop(node, rs)
-    loop.tick()
+    state, node, rs, loop = _sized_with_controls(tmp_path)
     rs.pin("g", 3, 0, "hold")
     sample = node.sample()  # the "cpus" sampler failed this tick: no job's placement is known
     blind = replace(sample, jobs=MappingProxyType({j: replace(js, cpus=None) for j, js in sample.jobs.items()}))
