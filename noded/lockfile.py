@@ -10,8 +10,9 @@ around changes; a lifelong lock there would block them).
 ``InstanceLock`` is the pid file in the runtime directory, for tools that look there.
 
 Both are ``flock(LOCK_EX|LOCK_NB)`` on a file opened through a checked directory with
-``O_NOFOLLOW``, holding the holder's pid; the kernel drops the lock when the holder
-dies, however it dies.
+``O_NOFOLLOW``, holding the holder's pid (a subtree of a filesystem also takes the
+filesystem's lock shared: ``HostLock.for_filesystems``); the kernel drops the lock when
+the holder dies, however it dies.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def _holder(fd: int) -> str:
     return text if text.isdigit() else "unknown"
 
 
-def _lock_file(d: SecureDir, name: str) -> int | str:
+def _lock_file(d: SecureDir, name: str, *, shared: bool = False) -> int | str:
     """flock a file in ``d``: its descriptor, or the holder's pid (as text) when another holds it.
+    ``shared``: a shared lock, which many hold at once and none writes its pid into.
 
     The file is ours only if it is a regular file owned by our euid with one link: in a
     sticky shared directory another user may have planted a file, a link or a hard link
@@ -70,7 +72,7 @@ def _lock_file(d: SecureDir, name: str) -> int | str:
             if why:
                 raise LockFileRefused(f"lock file {path} {why}")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _holder(fd)
                 os.close(fd)
@@ -80,8 +82,9 @@ def _lock_file(d: SecureDir, name: str) -> int | str:
             now = d.lstat(name)
             if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                 os.fchmod(fd, 0o644)  # readable for tools, whatever the umask
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                if not shared:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
                 return fd
         except BaseException:
             os.close(fd)
@@ -93,6 +96,10 @@ def _lock_file(d: SecureDir, name: str) -> int | str:
 def lock_name(resource: str) -> str:
     """The lock file for a path, escaped as systemd escapes paths into unit names:
     ``/sys/fs/resctrl`` -> ``noded-sys-fs-resctrl.lock``."""
+    return f"noded-{_escape(resource)}.lock"
+
+
+def _escape(resource: str) -> str:
     path = os.path.normpath(os.path.abspath(resource)).strip("/")
     out = []
     for i, ch in enumerate(path):
@@ -105,7 +112,7 @@ def lock_name(resource: str) -> str:
     escaped = "".join(out) or "-"
     if len(escaped) > 200:  # a file name has at most 255 bytes
         escaped = f"{escaped[:150]}-{hashlib.sha256(path.encode()).hexdigest()[:16]}"
-    return f"noded-{escaped}.lock"
+    return escaped
 
 
 class HostLock:
@@ -118,55 +125,71 @@ class HostLock:
     """
 
     def __init__(self, resources: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR, *,
-                 names: dict[str, str] | None = None):
+                 names: dict[str, tuple[tuple[str, bool], ...]] | None = None):
         # Symbolic links resolved (only by name: nothing inside resctrl is opened), so two
-        # spellings of one mount take one lock. ``names``: resource -> the lock's own name
-        # where it is not the resource's path (see for_filesystems).
+        # spellings of one mount take one lock. ``names``: resource -> the locks it takes,
+        # (name, shared), where they are not the resource's path (see for_filesystems).
         self.resources = sorted({os.path.realpath(r) for r in resources})
         self._names = {os.path.realpath(r): n for r, n in (names or {}).items()}
         self.lock_dir = lock_dir
         self._dir: SecureDir | None = None
-        self._fds: dict[str, int] = {}
+        self._fds: dict[str, tuple[int, bool]] = {}  # lock file name -> (descriptor, shared)
 
     @classmethod
     def for_filesystems(cls, paths: list[str], lock_dir: str | SecureDir = DEFAULT_LOCK_DIR) -> "HostLock":
-        """One lock per filesystem these paths are on (its device), not per path: a bind
-        mount of resctrl, or two cgroup roots in one hierarchy, are one thing to guard. A
-        path that does not exist (resctrl not mounted yet) is locked by its name."""
+        """Locks per filesystem these paths are on (its device), not per path: a bind mount
+        of resctrl, or two cgroup roots in one hierarchy, are one thing to guard. A path at
+        its filesystem's root takes the filesystem's lock; a path below takes that lock
+        shared and one of its own top directory there: two nodeds on disjoint subtrees of
+        one hierarchy (simulated nodes, each with a cgroup of its own) run side by side,
+        while one on the whole hierarchy keeps out every other. A path that does not exist
+        (resctrl not mounted yet) is locked by its name."""
         names = {}
         for path in paths:
             try:
                 dev = os.stat(path).st_dev
             except OSError:
                 continue
-            names[path] = f"dev-{os.major(dev)}-{os.minor(dev)}"
+            fs = f"dev-{os.major(dev)}-{os.minor(dev)}"
+            real = os.path.realpath(path)
+            mount = real
+            while not os.path.ismount(mount) and mount != os.path.dirname(mount):
+                mount = os.path.dirname(mount)
+            below = os.path.relpath(real, mount)
+            names[path] = ((fs, False),) if below == "." else (
+                (fs, True), (f"{fs}-{_escape('/' + below.split('/')[0])}", False))
         return cls(paths, lock_dir, names=names)
 
-    def _name(self, resource: str) -> str:
-        name = self._names.get(resource)
-        return lock_name(resource) if name is None else f"noded-{name}.lock"
+    def _locks(self, resource: str) -> tuple[tuple[str, bool], ...]:
+        """The lock files (name, shared) ``resource`` takes."""
+        names = self._names.get(resource)
+        return ((lock_name(resource), False),) if names is None else tuple(
+            (f"noded-{n}.lock", shared) for n, shared in names)
 
     def paths(self) -> dict[str, str]:
-        """Each resource's lock file."""
+        """Each resource's own (exclusive) lock file."""
         base = self.lock_dir.path if isinstance(self.lock_dir, SecureDir) else os.path.abspath(self.lock_dir)
-        return {r: os.path.join(base, self._name(r)) for r in self.resources}
+        return {r: os.path.join(base, next(n for n, shared in self._locks(r) if not shared)) for r in self.resources}
 
     def acquire(self) -> "HostLock":
         # Made root's and 0755 where missing; a shared sticky one (/run/lock) is accepted too,
         # its lock files then checked one by one (_lock_file).
         d = self.lock_dir if isinstance(self.lock_dir, SecureDir) else SecureDir(
             self.lock_dir, mode=0o755, create=True, shared=True, what="lock directory")
+        wanted: dict[str, bool] = {}  # lock file -> shared (exclusive where any resource wants it so)
+        owner: dict[str, str] = {}
+        for resource in self.resources:
+            for name, shared in self._locks(resource):
+                wanted[name] = wanted.get(name, True) and shared
+                owner.setdefault(name, resource)
         try:
-            # sorted by lock file: two starters contend on the same first one
-            for resource in sorted(self.resources, key=self._name):
-                if self._name(resource) in {self._name(r) for r in self._fds}:
-                    continue  # another path on the same filesystem: already held
-                got = _lock_file(d, self._name(resource))
+            for name in sorted(wanted):  # sorted: two starters contend on the same first one
+                got = _lock_file(d, name, shared=wanted[name])
                 if isinstance(got, str):
+                    resource = owner[name]
                     what = "" if resource not in self._names else " (the filesystem it is on)"
-                    raise AlreadyRunning(f"another noded (pid {got}) holds {resource}{what} "
-                                         f"(lock {d.file_path(self._name(resource))})")
-                self._fds[resource] = got
+                    raise AlreadyRunning(f"another noded (pid {got}) holds {resource}{what} (lock {d.file_path(name)})")
+                self._fds[name] = (got, wanted[name])
         except BaseException:
             self._close_all()
             if d is not self.lock_dir:
@@ -176,11 +199,12 @@ class HostLock:
         return self
 
     def _close_all(self) -> None:
-        for fd in self._fds.values():
-            try:
-                os.ftruncate(fd, 0)  # no stale pid for the next one to report
-            except OSError:
-                pass
+        for fd, shared in self._fds.values():
+            if not shared:  # a shared one holds no pid, and others may hold it still
+                try:
+                    os.ftruncate(fd, 0)  # no stale pid for the next one to report
+                except OSError:
+                    pass
             os.close(fd)
         self._fds.clear()
 

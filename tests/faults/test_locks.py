@@ -241,3 +241,28 @@ def test_lock_names_are_file_names_and_tell_paths_apart(a, b):
         assert "/" not in name and len(name.encode()) <= 255
     if os.path.normpath(a) != os.path.normpath(b) and max(len(a), len(b)) < 40:
         assert lock_name(a) != lock_name(b)
+
+
+def test_disjoint_subtrees_of_one_filesystem_run_side_by_side_and_its_root_keeps_out_both(lock_dir, tmp_path):
+    """Two simulated nodes' cgroups below one hierarchy are two things to guard; a noded on
+    the whole hierarchy (a host's) conflicts with each, whichever starts first; two roots
+    below one top directory are one."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(fs)], check=True)
+    try:
+        for d in ("a/x", "a/y", "b"):
+            (fs / d).mkdir(parents=True)
+        with HostLock.for_filesystems([str(fs / "a" / "x")], lock_dir=str(lock_dir)), \
+                HostLock.for_filesystems([str(fs / "b")], lock_dir=str(lock_dir)):
+            with pytest.raises(AlreadyRunning, match=f"holds {fs} \\(the filesystem it is on\\)"):
+                HostLock.for_filesystems([str(fs)], lock_dir=str(lock_dir)).acquire()
+            with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}\\) holds {fs / 'a' / 'y'}"):
+                HostLock.for_filesystems([str(fs / "a" / "y")], lock_dir=str(lock_dir)).acquire()
+        with HostLock.for_filesystems([str(fs)], lock_dir=str(lock_dir)):
+            with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}\\) holds {fs / 'b'}"):
+                HostLock.for_filesystems([str(fs / "b")], lock_dir=str(lock_dir)).acquire()
+        # all released: each starts again
+        HostLock.for_filesystems([str(fs / "b"), str(fs)], lock_dir=str(lock_dir)).acquire().release()
+    finally:
+        subprocess.run(["umount", str(fs)], check=True)
