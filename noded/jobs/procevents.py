@@ -26,6 +26,8 @@ class ProcessEvents:
     def __init__(self, on_new: NewProcess):
         self.on_new = on_new
         self._stop = threading.Event()
+        # written to by stop(): the listening thread wakes at once, not at a poll timeout
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread: threading.Thread | None = None
         self._sock = None
         self.unavailable: str | None = None
@@ -45,6 +47,8 @@ class ProcessEvents:
             log.warning("process_events=unavailable reason=%r; new processes are found by polling only",
                         self.unavailable)
             self._stop.set()
+            if not self._thread.is_alive():
+                self._close_wake()
             return False
         return True
 
@@ -86,10 +90,15 @@ class ProcessEvents:
 
         marshal = ProcEventMarshal()
         fd = sock.fileno()
+        if self._stop.is_set():
+            return
+        poller = select.poll()  # poll, not select: any descriptor number (select stops at 1024)
+        poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while not self._stop.is_set():
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if not ready:
-                continue
+            ready = {f for f, _ in poller.poll()}
+            if fd not in ready:
+                continue  # woken by stop()
             try:
                 data = os.read(fd, 1 << 16)
             except OSError as e:  # ENOBUFS when the kernel dropped events: polling catches up
@@ -110,5 +119,17 @@ class ProcessEvents:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # already woken (the pipe is full), or closed by an earlier stop
         if self._thread is not None:
             self._thread.join(timeout=2)
+        if self._thread is None or not self._thread.is_alive():
+            self._close_wake()
+
+    def _close_wake(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
