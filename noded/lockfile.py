@@ -93,6 +93,28 @@ def _lock_file(d: SecureDir, name: str, *, shared: bool = False) -> int | str:
     raise LockFileRefused(f"lock file {path} keeps being replaced while it is locked")
 
 
+def _subtree_holders(d: SecureDir, name: str) -> str | None:
+    """The pids in the subtree locks of filesystem lock ``name`` (``noded-dev-M-m-*.lock``)."""
+    prefix = name.removesuffix(".lock") + "-"
+    pids = []
+    try:
+        names = sorted(n for n in os.listdir(d.path) if n.startswith(prefix) and n.endswith(".lock"))
+    except OSError:
+        return None
+    for sub in names:
+        try:
+            fd = d.open(sub, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            holder = _holder(fd)
+        finally:
+            os.close(fd)
+        if holder != "unknown":
+            pids.append(holder)
+    return ", ".join(pids) or None
+
+
 def lock_name(resource: str) -> str:
     """The lock file for a path, escaped as systemd escapes paths into unit names:
     ``/sys/fs/resctrl`` -> ``noded-sys-fs-resctrl.lock``."""
@@ -185,6 +207,8 @@ class HostLock:
         try:
             for name in sorted(wanted):  # sorted: two starters contend on the same first one
                 got = _lock_file(d, name, shared=wanted[name])
+                if got == "unknown":  # held shared: by nodeds on subtrees, whose own locks name them
+                    got = _subtree_holders(d, name) or got
                 if isinstance(got, str):
                     resource = owner[name]
                     what = "" if resource not in self._names else " (the filesystem it is on)"

@@ -255,7 +255,7 @@ def test_disjoint_subtrees_of_one_filesystem_run_side_by_side_and_its_root_keeps
             (fs / d).mkdir(parents=True)
         with HostLock.for_filesystems([str(fs / "a" / "x")], lock_dir=str(lock_dir)), \
                 HostLock.for_filesystems([str(fs / "b")], lock_dir=str(lock_dir)):
-            with pytest.raises(AlreadyRunning, match=f"holds {fs} \\(the filesystem it is on\\)"):
+            with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}, {os.getpid()}\\) holds {fs} \\(the filesystem"):
                 HostLock.for_filesystems([str(fs)], lock_dir=str(lock_dir)).acquire()
             with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}\\) holds {fs / 'a' / 'y'}"):
                 HostLock.for_filesystems([str(fs / "a" / "y")], lock_dir=str(lock_dir)).acquire()
