@@ -93,7 +93,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
         discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels))
     monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
-    nvml = NvmlSampler() if config.nvml else None
+    # The tick waits for NVML at most half a tick (a hung driver must not stop it)
+    nvml = NvmlSampler(deadline_s=max(0.1, config.tick_s / 2)) if config.nvml else None
     method = config.contention.method
     throttle: MbaThrottle | CoreHalving | None = None
     if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:

@@ -148,17 +148,37 @@ def test_a_driver_older_than_pynvml_is_a_failed_process_list_not_a_crash(node):
     assert d0.util_gpu == 0 and d0.uuid == uuid(0)  # the rest of the device is still read
 
 
-def test_driver_not_loaded_then_loaded_retries_at_its_own_pace(node):
+def test_a_driver_not_loaded_leaves_the_gpu_jobs_unknown_and_is_retried_soon_then_less_often(node):
+    # A GPU host whose driver is not up yet (noded started first at boot): its GPU jobs are
+    # there, unseen; taking them for CPU jobs would throttle them blind.
     node.state.driver_loaded = False
     node.publish(node.state)
     sampler = NvmlSampler(retry_s=30, wall_clock=Clock())
     s = sampler.sample(0.0)
     assert not s.available and s.reason == "NVIDIA driver not loaded" and s.gpus == ()
-    assert s.processes_known  # never seen a GPU: a CPU-only node
+    assert not s.processes_known
     node.state.driver_loaded = True
     node.publish(node.state)
-    assert not sampler.sample(10.0).available  # not retried before retry_s
-    assert sampler.sample(31.0).available
+    assert sampler.sample(1.0).available  # retried a second later
+
+
+def test_init_retries_back_off_from_one_second_to_retry_s(node):
+    node.state.driver_loaded = False
+    node.publish(node.state)
+    sampler = NvmlSampler(retry_s=5, wall_clock=Clock())
+    sampler.sample(0.0)
+    node.state.driver_loaded = True
+    node.publish(node.state)
+    assert not sampler.sample(0.9).available and sampler.sample(1.0).available  # the first retry after 1 s
+    sampler.close()
+    node.state.driver_loaded = False
+    node.publish(node.state)
+    sampler = NvmlSampler(retry_s=5, wall_clock=Clock())
+    for t in (0.0, 1.0, 3.0, 7.0, 12.0):  # tried at each: 1, 2, 4 s apart, then retry_s
+        assert not sampler.sample(t).available
+    node.state.driver_loaded = True
+    node.publish(node.state)
+    assert not sampler.sample(16.9).available and sampler.sample(17.0).available
 
 
 def test_a_count_that_fails_after_gpus_were_seen_leaves_the_processes_unknown(node):
@@ -190,3 +210,66 @@ def test_no_nvml_library_at_all_makes_a_cpu_only_node():
     simgpus.install(None)  # pynvml will try to load libnvidia-ml.so.1 for real
     s = NvmlSampler().sample(0.0)
     assert not s.available and "NVML library not found" in s.reason and s.gpus == () and s.processes_known
+
+
+def test_a_hung_driver_call_costs_the_tick_its_deadline_then_nothing_until_it_returns(node):
+    """A call into the driver that takes seconds (a GPU off the bus): the sample comes back
+    at its deadline, NVML missing and which jobs hold GPUs unknown; while that call is still
+    in the driver, every sample is answered at once without a second call; once it has
+    returned, NVML is read again."""
+    import time
+
+    from conftest import wait_for
+
+    sampler = NvmlSampler(wall_clock=Clock(), deadline_s=0.2)
+    assert sampler.sample(0.0).available
+    node.state.slow_ms = {"count": 1500}
+    node.publish(node.state)
+    t0 = time.monotonic()
+    s = sampler.sample(1.0)
+    assert time.monotonic() - t0 < 1.0
+    assert not s.available and "NVML has not answered for" in s.reason and not s.processes_known
+    node.state.slow_ms = {}
+    node.publish(node.state)
+    t0 = time.monotonic()
+    again = sampler.sample(2.0)  # the slow call is still in the driver
+    assert time.monotonic() - t0 < 0.1 and not again.available and not again.processes_known
+    wait_for(lambda: sampler.sample(3.0).available, timeout=10, interval=0.05, what="NVML read again")
+    sampler.close()
+
+
+def test_a_deadline_worker_makes_one_call_at_a_time_and_hands_back_its_error():
+    import threading
+
+    from noded.samplers.deadline import DeadlineWorker, StillRunning
+
+    worker = DeadlineWorker("test")
+    assert worker.call(lambda: 7, 1.0) == 7
+    with pytest.raises(ZeroDivisionError):
+        worker.call(lambda: 1 / 0, 1.0)
+    release, calls = threading.Event(), []
+
+    def stuck():
+        calls.append(1)
+        release.wait(10)
+        return "late"
+
+    with pytest.raises(StillRunning):
+        worker.call(stuck, 0.05)
+    with pytest.raises(StillRunning):
+        worker.call(lambda: calls.append(2), 5.0)  # answered at once: the stuck call is in the way
+    assert calls == [1] and sum(t.name == "test" for t in threading.enumerate()) == 1
+    release.set()
+    from conftest import wait_for
+
+    wait_for(lambda: _returns(worker), timeout=5, what="the worker free again")
+    worker.stop()
+
+
+def _returns(worker) -> bool:
+    from noded.samplers.deadline import StillRunning
+
+    try:
+        return worker.call(lambda: True, 1.0)
+    except StillRunning:
+        return False

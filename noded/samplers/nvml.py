@@ -2,8 +2,13 @@
 
 Every device is read on its own: a lost GPU, a call the device does not support
 or a permission error marks that device (or that field) missing and the others
-are still read. A missing library or driver makes the whole node CPU-only until
-a later init succeeds (retried at most every ``retry_s``).
+are still read. A missing library makes the node CPU-only; a library whose driver is not
+loaded (a GPU host at boot) leaves which jobs hold GPUs unknown. Either until a later init
+succeeds (retried after 1 s, then backing off to ``retry_s``).
+
+With ``deadline_s`` every call is made in a worker thread and the tick waits that long at
+most: a hung driver makes NVML missing (processes unknown), never a stopped tick
+(``deadline.DeadlineWorker``).
 
 Which processes hold a GPU decides which jobs are GPU jobs, so a process list that could
 not be read is said (``processes_known``), never taken as "no processes": then a job not
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pynvml
+
+from .deadline import DeadlineWorker, StillRunning
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +94,19 @@ def _percent(value: int | None) -> int | None:
 class NvmlSampler:
     name = "nvml"
 
-    def __init__(self, retry_s: float = 30.0, *, wall_clock: Callable[[], float] = time.time, hold_s: float = HOLD_S):
+    def __init__(self, retry_s: float = 30.0, *, wall_clock: Callable[[], float] = time.time, hold_s: float = HOLD_S,
+                 deadline_s: float | None = None):
         self.retry_s = retry_s
+        self._retry_in = 1.0  # the first retry of a failed init comes soon (a driver loading at boot)
+        # None: NVML is called in the caller's thread; else in a worker's, waited for this long
+        self.deadline_s = deadline_s
+        self._worker = DeadlineWorker("noded-nvml") if deadline_s is not None else None
         self.wall_clock = wall_clock  # NVML stamps its samples in wall-clock microseconds
         self.hold_s = hold_s
         self._seen_gpus = False  # NVML has shown GPUs here: not answering is then not "no GPUs"
         self._initialised = False
         self._unavailable: str | None = None
+        self._no_library = False  # the last init failed for want of the library itself
         self._next_init = float("-inf")
         self._driver: str | None = None
         self._last_seen_us: dict[int, int] = {}  # device index -> newest sample timestamp
@@ -111,11 +124,17 @@ class NvmlSampler:
             reason = {"LibraryNotFound": "NVML library not found (no NVIDIA driver installed?)",
                       "DriverNotLoaded": "NVIDIA driver not loaded"}.get(_err(e), f"nvmlInit failed: {_err(e)}")
             if reason != self._unavailable:
-                log.warning("nvml=unavailable reason=%r; running as a CPU-only node", reason)
+                log.warning("nvml=unavailable reason=%r; %s", reason, "running as a CPU-only node"
+                            if isinstance(e, pynvml.NVMLError_LibraryNotFound) else "which jobs hold GPUs is unknown")
             self._unavailable = reason
-            self._next_init = now + self.retry_s
+            # A library without a driver is a GPU host whose driver is not up (yet): its GPU
+            # jobs are there, unseen. Only a host without the library is taken as CPU-only.
+            self._no_library = isinstance(e, pynvml.NVMLError_LibraryNotFound)
+            self._next_init = now + min(self._retry_in, self.retry_s)
+            self._retry_in = min(self._retry_in * 2, self.retry_s)
             return False
         self._initialised = True
+        self._retry_in = 1.0
         if self._unavailable:
             log.info("nvml=available after: %s", self._unavailable)
         self._unavailable = None
@@ -126,8 +145,18 @@ class NvmlSampler:
         return True
 
     def sample(self, now: float) -> NvmlSample:
+        if self._worker is None or self.deadline_s is None:
+            return self._sample(now)
+        try:
+            return self._worker.call(lambda: self._sample(now), self.deadline_s)
+        except StillRunning as e:
+            return NvmlSample(False, f"NVML has not answered for {e.running_s:.1f} s (a hung driver or GPU?)",
+                              self._driver, (), processes_known=False)
+
+    def _sample(self, now: float) -> NvmlSample:
         if not self._ensure_init(now):
-            return NvmlSample(False, self._unavailable, None, (), processes_known=not self._seen_gpus)
+            return NvmlSample(False, self._unavailable, None, (),
+                              processes_known=self._no_library and not self._seen_gpus)
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as e:
@@ -216,6 +245,16 @@ class NvmlSampler:
         return out
 
     def close(self) -> None:
+        if self._worker is None or self.deadline_s is None:
+            self._shutdown()
+            return
+        try:
+            self._worker.call(self._shutdown, self.deadline_s)
+        except StillRunning as e:  # a hung call holds the driver: the process's exit ends it
+            log.warning("nvml=not-shut-down reason=%r", str(e))
+        self._worker.stop()
+
+    def _shutdown(self) -> None:
         if self._initialised:
             try:
                 pynvml.nvmlShutdown()
