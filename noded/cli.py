@@ -46,7 +46,8 @@ def _main(argv: list[str] | None) -> int:
     run.add_argument("--dry-run", action="store_true",
                      help="decide and log every change it would make to a job; make none (it still makes its "
                           "monitoring groups)")
-    run.add_argument("--sim", metavar="SCENARIO", help="run against the simulated node from this scenario file")
+    run.add_argument("--sim", metavar="SCENARIO", help="run the simulated node from this scenario file (`noded "
+                     "sim-node`) and the daemon beside it, as two processes, as on a host")
     run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
     run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: start and stop steps, reads and "
                      "other detail (default: WARNING and above; every change to a job is logged either way)")
@@ -74,6 +75,9 @@ def _main(argv: list[str] | None) -> int:
     node.add_argument("--config", help="a noded config to point at the node (default: noded's defaults)")
     node.add_argument("--workdir", help="where its files go (default: a new temporary directory, removed at exit)")
     node.add_argument("-v", "--verbose", action="store_true", help="log every job and fault")
+    node.add_argument("--hold", action="store_true", help="keep the node up after the scenario's end, until "
+                      "SIGTERM")
+    node.add_argument("--watch", action="store_true", help="after READY, a line a second of what the node does")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
@@ -92,6 +96,16 @@ def _main(argv: list[str] | None) -> int:
         shown = sys.argv[1:] if argv is None else argv
         return calibrate(args.state_dir, args.seconds, args.size, args.threads,
                          " ".join(["noded", *map(shlex.quote, shown)]))
+    if args.command == "run" and args.sim:
+        from .sim.scenario import ScenarioError, load_scenario
+        from .sim.with_daemon import run_with_sim_node
+
+        try:
+            duration = args.duration or load_scenario(args.sim).duration_s
+        except (OSError, ScenarioError) as e:
+            print(f"noded run: {e}", file=sys.stderr)
+            return 1
+        return run_with_sim_node(args.sim, duration, args.config, dry_run=args.dry_run, verbose=args.verbose)
     if args.command == "run":
         # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
         # never kills noded half-started (see noded.signals).
@@ -119,7 +133,7 @@ def _main(argv: list[str] | None) -> int:
             return run_scenario(scenario)
         from .sim.sim_node import run_sim_node
 
-        return run_sim_node(scenario, args.config, args.workdir)
+        return run_sim_node(scenario, args.config, args.workdir, hold=args.hold, watch=args.watch)
     if args.command == "tour":
         from resctrl.emulator.profiles import PROFILES
 

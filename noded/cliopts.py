@@ -93,3 +93,26 @@ def subparsers(parser: argparse.ArgumentParser, parent: argparse.ArgumentParser,
         return argparse.ArgumentParser(**parser_kw)
 
     return parser.add_subparsers(parser_class=make, **kw)
+
+
+def say(line: str, stream=None) -> bool:
+    """Print a line for whoever reads noded's output. A reader that went away (``| head``)
+    must not stop or break the daemon: its output goes to /dev/null from then on, and
+    False tells the caller nobody reads any more."""
+    stream = stream or sys.stdout
+    if stream.fileno() in _READERS_GONE:
+        return False
+    try:
+        print(line, file=stream, flush=True)
+        return True
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())  # later writes and the flush at exit go nowhere
+        finally:
+            os.close(devnull)
+        _READERS_GONE.add(stream.fileno())
+        return False
+
+
+_READERS_GONE: set[int] = set()  # descriptors whose reader went away (now /dev/null)

@@ -1,4 +1,4 @@
-"""`noded run`: the daemon on this host, or (``--sim``) on the simulated node.
+"""`noded run`: the daemon on this host (``--sim``: see noded.sim.with_daemon).
 
 Signals: SIGTERM/SIGINT stop the loop, release every throttle, restore what was
 changed and remove noded's groups; SIGHUP reloads the config (a bad one is refused
@@ -8,11 +8,9 @@ READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from contextlib import ExitStack
@@ -23,6 +21,7 @@ from .admin.overrides import OverrideStore
 from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
+from .cliopts import say
 from .config import Config, ConfigError, load_config
 from .daemon import TickResult
 from .hostcheck import start_problems
@@ -83,23 +82,7 @@ def _run(args, signals: Signals) -> int:
 
 
 def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
-    discovery = None
-    sim = None
     settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
-    if args.sim:
-        from .sim.node import SimNode
-        from .sim.scenario import ScenarioError, load_scenario
-
-        try:
-            scenario = load_scenario(args.sim)
-        except (OSError, ScenarioError) as e:
-            raise StartError(e) from None
-        sim = stack.enter_context(SimNode(scenario))
-        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="noded-sim-"))
-        discovery = sim.discovery
-
-        def settle(c: Config, sim=sim, scratch=scratch) -> tuple[Config, str]:
-            return sim.configure(c, scratch), "from the scenario"
     config, peak_note = settle(config)
     problems = start_problems(config)  # what check-config checks too
     if problems:
@@ -118,7 +101,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.enter_context(HostLock.for_filesystems(shared))
     if signals.stop.is_set():
         return 0  # asked to stop while starting: nothing was changed yet
-    built = build_daemon(config, dry_run=args.dry_run, discovery=discovery)
+    built = build_daemon(config, dry_run=args.dry_run)
     daemon = built.daemon
     stack.callback(daemon.shutdown)  # from here on, whatever fails below, the node is put back
     signals.attach(daemon)
@@ -141,9 +124,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
                              "report socket", config.report_socket)
         stack.callback(reports.stop)
     say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
-    duration = args.duration or (sim.scenario.duration_s if sim else None)
-    if duration:
-        timer = threading.Timer(duration, signals.stop.set)
+    if args.duration:
+        timer = threading.Timer(args.duration, signals.stop.set)
         timer.daemon = True
         timer.start()
         stack.callback(timer.cancel)
@@ -151,38 +133,10 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
     daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
     on_tick = _notifier_hook(notifier)
-    if sim is not None:
-        say(f"noded: simulated node, {sim.scenario.node.gpus} GPUs, profile {sim.scenario.node.profile!r}, "
-            f"peak {sim.scenario.node.peak_gbps:g} GB/s per L3 domain, throttling with "
-            f"{daemon.throttle.kind if daemon.throttle else 'nothing'}; {sim.scenario.name}")
-        on_tick = _with_sim(sim, signals.stop, stack, on_tick)
     daemon.run(signals.stop, on_tick=on_tick)
     stack.close()
-    say("noded: stopped; throttles released, groups removed" + (", simulated node torn down." if args.sim else "."))
+    say("noded: stopped; throttles released, groups removed.")
     return 0
-
-
-def say(line: str, stream=None) -> bool:
-    """Print a line for whoever reads noded's output. A reader that went away (``| head``)
-    must not stop or break the daemon: its output goes to /dev/null from then on, and
-    False tells the caller nobody reads any more."""
-    stream = stream or sys.stdout
-    if stream.fileno() in _READERS_GONE:
-        return False
-    try:
-        print(line, file=stream, flush=True)
-        return True
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, stream.fileno())  # later writes and the flush at exit go nowhere
-        finally:
-            os.close(devnull)
-        _READERS_GONE.add(stream.fileno())
-        return False
-
-
-_READERS_GONE: set[int] = set()  # descriptors whose reader went away (now /dev/null)
 
 
 def _listening(server: AdminServer, what: str, path: str) -> AdminServer:
@@ -224,37 +178,3 @@ def _notifier_hook(notifier: SystemdNotifier):
 
     on_tick.notifier = notifier  # type: ignore[attr-defined]
     return on_tick
-
-
-def _with_sim(sim, stop: threading.Event, stack: ExitStack, on_tick):
-    from .sim.run import print_tick
-
-    def step() -> None:
-        while not stop.is_set():
-            sim.step()
-            stop.wait(sim.scenario.tick_s)
-
-    stepper = threading.Thread(target=step, name="noded-sim", daemon=True)
-    stepper.start()
-    stack.callback(stepper.join)
-    stack.callback(stop.set)
-    state = {"next": 0.0, "t0": None}
-
-    def report(result: TickResult) -> None:
-        on_tick(result)
-        if state["t0"] is None:
-            state["t0"] = result.t
-        elapsed = result.t - state["t0"]
-        lines = [f"t={elapsed:5.1f}s  {a.kind.upper()} {a.job.removeprefix('sim:')} level "
-                 f"{a.from_level}->{a.to_level}: {a.reason}" for a in result.decision.actions]
-        if elapsed >= state["next"]:
-            state["next"] += 1.0
-            view = io.StringIO()
-            print_tick(elapsed, result.sample, result.levels, view)
-            lines.append(view.getvalue().rstrip("\n"))
-        # The simulated run is there to be watched: once its reader is gone, it stops
-        # (cleanly, as on SIGTERM).
-        if lines and not say("\n".join(lines)):
-            stop.set()
-
-    return report

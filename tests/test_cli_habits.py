@@ -430,6 +430,16 @@ def children(pid):
     return out
 
 
+def descendants(pid):
+    """``pid``'s children, theirs, and so on."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 def cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -452,14 +462,16 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
     try:
         read_until(p.stdout, "noded: metrics at http://127.0.0.1:", "the metrics URL first", timeout=60)
         read_until(p.stdout, "hog[cpu]", "the hog running", timeout=60)
-        (emulator,) = wait_for(lambda: [c for c in children(p.pid) if b"resctrl.emulator" in cmdline(c)],
-                               what="the emulator child")
+        # the simulated node and the daemon are processes of their own, below the command
+        (emulator,) = wait_for(lambda: [c for c in descendants(p.pid) if b"resctrl.emulator" in cmdline(c)],
+                               what="the emulator, below the simulated node")
         mount = cmdline(emulator)[cmdline(emulator).index(b"resctrl.emulator") + 1].decode()
-        jobs = [c for c in children(p.pid) if c != emulator]
-        assert mounted(mount) and jobs
+        below = [c for c in descendants(p.pid) if c != emulator]
+        assert mounted(mount) and len(below) >= 4  # node, daemon and the jobs at least
         os.killpg(p.pid, signal.SIGINT)
-        read_until(p.stdout, "noded: stopped; throttles released, groups removed, simulated node torn down.",
-                   "noded's last line", timeout=60)
+        read_until(p.stdout, "noded: stopped; throttles released, groups removed.", "the daemon's last line",
+                   timeout=60)
+        read_until(p.stdout, "noded: simulated node torn down.", "the command's last line", timeout=60)
         p.wait(timeout=60)
         err = p.stderr.read()
     finally:
@@ -473,7 +485,7 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
     assert "resctrl=gone" not in err, err
     assert not [line for line in err.splitlines() if re.match(r"<[0-4]>", line) and "admin group" not in line], err
     assert not mounted(mount)
-    assert not [pid for pid in [emulator, *jobs] if os.path.exists(f"/proc/{pid}")]
+    assert not [pid for pid in [emulator, *below] if os.path.exists(f"/proc/{pid}")]
 
 
 @pytest.mark.fuse

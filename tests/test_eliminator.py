@@ -162,7 +162,7 @@ def test_4_heaviest_hog_first_no_gpu_job_ever_throttled_no_oscillation(harness):
                 "  - {at: 0, start: {id: resnet, model: ResNet-50, gpu: 2}}\n"
                 "  - {at: 1, start: {id: hog1, cpu_gbps: 14}}\n"
                 "  - {at: 1, start: {id: hog2, cpu_gbps: 6}}\n", peak=10, tick=0.1, hold_s=1.0, settle_s=0.3)
-    for _ in range(300):  # 300 ticks: five minutes at the default 1 s tick
+    for _ in range(150):  # 150 ticks: fifteen hold periods, two and a half minutes at the default 1 s tick
         r = h.tick()
         assert not any(r.sample.jobs[j].kind == "gpu" for j in r.levels)
     throttles = [a for a in h.actions() if a.kind == "throttle"]

@@ -10,6 +10,8 @@ import urllib.request
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
+
+from conftest import wait_for
 from prometheus_client import generate_latest
 
 from noded.actuators.cpusets import CpuSetResult
@@ -149,17 +151,20 @@ def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_
     try:
         first = p.stdout.readline()
         url = re.fullmatch(r"noded: metrics at (http://127\.0\.0\.1:\d+/metrics)\n", first).group(1)
-        body = ""
-        for line in p.stdout:  # each printed tick means the loop is running
-            if line.startswith("t=") and "hog" in line and "L" in line.split("hog")[1][:40]:
-                body = urllib.request.urlopen(url, timeout=5).read().decode()
-                break
-        assert 'noded_job_throttle_level{job_id="sim:hog",method="mba"}' in body
+
+        def scrape() -> str:
+            return urllib.request.urlopen(url, timeout=5).read().decode()
+
+        def throttled() -> str | None:
+            text = scrape()
+            return text if re.search(r'noded_job_throttle_level{job_id="cgroup:hog",method="mba"} [1-9]', text) else None
+
+        body = wait_for(throttled, timeout=60, interval=0.25, what="the hog throttled, in the metrics")
         assert "noded_node_memory_bandwidth_bytes_per_second" in body
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
-        assert "throttles released, groups removed" in out
+        assert "noded: stopped; throttles released, groups removed.\nnoded: simulated node torn down.\n" in out
     finally:
         if p.poll() is None:
             p.kill()

@@ -543,7 +543,7 @@ class Live:
 
 @contextlib.contextmanager
 def live(tmp_path, cfg: str, scenario: str, *, warm_kernels: bool = False):
-    """Starts noded (``--sim scenario --config cfg``, 110 s at most), the dcgm stand-in and
+    """Starts noded (``--sim scenario --config cfg``: the simulated node and the daemon, 110 s at most), the dcgm stand-in and
     Prometheus; yields a Live. On a clean exit stops them in order and asserts each stopped
     cleanly, that the emulator's mount is gone and that no process noded started is left."""
     (tmp_path / "tmp").mkdir(mode=0o700)
@@ -707,7 +707,7 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         api = d.api
         # What an operator and a Slurm prolog would do: hold the quiet CPU job back, and
         # ask for co-location twice (one admitted with an ncu profile, one refused: no profile).
-        wait_for(lambda: d.nodectl("throttle", "sim:etl", "--level", "1", "--ttl", "30m",
+        wait_for(lambda: d.nodectl("throttle", "cgroup:etl", "--level", "1", "--ttl", "30m",
                                    "--reason", "test").returncode == 0, timeout=20, interval=0.2,
                  what="the etl override")
         # (admissions wait for MPS)
@@ -723,8 +723,8 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         def contended() -> bool:
             d.alive()
             return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
-                    and api.has_data('noded_job_throttle_level{job_id="sim:hog"} > 0')
-                    and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="sim:hog"}'))
+                    and api.has_data('noded_job_throttle_level{job_id="cgroup:hog"} > 0')
+                    and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="cgroup:hog"}'))
 
         try:
             wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
@@ -743,7 +743,7 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
 
 def rightsize_inputs(tmp_path) -> tuple[str, str]:
     """A right-sizing run: scenarios/demo-config.yaml with right-sizing on for the simulated
-    node's jobs (registered process trees) and lending to them, short windows, everything it
+    node's jobs (their cgroups) and lending to them, short windows, everything it
     writes under tmp_path; scenarios/rightsize.yaml's first GPU job (AlexNet, reporting its
     iteration times) and its CPU job from the start. One GPU job so that it fits any host
     (a GPU job never shares a CPU with another; on 2 CPUs it is sized to 1 and lends the other)."""
@@ -752,7 +752,7 @@ def rightsize_inputs(tmp_path) -> tuple[str, str]:
     admin = tmp_path / "admin"
     admin.mkdir(mode=0o700)
     config.update(tick_s=0.25, metrics={"address": "127.0.0.1", "port": 0}, admin={"socket": str(admin / "noded.sock")},
-                  rightsize={"sources": ["registered"], "lend_to": ["registered"], "warmup_s": 0.5,
+                  rightsize={"sources": ["cgroup"], "lend_to": ["cgroup"], "warmup_s": 0.5,
                              "max_window_s": 4.0})
     with open(os.path.join(ROOT, "scenarios", "rightsize.yaml")) as f:
         scenario = yaml.safe_load(f)
@@ -772,7 +772,7 @@ def test_every_right_sizing_query_returns_data_from_a_real_prometheus_scraping_a
     cfg, scenario = rightsize_inputs(tmp_path)
     with live(tmp_path, cfg, scenario) as d:
         api = d.api
-        job = "sim:" + yaml.safe_load(open(scenario))["events"][0]["start"]["id"]
+        job = "cgroup:" + yaml.safe_load(open(scenario))["events"][0]["start"]["id"]
 
         def sized_and_lending() -> bool:
             d.alive()

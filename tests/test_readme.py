@@ -113,7 +113,7 @@ def test_the_readmes_demo_facts_are_the_demos_files():
     calms = {e["set"]["id"]: e["at"] for e in scenario["events"] if "set" in e}
     assert f"at {starts['hog']} s a CPU bandwidth hog" in text and f"calms down at {calms['hog']} s" in text
     for sim_id in starts:
-        assert f"`sim:{sim_id}`" in text
+        assert f"`cgroup:{sim_id}`" in text
 
 
 def _section_commands(marker: str) -> list[str]:
@@ -134,12 +134,12 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
         env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "NODED_SOCKET": socket}
 
         def run(command: str, **kw) -> subprocess.CompletedProcess:
-            command = (command.replace("/tmp/noded-sim-XXXX/run/noded.sock", socket)
-                       .replace("slurm:4242", "sim:hog").replace("slurm:77", "sim:resnet"))
+            command = (command.replace("/tmp/noded-sim-node-XXXX/run/noded.sock", socket)
+                       .replace("slurm:4242", "cgroup:hog").replace("slurm:77", "cgroup:resnet"))
             return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30,
                                   cwd=ROOT, **kw)
 
-        wait_for(lambda: "sim:hog" in run("nodectl jobs").stdout, timeout=30, what="the hog known to noded")
+        wait_for(lambda: "cgroup:hog" in run("nodectl jobs").stdout, timeout=30, what="the hog known to noded")
         done = []
         for command in sh_commands():
             if coverage(command) != (HERE,):
@@ -148,7 +148,7 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
                 continue  # this very daemon
             if command == "nodectl top":
                 top = subprocess.Popen(["bash", "-c", "exec nodectl top"], env=env, stdout=subprocess.PIPE, text=True)
-                read_until(top.stdout, "sim:hog", "a view of the jobs", timeout=30)
+                read_until(top.stdout, "cgroup:hog", "a view of the jobs", timeout=30)
                 top.send_signal(signal.SIGINT)  # Ctrl-C is how one leaves top
                 assert top.wait(timeout=30) == 0
                 done.append(command)
@@ -159,7 +159,7 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
             assert r.returncode == 0, f"README command {command!r}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
             done.append(command)
         assert {"nodectl status", "nodectl jobs", "nodectl resume", "nodectl top"} <= set(done)
-        assert len([c for c in done if "--socket /tmp/noded-sim-XXXX" in c]) >= 4  # the demo's own block
+        assert len([c for c in done if "--socket /tmp/noded-sim-node-XXXX" in c]) >= 4  # the demo's own block
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=60) == 0
     finally:
@@ -174,5 +174,5 @@ def test_dry_run_from_the_command_line_changes_nothing():
                         "scenarios/demo-config.yaml", "--dry-run", "--duration", "9"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert re.search(r"dry-run job=sim:hog level=0->1 throttle=mba: would write mkdir noded-mba-1", p.stderr), p.stderr
+    assert re.search(r"dry-run job=cgroup:hog level=0->1 throttle=mba: would write mkdir noded-mba-1", p.stderr), p.stderr
     assert not re.search(r"\b(applied|group-removed|restored) job=", p.stderr), p.stderr

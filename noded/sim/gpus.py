@@ -55,6 +55,8 @@ class SimGpu:
     lost: bool = False
     # C function name -> the NVML return code it fails with
     faults: dict[str, int] = field(default_factory=dict)
+    # C function name -> how long each call of it takes (ms): a driver slow or hung on this GPU
+    slow_ms: dict[str, int] = field(default_factory=dict)
 
 
 def make_gpus(count: int, name: str = "NVIDIA A100-SXM4-80GB") -> list[SimGpu]:
@@ -72,11 +74,17 @@ def install(lib) -> None:
 class SimGpus:
     """The GPUs of a simulated node, published at ``path`` (a new file)."""
 
-    def __init__(self, path: str, gpus: list[SimGpu], *, wall_clock: Callable[[], float] = time.time):
+    def __init__(self, path: str, gpus: list[SimGpu], *, wall_clock: Callable[[], float] = time.time,
+                 variant: str = "current"):
         self.models = gpus
+        self.variant = variant  # which build of the library other processes load (nvml_lib.VARIANTS)
         self.shared = SharedGpus(path)
         self.wall_clock = wall_clock  # NVML stamps its samples by the wall clock
         self.driver_loaded = True  # False: nvmlInit fails DRIVER_NOT_LOADED
+        # node-wide calls (init, count, handle lookups, driver version): call name -> return
+        # code it fails with, or how long it takes (ms)
+        self.faults: dict[str, int] = {}
+        self.slow_ms: dict[str, int] = {}
         self.lock = threading.RLock()  # held while publishing: change the models under it from other threads
         self._publisher: tuple[threading.Thread, threading.Event] | None = None
         self._modes = [g.compute_mode for g in gpus]
@@ -101,7 +109,7 @@ class SimGpus:
     @property
     def env(self) -> dict[str, str]:
         """What another process needs to see these GPUs through pynvml."""
-        return {"LD_LIBRARY_PATH": library_dir(), ENV: self.shared.path}
+        return {"LD_LIBRARY_PATH": library_dir(self.variant), ENV: self.shared.path}
 
     def compute_mode(self, index: int) -> int:
         """The GPU's compute mode in force (as NVML says it)."""
@@ -130,8 +138,10 @@ class SimGpus:
                 compute_capability=g.compute_capability, lost=g.lost,
                 processes=[(p.pid, p.used_memory) for p in g.processes.values()],
                 mps_server_pid=g.mps_server_pid, mps_clients=[(p.pid, p.used_memory) for p in g.mps_clients.values()],
-                faults={CALL_OF[fn]: code for fn, code in g.faults.items()}))
-        self.shared.publish(NodeState(states, driver_loaded=self.driver_loaded))
+                faults={CALL_OF[fn]: code for fn, code in g.faults.items()},
+                slow_ms={CALL_OF[fn]: ms for fn, ms in g.slow_ms.items()}))
+        self.shared.publish(NodeState(states, driver_loaded=self.driver_loaded, faults=dict(self.faults),
+                                      slow_ms=dict(self.slow_ms)))
 
     def keep_publishing(self, period_s: float = 0.25) -> None:
         """Publish every ``period_s`` until ``close`` (for a node nothing steps: the driver
@@ -149,7 +159,7 @@ class SimGpus:
     def install(self) -> None:
         """This process's pynvml reads these GPUs through the stand-in library."""
         os.environ[ENV] = self.shared.path
-        lib = ctypes.CDLL(library_path())
+        lib = ctypes.CDLL(library_path(self.variant))
         while lib.nvmlShutdown() == pynvml.NVML_SUCCESS:
             pass  # an earlier node's initialisation in this process: the next init maps this one
         install(lib)

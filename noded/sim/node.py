@@ -133,7 +133,7 @@ class SimNode:
         self.domains = self.open_resctrl().caps.domains
         self.scratch = tempfile.mkdtemp(prefix="noded-sim-jobs-", dir=self.workdir)
         os.chmod(self.scratch, 0o755)  # the GPUs' file is every user's to read, as a driver's devices are
-        self.gpus = SimGpus(os.path.join(self.scratch, "nvml.shm"), make_gpus(node.gpus))
+        self.gpus = SimGpus(os.path.join(self.scratch, "nvml.shm"), make_gpus(node.gpus), variant=node.nvml)
         if self.cpuset_root is not None:
             # named by this process: a later node removes it only once this one is gone
             self.cgroup_dir = _make_cpuset(self.cpuset_root,
@@ -208,10 +208,9 @@ class SimNode:
         return self.elapsed >= self.scenario.duration_s
 
     def job_id(self, sim_id: str) -> str:
-        """The job's id as noded sees it: ``sim:ID``, or its cgroup's under a ``cgroup`` source."""
-        if self.cgroup_dir is None:
-            return job_id(sim_id)
-        return "cgroup:" + os.path.relpath(os.path.join(self.cgroup_dir, sim_id), self.cpuset_root)
+        """The job's id as noded sees it: ``sim:ID``, or, in cgroups, ``cgroup:ID`` (a
+        ``cgroup`` source rooted at the node's own cgroup, as `noded sim-node` configures)."""
+        return job_id(sim_id) if self.cgroup_dir is None else f"cgroup:{sim_id}"
 
     # -- cores
     def simulated_cores(self, real_cpus: int) -> float:
@@ -308,7 +307,8 @@ class SimNode:
                 pass
         log.info("sim: stopped %s", sim_id)
 
-    def _fault(self, args: dict) -> None:
+    def fault(self, args: dict) -> None:
+        """One scenario fault, now (``args``: a checked ``fault:`` mapping)."""
         assert self.emu is not None and self.emu.control is not None
         if "gpu_lost" in args:
             self.gpus[args["gpu_lost"]].lost = True
@@ -321,12 +321,21 @@ class SimNode:
             fault = args["nvml_call"]
             functions = [fn for fn, call in CALL_OF.items() if call == fault["call"]]
             gpus = [self.gpus[fault["gpu"]]] if fault.get("gpu") is not None else list(self.gpus)
+            kind, value = ("slow_ms", fault["slow_ms"]) if "slow_ms" in fault else ("faults", fault.get("code"))
+            if fault.get("gpu") is None:  # the node-wide calls too (init, count, handle lookups)
+                node_wide = getattr(self.gpus, kind)
+                if value is None:
+                    node_wide.pop(fault["call"], None)
+                else:
+                    node_wide[fault["call"]] = value
             for gpu in gpus:
                 for fn in functions:
-                    if fault.get("code") is None:
-                        gpu.faults.pop(fn, None)
+                    if value is None:
+                        getattr(gpu, kind).pop(fn, None)
                     else:
-                        gpu.faults[fn] = fault["code"]
+                        getattr(gpu, kind)[fn] = value
+        elif "nvml_driver" in args:
+            self.gpus.driver_loaded = args["nvml_driver"]
         elif "counters" in args:
             self.emu.control.set_counter_state(args["counters"])
         elif "domain_offline" in args:
@@ -347,7 +356,7 @@ class SimNode:
             elif ev.action == "set":
                 self._set_demand(ev.args["id"], ev.args["cpu_gbps"])
             elif ev.action == "fault":
-                self._fault(ev.args)
+                self.fault(ev.args)
 
     def step(self) -> SimState:
         """Apply due events, then set GPU utilisation from the bandwidth granted now."""

@@ -4,7 +4,8 @@
 seed: 7                # noise in GPU utilisation is drawn from this
 duration_s: 30
 tick_s: 0.25           # how often the workload model updates the hardware
-node: {profile: intel, gpus: 4, peak_gbps: 20}   # cpus: 16 (the simulated host's CPUs)
+node: {profile: intel, gpus: 4, peak_gbps: 20}   # cpus: 16 (the simulated host's CPUs),
+                                                  # nvml: no_v3 (a driver older than pynvml)
 events:
   - {at: 0,  start: {id: bert, model: BiDAF, gpu: 0}}
   - {at: 0,  start: {id: cv, model: AlexNet, gpu: 1, command: "python3 -m bench.victims decode"}}
@@ -16,7 +17,10 @@ events:
                                                     #    nvml_lost: true|false, domain_offline: 1,
                                                     #    nvml_call: {call: processes, code: 999},
                                                     #    (a GPU's or, without gpu:, every GPU's
-                                                    #    NVML call failing; code null: fixed)
+                                                    #    NVML call failing; code null: fixed),
+                                                    #    nvml_call: {call: count, slow_ms: 5000}
+                                                    #    (slow; null: fixed), nvml_driver: false
+                                                    #    (nvmlInit fails DRIVER_NOT_LOADED)
 ```
 
 Every key is checked; an error names the file, the event and the key. A job's
@@ -84,6 +88,7 @@ class NodeSpec:
     gpus: int = 4
     peak_gbps: float = 20.0
     cpus: int | None = None  # the simulated host's CPUs (None: the real ones this process may use)
+    nvml: str = "current"  # the driver's NVML: current, or no_v3 (older than pynvml: no _v3 entry points)
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,12 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
         raise ScenarioError(f"{e.location}: not valid YAML for a scenario: {e.detail}") from None
     _keys(data, name, {"duration_s", "events"}, {"seed", "tick_s", "node"})
     node_d = data.get("node", {})
-    _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps", "cpus"})
+    _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps", "cpus", "nvml"})
     node = NodeSpec(**node_d)
+    from .nvml_lib import VARIANTS
+
+    if node.nvml not in VARIANTS:
+        raise ScenarioError(f"{name}: node.nvml {node.nvml!r} is not one of {', '.join(VARIANTS)}")
     if node.profile not in PROFILES:
         raise ScenarioError(f"{name}: node.profile {node.profile!r} is not one of {sorted(PROFILES)}")
     if not isinstance(node.gpus, int) or not 0 <= node.gpus <= 64:
@@ -202,7 +211,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
                 args = {"id": jid, "cpu_gbps": _cpu_gbps(args, w)}
         elif action == "fault":
             _keys(args, w, set(), {"gpu_lost", "counters", "nvml_lost", "domain_offline", "domain_online",
-                                   "nvml_call"})
+                                   "nvml_call", "nvml_driver"})
             if len(args) != 1:
                 raise ScenarioError(f"{w}: exactly one fault per event")
             if "gpu_lost" in args and not (isinstance(args["gpu_lost"], int) and 0 <= args["gpu_lost"] < node.gpus):
@@ -211,6 +220,8 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
                 raise ScenarioError(f"{w}.counters: expected Unavailable, Error, Unassigned or null")
             if "nvml_call" in args:
                 _nvml_call(args["nvml_call"], node.gpus, f"{w}.nvml_call")
+            if "nvml_driver" in args and not isinstance(args["nvml_driver"], bool):
+                raise ScenarioError(f"{w}.nvml_driver: expected true (loaded) or false (not loaded)")
         else:
             raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
         events.append(Event(at, action, dict(args)))
@@ -220,13 +231,18 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
 def _nvml_call(fault, gpus: int, where: str) -> None:
     from .nvml_shm import CALL_INDEX
 
-    if not isinstance(fault, dict) or not set(fault) <= {"call", "code", "gpu"} or "call" not in fault:
-        raise ScenarioError(f"{where}: expected {{call: NAME, code: NVML_RETURN_CODE|null, gpu: INDEX}}")
+    if not isinstance(fault, dict) or not set(fault) <= {"call", "code", "slow_ms", "gpu"} or "call" not in fault \
+            or ("code" in fault) == ("slow_ms" in fault):
+        raise ScenarioError(f"{where}: expected {{call: NAME, code: NVML_RETURN_CODE|null, gpu: INDEX}} or "
+                            "{call: NAME, slow_ms: MILLISECONDS|null, gpu: INDEX}")
     if fault["call"] not in CALL_INDEX:
         raise ScenarioError(f"{where}.call: {fault['call']!r} is not one of {', '.join(CALL_INDEX)}")
     code = fault.get("code")
     if code is not None and (type(code) is not int or not 1 <= code <= 999):
         raise ScenarioError(f"{where}.code: expected an NVML return code 1..999 or null, not {code!r}")
+    slow = fault.get("slow_ms")
+    if slow is not None and (type(slow) is not int or not 1 <= slow <= 600_000):
+        raise ScenarioError(f"{where}.slow_ms: expected milliseconds 1..600000 or null, not {slow!r}")
     gpu = fault.get("gpu")
     if gpu is not None and (type(gpu) is not int or not 0 <= gpu < gpus):
         raise ScenarioError(f"{where}.gpu: {gpu!r} is not a GPU index below {gpus}")

@@ -11,12 +11,14 @@ Once ready it prints, one ``NAME=value`` a line, what another process needs:
 ``LD_LIBRARY_PATH`` and ``NODED_SIM_NVML`` (pynvml sees the GPUs), ``NODED_SIM_CONFIG``
 (a config for noded on this node: the base config given with ``--config``, pointed at all
 of it), ``NODED_SIM_RESCTRL`` (the emulator's mount), ``NODED_SIM_CGROUP`` (the jobs'
-cgroups), then ``READY=1``. SIGTERM or SIGINT tears everything down (jobs stopped, their
+cgroups), ``NODED_SIM_FAULTS`` (a file another process writes faults into, applied at
+once: ``FaultFile``), then ``READY=1``. SIGTERM or SIGINT tears everything down (jobs stopped, their
 cgroups removed, the emulator unmounted); the jobs die with it if it is killed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -29,11 +31,12 @@ import yaml
 from ..config import ConfigError, parse_config
 from ..yamlsafe import YamlError, read_yaml_file
 from .mps_standin import write_launcher
-from .node import SimNode
-from .scenario import Scenario
+from .node import SimNode, SimState
+from .scenario import Scenario, ScenarioError, parse_scenario
 
 LABELS = "labels.yaml"
 CONFIG = "noded.yaml"
+FAULTS = "faults.yaml"
 
 
 def find_cpuset_root(mounts: str = "/proc/mounts") -> str:
@@ -84,9 +87,9 @@ def daemon_config(sim: SimNode, base: dict, workdir: str) -> dict:
         peak_gbps_per_domain=sim.scenario.node.peak_gbps, state_dir=os.path.join(workdir, "state"),
         runtime_dir=os.path.join(workdir, "run"),
         resctrl={**config.get("resctrl", {}), "root": sim.emu.root, "mounts": sim.emu.mounts_file},
+        # rooted at the node's own cgroup, so that a job's id is its name there (cgroup:hog)
         jobs={**config.get("jobs", {}), "labels": os.path.join(workdir, LABELS), "sources": [
-            {"kind": "cgroup", "root": sim.cpuset_root,
-             "patterns": [os.path.relpath(sim.cgroup_dir, sim.cpuset_root) + "/*"]}]})
+            {"kind": "cgroup", "root": sim.cgroup_dir, "patterns": ["*"]}]})
     colocation = dict(config.get("colocation", {}))
     colocation["mps"] = {**colocation.get("mps", {}), "control": write_launcher(workdir),
                          "log_dir": os.path.join(workdir, "mps-log")}
@@ -103,7 +106,50 @@ def write_labels(sim: SimNode, path: str) -> None:
     os.replace(partial, path)  # noded re-reads it whole when it changes
 
 
-def run_sim_node(scenario: Scenario, base_config: str | None, workdir: str | None, out=sys.stdout) -> int:
+class FaultFile:
+    """Faults applied when a process asks for them: a YAML list of scenario ``fault:``
+    mappings written (whole: write and rename) to ``path``; each new version of the file is
+    applied once, in order. A file the scenario's checks refuse is said and skipped."""
+
+    def __init__(self, path: str, scenario: Scenario):
+        self.path, self.scenario = path, scenario
+        self._seen: tuple[int, int] | None = None
+
+    def apply_new(self, sim: SimNode) -> None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        if (st.st_ino, st.st_mtime_ns) == self._seen:
+            return
+        self._seen = (st.st_ino, st.st_mtime_ns)
+        try:
+            faults = read_yaml_file(self.path).data
+            if not isinstance(faults, list):
+                raise ScenarioError(f"{self.path}: expected a list of faults")
+            doc = {"duration_s": 1, "node": dataclasses.asdict(self.scenario.node),
+                   "events": [{"at": 0, "fault": f} for f in faults]}
+            events = parse_scenario(yaml.safe_dump(doc), self.path).events
+        except (YamlError, ScenarioError) as e:
+            print(f"noded sim-node: faults refused: {e}", file=sys.stderr, flush=True)
+            return
+        for ev in events:
+            sim.fault(ev.args)
+
+
+def watch_line(state: SimState) -> str:
+    """What the node does now, as the simulation knows it (not as noded sees it): bandwidth
+    granted, and each job with its GPU's utilisation."""
+    jobs = "  ".join(f"{j}[gpu] util {state.gpu_util[j]:.0f}%" if j in state.gpu_util else f"{j}[cpu]"
+                     for j in sorted(state.running))
+    return (f"t={state.elapsed:5.1f}s node {state.granted_gbps:5.1f} GB/s "
+            f"({state.node_utilisation:.0%} of peak)  {jobs}")
+
+
+def run_sim_node(scenario: Scenario, base_config: str | None, workdir: str | None, out=sys.stdout, *,
+                 hold: bool = False, watch: bool = False) -> int:
+    """``hold``: the node stays up after the scenario's last second, until SIGTERM; ``watch``:
+    a line a second on ``out`` after READY (``watch_line``)."""
     try:
         base = (read_yaml_file(base_config).data or {}) if base_config else {}
     except YamlError as e:
@@ -136,17 +182,25 @@ def run_sim_node(scenario: Scenario, base_config: str | None, workdir: str | Non
         labels = os.path.join(workdir, LABELS)
         write_labels(sim, labels)
         assert sim.emu is not None
+        faults = FaultFile(os.path.join(workdir, FAULTS), scenario)
         env = {**sim.nvml_env, "NODED_SIM_CONFIG": config_path, "NODED_SIM_RESCTRL": sim.emu.root,
-               "NODED_SIM_CGROUP": sim.cgroup_dir or ""}
+               "NODED_SIM_CGROUP": sim.cgroup_dir or "", "NODED_SIM_FAULTS": faults.path}
         for name, value in env.items():
             print(f"{name}={value}", file=out)
         print("READY=1", file=out, flush=True)
-        shown = dict(sim.labels)
-        while not sim.finished and not stop.is_set():
-            sim.step()
+        shown, next_watch = dict(sim.labels), 0.0
+        while (hold or not sim.finished) and not stop.is_set():
+            faults.apply_new(sim)
+            state = sim.step()
             if sim.labels != shown:  # a job started or stopped: noded learns what it is
                 write_labels(sim, labels)
                 shown = dict(sim.labels)
+            if watch and state.elapsed >= next_watch:
+                next_watch += 1.0
+                try:
+                    print(watch_line(state), file=out, flush=True)
+                except BrokenPipeError:  # nobody watches any more: stop as on SIGTERM
+                    break
             stop.wait(scenario.tick_s)
         return 0
     finally:

@@ -1,0 +1,131 @@
+"""`noded run --sim SCENARIO`: the simulated node and the daemon, as two processes, as on a host.
+
+A thin wrapper: it starts ``noded sim-node SCENARIO --hold --watch`` and, once that is
+ready, ``noded run --config`` with the config the node wrote and the environment it printed
+(the driver's library path), nothing else: no simulation code runs in the daemon's process.
+The daemon's output is this command's; the node's line a second is passed on. After the
+duration (the scenario's, or ``--duration``), on SIGINT or SIGTERM, or when nobody reads
+the output any more, the daemon is stopped first (it releases what it changed while the
+node is still there), then the node. Both children die with this process (a parent-death
+signal), and live in sessions of their own so that a terminal's Ctrl-C reaches only this
+process, which stops them in that order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from ..cliopts import say
+
+#: how long each child gets to stop on SIGTERM before it is killed
+STOP_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 60.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _spawn(argv: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "noded", *argv], start_new_session=True,
+                            preexec_fn=_die_with_parent, **kw)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def read_environment(stdout, timeout: float = READY_TIMEOUT_S) -> dict[str, str]:
+    """The ``NAME=value`` lines a simulated node prints, up to ``READY=1``. Raises
+    RuntimeError where it ends first or takes longer than ``timeout``."""
+    env: dict[str, str] = {}
+    done = threading.Event()
+    timer = threading.Timer(timeout, lambda: done.is_set() or stdout.close())
+    timer.daemon = True
+    timer.start()
+    try:
+        for line in stdout:
+            name, sep, value = line.rstrip("\n").partition("=")
+            if sep:
+                env[name] = value
+            if name == "READY":
+                return env
+    except ValueError:  # closed by the timer
+        pass
+    finally:
+        done.set()
+        timer.cancel()
+    raise RuntimeError(f"the simulated node was not ready within {timeout:g} s")
+
+
+def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None, *, dry_run: bool = False,
+                      verbose: bool = False) -> int:
+    """Exit status: the daemon's (2 where the node could not start)."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    node = daemon = None
+    try:
+        node = _spawn(["sim-node", scenario_path, "--hold", "--watch",
+                       *(["--config", config] if config else []), *(["-v"] if verbose else [])],
+                      stdout=subprocess.PIPE, text=True)
+        try:
+            env = read_environment(node.stdout)
+        except RuntimeError as e:
+            print(f"noded run --sim: {e} (exit status {node.poll()})", file=sys.stderr)
+            return 2
+        daemon = _spawn(["run", "--config", env["NODED_SIM_CONFIG"], *(["--dry-run"] if dry_run else []),
+                         *(["-v"] if verbose else [])],
+                        env={**os.environ, "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"],
+                             "NODED_SIM_NVML": env["NODED_SIM_NVML"]}, stdout=subprocess.PIPE, text=True)
+        spoken = threading.Event()  # the daemon's first line (its metrics URL) is the first passed on
+        relays = [threading.Thread(target=_pass_on, args=(out, stop, spoken, out is daemon.stdout),
+                                   name="noded-sim-output", daemon=True) for out in (daemon.stdout, node.stdout)]
+        for relay in relays:
+            relay.start()
+        threading.Thread(target=lambda: (daemon.wait(), stop.set()), name="noded-daemon-wait", daemon=True).start()
+        stop.wait(duration_s)
+        code = _stop(daemon)
+        daemon = None
+        relays[0].join(timeout=STOP_TIMEOUT_S)  # the daemon's last lines before the node's end
+        _stop(node)
+        node = None
+        say("noded: simulated node torn down.")
+        return code
+    finally:
+        for p in (daemon, node):  # started, then something failed here: nothing is left behind
+            if p is not None:
+                _stop(p)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_writing = threading.Lock()
+
+
+def _pass_on(lines, stop: threading.Event, spoken: threading.Event, daemons: bool) -> None:
+    """A child's lines onto this command's output, whole lines, one writer at a time. The
+    node's lines are dropped until the daemon's first is out (``spoken``). A reader gone
+    stops the run."""
+    for line in lines:
+        if not daemons and not spoken.is_set():
+            continue
+        with _writing:
+            ok = say(line.rstrip("\n"))
+        if daemons:
+            spoken.set()
+        if not ok:
+            stop.set()
+            return

@@ -1,0 +1,109 @@
+"""NVML's faults under a separate daemon (issue #14, item 4): the driver not loaded when
+noded starts (a GPU host at boot), then loaded; a call hung in the driver; a GPU lost; a
+driver older than pynvml. Through each noded runs on (its ticks go on), says what is
+missing, and never throttles blind: a job whose kind it cannot tell is not throttled, even
+by the per-job cap that throttles any CPU job over it, until NVML shows what it is."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import yaml
+from system_support import CPUSET, REPO, running_daemon, running_node, scrape
+
+from conftest import wait_for
+
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
+
+SCENARIO = """
+seed: 2
+duration_s: 600
+tick_s: 0.1
+node: {profile: intel, gpus: 2, peak_gbps: 8, nvml: NVML}
+events:
+  - {at: 0, fault: {nvml_driver: DRIVER}}
+  - {at: 0, start: {id: bert, model: BiDAF, gpu: 0}}
+  - {at: 0, start: {id: hog, cpu: hog}}
+"""
+
+HOG_LEVEL = r'noded_job_throttle_level{job_id="cgroup:hog",method="mba"} ([0-9.]+)'
+
+
+def inputs(tmp_path, *, driver: bool = True, nvml: str = "current") -> tuple[str, str]:
+    (tmp_path / "scenario.yaml").write_text(SCENARIO.replace("DRIVER", str(driver).lower()).replace("NVML", nvml))
+    with open(os.path.join(REPO, "scenarios", "demo-config.yaml")) as f:
+        config = yaml.safe_load(f)
+    config.update(tick_s=0.1, contention={**config["contention"], "cpu_job_cap_gbps": 1.0})
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(config))
+    return str(tmp_path / "scenario.yaml"), str(tmp_path / "base.yaml")
+
+
+def inject(env: dict[str, str], *faults: dict) -> None:
+    """Faults the simulated node applies at once (written whole)."""
+    path = env["NODED_SIM_FAULTS"]
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(list(faults), f)
+    os.replace(path + ".tmp", path)
+
+
+def value(text: str, pattern: str) -> float | None:
+    m = re.search(pattern, text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def ticks(url: str) -> float:
+    return value(scrape(url), r"^noded_ticks_total ([0-9.]+)") or 0.0
+
+
+def holds_off(url: str, while_: str, n: int = 8) -> None:
+    """``n`` ticks in a row with the hog over the cap, of unknown kind, not throttled
+    (``while_``: a pattern the metrics must match throughout: the fault still in force)."""
+    start = ticks(url)
+    while True:
+        text = scrape(url)
+        assert re.search(while_, text, re.M), f"not {while_!r} any more:\n{text}"
+        assert re.search(r'noded_job_memory_bandwidth_bytes_per_second{job_id="cgroup:hog",kind="unknown"}', text)
+        assert (value(text, HOG_LEVEL) or 0) == 0, f"throttled blind:\n{text}"
+        if value(text, r"^noded_ticks_total ([0-9.]+)") >= start + n:
+            return
+
+
+def test_driver_not_loaded_at_start_then_a_hung_call_then_a_lost_gpu(tmp_path):
+    with running_node(tmp_path, *inputs(tmp_path, driver=False)) as env, running_daemon(env) as url:
+        # a GPU host whose driver is not up: its GPU jobs are unseen, not absent
+        wait_for(lambda: re.search(r'kind="unknown"} [1-9]', scrape(url)), timeout=30, interval=0.1,
+                 what="the hog measured, of unknown kind")
+        holds_off(url, r"^noded_nvml_available 0")
+        inject(env, {"nvml_driver": True})
+        wait_for(lambda: (value(scrape(url), HOG_LEVEL) or 0) >= 1, timeout=30, interval=0.1,
+                 what="the hog throttled once the driver is loaded (retried soon, not 30 s later)")
+        assert re.search(r"^noded_nvml_available 1", scrape(url), re.M)
+
+        # a call that hangs in the driver for 3 s: the tick goes on, NVML is missing meanwhile
+        inject(env, {"nvml_call": {"call": "processes", "slow_ms": 3000}})
+        wait_for(lambda: re.search(r"^noded_nvml_available 0", scrape(url), re.M), timeout=10, interval=0.05,
+                 what="NVML missing while a call hangs")
+        before = ticks(url)
+        wait_for(lambda: ticks(url) >= before + 5, timeout=5, interval=0.05, what="ticks going on while NVML hangs")
+        inject(env, {"nvml_call": {"call": "processes", "slow_ms": None}})
+        wait_for(lambda: re.search(r"^noded_nvml_available 1", scrape(url), re.M), timeout=15, interval=0.1,
+                 what="NVML read again once the call returned")
+
+        # the GPU job's GPU falls off the bus: it stays a GPU job, the GPU is said missing
+        inject(env, {"gpu_lost": 0})
+        wait_for(lambda: (value(scrape(url), r"^noded_inputs_missing ([0-9.]+)") or 0) >= 1, timeout=10,
+                 interval=0.1, what="the lost GPU said missing")
+        before = ticks(url)
+        wait_for(lambda: ticks(url) >= before + 5, timeout=5, interval=0.05, what="ticks going on")
+        assert re.search(r'noded_job_memory_bandwidth_bytes_per_second{job_id="cgroup:bert",kind="gpu"}',
+                         scrape(url))
+
+
+def test_a_driver_older_than_pynvml_leaves_the_jobs_unknown_and_nothing_throttled(tmp_path):
+    # pynvml needs ..._v3 entry points this driver lacks: NVMLLibraryMismatchError, not NVMLError
+    with running_node(tmp_path, *inputs(tmp_path, nvml="no_v3")) as env, running_daemon(env) as url:
+        wait_for(lambda: re.search(r'kind="unknown"} [1-9]', scrape(url)), timeout=30, interval=0.1,
+                 what="the hog measured, of unknown kind")
+        holds_off(url, r"^noded_inputs_missing [1-9]", n=10)

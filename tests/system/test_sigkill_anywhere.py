@@ -1,0 +1,210 @@
+"""SIGKILL of the daemon process at 30 random moments (issue #14, item 4): no handler runs,
+nothing is flushed. Each moment is drawn from the spawn on, so it lands anywhere: while the
+daemon starts and puts right what an earlier one left, while it throttles with MBA or
+releases, while it halves a CPU job's cores (cpusets and affinities), while MPS starts or
+an admission is answered, while an operator's override is being written. After each kill
+a restart must leave the node as a clean start leaves it, checked from the kernel's side
+(and the driver's): the restarted daemon ticks with the operator's override still in force
+and whole; its clean stop (SIGTERM, exit 0) leaves no resctrl group of noded's, every job's
+cpuset and every job process's affinity its own, no MPS process, every GPU's compute mode
+its own."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+from system_support import CPUSET, REPO, cpusets, noded_groups, running_daemon, running_node, scrape
+
+from conftest import wait_for
+from mps_support import processes_serving
+from noded.sim.nvml_shm import Node as SharedNode
+
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
+
+#: a hog that saturates the node for two seconds, then calms for two, for ten minutes:
+#: every moment of a run falls near a throttle or a release
+PULSING_HOG = "".join(f"  - {{at: {t}, set: {{id: hog, cpu_gbps: {16 if t % 4 == 0 else 0.5}}}}}\n"
+                      for t in range(2, 600, 2))
+
+THROTTLE = f"""
+seed: 14
+duration_s: 600
+tick_s: 0.1
+node: {{profile: PROFILE, gpus: 2, peak_gbps: 10}}
+events:
+  - {{at: 0, start: {{id: bert, model: BiDAF, gpu: 0}}}}
+  - {{at: 0, start: {{id: etl, cpu_gbps: 0.5}}}}
+  - {{at: 0, start: {{id: hog, cpu: hog}}}}
+{PULSING_HOG}"""
+
+#: quick reactions, so that throttles and releases happen within each run's few seconds:
+#: the per-job cap throttles the hog from the first tick it pushes, whatever the GPU jobs
+FAST = {"tick_s": 0.1, "metrics": {"address": "127.0.0.1", "port": 0},
+        "contention": {"hold_s": 0.5, "settle_s": 0.1, "cpu_job_cap_gbps": 4.0}}
+
+
+def write_inputs(tmp_path, profile: str, **config) -> tuple[str, str]:
+    (tmp_path / "scenario.yaml").write_text(THROTTLE.replace("PROFILE", profile))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**FAST, **config}))
+    return str(tmp_path / "scenario.yaml"), str(tmp_path / "base.yaml")
+
+
+def spawn_daemon(env: dict[str, str]) -> subprocess.Popen:
+    """noded as a host runs it; what it says is not read (a killed one says little)."""
+    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
+                            env={**os.environ, **{k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}},
+                            cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class SimulatedNode:
+    """The simulated node as the kernel and the driver show it."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.top = env["NODED_SIM_CGROUP"]
+        with open(os.path.join(self.top, "cpuset.cpus")) as f:
+            self.everything = f.read().strip()
+        with open(env["NODED_SIM_CONFIG"]) as f:
+            config = yaml.safe_load(f)
+        self.pipe_dir = os.path.join(config["runtime_dir"], "mps")
+        self.admin = os.path.join(config["runtime_dir"], "noded.sock")
+
+    def affinities(self) -> dict[int, set[int]]:
+        out = {}
+        for d in os.listdir(self.top):
+            if os.path.isdir(os.path.join(self.top, d)):
+                with open(os.path.join(self.top, d, "cgroup.procs")) as f:
+                    for pid in map(int, f.read().split()):
+                        with contextlib.suppress(ProcessLookupError):
+                            out[pid] = os.sched_getaffinity(pid)
+        return out
+
+    def compute_modes(self) -> list[int]:
+        with open(self.env["NODED_SIM_NVML"], "rb") as f:
+            node = SharedNode.from_buffer_copy(f.read(ctypes.sizeof(SharedNode)))
+        return [node.driver.compute_mode[i] for i in range(node.published.gpu_count)]
+
+    def changed(self) -> dict[str, object]:
+        """What noded has changed now, of what it may change (empty: the node as it was)."""
+        cpus = {job: c for job, c in cpusets(self.top).items() if c != self.everything}
+        allowed = _cpu_list(self.everything)
+        affinities = {pid: sorted(a) for pid, a in self.affinities().items() if a != allowed}
+        out = {"groups": noded_groups(self.env["NODED_SIM_RESCTRL"]), "cpusets": cpus, "affinities": affinities,
+               "mps": processes_serving(self.pipe_dir), "compute_modes": [m for m in self.compute_modes() if m]}
+        return {k: v for k, v in out.items() if v}
+
+
+def _cpu_list(text: str) -> set[int]:
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def kill_and_restart(node: SimulatedNode, rng: random.Random, while_running=None, after_restart=None) -> dict:
+    """One SIGKILL at a moment drawn from the spawn on, then the restart and its clean
+    stop, checked. ``while_running(stop)``: what an operator or a job does meanwhile (a
+    thread, until ``stop`` is set); ``after_restart(url)``: checks on the restarted daemon.
+    Returns what noded had changed at the moment it was killed."""
+    daemon = spawn_daemon(node.env)
+    stop = threading.Event()
+    helper = threading.Thread(target=while_running, args=(stop,), daemon=True) if while_running else None
+    if helper:
+        helper.start()
+    try:
+        moment = time.monotonic() + rng.uniform(0.3, 2.2)
+        wait_for(lambda: time.monotonic() >= moment or daemon.poll() is not None, timeout=10, interval=0.02,
+                 what="the moment to kill")
+        assert daemon.poll() is None, f"the daemon exited by itself ({daemon.returncode})"
+        at_kill = node.changed()
+        daemon.kill()
+        daemon.wait()
+    finally:
+        stop.set()
+        if helper:
+            helper.join(timeout=10)
+    with running_daemon(node.env) as url:
+        wait_for(lambda: re.search(r"^noded_ticks_total [1-9]", scrape(url), re.M), timeout=30, interval=0.05,
+                 what="the restarted daemon ticking")
+        if after_restart:
+            after_restart(url)
+    assert node.changed() == {}, f"left after a SIGKILL at {at_kill} and a restart"
+    return at_kill
+
+
+def test_sigkill_while_throttling_releasing_and_overriding_then_a_restart_is_a_clean_start(tmp_path):
+    """12 kills on an MBA host: the hog throttled and released every few seconds, and an
+    operator re-writing an override on another job all the while."""
+    from noded.admin.nodectl import request
+
+    scenario, base = write_inputs(tmp_path, "intel")
+    rng = random.Random(1401)
+    with running_node(tmp_path, scenario, base) as env:
+        node = SimulatedNode(env)
+
+        def operator(stop: threading.Event) -> None:
+            level = 1
+            while not stop.wait(0.05):
+                with contextlib.suppress(Exception):  # the daemon starting, or killed meanwhile
+                    request(node.admin, "throttle", {"job": "cgroup:etl", "level": level, "ttl_s": 3600,
+                                                     "reason": "system test"}, timeout=1)
+                    level = 3 - level
+
+        def override_whole(url: str) -> None:
+            m = wait_for(lambda: re.search(r'noded_job_throttle_level{job_id="cgroup:etl",method="mba"} ([0-9.]+)',
+                                           scrape(url)), timeout=10, what="the etl job in the metrics")
+            assert float(m.group(1)) in (1.0, 2.0), m.group(0)
+            assert re.search(r'noded_override_active{job_id="cgroup:etl",kind="throttle"[^}]*} 1', scrape(url))
+
+        seen = [kill_and_restart(node, rng, operator if i else None, override_whole if i else None)
+                for i in range(12)]
+    throttling = [s for s in seen if any(g.startswith("noded-mba-") for g in s.get("groups", ()))]
+    assert len(throttling) >= 3, seen  # killed with a throttle of its own in the kernel
+
+
+def test_sigkill_while_halving_cores_then_a_restart_is_a_clean_start(tmp_path):
+    """10 kills on a host without MBA: the hog's cores halved (its cpuset, its processes'
+    affinities) and given back every few seconds."""
+    scenario, base = write_inputs(tmp_path, "no-mba")
+    rng = random.Random(1402)
+    with running_node(tmp_path, scenario, base) as env:
+        node = SimulatedNode(env)
+        if len(_cpu_list(node.everything)) < 2:
+            pytest.skip("one CPU: no cores to halve")
+        seen = [kill_and_restart(node, rng) for _ in range(10)]
+    assert sum("cpusets" in s or "affinities" in s for s in seen) >= 2, seen
+
+
+def test_sigkill_while_mps_starts_and_admissions_are_answered_then_a_restart_is_a_clean_start(tmp_path):
+    """8 kills with co-location on: MPS started (compute modes set to EXCLUSIVE_PROCESS,
+    recorded first) and admission requests answered all the while."""
+    from noded.admin.nodectl import request
+
+    subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=REPO,
+                   check=True, timeout=120)  # numba's cache first: a cold compile is not what is tested
+    scenario, base = write_inputs(tmp_path, "intel", colocation={"enabled": True})
+    rng = random.Random(1403)
+    with running_node(tmp_path, scenario, base) as env:
+        node = SimulatedNode(env)
+
+        def job(stop: threading.Event) -> None:
+            n = 0
+            while not stop.wait(0.1):
+                n += 1
+                with contextlib.suppress(Exception):
+                    request(node.admin, "admit", {"job": f"slurm:{n}", "model": "ResNet-50", "batch_size": 32},
+                            timeout=2)
+
+        seen = [kill_and_restart(node, rng, job) for _ in range(8)]
+    assert sum("mps" in s for s in seen) >= 2 and any("compute_modes" in s for s in seen), seen
