@@ -112,6 +112,22 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def asking(node: SimulatedNode, command: str, args_of, period: float):
+    """What a thread does while the daemon lives and dies (``while_running``): ``command``
+    to the admin socket every ``period`` seconds, the nth with ``args_of(n)``; a request
+    refused or unanswered is expected (the daemon starting, or killed meanwhile)."""
+    from noded.admin.nodectl import request
+
+    def run(stop: threading.Event) -> None:
+        n = 0
+        while not stop.wait(period):
+            n += 1
+            with contextlib.suppress(Exception):
+                request(node.admin, command, args_of(n), timeout=2)
+
+    return run
+
+
 def kill_and_restart(node: SimulatedNode, rng: random.Random, while_running=None, after_restart=None) -> dict:
     """One SIGKILL at a moment drawn from the spawn on, then the restart and its clean
     stop, checked. ``while_running(stop)``: what an operator or a job does meanwhile (a
@@ -146,28 +162,28 @@ def kill_and_restart(node: SimulatedNode, rng: random.Random, while_running=None
 def test_sigkill_while_throttling_releasing_and_overriding_then_a_restart_is_a_clean_start(tmp_path):
     """12 kills on an MBA host: the hog throttled and released every few seconds, and an
     operator re-writing an override on another job all the while."""
-    from noded.admin.nodectl import request
-
     scenario, base = write_inputs(tmp_path, "intel")
     rng = random.Random(1401)
     with running_node(tmp_path, scenario, base) as env:
         node = SimulatedNode(env)
 
-        def operator(stop: threading.Event) -> None:
-            level = 1
-            while not stop.wait(0.05):
-                with contextlib.suppress(Exception):  # the daemon starting, or killed meanwhile
-                    request(node.admin, "throttle", {"job": "cgroup:etl", "level": level, "ttl_s": 3600,
-                                                     "reason": "system test"}, timeout=1)
-                    level = 3 - level
+        operator = asking(node, "throttle", lambda n: {"job": "cgroup:etl", "level": 1 + n % 2, "ttl_s": 3600,
+                                                       "reason": "system test"}, period=0.05)
 
         def override_whole(url: str) -> None:
-            m = wait_for(lambda: re.search(r'noded_job_throttle_level{job_id="cgroup:etl",method="mba"} ([0-9.]+)',
-                                           scrape(url)), timeout=10, what="the etl job in the metrics")
-            assert float(m.group(1)) in (1.0, 2.0), m.group(0)
+            # in force at level 1 or 2 (the one last written, or the one before): never lost,
+            # never half-written (nobody writes it while this daemon runs)
+            level = r'noded_job_throttle_level{job_id="cgroup:etl",method="mba"} ([12])\.0\b'
+            wait_for(lambda: re.search(level, scrape(url)), timeout=10, what="the etl override in force")
             assert re.search(r'noded_override_active{job_id="cgroup:etl",kind="throttle"[^}]*} 1', scrape(url))
 
-        seen = [kill_and_restart(node, rng, operator if i else None, override_whole if i else None)
+        def override_set(url: str) -> None:  # by the first restart, before the kills that write it
+            from noded.admin.nodectl import request
+
+            request(node.admin, "throttle", {"job": "cgroup:etl", "level": 1, "ttl_s": 3600, "reason": "system test"})
+            override_whole(url)
+
+        seen = [kill_and_restart(node, rng, operator if i else None, override_whole if i else override_set)
                 for i in range(12)]
     throttling = [s for s in seen if any(g.startswith("noded-mba-") for g in s.get("groups", ()))]
     assert len(throttling) >= 3, seen  # killed with a throttle of its own in the kernel
@@ -189,8 +205,6 @@ def test_sigkill_while_halving_cores_then_a_restart_is_a_clean_start(tmp_path):
 def test_sigkill_while_mps_starts_and_admissions_are_answered_then_a_restart_is_a_clean_start(tmp_path):
     """8 kills with co-location on: MPS started (compute modes set to EXCLUSIVE_PROCESS,
     recorded first) and admission requests answered all the while."""
-    from noded.admin.nodectl import request
-
     subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=REPO,
                    check=True, timeout=120)  # numba's cache first: a cold compile is not what is tested
     scenario, base = write_inputs(tmp_path, "intel", colocation={"enabled": True})
@@ -198,13 +212,8 @@ def test_sigkill_while_mps_starts_and_admissions_are_answered_then_a_restart_is_
     with running_node(tmp_path, scenario, base) as env:
         node = SimulatedNode(env)
 
-        def job(stop: threading.Event) -> None:
-            n = 0
-            while not stop.wait(0.1):
-                n += 1
-                with contextlib.suppress(Exception):
-                    request(node.admin, "admit", {"job": f"slurm:{n}", "model": "ResNet-50", "batch_size": 32},
-                            timeout=2)
+        job = asking(node, "admit", lambda n: {"job": f"slurm:{n}", "model": "ResNet-50", "batch_size": 32},
+                     period=0.1)
 
         seen = [kill_and_restart(node, rng, job) for _ in range(8)]
     assert sum("mps" in s for s in seen) >= 2 and any("compute_modes" in s for s in seen), seen
