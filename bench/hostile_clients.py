@@ -1,16 +1,18 @@
 """noded on the simulated node, first left alone, then while an unprivileged user
 (`nobody`) holds slow connections on each of its three endpoints (issue #11).
 
-One `noded run --sim` (tick 0.1 s, co-location on so the report socket exists) is
-measured twice in the same run: a baseline with no attacker, then under attack, where
-three children of this process drop to `nobody` and each keeps --slow connections to
-one endpoint (the metrics port, the admin socket, the report socket), sending a byte
-every --every seconds and reconnecting whatever noded drops. Each phase counts tick
+One noded (tick 0.1 s, co-location on so the report socket exists), started as a host
+runs it (`noded run --config`) beside a simulated node of its own (`noded sim-node`,
+another process: bench.simnode), is measured twice in the same run: a baseline with no
+attacker, then under attack, where three children of this process drop to `nobody` and
+each keeps --slow connections to one endpoint (the metrics port, the admin socket, the
+report socket), sending a byte every --every seconds and reconnecting whatever noded drops. Each phase counts tick
 overruns (from noded_ticks / noded_tick_overruns, scraped at its start and end) and
 times `nodectl status` (the request, in this process), a scrape, and a `report` (the
 training jobs' client, noded.colocation.client). Last, SIGTERM is sent while the
-attack is still on, and the time to exit is compared with a quiet noded's (a short
-run of its own before the others).
+attack is still on, and the daemon's time to exit (the node is torn down after, untimed)
+is compared with a quiet noded's (a short run of its own before the others). The CPU,
+descriptors and threads are the daemon process's alone.
 
 The admin socket is root:root 0660 here, as the unit makes it for the admin group:
 `nobody` is refused at connect(), which the table shows. The runtime directory is
@@ -23,21 +25,20 @@ report socket (0666) is open to the attacker, as on a host. Needs root.
 from __future__ import annotations
 
 import argparse
-import glob
+import contextlib
 import json
 import os
 import platform
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import urllib.request
 
+import yaml
+
+from bench.simnode import cpu_seconds, metric, node_and_daemon, tail
 from noded.admin import nodectl
 from noded.colocation.client import report_iteration
 
@@ -57,78 +58,50 @@ events:
 
 
 class Noded:
-    def __init__(self, workdir: str, tick_s: float):
-        self.workdir = workdir
-        self.admin_socket = f"{workdir}/noded.sock"
-        scenario = f"{workdir}/scenario.yaml"
-        config = f"{workdir}/noded.yaml"
-        with open(scenario, "w") as f:
-            f.write(SCENARIO)
-        with open(config, "w") as f:
-            f.write(f"tick_s: {tick_s}\nmetrics: {{address: 127.0.0.1, port: 0}}\n"
-                    f"admin: {{socket: {self.admin_socket}, group: root}}\n"
-                    f"colocation:\n  enabled: true\n  mps: {{log_dir: {workdir}/mps-log}}\n")  # the sim's MPS stand-in
-        self.tmp = f"{workdir}/tmp"  # where noded run --sim makes its scratch (runtime and state) directory
-        os.mkdir(self.tmp)
-        self.proc = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", config],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "TMPDIR": self.tmp})
-        self.stderr: list[str] = []
-        threading.Thread(target=lambda: self.stderr.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
-        first = self.proc.stdout.readline()
-        m = re.fullmatch(r"noded: metrics at (\S+)\n", first)
-        if not m:
-            self.proc.kill()
-            raise SystemExit(f"bench.hostile_clients: noded said {first!r}; {self.proc.stdout.read()}"
-                             f"{''.join(self.stderr)}")
-        self.url = m.group(1)
-        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
-        threading.Thread(target=lambda: [None for _ in iter(self.proc.stdout.readline, "")], daemon=True).start()
-        self.report_socket = self._wait(lambda: (glob.glob(f"{self.tmp}/noded-sim-*/run/report.sock") or [None])[0],
-                                        "the report socket")
-        # As systemd's RuntimeDirectoryMode=0755 makes /run/noded: any user reaches report.sock.
-        run = os.path.dirname(self.report_socket)
-        for d in (os.path.dirname(run), run):
-            os.chmod(d, 0o755)
-        os.chmod(workdir, 0o755)
-        self._wait(lambda: self.counters()["ticks"] >= 5, "five ticks")
+    """A simulated node and noded beside it, each a process of its own, as on a host
+    (bench.simnode): ``noded sim-node`` with SCENARIO, then ``noded run --config``."""
 
-    def _wait(self, what, name: str, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                value = what()
-            except OSError:
-                value = None
-            if value:
-                return value
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise SystemExit(f"bench.hostile_clients: no {name} from noded; {''.join(self.stderr)[-3000:]}")
-            time.sleep(0.1)  # polling noded's start from outside
+    def __init__(self, tick_s: float):
+        self._stack = contextlib.ExitStack()
+        try:
+            self.node, self.daemon, self.workdir = self._stack.enter_context(
+                node_and_daemon(SCENARIO, f"tick_s: {tick_s}\nmetrics: {{address: 127.0.0.1, port: 0}}\n"
+                                "admin: {group: root}\ncolocation: {enabled: true}\n", prefix="noded-hostile-"))
+            with open(self.node.env["NODED_SIM_CONFIG"]) as f:
+                run = yaml.safe_load(f)["runtime_dir"]
+            self.url, self.port = self.daemon.url, self.daemon.port
+            self.admin_socket = os.path.join(run, "noded.sock")
+            self.report_socket = os.path.join(run, "report.sock")
+            self.daemon.wait_until("the report socket", lambda _: os.path.exists(self.report_socket), timeout=60)
+            # As systemd's RuntimeDirectoryMode=0755 makes /run/noded: any user reaches report.sock.
+            for d in (os.path.dirname(run), run):
+                os.chmod(d, 0o755)
+            self.daemon.wait_until("five ticks", lambda text: metric(text, "noded_ticks_total") >= 5, timeout=60)
+        except BaseException:
+            self._stack.close()
+            raise
 
     def counters(self) -> dict[str, float]:
-        body = urllib.request.urlopen(self.url, timeout=10).read().decode()
-        get = lambda name: float(re.search(rf"^{name} (\S+)$", body, re.M).group(1))
-        return {"ticks": get("noded_ticks_total"), "overruns": get("noded_tick_overruns_total")}
+        body = self.daemon.scrape()
+        return {"ticks": metric(body, "noded_ticks_total"), "overruns": metric(body, "noded_tick_overruns_total")}
 
     def usage(self) -> dict[str, float]:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open(f"/proc/{self.proc.pid}/status") as f:
+        pid = self.daemon.pid
+        with open(f"/proc/{pid}/status") as f:
             threads = int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
-        return {"cpu_s": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
-                "fds": len(os.listdir(f"/proc/{self.proc.pid}/fd")), "threads": threads}
+        return {"cpu_s": cpu_seconds(pid), "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": threads}
 
     def stop(self) -> float:
-        t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return time.monotonic() - t0
+        """SIGTERM to the daemon: the seconds to its exit (the daemon's alone; the node
+        is torn down by ``close``)."""
+        code, seconds = self.daemon.stop()
+        if code != 0:
+            raise SystemExit(f"bench.hostile_clients: noded exited {code}: {tail(self.daemon.log)}")
+        return seconds
+
+    def close(self) -> None:
+        """The daemon stopped (where it still runs), then the node; nothing left behind."""
+        self._stack.close()
 
 
 class Attack:
@@ -169,7 +142,7 @@ def timed(call) -> tuple[float, str | None]:
 
 def report_request(path: str) -> None:
     """What a training job does (noded.colocation.client, its 0.5 s timeout included)."""
-    if not report_iteration(0.1, job="sim:bert", socket_path=path):
+    if not report_iteration(0.1, job="cgroup:bert", socket_path=path):
         raise RuntimeError("report_iteration: not taken")
 
 
@@ -215,17 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench.hostile_clients: needs root (the attackers drop to nobody; the sim node uses FUSE)")
     noded_tick_s = args.tick
-    quiet_dir = tempfile.mkdtemp(prefix="noded-quiet-")
+    quiet = Noded(args.tick)
     try:  # SIGTERM with no attacker, for comparison with SIGTERM under attack
-        quiet = Noded(quiet_dir, args.tick)
         quiet_stop_s = quiet.stop()
     finally:
-        shutil.rmtree(quiet_dir, ignore_errors=True)
-    workdir = tempfile.mkdtemp(prefix="noded-hostile-")
+        quiet.close()
     attacks: list[Attack] = []
     noded = None
     try:
-        noded = Noded(workdir, args.tick)
+        noded = Noded(args.tick)
         baseline = phase(noded, args.seconds, args.calls)
         targets = {"metrics": ["--tcp", f"127.0.0.1:{noded.port}", "--first", r"GET /metrics HTTP/1.1\r\n"],
                    "admin": ["--unix", noded.admin_socket],
@@ -239,10 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for a in attacks:
             a.proc.kill()
-        if noded is not None and noded.proc.poll() is None:
-            noded.proc.kill()
-            noded.proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+            a.proc.wait()
+        if noded is not None:
+            noded.close()
     result = {"baseline": baseline, "attack": attacked, "attackers": {"ready": opened, "done": held},
               "sigterm_quiet_s": quiet_stop_s, "sigterm_under_attack_s": stop_s, "slow_per_endpoint": args.slow, "every_s": args.every,
               "tick_s": args.tick, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}

@@ -1,0 +1,346 @@
+"""noded's own CPU at a steady state, 8 GPUs x 100 jobs, as a host runs it (issue #14).
+
+The simulated node runs as its own process (``noded sim-node --hold``: the resctrl
+emulator, the stand-in NVML, 100 jobs as real processes in real cpuset cgroups), and
+noded as a host starts it (``noded run --config``, a process of its own). Half the jobs
+are GPU jobs of four light models spread over the GPUs, half CPU jobs of 0.1 GB/s: the
+node is far from contended (about a third of its peak), so nothing is throttled and the
+figure is what noded costs just watching. Measured from ``/proc/PID/stat`` (utime +
+stime), each over its own window:
+
+1. the simulated node alone (the sim-node process and its descendants: the emulator,
+   the jobs), before noded starts;
+2. noded, once every job is measured and a warm-up of a few ticks has passed: its own
+   CPU seconds and its ticks (``noded_ticks_total``), and the node's beside it;
+3. the baseline, a bare Python process (``bench.bare_tick``) doing once a tick what a
+   tick must at least do (every MBM counter of the node's monitoring groups, every job
+   process's /proc/PID/stat, the same pynvml calls per GPU), with noded still running.
+
+noded's metrics are scraped only at each window's start (before its CPU is read) and
+end (after): the scrapes cost noded CPU (measured at the end, 20 scrapes) and none of it
+falls inside its window. noded's CPU is also split by thread (/proc/PID/task), and the
+baseline's by part (its own thread's CPU around each).
+
+Through FUSE, each counter read costs its reader (noded, or the baseline) a round trip
+into the emulator's process, which a host's kernfs resctrl does not: the table ends with
+an estimate for a host, the baseline's counter reads through FUSE replaced by as many
+reads, the same way, of kernfs files (the jobs' cgroup v1 files), timed in this process.
+
+    python -m bench.daemon_cost [--jobs 100] [--gpus 8] [--seconds 30] [--tick 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import glob
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.bare_tick import mbm_files
+from bench.simnode import (CLK_TCK, REPO, DaemonProcess, Lines, count_series, cpu_seconds, metric, node_and_daemon,
+                           stop, tree_cpu_seconds, tree_delta)
+
+#: light GPU models (0.5-2 GB/s each in noded.sim.workload): 50 of them are ~58 GB/s
+MODELS = ["BiDAF", "Transformer", "DeepSpeech", "VGG16"]
+PEAK_GBPS = 100  # per L3 domain (2 in the intel profile): the node runs at about a third
+WARMUP_TICKS = 3
+SCRAPES = 20
+JBW = "noded_job_memory_bandwidth_bytes_per_second"
+
+
+def scenario_text(jobs: int, gpus: int) -> str:
+    lines = []
+    for i in range(jobs):
+        if i % 2 == 0:
+            model, gpu = MODELS[(i // 2) % len(MODELS)], (i // 2) % gpus
+            lines.append(f"  - {{at: 0, start: {{id: g{i}, model: {model}, gpu: {gpu}}}}}")
+        else:
+            lines.append(f"  - {{at: 0, start: {{id: c{i}, cpu_gbps: 0.1}}}}")
+    return (f"seed: 1\nduration_s: 60\nnode: {{profile: intel, gpus: {gpus}, peak_gbps: {PEAK_GBPS}}}\n"
+            "events:\n" + "\n".join(lines) + "\n")
+
+
+def config_text(tick: float) -> str:
+    return f"tick_s: {tick}\nmetrics: {{address: 127.0.0.1, port: 0}}\n"
+
+
+def wait_for(what: str, test, timeout: float, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = test()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} within {timeout:g} s")
+        time.sleep(every)  # polling with the deadline above
+
+
+def jobs_running(cgroup: str) -> int:
+    n = 0
+    for d in os.listdir(cgroup):
+        procs = os.path.join(cgroup, d, "cgroup.procs")
+        if os.path.isfile(procs):
+            with open(procs) as f:
+                n += bool(f.read().strip())
+    return n
+
+
+def node_parts(node_pid: int, readings: dict[int, float]) -> dict[str, list[int]]:
+    """The node's processes by role: the sim-node process, the emulator, the rest (jobs)."""
+    parts: dict[str, list[int]] = {"sim-node": [node_pid], "emulator": [], "jobs and others": []}
+    for pid in readings:
+        if pid == node_pid:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            cmd = b""
+        parts["emulator" if b"resctrl.emulator" in cmd else "jobs and others"].append(pid)
+    return parts
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """tid -> CPU seconds, for each thread of ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except (OSError, IndexError):
+            continue
+    return out
+
+
+def read_like_noded(paths: list[str], reps: int = 20) -> float:
+    """CPU seconds (this thread's) of reading each of ``paths`` once as noded's MBM reader
+    does each tick (os.open, os.pread of 64 bytes, os.close), median of ``reps``."""
+    times = []
+    for _ in range(reps):
+        c0 = time.thread_time()
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.pread(fd, 64, 0)
+            finally:
+                os.close(fd)
+        times.append(time.thread_time() - c0)
+    return statistics.median(times)
+
+
+class Window:
+    """CPU seconds of the node's tree (by part) and of chosen processes over a wall-clock window."""
+
+    def __init__(self, node_pid: int, pids: dict[str, int]):
+        self.node_pid, self.pids = node_pid, pids
+
+    def __enter__(self) -> "Window":
+        self.node0 = tree_cpu_seconds(self.node_pid)
+        self.own0 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.threads0 = {name: thread_cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.load0 = os.getloadavg()
+        self.t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.own1 = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.threads1 = {name: thread_cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.node1 = tree_cpu_seconds(self.node_pid)
+        self.parts = node_parts(self.node_pid, self.node1)  # while they run: their command lines
+        self.wall = time.monotonic() - self.t0
+        self.load1 = os.getloadavg()
+
+    def result(self) -> dict:
+        node = {name: sum(self.node1[p] - self.node0.get(p, 0.0) for p in pids) for name, pids in self.parts.items()}
+        node["total"] = tree_delta(self.node0, self.node1)
+        threads = {n: {str(tid): v - self.threads0[n].get(tid, 0.0) for tid, v in self.threads1[n].items()}
+                   for n in self.pids}
+        return {"wall_s": self.wall, "cpu_s": {n: self.own1[n] - self.own0[n] for n in self.pids},
+                "thread_cpu_s": threads,
+                "node_cpu_s": node, "loadavg_start": self.load0, "loadavg_end": self.load1}
+
+
+def histogram_ms(before: str, after: str, name: str, label: str, value: str) -> float | None:
+    """Mean of a histogram's observations between two scrapes, in ms."""
+    sums = [metric(t, f"{name}_sum", f'{label}="{value}"') for t in (before, after)]
+    counts = [metric(t, f"{name}_count", f'{label}="{value}"') for t in (before, after)]
+    if None in sums or None in counts or counts[1] == counts[0]:
+        return None
+    return (sums[1] - sums[0]) / (counts[1] - counts[0]) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.daemon_cost", description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=30.0, help="each measured window")
+    ap.add_argument("--node-seconds", type=float, default=10.0, help="the node alone, before noded starts")
+    ap.add_argument("--tick", type=float, default=1.0)
+    ap.add_argument("--json", default="bench/out/daemon_cost.json")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("bench.daemon_cost: needs root (the simulated node mounts FUSE and makes cgroups)")
+    gpu_jobs = (args.jobs + 1) // 2
+    load_at_start = os.getloadavg()
+    with node_and_daemon(scenario_text(args.jobs, args.gpus), config_text(args.tick), daemon=False,
+                         prefix="noded-bench-cost-") as (node, _, workdir):
+        env = node.env
+        wait_for(f"all {args.jobs} jobs running", lambda: jobs_running(env["NODED_SIM_CGROUP"]) == args.jobs, 120)
+        with Window(node.pid, {}) as alone:
+            time.sleep(args.node_seconds)  # the measured window
+        daemon = bare = None
+        try:
+            daemon = DaemonProcess(env, os.path.join(workdir, "noded.log"))
+            text = daemon.wait_until(
+                f"all {args.jobs} jobs measured",
+                lambda t: count_series(t, JBW) == args.jobs and count_series(t, JBW, 'kind="gpu"') == gpu_jobs)
+            measured_at = metric(text, "noded_ticks_total")
+            daemon.wait_until(f"{WARMUP_TICKS} ticks of warm-up",
+                              lambda t: metric(t, "noded_ticks_total") >= measured_at + WARMUP_TICKS)
+            # window 2: noded. Scraped before its CPU is read, and after: no scrape inside
+            before = daemon.scrape()
+            with Window(node.pid, {"noded": daemon.pid}) as win:
+                time.sleep(args.seconds)  # the measured window
+            after = daemon.scrape()
+            children = tree_cpu_seconds(daemon.pid)
+            children.pop(daemon.pid)
+            # window 3: the baseline, beside noded
+            bare = subprocess.Popen([sys.executable, "-m", "bench.bare_tick", "--resctrl", env["NODED_SIM_RESCTRL"],
+                                     "--cgroup", env["NODED_SIM_CGROUP"], "--tick", str(args.tick)], cwd=REPO,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"],
+                                         "NODED_SIM_NVML": env["NODED_SIM_NVML"]})
+            bare_out = Lines(bare.stdout)
+            ready = bare_out.wait_for(lambda s: s.startswith("ready"), "the baseline's ready line", 60)
+            before_b = daemon.scrape()
+            with Window(node.pid, {"noded": daemon.pid, "bare": bare.pid}) as win_b:
+                time.sleep(args.seconds)  # the measured window
+            after_b = daemon.scrape()
+            bare.stdin.close()
+            done = bare_out.wait_for(lambda s: s.startswith("done"), "the baseline's done line", 30)
+            bare.wait(30)
+            kv = dict(item.split("=") for item in done.split()[1:])
+            bare_parts = {k: float(v) / int(kv["ticks"]) for k, v in kv.items() if k != "ticks"}
+            # as many counter reads on kernfs as the bare tick makes through FUSE, the same way
+            # (a host's resctrl is kernfs, as cgroup v1 is): what FUSE adds to a tick's CPU
+            files = mbm_files(env["NODED_SIM_RESCTRL"])
+            cg = sorted(glob.glob(os.path.join(env["NODED_SIM_CGROUP"], "*", "cpuset.*")))
+            kernfs_s = read_like_noded([cg[i % len(cg)] for i in range(len(files))])
+            # what a scrape costs noded (its ticks meanwhile subtracted at their measured cost)
+            ticks = metric(after, "noded_ticks_total") - metric(before, "noded_ticks_total")
+            per_tick = win.result()["cpu_s"]["noded"] / ticks
+            c0, t0 = cpu_seconds(daemon.pid), time.monotonic()
+            for _ in range(SCRAPES):
+                daemon.scrape()
+            scrape_s = (cpu_seconds(daemon.pid) - c0 - per_tick * (time.monotonic() - t0) / args.tick) / SCRAPES
+        finally:
+            if bare is not None:
+                stop(bare, 30)
+            if daemon is not None:
+                code, _ = daemon.stop()
+                if code != 0:
+                    print(f"bench.daemon_cost: noded exited {code}", file=sys.stderr)
+    load_at_end = os.getloadavg()
+    a, d, b = alone.result(), win.result(), win_b.result()
+    ticks_b = metric(after_b, "noded_ticks_total") - metric(before_b, "noded_ticks_total")
+    bare_ticks = b["wall_s"] / args.tick
+    stages = {s: histogram_ms(before, after, "noded_tick_duration_seconds", "stage", s)
+              for s in ("sample", "decide", "act", "total")}
+    samplers = {s: histogram_ms(before, after, "noded_sampler_duration_seconds", "sampler", s)
+                for s in ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")}
+    result = {
+        "benchmark": "daemon_cost", "jobs": args.jobs, "gpu_jobs": gpu_jobs, "gpus": args.gpus, "tick_s": args.tick,
+        "window_s": args.seconds, "loadavg_start": load_at_start, "loadavg_end": load_at_end,
+        "node_alone": a, "noded": d, "noded_ticks": ticks, "noded_children_at_end": len(children),
+        "baseline": b, "baseline_ticks": bare_ticks, "noded_ticks_beside_baseline": ticks_b,
+        "baseline_ready": ready.strip(), "baseline_parts_cpu_s_per_tick": bare_parts,
+        "mbm_files": len(files), "kernfs_reads_cpu_s": kernfs_s, "scrape_cpu_s": scrape_s,
+        "noded_wall_ms_per_tick": {"stages": stages, "samplers": samplers},
+        "noded_overruns": metric(after, "noded_tick_overruns_total") - metric(before, "noded_tick_overruns_total"),
+        "contention_triggered": metric(after, "noded_contention_triggered"),
+        "node_bandwidth_ratio": metric(after, "noded_node_memory_bandwidth_ratio"),
+        "jobs_throttled": len(re.findall(r"^noded_job_throttle_level\{[^}]*\} (?!0(?:\.0)?$)", after, re.M)),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    per_tick = {"noded": d["cpu_s"]["noded"] / ticks * 1e3, "bare": b["cpu_s"]["bare"] / bare_ticks * 1e3}
+    result["ms_per_tick"] = per_tick
+    # FUSE's client-side cost of the counter reads (the bare tick's, made as noded makes them)
+    # replaced by as many reads on kernfs: what a host would see (an estimate)
+    swap = (kernfs_s - bare_parts["mbm"]) * 1e3
+    result["host_estimate_ms_per_tick"] = {k: v + swap for k, v in per_tick.items()}
+    print_table(result)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"  wrote {args.json}")
+    return 0
+
+
+def print_table(r: dict) -> None:
+    tick = r["tick_s"]
+    a, d, b = r["node_alone"], r["noded"], r["baseline"]
+    ms = lambda cpu, n: f"{cpu / n * 1e3:8.1f}"
+    pct = lambda cpu, wall: f"{cpu / wall:8.2%}"
+    print(f"noded's own CPU, steady state: {r['jobs']} jobs ({r['gpu_jobs']} on GPUs), {r['gpus']} GPUs, "
+          f"tick {tick:g} s; noded and the simulated node each a process (noded run --config, noded sim-node)")
+    print(f"  node at {r['node_bandwidth_ratio']:.0%} of its peak, contention triggered: "
+          f"{'yes' if r['contention_triggered'] else 'no'}, jobs throttled: {r['jobs_throttled']}; "
+          f"load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}")
+    print(f"  {'process (CPU from /proc/PID/stat)':<44} {'window s':>8} {'ticks':>6} {'ms/tick':>8} {'% core':>8}")
+
+    def row(name: str, cpu: float, wall: float, ticks: float) -> None:
+        print(f"  {name:<44} {wall:8.1f} {ticks:6.0f} {ms(cpu, ticks)} {pct(cpu, wall)}")
+
+    row("noded (the daemon alone)", d["cpu_s"]["noded"], d["wall_s"], r["noded_ticks"])
+    row("bare tick (baseline, beside noded)", b["cpu_s"]["bare"], b["wall_s"], r["baseline_ticks"])
+    row("noded, beside the baseline", b["cpu_s"]["noded"], b["wall_s"], r["noded_ticks_beside_baseline"])
+    for label, w in (("alone", a), ("with noded", d), ("with noded and baseline", b)):
+        n = w["wall_s"] / tick
+        node = w["node_cpu_s"]
+        row(f"simulated node, {label}", node["total"], w["wall_s"], n)
+        for part in ("sim-node", "emulator", "jobs and others"):
+            row(f"  {part}", node[part], w["wall_s"], n)
+    main = d["thread_cpu_s"]["noded"]
+    tick_thread = max(main.values())
+    print(f"  noded by thread: the busiest (the tick loop) {tick_thread / r['noded_ticks'] * 1e3:.1f} ms/tick, "
+          f"the other {len(main) - 1} together {(sum(main.values()) - tick_thread) / r['noded_ticks'] * 1e3:.1f}")
+    parts = r["baseline_parts_cpu_s_per_tick"]
+    print(f"  bare tick by part (its thread's CPU per tick): {r['mbm_files']} MBM files {parts['mbm'] * 1e3:.1f} ms, "
+          f"/proc/PID/stat {parts['proc'] * 1e3:.1f} ms, pynvml {parts['nvml'] * 1e3:.1f} ms")
+    ratio = (d["cpu_s"]["noded"] / r["noded_ticks"]) / (b["cpu_s"]["bare"] / r["baseline_ticks"])
+    print(f"  ratio noded / bare tick (CPU per tick): {ratio:.2f}")
+    emu = (d["node_cpu_s"]["emulator"] / d["wall_s"] - a["node_cpu_s"]["emulator"] / a["wall_s"]) * tick
+    print(f"  the emulator serving noded: {emu * 1e3:.1f} ms of its CPU per tick (with noded less alone), "
+          "not counted in noded's")
+    st, sa = r["noded_wall_ms_per_tick"]["stages"], r["noded_wall_ms_per_tick"]["samplers"]
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"
+    print(f"  noded's tick in wall ms (its histograms over the window): total {fmt(st['total'])}, sample "
+          f"{fmt(st['sample'])} (" + ", ".join(f"{k} {fmt(v)}" for k, v in sa.items()) +
+          f"), decide {fmt(st['decide'])}, act {fmt(st['act'])}; overruns {r['noded_overruns']:.0f}")
+    print(f"  metrics scraped only at each window's edges, outside noded's CPU readings; one scrape costs noded "
+          f"{r['scrape_cpu_s'] * 1e3:.1f} ms of CPU (mean of {SCRAPES})")
+    fuse, kernfs = parts["mbm"], r["kernfs_reads_cpu_s"]
+    noded_ms, bare_ms = r["ms_per_tick"]["noded"], r["ms_per_tick"]["bare"]
+    host_ms, bare_host = r["host_estimate_ms_per_tick"]["noded"], r["host_estimate_ms_per_tick"]["bare"]
+    print(f"  FUSE's share: {r['mbm_files']} counter reads (open, pread, close, as noded makes them) cost the bare "
+          f"tick {fuse * 1e3:.1f} ms through the emulator; as many on kernfs (cgroup files, as a host's resctrl "
+          f"is) {kernfs * 1e3:.1f} ms")
+    print(f"  estimate with resctrl on kernfs, as on a host: noded {noded_ms:.1f} - {fuse * 1e3:.1f} + "
+          f"{kernfs * 1e3:.1f} = {host_ms:.1f} ms per tick, {host_ms / 1e3 / tick:.2%} of one core; bare tick "
+          f"{bare_ms:.1f} - {fuse * 1e3:.1f} + {kernfs * 1e3:.1f} = {bare_host:.1f} ms ({host_ms / bare_host:.1f}x)")
+    share = d["cpu_s"]["noded"] / d["wall_s"]
+    host = host_ms / 1e3 / tick
+    verdict = lambda v: "met" if v <= 0.01 else f"NOT met ({v / 0.01:.1f}x the goal)"
+    print(f"  goal: noded <= 1 % of one core at a {tick:g} s tick, emulator excluded: as measured {verdict(share)}; "
+          f"with kernfs for FUSE (the estimate) {verdict(host)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
