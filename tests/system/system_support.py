@@ -95,3 +95,19 @@ def cpusets(top: str) -> dict[str, str]:
             with open(os.path.join(top, d, "cpuset.cpus")) as f:
                 out[d] = f.read().strip()
     return out
+
+
+def inject(env: dict[str, str], *faults: dict) -> None:
+    """Faults the simulated node applies at once (its faults file, written whole)."""
+    import yaml
+
+    path = env["NODED_SIM_FAULTS"]
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(list(faults), f)
+    os.replace(path + ".tmp", path)
+
+
+def value(text: str, pattern: str) -> float | None:
+    """The number ``pattern``'s first group matches in ``text`` (metrics), or None."""
+    m = re.search(pattern, text, re.M)
+    return None if m is None else float(m.group(1))

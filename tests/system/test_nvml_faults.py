@@ -11,7 +11,7 @@ import re
 
 import pytest
 import yaml
-from system_support import CPUSET, REPO, running_daemon, running_node, scrape
+from system_support import CPUSET, REPO, inject, running_daemon, running_node, scrape, value
 
 from conftest import wait_for
 
@@ -38,19 +38,6 @@ def inputs(tmp_path, *, driver: bool = True, nvml: str = "current") -> tuple[str
     config.update(tick_s=0.1, contention={**config["contention"], "cpu_job_cap_gbps": 1.0})
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(config))
     return str(tmp_path / "scenario.yaml"), str(tmp_path / "base.yaml")
-
-
-def inject(env: dict[str, str], *faults: dict) -> None:
-    """Faults the simulated node applies at once (written whole)."""
-    path = env["NODED_SIM_FAULTS"]
-    with open(path + ".tmp", "w") as f:
-        yaml.safe_dump(list(faults), f)
-    os.replace(path + ".tmp", path)
-
-
-def value(text: str, pattern: str) -> float | None:
-    m = re.search(pattern, text, re.M)
-    return None if m is None else float(m.group(1))
 
 
 def ticks(url: str) -> float:

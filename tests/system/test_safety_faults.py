@@ -31,7 +31,7 @@ import time
 
 import pytest
 import yaml
-from system_support import CPUSET, REPO, cpusets, noded_groups, running_node, scrape, start_daemon
+from system_support import CPUSET, REPO, cpusets, inject, noded_groups, running_node, scrape, start_daemon, value
 
 from conftest import wait_for
 from noded.server.budget import CONTROL_PLANE_DESCRIPTORS
@@ -58,19 +58,6 @@ def write_inputs(tmp_path, profile: str, events: str, **config) -> tuple[str, st
 def daemon_config(env: dict[str, str]) -> dict:
     with open(env["NODED_SIM_CONFIG"]) as f:
         return yaml.safe_load(f)
-
-
-def inject(env: dict[str, str], *faults: dict) -> None:
-    """Faults the simulated node applies at once (written whole)."""
-    path = env["NODED_SIM_FAULTS"]
-    with open(path + ".tmp", "w") as f:
-        yaml.safe_dump(list(faults), f)
-    os.replace(path + ".tmp", path)
-
-
-def value(text: str, pattern: str) -> float | None:
-    m = re.search(pattern, text, re.M)
-    return None if m is None else float(m.group(1))
 
 
 def lines(text: str, *names: str) -> str:
