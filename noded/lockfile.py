@@ -94,7 +94,8 @@ def _lock_file(d: SecureDir, name: str, *, shared: bool = False) -> int | str:
 
 
 def _subtree_holders(d: SecureDir, name: str) -> str | None:
-    """The pids in the subtree locks of filesystem lock ``name`` (``noded-dev-M-m-*.lock``)."""
+    """The pids in the subtree locks of filesystem lock ``name`` (``noded-dev-M-m-*.lock``)
+    that are held now."""
     prefix = name.removesuffix(".lock") + "-"
     pids = []
     try:
@@ -107,7 +108,11 @@ def _subtree_holders(d: SecureDir, name: str) -> str | None:
         except OSError:
             continue
         try:
-            holder = _holder(fd)
+            try:  # a file no one holds (its holder gone, even killed) names no one
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                continue
+            except BlockingIOError:
+                holder = _holder(fd)
         finally:
             os.close(fd)
         if holder != "unknown":

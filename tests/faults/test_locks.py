@@ -262,6 +262,16 @@ def test_disjoint_subtrees_of_one_filesystem_run_side_by_side_and_its_root_keeps
         with HostLock.for_filesystems([str(fs)], lock_dir=str(lock_dir)):
             with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}\\) holds {fs / 'b'}"):
                 HostLock.for_filesystems([str(fs / "b")], lock_dir=str(lock_dir)).acquire()
+        # a holder killed leaves its pid in its subtree's lock file: not named once it is gone
+        holder = HOLDER.replace("HostLock(", "HostLock.for_filesystems(")
+        killed = subprocess.Popen([sys.executable, "-c", holder, str(lock_dir), str(fs / "b")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert killed.stdout.readline().strip() == "locked"
+        killed.kill()
+        killed.wait()
+        with HostLock.for_filesystems([str(fs / "a" / "x")], lock_dir=str(lock_dir)):
+            with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}\\) holds {fs} \\(the filesystem"):
+                HostLock.for_filesystems([str(fs)], lock_dir=str(lock_dir)).acquire()
         # all released: each starts again
         HostLock.for_filesystems([str(fs / "b"), str(fs)], lock_dir=str(lock_dir)).acquire().release()
     finally:
