@@ -34,6 +34,7 @@ import yaml
 from system_support import CPUSET, REPO, cpusets, inject, noded_groups, running_node, scrape, start_daemon, value
 
 from conftest import wait_for
+from resctrl.cpulist import parse_cpu_list
 from noded.server.budget import CONTROL_PLANE_DESCRIPTORS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
@@ -123,14 +124,6 @@ def jobs_running(env: dict[str, str], n: int) -> tuple[dict[str, str], dict[str,
     wait_for(lambda: len(cpusets(top)) == n and all(job_pids(env, job) for job in cpusets(top)), timeout=30,
              what=f"the node's {n} jobs running in their cgroups")
     return cpusets(top), affinities(env)
-
-
-def cpu_list(text: str) -> set[int]:
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def descriptors(pid: int) -> int:
@@ -312,8 +305,8 @@ def test_a_read_only_state_dir_halves_no_cpuset_until_it_is_writable_and_a_stop_
                 with open(os.path.join(state, "originals.json")) as f:
                     assert os.path.join(top, "hog") in f.read()
                 assert {j: c for j, c in halved.items() if j != "hog"} == {j: before[j] for j in ("bert", "etl")}
-                halved_cpus = cpu_list(halved["hog"])
-                assert len(halved_cpus) < len(cpu_list(before["hog"]))
+                halved_cpus = parse_cpu_list(halved["hog"])
+                assert len(halved_cpus) < len(parse_cpu_list(before["hog"]))
                 wait_for(lambda: all(set(a) <= halved_cpus for a in affinities(env)["hog"]), timeout=10,
                          interval=0.05, what="the hog's processes on its halved cores")
 

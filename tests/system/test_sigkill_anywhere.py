@@ -26,6 +26,7 @@ import yaml
 from system_support import CPUSET, REPO, cpusets, noded_groups, running_daemon, running_node, scrape
 
 from conftest import wait_for
+from resctrl.cpulist import parse_cpu_list
 from mps_support import processes_serving
 from noded.sim.nvml_shm import Node as SharedNode
 
@@ -97,19 +98,11 @@ class SimulatedNode:
     def changed(self) -> dict[str, object]:
         """What noded has changed now, of what it may change (empty: the node as it was)."""
         cpus = {job: c for job, c in cpusets(self.top).items() if c != self.everything}
-        allowed = _cpu_list(self.everything)
+        allowed = parse_cpu_list(self.everything)
         affinities = {pid: sorted(a) for pid, a in self.affinities().items() if a != allowed}
         out = {"groups": noded_groups(self.env["NODED_SIM_RESCTRL"]), "cpusets": cpus, "affinities": affinities,
                "mps": processes_serving(self.pipe_dir), "compute_modes": [m for m in self.compute_modes() if m]}
         return {k: v for k, v in out.items() if v}
-
-
-def _cpu_list(text: str) -> set[int]:
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def asking(node: SimulatedNode, command: str, args_of, period: float):
@@ -196,7 +189,7 @@ def test_sigkill_while_halving_cores_then_a_restart_is_a_clean_start(tmp_path):
     rng = random.Random(1402)
     with running_node(tmp_path, scenario, base) as env:
         node = SimulatedNode(env)
-        if len(_cpu_list(node.everything)) < 2:
+        if len(parse_cpu_list(node.everything)) < 2:
             pytest.skip("one CPU: no cores to halve")
         seen = [kill_and_restart(node, rng) for _ in range(10)]
     assert sum("cpusets" in s or "affinities" in s for s in seen) >= 2, seen
