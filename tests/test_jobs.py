@@ -76,6 +76,24 @@ def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):
             == "slurm/uid_0/job_42"
 
 
+def test_processes_in_child_cgroups_on_the_real_hierarchy_count_from_the_tick_their_cgroup_appears(
+        v1_cpuset, sleeper):
+    # read_procs lists a cgroup only where its link count says it has children: the
+    # kernel's count must be what makes a new step's processes part of the job.
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_7")
+    a, b, c = sleeper(), sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+    assert discovery.discover()["slurm:7"].pids == {a.pid}
+    step = mkcg("slurm/uid_0/job_7/step_0")
+    write(f"{step}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["slurm:7"].pids == {a.pid, b.pid}
+    task = mkcg("slurm/uid_0/job_7/step_0/task_0")
+    write(f"{task}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["slurm:7"].pids == {a.pid, b.pid, c.pid}
+
+
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -174,20 +174,45 @@ def read_procs(cgroup_dir: str) -> set[int]:
     A cgroup removed while we walk (the job ending) is passed over; any other error
     (EMFILE, EACCES, …) is raised, so a failed read is never mistaken for no processes.
     """
-    def walk_error(e: OSError) -> None:
-        if not _vanished(e):
-            raise e
-
+    # Every tick reads every job's cgroup, so this is lean: a directory is listed only
+    # where it has subdirectories. A directory's link count is 2 + its subdirectories on
+    # cgroupfs (kernfs) as on tmpfs and ext4; a filesystem that does not keep it (btrfs
+    # says 1) is listed every time. Listing a cgroup directory costs more than reading
+    # its cgroup.procs (tens of entries, one object each), and most jobs have none.
     pids: set[int] = set()
-    for dirpath, _dirs, files in os.walk(cgroup_dir, onerror=walk_error):
-        if "cgroup.procs" in files:
+    todo = [cgroup_dir]
+    while todo:
+        path = todo.pop()
+        try:
+            links = os.stat(path).st_nlink
+        except OSError as e:
+            if not _vanished(e):
+                raise
+            continue
+        try:
+            pids.update(map(int, _read_whole(os.path.join(path, "cgroup.procs")).split()))
+        except OSError as e:
+            if not _vanished(e):  # no cgroup.procs: not a cgroup, though it may hold some
+                raise
+        if links != 2:
             try:
-                with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                    pids.update(int(x) for x in f.read().split())
+                with os.scandir(path) as entries:
+                    todo += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
             except OSError as e:
                 if not _vanished(e):
                     raise
     return pids
+
+
+def _read_whole(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_process_cgroups(proc: str, pid: int) -> dict[str, str]:
