@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import mfusepy  # imported here so --help works where libfuse3 is missing
 
-    from .fuse_ops import ResctrlOperations
+    from .fuse_ops import ENTRY_TIMEOUT_S, ResctrlOperations
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mfusepy.FUSE(ResctrlOperations(kernel, on_mounted), mountpoint, foreground=True, raw_fi=True,
                      allow_other=True, default_permissions=True, fsname="resctrl", subtype="resctrl",
-                     attr_timeout=1.0, entry_timeout=1.0, negative_timeout=0, max_threads=16)
+                     attr_timeout=ENTRY_TIMEOUT_S, entry_timeout=ENTRY_TIMEOUT_S, negative_timeout=0, max_threads=16)
     except RuntimeError as e:
         # libfuse's fuse_main() returns non-zero when its loop ends by a signal, too;
         # a mount that came up and was then stopped is a clean exit.

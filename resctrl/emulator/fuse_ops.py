@@ -2,11 +2,19 @@
 
 Kernfs files (which resctrl's are) report size 0 and generate their text when read
 at offset 0, and every write() is one command. We reproduce that with direct I/O
-(no page cache between the caller and the kernel model). Entries and attributes
-may be cached for a second (path walks through FUSE are the emulator's main cost):
-mkdir, rmdir and rename pass through the VFS, which updates its dentry cache at
-once; a change made behind it (a domain going offline) shows in directory
-listings at once, and opening or reading a vanished file fails with ENOENT.
+(no page cache between the caller and the kernel model).
+
+A reader of resctrl pays for every request FUSE makes on its behalf, in its own
+CPU time, where kernfs answers from the kernel's own structures: a monitor that
+reads 200 counters a second would spend as much again walking paths. So entries
+and attributes may be cached for ENTRY_TIMEOUT_S (longer than any tick, so a
+counter's path is walked through FUSE once, not once per read; kernfs keeps them
+for good), and close() sends no FLUSH (flush answers ENOSYS once, and the kernel
+stops asking: nothing is ever buffered here to flush). mkdir, rmdir and rename pass
+through the VFS, which updates its dentry cache at once; a change made behind it
+(a domain going offline) shows in directory listings at once, and opening or
+reading a vanished file fails with ENOENT, though a stat() of it may succeed from
+the cache for up to ENTRY_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from typing import Callable
 import mfusepy
 
 from .kernel import KernelError, ResctrlKernel
+
+#: how long the kernel may keep the emulator's entries and attributes (see above)
+ENTRY_TIMEOUT_S = 10.0
 
 
 def _parts(path: str) -> list[str]:
@@ -99,7 +110,9 @@ class ResctrlOperations(mfusepy.Operations):
         return 0
 
     def flush(self, path: str, fi) -> int:
-        return 0
+        # Nothing is buffered (direct I/O, every write() is one command): ENOSYS tells
+        # the kernel never to send FLUSH again, so close() costs no round trip.
+        raise KernelError(errno.ENOSYS)
 
     # -- directories
     def mkdir(self, path: str, mode: int) -> int:
