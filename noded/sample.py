@@ -125,8 +125,9 @@ def build_sample(
     else:  # NVML off (a CPU-only node), unless its sampler failed this tick
         processes_known = not any(s.name == "nvml" and not s.ok for s in samplers)
     out: dict[str, JobSample] = {}
+    gpu_pids = [(g, g.pids()) for g in gpus]  # once, not once per job
     for job in (jobs or {}).values():
-        held = [g for g in gpus if g.pids() & job.pids]
+        held = [g for g, pids in gpu_pids if not pids.isdisjoint(job.pids)]
         utils = [_job_gpu_util(job.pids, g) for g in held]
         util = None if not utils or any(u is None for u in utils) else sum(utils) / len(utils)
         bw = None

@@ -171,13 +171,15 @@ class MbmReader:
         """Counters of one group for the given domain ids (list them once per tick
         with ``resctrl.info.read_domains``)."""
         sample: MbmSample = {}
+        group_path = group_path.rstrip("/")
         for domain in domains:
-            base = os.path.join(group_path, "mon_data", f"{DOMAIN_PREFIX}{domain:02d}")
+            # read every tick for every group: plain string formatting, not os.path.join
+            base = f"{group_path}/mon_data/{DOMAIN_PREFIX}{domain:02d}/"
             readings = {}
             for event in self.events:
-                raw = self._read_file(os.path.join(base, event))
+                raw = self._read_file(base + event)
                 if raw is None:
-                    self._forget_prefix(base + "/")
+                    self._forget_prefix(base)
                     break
                 readings[event] = parse_counter(raw.decode())
             else:

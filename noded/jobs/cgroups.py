@@ -122,8 +122,8 @@ class CgroupSource:
             raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", self.root)
         out = {}
         for pattern in self.patterns:
-            for path in match_dirs(self.root, pattern):
-                out[self.job_id(os.path.relpath(path, self.root))] = path
+            for path in match_dirs(self.root, pattern):  # each is root joined with the rest
+                out[self.job_id(path[len(self.root):].lstrip("/"))] = path
         return out
 
 

@@ -13,6 +13,8 @@ from .model import Job, JobMeta
 
 log = logging.getLogger(__name__)
 
+NO_LABELS = JobMeta()  # a job nobody labelled (frozen: one serves them all)
+
 
 def read_ppids(proc: str) -> dict[int, int]:
     """pid -> parent pid for every process now."""
@@ -115,7 +117,7 @@ class JobDiscovery:
             for job_id, path in src.scan().items():
                 pids = read_procs(path)
                 if pids:
-                    jobs[job_id] = Job(job_id, src.kind, frozenset(pids), path, labels.get(job_id, JobMeta()))
+                    jobs[job_id] = Job(job_id, src.kind, frozenset(pids), path, labels.get(job_id, NO_LABELS))
         with self._lock:
             registered = dict(self._registered)
         if registered:
@@ -140,6 +142,6 @@ class JobDiscovery:
                 job_id = src.job_id(rel)
                 prev = known.get(job_id)
                 pids = (prev.pids if prev else frozenset()) | {pid}
-                meta = prev.meta if prev else self.labels.labels.get(job_id, JobMeta())
+                meta = prev.meta if prev else self.labels.labels.get(job_id, NO_LABELS)
                 return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta)
         return None

@@ -12,6 +12,7 @@ sooner than ``retry_s`` later, or at once when another job's group was freed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -33,6 +34,7 @@ SHARED = "shared"  # out of RMIDs: counted only in its control group's total
 NONE = "none"  # no monitoring on this host
 
 
+@functools.lru_cache(maxsize=8192)  # asked for every job every tick; bounded, as jobs come and go
 def group_name(prefix: str, job_id: str) -> str:
     """A stable, valid, collision-free resctrl directory name for a job id."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:40]
@@ -166,7 +168,11 @@ class JobMonitor:
     def _move(self, rc: Resctrl, job: Job, tracked: _Tracked, group: MonGroup,
               only: set[int] | None = None) -> list[int]:
         vanished = []
-        todo = sorted((only or job.pids) - tracked.moved)
+        todo = (only or job.pids) - tracked.moved
+        if not todo:  # every tick, for nearly every job: nothing new to move
+            tracked.moved &= job.pids
+            return vanished
+        todo = sorted(todo)
         for pid in todo:
             try:
                 try:

@@ -111,8 +111,11 @@ class BandwidthSampler:
         node: dict[int, float | None] = {d: 0.0 for d in domains}
         for rates in job_bps.values():
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
+        in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
+        for job_id, g in groups.items():
+            in_ctrl.setdefault(os.path.dirname(os.path.dirname(g.path)), []).append(job_id)
         for path, readings in ctrl_readings.items():
-            kids = [j for j, g in groups.items() if os.path.dirname(os.path.dirname(g.path)) == path]
+            kids = in_ctrl.get(path, [])
             # A control group new since the last read (a throttle level) holds nothing
             # of its own yet: its residual starts at zero.
             new = self._last_read is not None and path not in self._ctrl_paths
