@@ -145,3 +145,33 @@ def test_the_configmaps_noded_yaml_passes_check_config_on_a_cgroup_v2_node(rende
     run = subprocess.run([noded, "check-config", str(config_file)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "jobs.sources[0].root: /sys/fs/cgroup is not in a cgroup hierarchy" in run.stderr
 
+
+def test_the_readmes_pod_name_join_gives_each_pod_jobs_namespace_and_name(tmp_path):
+    """The README's PromQL joining a pod's job with kube-state-metrics' kube_pod_info on
+    the UID, run by promtool over series shaped as both exporters write them."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("### Kubernetes"):]
+    [query] = [line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("label_replace(")]
+    uid = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'noded_job_throttle_level{{instance="10.0.0.5:9464",job="noded",node="gpu-1",'
+                       f'job_id="k8s:{uid}",method="mba"}}', "values": "2x5"},
+            {"series": 'noded_job_throttle_level{instance="10.0.0.5:9464",job="noded",node="gpu-1",'
+                       'job_id="slurm:4242",method="mba"}', "values": "1x5"},
+            {"series": f'kube_pod_info{{instance="ksm:8080",job="kube-state-metrics",namespace="team-a",'
+                       f'pod="train-0",uid="{uid}",node="gpu-1",host_network="false"}}', "values": "1x5"},
+            {"series": 'kube_pod_info{instance="ksm:8080",job="kube-state-metrics",namespace="team-b",'
+                       'pod="idle-0",uid="ffffffff-0000-0000-0000-000000000000",node="gpu-2",host_network="false"}',
+             "values": "1x5"},
+        ],
+        "promql_expr_test": [{"expr": query, "eval_time": "3m", "exp_samples": [{
+            "labels": f'{{instance="10.0.0.5:9464",job="noded",node="gpu-1",job_id="k8s:{uid}",method="mba",'
+                      f'uid="{uid}",namespace="team-a",pod="train-0"}}', "value": 2}]}],
+    }]}
+    path = tmp_path / "join.test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    run = subprocess.run([need("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
