@@ -1,7 +1,8 @@
-"""integrations/kubernetes: the kustomize base rendered by kubectl's built-in kustomize,
-validated offline against the Kubernetes API schemas (and the ServiceMonitor against
-prometheus-operator's), checked for consistency between its parts and with noded's own
-config, and its noded.yaml run through `noded check-config` as on a cgroup v2 node."""
+"""integrations/kubernetes: the kustomize base (cgroup v2 nodes) and its cgroup v1 overlay,
+rendered by kubectl's built-in kustomize, validated offline against the Kubernetes API
+schemas (and the ServiceMonitor against prometheus-operator's), checked for consistency
+between their parts and with noded's own config, and their noded.yaml run through
+`noded check-config` on a cgroup tree of the version each is for."""
 
 import copy
 import os
@@ -15,7 +16,9 @@ import yaml
 from noded.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = os.path.join(REPO, "integrations", "kubernetes", "base")
+KUBERNETES = os.path.join(REPO, "integrations", "kubernetes")
+# each kustomization, and the job source root its noded.yaml must have
+VARIANTS = {"base": "/sys/fs/cgroup", "overlays/cgroup-v1": "/sys/fs/cgroup/cpuset"}
 VALIDATOR = os.path.join(REPO, "tests", "kubernetes", "validate_manifests.py")
 
 
@@ -25,11 +28,21 @@ def need(tool: str) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
-def rendered() -> list[dict]:
-    run = subprocess.run([need("kubectl"), "kustomize", BASE], capture_output=True, text=True, timeout=60)
+def render(variant: str) -> list[dict]:
+    run = subprocess.run([need("kubectl"), "kustomize", os.path.join(KUBERNETES, variant)], capture_output=True,
+                         text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     return [d for d in yaml.safe_load_all(run.stdout) if d is not None]
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def variant(request) -> tuple[str, list[dict]]:
+    return request.param, render(request.param)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[dict]:
+    return render("base")
 
 
 def one(docs, kind):
@@ -44,7 +57,8 @@ def validate_offline(docs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_the_base_renders_to_what_noded_needs_and_validates_offline(rendered):
+def test_the_base_renders_to_what_noded_needs_and_validates_offline(variant):
+    _, rendered = variant
     assert sorted(d["kind"] for d in rendered) == ["ConfigMap", "DaemonSet", "Namespace", "Service",
                                                   "ServiceAccount", "ServiceMonitor"]
     assert {d["metadata"].get("namespace") for d in rendered if d["kind"] != "Namespace"} == {"noded"}
@@ -91,7 +105,8 @@ def test_a_broken_manifest_fails_validation_naming_what_and_where(rendered, brea
     assert says in run.stdout, run.stdout
 
 
-def test_the_parts_agree_with_each_other_and_with_noded_yaml(rendered, tmp_path):
+def test_the_parts_agree_with_each_other_and_with_noded_yaml(variant, tmp_path):
+    name, rendered = variant
     ds, svc, sm, cm = (one(rendered, k) for k in ("DaemonSet", "Service", "ServiceMonitor", "ConfigMap"))
     pod = ds["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -116,7 +131,7 @@ def test_the_parts_agree_with_each_other_and_with_noded_yaml(rendered, tmp_path)
     config_file = tmp_path / "noded.yaml"
     config_file.write_text(cm["data"]["noded.yaml"])
     cfg = load_config(str(config_file))
-    assert [(s.kind, s.root) for s in cfg.jobs.sources] == [("kubernetes", "/sys/fs/cgroup")]
+    assert [(s.kind, s.root) for s in cfg.jobs.sources] == [("kubernetes", VARIANTS[name])]
     assert cfg.metrics.address == "0.0.0.0" and ports["metrics"] == cfg.metrics.port
     # every host path noded reads or writes is the host's own, at the same path: cgroup
     # paths are matched against /proc/PID/cgroup, originals are recorded by host path, and
@@ -144,6 +159,16 @@ def test_the_configmaps_noded_yaml_passes_check_config_on_a_cgroup_v2_node(rende
     # and on this machine's v1 tree, where that root is no hierarchy, it says so and fails
     run = subprocess.run([noded, "check-config", str(config_file)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and "jobs.sources[0].root: /sys/fs/cgroup is not in a cgroup hierarchy" in run.stderr
+
+
+def test_the_v1_overlays_noded_yaml_passes_check_config_on_this_machines_v1_tree(tmp_path):
+    if not os.path.isdir("/sys/fs/cgroup/cpuset/") or os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        pytest.skip("this machine has no cgroup v1 cpuset hierarchy")
+    config_file = tmp_path / "noded.yaml"
+    config_file.write_text(one(render("overlays/cgroup-v1"), "ConfigMap")["data"]["noded.yaml"])
+    noded = os.path.join(os.path.dirname(sys.executable), "noded")
+    run = subprocess.run([noded, "check-config", str(config_file)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == f"{config_file}: ok", run.stdout + run.stderr
 
 
 def test_the_readmes_pod_name_join_gives_each_pod_jobs_namespace_and_name(tmp_path):
