@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps system-deps clean install uninstall install-remote-scrape verify-unit nvml
+.PHONY: demo test test-bench bench bench-deps deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -19,6 +20,24 @@ system-deps:
 	    $(SYSTEM_PACKAGES) >/dev/null; \
 	else echo "noded: missing system packages; as root: apt-get install $(SYSTEM_PACKAGES)" >&2; exit 1; fi
 
+# kubectl, whose built-in kustomize renders integrations/kubernetes, and Node.js with npm
+# for the ServiceMonitor's validator (tests/kubernetes/): Debian's kubernetes-client and
+# nodejs/npm, only where the machine has none (Debian's kubectl would collide with one
+# installed from elsewhere).
+k8s-test-deps:
+	@missing=""; command -v kubectl >/dev/null || missing="kubernetes-client"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    $$missing >/dev/null; \
+	else echo "noded: missing system packages; as root: apt-get install $$missing" >&2; exit 1; fi
+
+# The ServiceMonitor's validator, pinned by its lock file.
+$(NPM_STAMP): tests/kubernetes/package.json tests/kubernetes/package-lock.json | k8s-test-deps
+	npm ci --prefix tests/kubernetes --no-audit --no-fund --loglevel=error
+	touch $@
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
@@ -28,7 +47,7 @@ $(STAMP): pyproject.toml
 nvml: $(STAMP)
 	$(PY) -m noded.sim.nvml_lib >/dev/null
 
-deps: system-deps $(STAMP) nvml
+deps: system-deps k8s-test-deps $(STAMP) $(NPM_STAMP) nvml
 
 # Every test but the benchmarks' own end-to-end runs (marker bench: make test-bench), which
 # would take the suite past its 10 minutes on a 2-core machine.
@@ -53,7 +72,7 @@ bench: deps bench-deps
 	$(PY) -m bench.report
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml tests/kubernetes/node_modules
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation

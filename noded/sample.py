@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+from .jobs.kubepods import PodIdentity
 from .jobs.model import Job, JobMeta
 from .jobs.monitoring import MonitorReport
 from .samplers import SamplerStatus
@@ -43,6 +44,7 @@ class JobSample:
     ctrl_groups: frozenset[str] | None = None
     cpus: CpuPlacement | None = None  # where its CPUs are set now (hosts that halve cores)
     mon_parent: str | None = None  # the control group its own monitoring group is in ("" = the root)
+    pod: PodIdentity | None = None  # a Kubernetes pod's identity, from its cgroup
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def build_sample(
             monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
             _ctrl_groups(job, resctrl), (cpus or {}).get(job.id),
             group.parent.name if monitor and (group := monitor.groups.get(job.id)) is not None else None,
+            pod=job.pod,
         )
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,

@@ -56,6 +56,9 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
     (r"nodectl size \S+ --(cores \d+ --reason .*|stop|reprobe)",  # the demo has right-sizing off
      ("tests/test_rightsize_visible.py::test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket",)),
     (r"nodectl .*", (HERE,)),
+    # no cluster here: what `apply -k` applies is the render, validated offline
+    (r"kubectl (kustomize|apply -k) integrations/kubernetes/(base|overlays/cgroup-v1)",
+     ("tests/test_kubernetes.py::test_the_base_renders_to_what_noded_needs_and_validates_offline",)),
 ]
 
 

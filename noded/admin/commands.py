@@ -230,7 +230,8 @@ class AdminCommands:
         out["gpus"] = [{"gpu": g.index, "uuid": g.uuid, "util": g.util_gpu, "error": g.error} for g in s.gpus]
         out["jobs"] = [{"job": j.id, "kind": j.kind, "bandwidth_bytes_per_s": j.bandwidth_bps, "gpu_util": j.gpu_util,
                         "level": r.levels.get(j.id, 0), "override": j.id in overrides, "exempt": j.meta.exempt,
-                        "monitoring": j.monitoring} for j in sorted(s.jobs.values(), key=lambda j: j.id)]
+                        "monitoring": j.monitoring, "pod": j.pod.as_dict() if j.pod else None}
+                       for j in sorted(s.jobs.values(), key=lambda j: j.id)]
         out["missing"] = list(s.missing)
         return out
 
@@ -293,6 +294,8 @@ class AdminCommands:
             "sizing": sizing, "borrowed_cpus": borrowed,
             # right-sizing's memory (None where rightsize.memory is off or the job is not sized)
             "memory": memory,
+            # a Kubernetes pod's UID, QoS class, cgroup driver and containers (None: not a pod)
+            "pod": js.pod.as_dict() if js.pod else None,
         }
 
     @staticmethod

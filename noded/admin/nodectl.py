@@ -141,8 +141,10 @@ def format_status(st: dict[str, Any]) -> str:
 def format_jobs(jobs: list[dict[str, Any]]) -> str:
     rows = [("JOB", "KIND", "GB/s", "GPU", "LEVEL", "NOTE")]
     for j in jobs:
+        pod = j.get("pod")
         note = ", ".join(n for n, on in (("override", j["override"]), ("exempt", j["exempt"]),
-                                         (f"monitoring {j['monitoring']}", j["monitoring"] != "own")) if on)
+                                         (f"monitoring {j['monitoring']}", j["monitoring"] != "own"),
+                                         (f"pod {pod['qos']}" if pod else "", pod)) if on)
         rows.append((j["job"], j["kind"], _gbps(j["bandwidth_bytes_per_s"]),
                      _pct(j["gpu_util"]) if j["kind"] == "gpu" else "", str(j["level"] or ""), note))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -154,6 +156,10 @@ def format_explain(e: dict[str, Any]) -> str:
              + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {e['threshold']:.0%}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
+    pod = e.get("pod")
+    if pod:
+        lines.append(f"pod uid {pod['uid']}, QoS {pod['qos']} (kubelet's {pod['driver']} cgroup driver), "
+                     f"containers: {', '.join(pod['containers']) or 'none'}")
     lines += [f"  - {w}" for w in e["why"]]
     lines += format_sizing(e)
     if e.get("held"):

@@ -18,12 +18,17 @@ from dataclasses import dataclass
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 
+_KUBEPODS = ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice",
+             "kubepods/pod*", "kubepods/*/pod*")
+
 # Where each manager puts its jobs, by cgroup version, relative to the hierarchy root.
 DEFAULT_PATTERNS: dict[tuple[str, int], tuple[str, ...]] = {
     ("slurm", 2): ("system.slice/slurmstepd.scope/job_*",),
     ("slurm", 1): ("slurm/uid_*/job_*",),
-    ("kubernetes", 2): ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice"),
-    ("kubernetes", 1): ("kubepods/pod*", "kubepods/*/pod*"),
+    # kubelet's systemd driver, then its cgroupfs driver: either can run on either version
+    # (Guaranteed pods directly under kubepods, the others under their QoS class's cgroup)
+    ("kubernetes", 2): _KUBEPODS,
+    ("kubernetes", 1): _KUBEPODS,
 }
 
 

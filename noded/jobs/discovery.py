@@ -9,6 +9,7 @@ import threading
 from ..procstat import PPID, stat_fields
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
+from .kubepods import PodIdentities
 from .model import Job, JobMeta
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class JobDiscovery:
         self.labels = labels or LabelFile(None)
         self._lock = threading.Lock()
         self._registered: dict[str, tuple[int, JobMeta]] = {}  # job id -> (root pid, meta)
+        self._pods = PodIdentities()  # kubernetes sources' pods, parsed once per pod
 
     def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
         """A process tree as a job (e.g. from a prolog or the admin socket)."""
@@ -115,9 +117,11 @@ class JobDiscovery:
         jobs: dict[str, Job] = {}
         for src in self.sources:
             for job_id, path in src.scan().items():
-                pids = read_procs(path)
+                pids = frozenset(read_procs(path))
                 if pids:
-                    jobs[job_id] = Job(job_id, src.kind, frozenset(pids), path, labels.get(job_id, NO_LABELS))
+                    pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
+                    jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+        self._pods.forget_unseen()
         with self._lock:
             registered = dict(self._registered)
         if registered:
@@ -143,5 +147,5 @@ class JobDiscovery:
                 prev = known.get(job_id)
                 pids = (prev.pids if prev else frozenset()) | {pid}
                 meta = prev.meta if prev else self.labels.labels.get(job_id, NO_LABELS)
-                return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta)
+                return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta, prev.pod if prev else None)
         return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .kubepods import PodIdentity
+
 CATEGORIES = ("CV", "NLP", "Speech")
 
 
@@ -84,3 +86,6 @@ class Job:
     pids: frozenset[int]
     cgroup: str | None = None  # the job's cgroup directory, where it has one
     meta: JobMeta = field(default_factory=JobMeta)
+    # a Kubernetes pod's UID, QoS class and containers, read from its cgroup (never from
+    # the label file: whoever may write labels must not be able to rename a pod)
+    pod: PodIdentity | None = None
