@@ -392,6 +392,6 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=getattr(daemon, "rightsize", None) is not None))
+                                     rightsize=daemon.rightsize is not None))
     ProcessCollector(registry=registry)
     return registry

@@ -233,7 +233,7 @@ def test_gpu_utilisation_is_a_ratio_clamped_to_0_1_and_nan_is_left_out():
     jobs = {"slurm:1": JobSample("slurm:1", "registered", frozenset({1}), JobMeta(), "gpu", ("GPU-d",), 42.0,
                                  None, "own")}
     result = result_with(ControlState(), gpus, jobs, {"slurm:1": (120.0, "learned")})
-    values, _ = parse(generate_latest(make_registry(SimpleNamespace(last=result, extra_info={}, colocation=None)))
+    values, _ = parse(generate_latest(make_registry(SimpleNamespace(last=result, extra_info={}, colocation=None, rightsize=None)))
                       .decode())
     assert value(values, "noded_gpu_utilization_ratio", gpu="0", UUID="GPU-a") == 1.0
     assert value(values, "noded_gpu_utilization_ratio", gpu="1", UUID="GPU-b") == 0.0

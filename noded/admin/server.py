@@ -56,7 +56,7 @@ class AdminServer(Protocol):
         self.limits = limits or replace(REPORTS if reports_only else ADMIN, deadline_s=timeout_s)
         # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
         self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
-                                      rightsize=getattr(daemon, "rightsize", None))
+                                      rightsize=daemon.rightsize)
         self.gid: int | None = None
         if group:
             try:
