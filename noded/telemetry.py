@@ -76,6 +76,9 @@ class Telemetry:
         unavailable = () if rc is not None else (f"resctrl: {self.session.unavailable}",)
         facts = run("resctrl_groups", lambda: read_facts(self.session, rc)) if rc is not None else None
         jobs = run("jobs", self.discovery.discover)
+        if jobs is not None:
+            unavailable += tuple(f"job {j}: cgroup unreadable, held as last seen ({why})"
+                                 for j, why in sorted(self.discovery.unreadable.items()))
         report = None
         if jobs is not None:
             with self._lock:

@@ -1,6 +1,7 @@
 """Job discovery: cgroup v2-shaped trees, the real v1 cpuset hierarchy, registered
 process trees, labels, and new processes through the process-events connector."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +45,68 @@ def test_v2_layouts_are_found_with_their_processes(v2_tree):
     assert jobs["k8s:1b2c-33d4"].pids == {d.pid}
     # Identity is stable across ticks.
     assert JobDiscovery(sources).discover()["slurm:4242"] == jobs["slurm:4242"]
+
+
+def test_a_job_whose_subtree_cannot_be_read_is_held_and_blinds_no_other_job(v2_tree, sleeper):
+    # Whoever owns a delegated subtree shapes it: one job's unreadable cgroup (here a
+    # cgroup.procs that is a directory: EISDIR from the kernel) must not make every job
+    # unknown, nor make that job look ended.
+    root, (a, b, c, d) = v2_tree
+    discovery = JobDiscovery([CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root)])
+    before = discovery.discover()
+    assert before["slurm:4242"].pids == {a.pid, b.pid, c.pid} and discovery.unreadable == {}
+    bad = os.path.join(root, "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/bad")
+    os.makedirs(os.path.join(bad, "cgroup.procs"))
+    new = os.path.join(root, "system.slice/slurmstepd.scope/job_5")  # a new job, unreadable from the start
+    os.makedirs(os.path.join(new, "cgroup.procs"))
+    jobs = discovery.discover()
+    assert jobs["slurm:4242"] is before["slurm:4242"]  # held as last seen
+    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}  # the others as they are now
+    assert "slurm:5" not in jobs  # never seen: nothing to hold
+    assert set(discovery.unreadable) == {"slurm:4242", "slurm:5"}
+    assert "Is a directory" in discovery.unreadable["slurm:4242"] and bad in discovery.unreadable["slurm:4242"]
+    e = sleeper()
+    with open(os.path.join(root, "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs"), "a") as f:
+        f.write(f"{e.pid}\n")
+    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid}  # still held, not re-read
+    os.rmdir(os.path.join(bad, "cgroup.procs"))
+    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid, e.pid}
+    assert discovery.unreadable == {"slurm:5": discovery.unreadable["slurm:5"]}
+
+
+HELD_SCRIPT = """
+import json, os, sys
+from noded.jobs import CgroupSource, JobDiscovery
+base, step = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("slurm", base)])
+first = d.discover()
+os.chmod(step, 0o700)  # the subtree's owner shuts noded out (CAP_FOWNER is kept, as the unit keeps it)
+second = d.discover()
+print(json.dumps({"first": sorted(first["slurm:8"].pids), "second": sorted(second["slurm:8"].pids),
+                  "held": second["slurm:8"] is first["slurm:8"], "unreadable": d.unreadable}))
+"""
+
+
+def test_eacces_below_a_real_job_cgroup_holds_that_job_as_the_unit_runs_noded(v1_cpuset, sleeper):
+    # noded's unit runs it as root without CAP_DAC_OVERRIDE: a subtree's owner (a
+    # delegated user) can make their cgroups unreadable to it; setpriv drops the same
+    # capabilities here, and the kernel answers EACCES for real.
+    base, mkcg = v1_cpuset
+    job, step = mkcg("slurm/uid_0/job_8"), mkcg("slurm/uid_0/job_8/step_0")
+    a, b = sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    write(f"{step}/cgroup.procs", str(b.pid))
+    os.chown(step, 65534, 65534)
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", HELD_SCRIPT, base, step],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        os.chmod(step, 0o755)
+        os.chown(step, 0, 0)
+    got = json.loads(out)
+    assert got["first"] == got["second"] == sorted({a.pid, b.pid}) and got["held"]
+    assert "Permission denied" in got["unreadable"]["slurm:8"]
 
 
 def test_source_configuration_errors_are_clear(tmp_path):

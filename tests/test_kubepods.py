@@ -68,17 +68,34 @@ def test_any_other_name_is_no_container_and_never_an_error(name, driver):
         assert len(cid) == 64 and name in {container_dir(r, cid, driver) for r in RUNTIMES}
 
 
-@given(parts=st.lists(st.sampled_from(["kubepods", "kubepods.slice", "burstable", "besteffort", "guaranteed",
-                                       "kubepods-burstable.slice", "kubepods-besteffort.slice", "pod", "x",
-                                       "kubepods-pod.slice", "kubepods-burstable-pod.slice"]) | st.text(max_size=40),
-                      min_size=1, max_size=5),
-       uid=uids)
+POD_PARTS = ["kubepods", "kubepods.slice", "burstable", "besteffort", "guaranteed", "kubepods-burstable.slice",
+             "kubepods-besteffort.slice", "podUID", "x", "kubepods-podUID.slice", "kubepods-burstable-podUID.slice",
+             "kubepods-besteffort-podUID.slice", "kubepods-guaranteed-podUID.slice"]
+
+
+def with_uid(parts, uid):
+    """The parts joined, UID put in where a pod's name would carry it (the systemd driver's
+    slices with '_' for '-'): the placeholder, not "pod", so "kubepods" stays itself."""
+    return "/".join(p.replace("UID", uid.replace("-", "_") if p.endswith(".slice") else uid) for p in parts)
+
+
+@given(parts=st.lists(st.sampled_from(POD_PARTS) | st.text(max_size=40), min_size=1, max_size=5), uid=uids)
 def test_only_the_paths_kubelet_makes_are_pods(parts, uid):
     # names built around a real UID, in arbitrary places: a pod only where kubelet would put one
-    rel = "/".join(p.replace("pod", "pod" + (uid.replace("-", "_") if ".slice" in p else uid)) for p in parts)
+    rel = with_uid(parts, uid)
     got = parse_pod_dir(rel)
     if got is not None:
         assert rel == pod_dir(got.uid, got.qos, got.driver)
+
+
+def test_the_pod_paths_property_draws_real_pods_too():
+    # the property above would pass vacuously if no drawn path could be a pod
+    uid = str(uuid.uuid4())
+    assert parse_pod_dir(with_uid(["kubepods", "burstable", "podUID"], uid)).uid == uid
+    assert parse_pod_dir(with_uid(["kubepods.slice", "kubepods-besteffort.slice",
+                                   "kubepods-besteffort-podUID.slice"], uid)).qos == "besteffort"
+    assert parse_pod_dir(with_uid(["kubepods.slice", "kubepods-podUID.slice"], uid)).qos == "guaranteed"
+    assert parse_pod_dir(with_uid(["kubepods", "guaranteed", "podUID"], uid)) is None
 
 
 @pytest.mark.parametrize("rel", [
@@ -135,7 +152,7 @@ def test_pods_are_found_with_their_identity_in_every_layout(tmp_path, sleeper, d
         == pod_dir(uid, qos, driver)
 
 
-def test_containers_are_listed_again_only_when_the_pods_processes_change(tmp_path):
+def test_containers_are_listed_again_only_when_the_pods_processes_or_subdirectories_change(tmp_path):
     root = tmp_path / "cgroup"
     uid = str(uuid.uuid4())
     pod = root / pod_dir(uid, "burstable", "cgroupfs")
@@ -144,10 +161,17 @@ def test_containers_are_listed_again_only_when_the_pods_processes_change(tmp_pat
     pods = PodIdentities()
     one = pods.identify(str(root), str(pod), frozenset({10}))
     assert one == PodIdentity(uid, "burstable", "cgroupfs", (first,))
-    (pod / second).mkdir()
-    # same processes: the identity is the one already known (no listing)
+    # nothing changed: the identity is the one already known (no listing)
     assert pods.identify(str(root), str(pod), frozenset({10})) is one
-    # a new process: the new container is seen
+    # a container's cgroup made before its process: seen with the same processes
+    (pod / second).mkdir()
+    two = pods.identify(str(root), str(pod), frozenset({10}))
+    assert two.containers == tuple(sorted((first, second)))
+    # and one gone after its process ended: forgotten at once
+    (pod / first).rmdir()
+    assert pods.identify(str(root), str(pod), frozenset({10})).containers == (second,)
+    # a new process: listed again
+    (pod / first).mkdir()
     assert pods.identify(str(root), str(pod), frozenset({10, 11})).containers == tuple(sorted((first, second)))
     pods.forget_unseen()
     pods.forget_unseen()  # not identified since: forgotten, so a pod ending frees its entry

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
 
+from ..journal import printable
 from ..procstat import PPID, stat_fields
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
@@ -13,6 +15,9 @@ from .kubepods import PodIdentities
 from .model import Job, JobMeta
 
 log = logging.getLogger(__name__)
+
+#: errors that say noded itself is short of something: every job's reading would fail alike
+NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 NO_LABELS = JobMeta()  # a job nobody labelled (frozen: one serves them all)
 
@@ -98,6 +103,9 @@ class JobDiscovery:
         self._lock = threading.Lock()
         self._registered: dict[str, tuple[int, JobMeta]] = {}  # job id -> (root pid, meta)
         self._pods = PodIdentities()  # kubernetes sources' pods, parsed once per pod
+        self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
+        #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
+        self.unreadable: dict[str, str] = {}
 
     def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
         """A process tree as a job (e.g. from a prolog or the admin socket)."""
@@ -113,15 +121,35 @@ class JobDiscovery:
             self._registered.pop(job_id, None)
 
     def discover(self) -> dict[str, Job]:
+        """Every job now. Raises OSError where a source cannot be read or noded itself runs
+        short (descriptors, memory): the jobs are then unknown, never none. A job whose own
+        subtree cannot be read (a delegated subtree its owner made unreadable, a cgroup.procs
+        that fails) is held as last seen, and said in ``unreadable``: one tenant's cgroups
+        must not blind noded to every job on the node."""
         labels = self.labels.refresh()
         jobs: dict[str, Job] = {}
-        for src in self.sources:
-            for job_id, path in src.scan().items():
-                pids = frozenset(read_procs(path))
-                if pids:
-                    pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
-                    jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
-        self._pods.forget_unseen()
+        unreadable: dict[str, str] = {}
+        try:
+            for src in self.sources:
+                for job_id, path in src.scan().items():
+                    try:
+                        pids = frozenset(read_procs(path))
+                    except OSError as e:
+                        if e.errno in NODED_SHORT_OF:
+                            raise
+                        unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
+                        if (held := self._last.get(job_id)) is not None:
+                            jobs[job_id] = held
+                        continue
+                    if pids:
+                        pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
+                        jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+        finally:
+            self._pods.forget_unseen()
+        for job_id in unreadable.keys() - self.unreadable.keys():
+            log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
+        self.unreadable = unreadable
+        self._last = {j: job for j, job in jobs.items()}
         with self._lock:
             registered = dict(self._registered)
         if registered:

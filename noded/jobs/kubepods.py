@@ -130,24 +130,31 @@ def list_containers(pod_dir: str, driver: str) -> tuple[str, ...]:
 
 class PodIdentities:
     """Pod identity per job directory, kept across ticks: the path is parsed once per
-    pod, its containers listed again only when the pod's processes changed (a container
-    starts or ends with its processes)."""
+    pod, its containers listed again only when the pod's processes or its directory's
+    subdirectories changed."""
 
     def __init__(self) -> None:
-        # job directory -> (its pod, the pids its containers were listed for, the identity)
-        self._known: dict[str, tuple[PodCgroup | None, frozenset[int], PodIdentity | None]] = {}
+        # job directory -> (its pod, the pids and link count its containers were listed at,
+        # the identity)
+        self._known: dict[str, tuple[PodCgroup | None, tuple[frozenset[int], int], PodIdentity | None]] = {}
         self._seen: set[str] = set()
 
     def identify(self, root: str, job_dir: str, pids: frozenset[int]) -> PodIdentity | None:
         """The identity of the pod in ``job_dir`` (below hierarchy ``root``) holding ``pids``."""
         self._seen.add(job_dir)
+        try:
+            # a container's cgroup comes and goes a little apart from its processes: the
+            # pod directory's link count (2 + its subdirectories) says when its list changed
+            links = os.stat(job_dir).st_nlink
+        except (FileNotFoundError, NotADirectoryError):
+            links = 0  # the pod ended while we looked
         known = self._known.get(job_dir)
-        if known is not None and known[1] == pids:
+        if known is not None and known[1] == (pids, links):
             return known[2]
         pod = known[0] if known is not None else parse_pod_dir(os.path.relpath(job_dir, root))
         identity = None if pod is None else PodIdentity(pod.uid, pod.qos, pod.driver,
                                                         list_containers(job_dir, pod.driver))
-        self._known[job_dir] = (pod, pids, identity)
+        self._known[job_dir] = (pod, (pids, links), identity)
         return identity
 
     def forget_unseen(self) -> None:
