@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml
+.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -47,14 +47,17 @@ $(STAMP): pyproject.toml
 nvml: $(STAMP)
 	$(PY) -m noded.sim.nvml_lib >/dev/null
 
-deps: system-deps k8s-test-deps $(STAMP) $(NPM_STAMP) nvml
+deps: system-deps $(STAMP) nvml
+
+# What only the tests need on top (the Kubernetes manifests' renderer and validators).
+test-deps: deps k8s-test-deps $(NPM_STAMP)
 
 # Every test but the benchmarks' own end-to-end runs (marker bench: make test-bench), which
 # would take the suite past its 10 minutes on a 2-core machine.
-test: deps
+test: test-deps
 	$(PY) -m pytest -m "not bench"
 
-test-bench: deps
+test-bench: test-deps
 	$(PY) -m pytest -m bench
 
 demo: deps

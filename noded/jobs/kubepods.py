@@ -28,8 +28,10 @@ from dataclasses import dataclass
 
 QOS_CLASSES = ("guaranteed", "burstable", "besteffort")
 
-# A pod UID as the API server writes it (RFC 4122, lower-case) or a static pod's (the
-# hex digest of its manifest, no dashes); kubelet's systemd names carry '_' for '-'.
+# A pod UID as the API server writes it (RFC 4122, lower-case), or a static pod's as
+# kubelet names its cgroup: the hex digest of its manifest, no dashes. A static pod's mirror
+# pod in the API has another metadata.uid, so a join on the UID (README) misses static pods.
+# kubelet's systemd names carry '_' for '-'.
 def _uid(sep: str) -> str:
     return sep.join(f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12)) + "|[0-9a-f]{32}"
 
