@@ -21,7 +21,9 @@ KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 # Where each manager puts its jobs, by cgroup version, relative to the hierarchy root.
 DEFAULT_PATTERNS: dict[tuple[str, int], tuple[str, ...]] = {
     ("slurm", 2): ("system.slice/slurmstepd.scope/job_*",),
-    ("slurm", 1): ("slurm/uid_*/job_*",),
+    # Slurm built with --enable-multiple-slurmd (Debian's slurm-wlm is) names its root
+    # slurm_<NodeName> instead of slurm.
+    ("slurm", 1): ("slurm/uid_*/job_*", "slurm_*/uid_*/job_*"),
     ("kubernetes", 2): ("kubepods.slice/kubepods-pod*.slice", "kubepods.slice/kubepods-*.slice/kubepods-*-pod*.slice"),
     ("kubernetes", 1): ("kubepods/pod*", "kubepods/*/pod*"),
 }
