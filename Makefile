@@ -9,11 +9,14 @@ STAMP := $(VENV)/.installed
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
-# node's stand-in libnvidia-ml.so.1 (native/nvml).
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev
+# node's stand-in libnvidia-ml.so.1 (native/nvml); Slurm (munge, slurmctld, slurmd, its
+# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm).
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
-	    && command -v promtool >/dev/null && command -v cc >/dev/null; then :; \
+	    && command -v promtool >/dev/null && command -v cc >/dev/null \
+	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd \
+	    && command -v sbatch >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $(SYSTEM_PACKAGES) >/dev/null; \
