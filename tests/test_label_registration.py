@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from conftest import nodectl_run
 from noded.jobs import JobDiscovery, JobMeta, LabelFile, RegisteredLabels
-from noded.jobs.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
+from noded.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
                                    parse_label_words)
-from noded.jobs.discovery import REGISTRABLE
+from noded.labelwords import REGISTRABLE
 
 # -- words
 

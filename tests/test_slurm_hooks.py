@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from noded.integrations.slurm import JobRequest, Settings, main, write_env
-from noded.jobs.labelwords import LabelWordError
+from noded.labelwords import LabelWordError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOKS = os.path.join(REPO, "integrations", "slurm")

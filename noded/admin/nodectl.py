@@ -417,7 +417,7 @@ def _run(args) -> int:
     if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget"):
         call_args["job"] = args.job
     if cmd == "label":
-        from ..jobs.labelwords import LabelWordError, parse_label_words
+        from ..labelwords import LabelWordError, parse_label_words
 
         try:
             call_args["labels"] = parse_label_words(args.labels)

@@ -28,12 +28,11 @@ Slurm gave it). Only a refusal by a running noded keeps a job from starting.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
 from ..admin.nodectl import DEFAULT_SOCKET, NodectlError, request
-from ..jobs.labelwords import LabelWordError, comment_words, parse_label_words
+from ..labelwords import LabelWordError, comment_words, parse_label_words
 
 ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}
 #: what a hook waits for noded at most (the prolog delays the job's start by as much)
@@ -147,6 +146,8 @@ def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) ->
 
 def put_back(job_id: str, on_refusal: str, why: str) -> None:
     """The refused job back in the queue (hold or requeue); why, in its admin comment."""
+    import subprocess  # here: only a refusal needs it, and every import is a job's start
+
     for argv in (["scontrol", ON_REFUSAL[on_refusal], job_id],
                  ["scontrol", "update", f"JobId={job_id}", f"AdminComment={why[:250]}"]):
         try:

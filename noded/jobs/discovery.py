@@ -7,6 +7,7 @@ import os
 import threading
 
 from ..procstat import PPID, stat_fields
+from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
 from .model import Job, JobMeta
@@ -83,13 +84,6 @@ def parse_labels(path: str) -> dict[str, JobMeta]:
             raise ValueError(f"{path}: labels of {job_id!r} must be a mapping")
         out[job_id] = JobMeta.from_mapping(labels, f"{path}: {job_id}")
     return out
-
-
-#: The labels a job's own hook may register (``RegisteredLabels``): what the job is. Never
-#: ``exempt`` or ``priority``: those are the operator's (the label file, `nodectl exempt`),
-#: and a job's submitter, whose words a prolog passes on, must not exempt their own job.
-REGISTRABLE = ("category", "model", "batch_size", "requested_cores", "pipelined", "many_weights",
-               "heavy_preprocessing", "dataset_gb", "uncached_share")
 
 
 class RegisteredLabels:

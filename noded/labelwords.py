@@ -8,7 +8,13 @@ boolean, ``model=1`` still a string): what a label means, and its range, is then
 
 from __future__ import annotations
 
-from .discovery import REGISTRABLE
+#: The labels a job's own hook may register (``jobs.RegisteredLabels``): what the job is.
+#: Never ``exempt`` or ``priority``: those are the operator's (the label file, `nodectl
+#: exempt`), and a job's submitter, whose words a prolog passes on, must not exempt their
+#: own job. (Here, not in noded.jobs, so that a Slurm hook imports no more than it needs:
+#: its Python start is a job's start.)
+REGISTRABLE = ("category", "model", "batch_size", "requested_cores", "pipelined", "many_weights",
+               "heavy_preprocessing", "dataset_gb", "uncached_share")
 
 INTEGERS = ("batch_size", "requested_cores")
 BOOLEANS = ("pipelined", "many_weights", "heavy_preprocessing")
