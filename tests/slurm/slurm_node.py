@@ -56,13 +56,22 @@ def read_line(stream, text: str, what: str, timeout: float) -> str:
 
 
 class SlurmNode:
-    def __init__(self, workdir: str, *, on_refusal: str = "hold", tick_s: float = 0.25):
+    def __init__(self, workdir: str, *, on_refusal: str = "hold", tick_s: float = 0.25,
+                 contention: dict | None = None, timed_prolog: bool = False):
+        """``tick_s`` and ``contention``: noded's (default: fast reactions, for tests);
+        ``timed_prolog``: the Prolog's wrapper records each run's wall time in
+        ``prolog_timings`` (job id, mode, ns), and runs the hook only while ``prolog_mode``
+        is not "off" (``set_prolog_mode``): a benchmark's baseline on the same Slurm."""
         from noded.sim.node import SimNode
         from noded.sim.scenario import NodeSpec, Scenario
 
         self.dir = workdir
         os.chmod(workdir, 0o755)
         self.tick_s = tick_s
+        self.contention = {"hold_s": 2, "settle_s": 0.5} if contention is None else contention
+        self.timed_prolog = timed_prolog
+        self.prolog_timings = os.path.join(workdir, "prolog-timings")
+        self.prolog_mode = os.path.join(workdir, "prolog-mode")
         self.sim = SimNode(Scenario(duration_s=86400, events=(),
                                     node=NodeSpec(profile="no-mba", gpus=1, peak_gbps=PEAK_GBPS), tick_s=0.1),
                            workdir=workdir)
@@ -103,7 +112,7 @@ class SlurmNode:
         assert self.sim.emu is not None
         return {
             "tick_s": self.tick_s, "metrics": {"address": "127.0.0.1", "port": 0},
-            "contention": {"hold_s": 2, "settle_s": 0.5},
+            "contention": self.contention,
             "peak_gbps_per_domain": PEAK_GBPS, "state_dir": os.path.join(self.dir, "state"),
             "runtime_dir": os.path.join(self.dir, "run"),
             "resctrl": {"root": self.sim.emu.root, "mounts": self.sim.emu.mounts_file},
@@ -136,11 +145,34 @@ class SlurmNode:
         """The shipped hook, with this test's hooks config and Python (a site's are in /etc/noded
         and /opt/noded)."""
         path = os.path.join(self.dir, f"{hook}.sh")
+        head = f"#!/bin/sh\nexport NODED_SLURM_HOOKS_CONF={self.hooks_conf} NODED_PYTHON={sys.executable}\n"
         with open(path, "w") as f:
-            f.write(f"#!/bin/sh\nexport NODED_SLURM_HOOKS_CONF={self.hooks_conf} NODED_PYTHON={sys.executable}\n"
-                    f"exec {os.path.join(HOOKS, hook)}\n")
+            if hook == "prolog" and self.timed_prolog:
+                self.set_prolog_mode("on")
+                # `read` is the shell's own: the baseline ("off") pays the same forks (two dates)
+                f.write(head + f"read mode < {self.prolog_mode}\nt0=$(date +%s%N)\n"
+                        f"[ \"$mode\" = off ] || {os.path.join(HOOKS, hook)}\nt1=$(date +%s%N)\n"
+                        f"echo \"$SLURM_JOB_ID $mode $((t1 - t0))\" >> {self.prolog_timings}\nexit 0\n")
+            else:
+                f.write(head + f"exec {os.path.join(HOOKS, hook)}\n")
         os.chmod(path, 0o755)
         return path
+
+    def set_prolog_mode(self, mode: str) -> None:
+        with open(self.prolog_mode, "w") as f:
+            f.write(mode + "\n")
+
+    def prolog_time(self, job_id: str) -> tuple[str, int] | None:
+        """(mode, ns) of job ``job_id``'s Prolog run, once it ran (``timed_prolog``)."""
+        try:
+            with open(self.prolog_timings) as f:
+                for line in f:
+                    j, mode, ns = line.split()
+                    if j == job_id:
+                        return mode, int(ns)
+        except FileNotFoundError:
+            pass
+        return None
 
     def stop(self) -> None:
         if self.slurm is not None:
