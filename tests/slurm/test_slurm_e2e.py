@@ -64,6 +64,9 @@ def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slow
     node.release("gpu")
     ended(node, hog, gpu)
     wait_for(lambda: not {f"slurm:{hog}", job} & {j["job"] for j in node.ask("jobs")}, "both gone from noded", 10)
+    # noded forgets the cpuset it recorded (to put back) once Slurm has removed the job's cgroup
+    originals = os.path.join(node.dir, "state", "originals.json")
+    wait_for(lambda: f"/job_{hog}" not in open(originals).read(), f"job {hog}'s recorded cpusets dropped", 10)
 
 
 def test_the_epilog_leaves_nothing_behind(node):
@@ -78,6 +81,9 @@ def test_the_epilog_leaves_nothing_behind(node):
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].startswith("0=") and env["CUDA_MPS_PIPE_DIRECTORY"]
     assert os.path.exists(os.path.join(node.env_dir, f"job_{j}.env"))
     assert f"slurm:{j}" in node.ask("status")["registered_labels"]
+    mon_groups = os.path.join(node.sim.emu.root, "mon_groups")
+    mine = lambda: [g for g in os.listdir(mon_groups) if f"job-slurm_{j}-" in g]  # noqa: E731 (group_name's)
+    wait_for(mine, f"slurm:{j}'s monitoring group", 10)
     # held: a second admission of the same job is refused (its reservation stands)
     assert not node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)["admit"]
     ended(node, j)
@@ -86,8 +92,7 @@ def test_the_epilog_leaves_nothing_behind(node):
     assert r["admit"], r
     node.ask("forget", job=f"slurm:{j}")
     wait_for(lambda: node.noded_job(f"slurm:{j}") is None, f"slurm:{j} gone from noded", 10)
-    groups = os.listdir(os.path.join(node.sim.emu.root, "mon_groups"))
-    assert not [g for g in groups if j in g], groups
+    assert mine() == []
 
 
 @pytest.mark.parametrize("on_refusal", ["hold", "requeue"])
