@@ -56,6 +56,8 @@ def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slow
     assert held["kind"] == "cpu"
     # The throttle is real: Slurm's own cgroup for the job holds one CPU of its two.
     wait_for(lambda: node.job_cpuset(hog) in ("0", "1"), f"job {hog}'s cpuset halved", 10)
+    originals = os.path.join(node.dir, "state", "originals.json")
+    assert f"/job_{hog}" in open(originals).read()  # recorded, to be put back
     # for the GPU job: it slowed below its baseline
     why = node.ask("explain", job=f"slurm:{hog}")
     assert any(d["action"] == "throttle" and d["cause"] == "contention" and f"GPU job {job} at" in d["reason"]
@@ -64,8 +66,7 @@ def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slow
     node.release("gpu")
     ended(node, hog, gpu)
     wait_for(lambda: not {f"slurm:{hog}", job} & {j["job"] for j in node.ask("jobs")}, "both gone from noded", 10)
-    # noded forgets the cpuset it recorded (to put back) once Slurm has removed the job's cgroup
-    originals = os.path.join(node.dir, "state", "originals.json")
+    # noded forgets the cpuset it recorded once Slurm has removed the job's cgroup
     wait_for(lambda: f"/job_{hog}" not in open(originals).read(), f"job {hog}'s recorded cpusets dropped", 10)
 
 
