@@ -15,14 +15,12 @@ end-to-end Slurm tests and the Slurm benchmark share.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import yaml
 
