@@ -246,6 +246,3 @@ def job_output(path: str) -> str:
 
 def parse_exports(text: str) -> dict[str, str]:
     return dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
-
-
-
