@@ -10,11 +10,14 @@ NPM_STAMP := tests/kubernetes/node_modules/.installed
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
-# node's stand-in libnvidia-ml.so.1 (native/nvml).
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev
+# node's stand-in libnvidia-ml.so.1 (native/nvml); Slurm (munge, slurmctld, slurmd, its
+# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm).
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
-	    && command -v promtool >/dev/null && command -v cc >/dev/null; then :; \
+	    && command -v promtool >/dev/null && command -v cc >/dev/null \
+	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd \
+	    && command -v sbatch >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $(SYSTEM_PACKAGES) >/dev/null; \
@@ -79,8 +82,10 @@ clean:
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation
-# the unit points at (README, LICENSE, the remote-scrape drop-in) in $(DOCDIR), and the
-# admin group. DESTDIR stages everything under another root to inspect it (the venv's
+# the unit points at (README, LICENSE, the remote-scrape drop-in) in $(DOCDIR), the
+# admin group, and Slurm's hooks for noded in $(SLURMHOOKDIR) (their settings in
+# $(CONFDIR)/slurm-hooks.conf, kept if one exists; the docs and example configs in
+# $(DOCDIR)/slurm). DESTDIR stages everything under another root to inspect it (the venv's
 # scripts then point into DESTDIR: stage, look, but ship with a plain install).
 # The venv is made from the system's Python: the unit's ProtectHome=yes hides
 # /root and /home, so an interpreter living there would not start.
@@ -90,6 +95,8 @@ BINDIR ?= /usr/local/bin
 UNITDIR ?= /etc/systemd/system
 CONFDIR ?= /etc/noded
 DOCDIR ?= /usr/local/share/doc/noded
+# Slurm's Prolog, Epilog and TaskProlog for noded (integrations/slurm/README.md)
+SLURMHOOKDIR ?= /usr/local/lib/noded/slurm
 ADMIN_GROUP ?= noded-admin
 DROPINDIR = $(UNITDIR)/noded.service.d
 
@@ -102,6 +109,12 @@ install:
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
 	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
+	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
+	for hook in prolog epilog task-prolog; do \
+	  sed 's|/opt/noded/bin/python|$(APPDIR)/bin/python|; s|/etc/noded/slurm-hooks.conf|$(CONFDIR)/slurm-hooks.conf|' \
+	    integrations/slurm/$$hook > $(DESTDIR)$(SLURMHOOKDIR)/$$hook && chmod 0755 $(DESTDIR)$(SLURMHOOKDIR)/$$hook; done
+	install -m 0644 integrations/slurm/README.md integrations/slurm/*.example $(DESTDIR)$(DOCDIR)/slurm/
+	test -e $(DESTDIR)$(CONFDIR)/slurm-hooks.conf || install -m 0644 integrations/slurm/slurm-hooks.conf $(DESTDIR)$(CONFDIR)/slurm-hooks.conf
 	@if [ -z "$(DESTDIR)" ]; then getent group $(ADMIN_GROUP) >/dev/null || groupadd --system $(ADMIN_GROUP); \
 	  systemctl daemon-reload 2>/dev/null || true; \
 	  echo "installed; now: systemctl enable --now noded"; fi
@@ -111,9 +124,10 @@ uninstall:
 	rm -f $(DESTDIR)$(UNITDIR)/noded.service $(DESTDIR)$(BINDIR)/noded $(DESTDIR)$(BINDIR)/nodectl
 	rm -f $(DESTDIR)$(DROPINDIR)/remote-scrape.conf
 	if [ -d $(DESTDIR)$(DROPINDIR) ]; then rmdir --ignore-fail-on-non-empty $(DESTDIR)$(DROPINDIR); fi
-	rm -rf $(DESTDIR)$(APPDIR) $(DESTDIR)$(DOCDIR)
+	rm -rf $(DESTDIR)$(APPDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SLURMHOOKDIR)
+	if [ -d $(DESTDIR)$(dir $(SLURMHOOKDIR)) ]; then rmdir --ignore-fail-on-non-empty $(DESTDIR)$(dir $(SLURMHOOKDIR)); fi
 	@if [ -z "$(DESTDIR)" ]; then systemctl daemon-reload 2>/dev/null || true; fi
-	@echo "kept $(CONFDIR)/noded.yaml, /var/lib/noded and the $(ADMIN_GROUP) group; remove them by hand if wanted"
+	@echo "kept $(CONFDIR)/noded.yaml, $(CONFDIR)/slurm-hooks.conf, /var/lib/noded and the $(ADMIN_GROUP) group; remove them by hand if wanted"
 
 # Remote scraping: the unit talks IP with localhost only; this drop-in allows the
 # scrapers' network as well (PROM_NET: one or more networks in CIDR, space-separated).

@@ -42,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"status": [], "jobs": [], "throttle": ["sim:hog", "--level", "2"], "release": ["sim:hog"],
             "exempt": ["sim:hog"], "pause": [], "resume": [], "explain": ["sim:hog"],
             "admit": ["--job", "slurm:1", "--model", "ResNet-50", "--batch-size", "64"], "model": ["fit"],
-            "top": [], "size": ["sim:a", "--cores", "2"]}
+            "top": [], "size": ["sim:a", "--cores", "2"], "label": ["slurm:1", "model=BiDAF"],
+            "forget": ["slurm:1"]}
 GLOBAL = ["--json", "--socket", "/x/noded.sock", "--timeout", "3s"]
 
 

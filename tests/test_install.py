@@ -195,7 +195,13 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
         if path.startswith("/usr/local/bin/"):
             assert os.access(staged, os.X_OK), path
     doc = stage / "usr/local/share/doc/noded"
-    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "remote-scrape.conf"]
+    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "remote-scrape.conf", "slurm"]
+    # Slurm's hooks, pointed at the installed Python, which has their module
+    hooks = stage / "usr/local/lib/noded/slurm"
+    assert sorted(os.listdir(hooks)) == ["epilog", "prolog", "task-prolog"]
+    assert all(os.access(hooks / h, os.X_OK) for h in os.listdir(hooks))
+    assert "/opt/noded/bin/python" in (hooks / "prolog").read_text()
+    assert (stage / "etc/noded/slurm-hooks.conf").exists() and (doc / "slurm/README.md").exists()
     assert (doc / "LICENSE").read_text() == open(os.path.join(REPO, "LICENSE")).read()
     assert os.readlink(stage / "usr/local/bin/nodectl") == "/opt/noded/bin/nodectl"
     # The host gets noded and nodectl, and no MPS stand-in anywhere on a PATH.
@@ -215,6 +221,7 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
                           str(tmp_path / "state")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert cal.returncode == 0 and (tmp_path / "state/calibration.json").exists(), cal.stderr
     assert subprocess.run([staged_python, "-c", "import bench"], capture_output=True, cwd=tmp_path).returncode == 1
+    assert subprocess.run([staged_python, "-c", "import noded.integrations.slurm"], cwd=tmp_path).returncode == 0
     # An operator's config survives a reinstall.
     (stage / "etc/noded/noded.yaml").write_text("tick_s: 0.5\n")
     subprocess.run(["make", "install", f"DESTDIR={stage}"], capture_output=True, timeout=600, check=True, cwd=REPO)
@@ -225,5 +232,6 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
                        cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr
     assert not (stage / "opt/noded").exists() and not doc.exists() and not staged_unit.exists()
+    assert not (stage / "usr/local/lib/noded").exists() and (stage / "etc/noded/slurm-hooks.conf").exists()
     assert not (stage / "etc/systemd/system/noded.service.d").exists()
     assert (stage / "etc/noded/noded.yaml").exists()

@@ -1,5 +1,6 @@
 """The simulated node: scenario files, the workload model, and a short run."""
 
+import os
 import subprocess
 import sys
 
@@ -123,3 +124,31 @@ def test_noded_sim_refuses_a_bad_scenario(tmp_path):
     out = subprocess.run([sys.executable, "-m", "noded", "sim", "--scenario", str(bad)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "events[0].start: unknown key(s) ['colour']" in out.stderr
+
+
+@pytest.mark.fuse
+def test_adopted_processes_are_modelled_and_never_stopped(sleeper):
+    """A job manager's processes (a one-host Slurm's jobs) adopted by the node: a CPU job's
+    demand follows its CPUs, a GPU job's utilisation the contention; released, they run on."""
+    from noded.sim.node import SimNode
+    from noded.sim.scenario import JobSpec
+
+    scenario = parse_scenario("seed: 1\nduration_s: 60\nnode: {gpus: 1, peak_gbps: 8}\nevents: []\n", "inline")
+    hog, gpu = sleeper(), sleeper()
+    cpus = sorted(os.sched_getaffinity(hog.pid))
+    with SimNode(scenario) as sim:
+        sim.adopt(JobSpec("gpu", model="BiDAF", gpu=0), gpu.pid)
+        assert sim.step().gpu_util["gpu"] > 0.9 * MODELS["BiDAF"].solo_util
+        sim.adopt(JobSpec("hog", cpu_gbps=16.0), hog.pid)
+        with pytest.raises(ValueError, match="exists already"):
+            sim.adopt(JobSpec("hog", cpu_gbps=1.0), hog.pid)
+        slowed = wait_for(lambda: (s := sim.step()).gpu_util["gpu"] < 0.6 * MODELS["BiDAF"].solo_util and s,
+                          timeout=10, interval=0.1, what="the adopted hog to slow the GPU job")
+        if len(cpus) > 1:
+            os.sched_setaffinity(hog.pid, cpus[:1])
+            wait_for(lambda: sim.step().granted_gbps < 0.75 * slowed.granted_gbps, timeout=10, interval=0.1,
+                     what="the hog's demand to follow its CPUs")
+        sim.release("hog")
+        sim.release("gpu")
+        assert sim.step().running == ()
+    assert hog.poll() is None and gpu.poll() is None

@@ -30,8 +30,9 @@ KNOWN_SHOWN = 10
 
 class AdminCommands:
     def __init__(self, control: ControlState, last: Callable[[], TickResult | None], colocation=None, *,
-                 wall_clock: Callable[[], float] = time.time, rightsize=None):
+                 wall_clock: Callable[[], float] = time.time, rightsize=None, registered_labels=None):
         self.control = control
+        self.registered_labels = registered_labels  # a jobs.RegisteredLabels: what `label` and `forget` change
         self.rightsize = rightsize  # a rightsize.service.RightSizing, where right-sizing is on
         self.last = last
         self.colocation = colocation  # a colocation.service.Colocation, where co-location is enabled
@@ -96,6 +97,10 @@ class AdminCommands:
                 raise RequestError(str(e)) from None
         if command == "size":
             return self.size(args, uid)
+        if command == "label":
+            return self.label(args["job"], args["labels"], uid)
+        if command == "forget":
+            return self.forget(args["job"], uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
@@ -115,6 +120,30 @@ class AdminCommands:
         # What the operator needs to hear: where the job stands now, and what follows.
         return {**self._override_json(override), "level_now": last.levels.get(job, 0), "max_level": max_level,
                 "in_last_sample": job in last.sample.jobs}
+
+    def _registry(self):
+        if self.registered_labels is None:
+            raise RequestError("this noded keeps no registered labels")
+        return self.registered_labels
+
+    def label(self, job: str, labels: dict[str, Any], uid: int) -> dict[str, Any]:
+        """A job's labels from its job manager's hook, before or while it runs."""
+        try:
+            meta = self._registry().set(job, labels)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        log_change("labels-registered", job, uid=uid, reason=", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        return {"job": job, "labels": {k: getattr(meta, k) for k in sorted(labels)}}
+
+    def forget(self, job: str, uid: int) -> dict[str, Any]:
+        """A job ended (a Slurm epilog): its registered labels and its admission's GPU
+        reservation go now, not when noded notices the job is gone. Overrides are the
+        operator's and stay (they expire or are released)."""
+        labels = self._registry().forget(job)
+        reservation = self.colocation.release(job) if self.colocation is not None else False
+        if labels or reservation:
+            log_change("job-forgotten", job, uid=uid, reason=f"labels={labels} reservation={reservation}")
+        return {"job": job, "labels_forgotten": labels, "reservation_released": reservation}
 
     def size(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
         """An operator's control of a GPU job's right-sizing: pin its cores, stop probing it,
@@ -217,7 +246,10 @@ class AdminCommands:
         overrides = self.store.active()
         paused = self.control.paused
         out: dict[str, Any] = {"paused": paused, "ticks": r.tick if r else 0,
-                               "overrides": [self._override_json(o) for o in overrides.values()]}
+                               "overrides": [self._override_json(o) for o in overrides.values()],
+                               # jobs whose labels a job manager's hook registered and has not forgotten
+                               "registered_labels": sorted(self.registered_labels.snapshot())
+                               if self.registered_labels is not None else []}
         if r is None or r.config is None:
             return {**out, "node": None, "gpus": [], "jobs": [], "missing": []}
         cfg = r.config
@@ -281,6 +313,8 @@ class AdminCommands:
         return {
             "job": job, "kind": js.kind, "level": level, "bandwidth_bytes_per_s": js.bandwidth_bps,
             "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
+            # what noded knows the job as (label file, or registered by its job manager's hook)
+            "labels": _labels_json(js.meta),
             "node_share_of_peak": d.node_share,
             "threshold": cfg.threshold if cfg else None,
             "release_threshold": cfg.release_threshold if cfg else None,
@@ -311,6 +345,13 @@ class AdminCommands:
                     f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
         return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
                f"({c.settle_s:g}s)"
+
+
+def _labels_json(meta) -> dict[str, Any]:
+    """A job's labels that say something (those left at their defaults are not shown)."""
+    from dataclasses import fields
+
+    return {f.name: getattr(meta, f.name) for f in fields(meta) if getattr(meta, f.name) != f.default}
 
 
 def _cpu_list(cpus) -> str:

@@ -301,6 +301,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="auto", help="auto (noded picks), or a GPU UUID")
     p.add_argument("--uid", type=int, help="the user the job runs as; MPS serves one user per GPU (default: not "
                                            "said: no check of the GPU's users)")
+    p = cmd("label", "register a job's labels (model, batch size, category, ...): a job manager's start hook",
+            description="Register a job's labels, e.g. `nodectl label slurm:42 model=BiDAF batch_size=32 "
+                        "category=NLP`, before or while it runs (a Slurm prolog does). They replace any registered "
+                        "before; the label file (jobs.labels) wins for a job it lists. Kept in memory until "
+                        "`nodectl forget` (or a restart of noded). Never exempt or priority: those are the "
+                        "operator's.")
+    job_arg(p)
+    p.add_argument("labels", nargs="+", metavar="KEY=VALUE", help="labels: category, model, batch_size, "
+                   "requested_cores, pipelined, many_weights, heavy_preprocessing, dataset_gb, uncached_share")
+    p = cmd("forget", "a job ended: drop its registered labels and its co-location reservation (an end hook)")
+    job_arg(p)
     p = cmd("model", "the co-location speedup model")
     p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
     p = cmd("top", "a live status view, refreshed until Ctrl-C",
@@ -409,8 +420,15 @@ def _run(args) -> int:
                   f"{m['mean_abs_error']:.3f}")
         return 0
     call_args: dict[str, Any] = {}
-    if cmd in ("throttle", "release", "exempt", "explain", "size"):
+    if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget"):
         call_args["job"] = args.job
+    if cmd == "label":
+        from ..labelwords import LabelWordError, parse_label_words
+
+        try:
+            call_args["labels"] = parse_label_words(args.labels)
+        except LabelWordError as e:
+            raise NodectlError(str(e)) from None
     if cmd == "size":
         call_args.update({"cores": args.cores} if args.cores is not None else
                          {"stop": True} if args.stop else {"reprobe": True})
@@ -438,6 +456,11 @@ def _run(args) -> int:
         sys.stdout.write(format_override(cmd, result))
     elif cmd == "size":
         sys.stdout.write(format_size(result))
+    elif cmd == "label":
+        print(f"{result['job']}: " + " ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())))
+    elif cmd == "forget":
+        print(f"{result['job']}: " + ("labels forgotten" if result["labels_forgotten"] else "had no labels") + ", "
+              + ("reservation released" if result["reservation_released"] else "had no reservation"))
     elif cmd == "release":
         print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
         if result.get("not_saved"):

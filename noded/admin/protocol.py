@@ -100,6 +100,23 @@ def _reason(v: Any) -> str:
     return v
 
 
+#: at most this many labels in one `label` request (JobMeta has fewer fields)
+MAX_LABELS = 16
+
+
+def _labels(v: Any) -> dict[str, Any]:
+    """A `label` request's labels: names to strings, numbers or booleans (what they mean is
+    JobMeta's to check)."""
+    if not isinstance(v, dict) or len(v) > MAX_LABELS:
+        raise RequestError(f"labels must be an object of at most {MAX_LABELS} labels")
+    for name, value in v.items():
+        if len(name) > 64:
+            raise RequestError(f"label name {name[:64]!r}... is longer than 64 characters")
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and len(value) > 128):
+            raise RequestError(f"label {name!r} must be a string of at most 128 characters, a number or a boolean")
+    return v
+
+
 def _flag(name: str):
     def check(v: Any) -> bool:
         if v is not True:
@@ -122,6 +139,9 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "admit": {"job": (True, _job), "model": (True, _model), "batch_size": (True, _batch), "gpu": (False, _gpu),
               "profile": (False, _profile), "uid": (False, _uid)},
     "report": {"job": (True, _job), "iteration_s": (True, _seconds)},
+    # a job manager's hooks: a job's labels at its start (a Slurm prolog), all it holds at its end
+    "label": {"job": (True, _job), "labels": (True, _labels)},
+    "forget": {"job": (True, _job)},
     "model_fit": {},
     # right-sizing: pin a job's cores (cores), stop probing it (stop) or search again (reprobe)
     "size": {"job": (True, _job), "cores": (False, _cores), "stop": (False, _flag("stop")),

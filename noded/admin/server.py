@@ -56,7 +56,8 @@ class AdminServer(Protocol):
         self.limits = limits or replace(REPORTS if reports_only else ADMIN, deadline_s=timeout_s)
         # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
         self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
-                                      rightsize=daemon.rightsize)
+                                      rightsize=daemon.rightsize,
+                                      registered_labels=_registered_labels(daemon))
         self.gid: int | None = None
         if group:
             try:
@@ -141,3 +142,9 @@ class AdminServer(Protocol):
     def evicted(self, peer: Peer, held: int) -> bytes:
         return reply_error(f"dropped: {peer.key} holds the most connections to this socket ({held}), "
                            "and its oldest makes room for a new one")
+
+
+def _registered_labels(daemon):
+    """The labels registry of the daemon's job discovery, where it has one."""
+    discovery = getattr(getattr(daemon, "telemetry", None), "discovery", None)
+    return getattr(discovery, "registered_labels", None)

@@ -28,7 +28,9 @@ _KUBEPODS = ("kubepods.slice/kubepods-pod*.slice",
 # Where each manager puts its jobs, by cgroup version, relative to the hierarchy root.
 DEFAULT_PATTERNS: dict[tuple[str, int], tuple[str, ...]] = {
     ("slurm", 2): ("system.slice/slurmstepd.scope/job_*",),
-    ("slurm", 1): ("slurm/uid_*/job_*",),
+    # Slurm built with --enable-multiple-slurmd (Debian's slurm-wlm is) names its root
+    # slurm_<NodeName> instead of slurm.
+    ("slurm", 1): ("slurm/uid_*/job_*", "slurm_*/uid_*/job_*"),
     # kubelet's systemd driver, then its cgroupfs driver: either can run on either version
     # (Guaranteed pods directly under kubepods, the others under their QoS class's cgroup)
     ("kubernetes", 2): _KUBEPODS,

@@ -9,6 +9,7 @@ import threading
 
 from ..journal import printable
 from ..procstat import PPID, stat_fields
+from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
 from .kubepods import PodIdentities
@@ -93,13 +94,54 @@ def parse_labels(path: str) -> dict[str, JobMeta]:
     return out
 
 
+class RegisteredLabels:
+    """Labels registered at run time by a job manager's hook (a Slurm prolog through
+    `nodectl label`), job id -> JobMeta, until its end hook forgets them (`nodectl forget`).
+
+    Kept in memory only: a job's labels live as long as the job, and a hook registers
+    them again at its next start. At most ``limit`` jobs (a hook whose end never runs
+    must not grow noded without bound): beyond, a registration is refused.
+    """
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._labels: dict[str, JobMeta] = {}
+
+    def set(self, job_id: str, labels: dict) -> JobMeta:
+        """Registers ``labels`` (a mapping of ``REGISTRABLE`` keys) for ``job_id``, replacing
+        any before; raises ValueError naming what was wrong, and then changes nothing."""
+        refused = sorted(set(labels) - set(REGISTRABLE))
+        if refused:
+            raise ValueError(f"label(s) {refused} cannot be registered for a job (allowed: {', '.join(REGISTRABLE)}; "
+                             "exempt and priority are the operator's: jobs.labels or nodectl exempt)")
+        meta = JobMeta.from_mapping(dict(labels), f"labels of {job_id}")
+        with self._lock:
+            if job_id not in self._labels and len(self._labels) >= self.limit:
+                raise ValueError(f"{len(self._labels)} jobs hold registered labels already, the most kept: forget "
+                                 "ended jobs first (nodectl forget JOB, a Slurm epilog's work)")
+            self._labels[job_id] = meta
+        return meta
+
+    def forget(self, job_id: str) -> bool:
+        with self._lock:
+            return self._labels.pop(job_id, None) is not None
+
+    def snapshot(self) -> dict[str, JobMeta]:
+        with self._lock:
+            return dict(self._labels)
+
+
 class JobDiscovery:
     """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process."""
 
-    def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None):
+    def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None,
+                 registered_labels: RegisteredLabels | None = None):
         self.sources = sources
         self.proc = proc
         self.labels = labels or LabelFile(None)
+        # A job in the label file takes its labels from there alone: the operator's word wins.
+        self.registered_labels = registered_labels or RegisteredLabels()
         self._lock = threading.Lock()
         self._registered: dict[str, tuple[int, JobMeta]] = {}  # job id -> (root pid, meta)
         self._pods = PodIdentities()  # kubernetes sources' pods, parsed once per pod
@@ -120,13 +162,16 @@ class JobDiscovery:
         with self._lock:
             self._registered.pop(job_id, None)
 
+    def _all_labels(self) -> dict[str, JobMeta]:
+        return {**self.registered_labels.snapshot(), **self.labels.refresh()}
+
     def discover(self) -> dict[str, Job]:
         """Every job now. Raises OSError where a source cannot be read or noded itself runs
         short (descriptors, memory): the jobs are then unknown, never none. A job whose own
         subtree cannot be read (a delegated subtree its owner made unreadable, a cgroup.procs
         that fails) is held as last seen, and said in ``unreadable``: one tenant's cgroups
         must not blind noded to every job on the node."""
-        labels = self.labels.refresh()
+        labels = self._all_labels()
         jobs: dict[str, Job] = {}
         unreadable: dict[str, str] = {}
         try:
@@ -174,6 +219,7 @@ class JobDiscovery:
                 job_id = src.job_id(rel)
                 prev = known.get(job_id)
                 pids = (prev.pids if prev else frozenset()) | {pid}
-                meta = prev.meta if prev else self.labels.labels.get(job_id, NO_LABELS)
+                meta = prev.meta if prev else (self.labels.labels.get(job_id)
+                                               or self.registered_labels.snapshot().get(job_id, NO_LABELS))
                 return Job(job_id, src.kind, pids, os.path.join(src.root, rel), meta, prev.pod if prev else None)
         return None

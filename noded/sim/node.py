@@ -81,6 +81,20 @@ def _remove_cgroup(path: str) -> None:
         log.warning("sim: cgroup %s not removed: %s", path, e)
 
 
+class _Adopted:
+    """A job's process that a job manager started (``SimNode.adopt``): the node models it
+    but never stops it (its manager does), so it has a pid and nothing to kill or wait."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def kill(self) -> None:
+        pass
+
+    def wait(self) -> None:
+        pass
+
+
 def _enter(cgroup: str | None) -> None:
     """In a job's child before exec: into its cgroup, and killed when the simulated node dies."""
     import ctypes
@@ -107,7 +121,8 @@ class SimNode:
         self.emu: MountedEmulator | None = None
         self.gpus: SimGpus | None = None
         self.discovery = JobDiscovery([])
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | _Adopted] = {}
+        self.specs: dict[str, JobSpec] = dict(scenario.jobs)  # the scenario's jobs and those adopted
         self.demand_gbps: dict[str, float] = {}
         self._base_cpus: dict[str, int] = {}  # CPUs a CPU job started with
         self._granted_cpus: dict[str, int] = {}
@@ -248,6 +263,27 @@ class SimNode:
                                     preexec_fn=lambda: _enter(cgroup))
         except OSError as e:
             raise RuntimeError(f"sim job {spec.id}: cannot run {' '.join(argv)}: {e}") from None
+        self._track(spec, proc)
+
+    def adopt(self, spec: JobSpec, pid: int) -> None:
+        """A job whose process a job manager started (a job of a one-host Slurm), modelled
+        as the node's own from now on: its memory-bandwidth demand (a CPU job's following
+        the CPUs it may run on), or, for a GPU job, its process on its GPU with the
+        utilisation the node's contention leaves it. The node never stops it: ``release``
+        forgets it, its manager ends it."""
+        if spec.id in self.procs:
+            raise ValueError(f"sim job {spec.id} exists already")
+        if spec.cpu_curve or spec.reports or spec.command:
+            raise ValueError(f"sim job {spec.id}: an adopted job has no core curve, reports or command of ours")
+        self.specs[spec.id] = spec
+        self._track(spec, _Adopted(pid))
+
+    def release(self, sim_id: str) -> None:
+        """An adopted job's end: the node forgets it (its process is its manager's)."""
+        self._stop_job(sim_id)
+        self.specs.pop(sim_id, None)
+
+    def _track(self, spec: JobSpec, proc) -> None:
         self.procs[spec.id] = proc
         self._base_cpus[spec.id] = self._granted_cpus[spec.id] = len(os.sched_getaffinity(proc.pid))
         if spec.cpu_curve:
@@ -273,7 +309,7 @@ class SimNode:
 
     def _follow_affinity(self) -> None:
         for sim_id, proc in self.procs.items():
-            spec = self.scenario.jobs[sim_id]
+            spec = self.specs[sim_id]
             if spec.is_gpu and not spec.cpu_curve:
                 continue
             try:
@@ -370,7 +406,7 @@ class SimNode:
         utilisation = max((r / peak for r in per_domain.values()), default=0.0)
         utils: dict[str, float] = {}
         for sim_id, proc in self.procs.items():
-            spec = self.scenario.jobs[sim_id]
+            spec = self.specs[sim_id]
             if not spec.is_gpu:
                 continue
             model = MODELS[spec.model]

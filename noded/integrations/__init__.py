@@ -1,0 +1,1 @@
+"""How noded fits the cluster engines its users schedule with (Slurm)."""

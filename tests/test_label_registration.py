@@ -1,0 +1,154 @@
+"""Labels a job manager's hook registers at run time (`nodectl label`, `nodectl forget`):
+the words they are written in (and a Slurm comment's ``noded:`` part), what may be
+registered, where they meet the label file, and the admin commands."""
+
+import os
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import nodectl_run
+from noded.jobs import JobDiscovery, JobMeta, LabelFile, RegisteredLabels
+from noded.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
+                                   parse_label_words)
+from noded.labelwords import REGISTRABLE
+
+# -- words
+
+
+def test_words_are_typed_by_their_key():
+    assert parse_label_words(["model=1", "batch_size=32", "pipelined=yes", "dataset_gb=2.5", "category=NLP"]) == \
+        {"model": "1", "batch_size": 32, "pipelined": True, "dataset_gb": 2.5, "category": "NLP"}
+
+
+@pytest.mark.parametrize("words, error", [
+    (["model"], "'model' is not KEY=VALUE"),
+    (["=x"], "is not KEY=VALUE"),
+    (["model="], "is not KEY=VALUE"),
+    (["exempt=true"], "unknown label 'exempt'"),
+    (["priority=9"], "unknown label 'priority'"),
+    (["batch_size=-1"], "batch_size must be a whole number"),
+    (["batch_size=٣"], "batch_size must be a whole number"),  # a digit to str.isdigit, not to us
+    (["pipelined=maybe"], "pipelined must be true or false"),
+    (["dataset_gb=lots"], "dataset_gb must be a number"),
+    (["model=a", "model=b"], "given twice"),
+    (["model=" + "x" * 200], "longer than"),
+    ([f"model{i}=x" for i in range(17)], "at most 16"),
+])
+def test_bad_words_are_named(words, error):
+    with pytest.raises(LabelWordError, match=error):
+        parse_label_words(words)
+
+
+def _value(key):
+    if key in INTEGERS:
+        return st.integers(1, 10**6)
+    if key in BOOLEANS:
+        return st.booleans()
+    if key in NUMBERS:
+        return st.floats(0.01, 1.0)
+    return st.text(st.characters(min_codepoint=33, max_codepoint=126, exclude_characters=";"), min_size=1,
+                   max_size=40)
+
+
+@given(st.dictionaries(st.sampled_from(REGISTRABLE), st.none(), max_size=len(REGISTRABLE)).flatmap(
+    lambda keys: st.fixed_dictionaries({k: _value(k) for k in keys})))
+def test_words_round_trip_through_a_slurm_comment(labels):
+    words = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in labels.items()]
+    comment = "my run; noded: " + " ".join(words) + "; anything else"
+    assert parse_label_words(comment_words(comment)) == labels
+
+
+@given(st.text(max_size=200))
+def test_any_comment_gives_words_or_a_named_error(comment):
+    try:
+        parse_label_words(comment_words(comment))
+    except LabelWordError as e:
+        assert str(e)
+
+
+def test_comment_without_the_marker_has_no_words():
+    assert comment_words("model=BiDAF") == [] and comment_words("xnoded: model=a") == []
+    assert comment_words("noded: model=a") == ["model=a"] and comment_words("a;noded: model=a;b") == ["model=a"]
+
+
+# -- the registry and discovery
+
+
+def test_registered_labels_meet_the_label_file(tmp_path, sleeper):
+    registry = RegisteredLabels()
+    labels_file = tmp_path / "labels.yaml"
+    labels_file.write_text("'pid:x': {model: VGG16}\n")
+    a, b = sleeper(), sleeper()
+    d = JobDiscovery([], labels=LabelFile(str(labels_file)), registered_labels=registry)
+    d.register(a.pid, "pid:x")
+    d.register(b.pid, "pid:y")
+    registry.set("pid:x", {"model": "BiDAF"})
+    registry.set("pid:y", {"model": "BiDAF", "batch_size": 32})
+    jobs = d.discover()
+    assert jobs["pid:x"].meta == JobMeta(model="VGG16")  # the operator's file wins, whole
+    assert jobs["pid:y"].meta == JobMeta(model="BiDAF", batch_size=32)
+    assert registry.forget("pid:y") and not registry.forget("pid:y")
+    assert d.discover()["pid:y"].meta == JobMeta()
+
+
+def test_the_registry_refuses_whole_and_is_bounded():
+    registry = RegisteredLabels(limit=2)
+    with pytest.raises(ValueError, match=r"\['exempt'\] cannot be registered"):
+        registry.set("slurm:1", {"model": "A", "exempt": True})
+    with pytest.raises(ValueError, match="labels of slurm:1: batch_size must be >= 1"):
+        registry.set("slurm:1", {"batch_size": 0})
+    assert registry.snapshot() == {}
+    registry.set("slurm:1", {"model": "A"})
+    registry.set("slurm:2", {"model": "B"})
+    registry.set("slurm:2", {"model": "C"})  # a job already held is replaced, not counted again
+    with pytest.raises(ValueError, match="2 jobs hold registered labels already"):
+        registry.set("slurm:3", {"model": "D"})
+    assert registry.snapshot() == {"slurm:1": JobMeta(model="A"), "slurm:2": JobMeta(model="C")}
+
+
+# -- the admin commands
+
+
+@pytest.fixture
+def labelled_socket(tmp_path):
+    from noded.admin.overrides import OverrideStore
+    from noded.admin.server import AdminServer
+    from noded.control import ControlState
+
+    registry = RegisteredLabels()
+    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), lambda: 0.0)),
+                             colocation=None, last=None, rightsize=None,
+                             telemetry=SimpleNamespace(discovery=JobDiscovery([], registered_labels=registry)))
+    os.chmod(tmp_path, 0o755)
+    server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2).start()
+    yield SimpleNamespace(path=server.path, registry=registry)
+    server.stop()
+
+
+def test_nodectl_label_and_forget(labelled_socket, capsys):
+    path, registry = labelled_socket.path, labelled_socket.registry
+    code, out, _ = nodectl_run(path, "label", "slurm:7", "model=BiDAF", "batch_size=32", capsys=capsys)
+    assert code == 0 and out == "slurm:7: batch_size=32 model=BiDAF\n"
+    assert registry.snapshot() == {"slurm:7": JobMeta(model="BiDAF", batch_size=32)}
+    code, out, _ = nodectl_run(path, "--json", "status", capsys=capsys)
+    assert '"registered_labels": [\n    "slurm:7"\n  ]' in out
+    code, _, err = nodectl_run(path, "label", "slurm:7", "exempt=true", capsys=capsys)
+    assert code == 1 and "unknown label 'exempt'" in err
+    code, out, _ = nodectl_run(path, "forget", "slurm:7", capsys=capsys)
+    assert code == 0 and out == "slurm:7: labels forgotten, had no reservation\n" and registry.snapshot() == {}
+
+
+def test_the_socket_checks_labels_sent_past_nodectl(labelled_socket):
+    from noded.admin.nodectl import NodectlError, request
+
+    with pytest.raises(NodectlError, match=r"\['priority'\] cannot be registered"):
+        request(labelled_socket.path, "label", {"job": "slurm:1", "labels": {"priority": 5}})
+    with pytest.raises(NodectlError, match="label 'model' must be a string of at most 128"):
+        request(labelled_socket.path, "label", {"job": "slurm:1", "labels": {"model": ["a"]}})
+    with pytest.raises(NodectlError, match="labels of slurm:1: model must be a string"):
+        request(labelled_socket.path, "label", {"job": "slurm:1", "labels": {"model": 3}})
+    assert labelled_socket.registry.snapshot() == {}
+
