@@ -332,8 +332,14 @@ def test_injected_counter_states_resets_and_offline_domains(emulator, sleeper):
     before = wait_for(lambda: read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes"), what="traffic")
     emu.control.reset_counters(group="/g")
     assert read_int(f"{r}/g/mon_data/mon_L3_00/mbm_total_bytes") < before
+    counter = f"{r}/g/mon_data/mon_L3_01/mbm_total_bytes"
+    os.stat(counter)  # in the kernel's caches now (entries and attributes live for seconds)
     emu.control.set_domain_online(1, False)
     assert ok("ls g/mon_data", r).split() == ["mon_L3_00"]
+    # gone at once, as on kernfs: a stat from the cache would say it is still there
+    for path in (counter, os.path.dirname(counter)):
+        with pytest.raises(FileNotFoundError):
+            os.stat(path)
     assert ok("cat g/schemata", r).splitlines() == ["L3:0=7ff", "MB:0=100"]
     emu.control.set_domain_online(1, True)
     assert ok("ls g/mon_data", r).split() == ["mon_L3_00", "mon_L3_01"]

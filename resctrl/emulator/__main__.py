@@ -78,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(f"resctrl {mountpoint.replace(' ', chr(92) + '040')} resctrl {','.join(opts)} 0 0\n")
             os.replace(tmp, args.mounts_file)
         if args.control:
-            server = ControlServer(args.control, kernel)
+            server = ControlServer(args.control, kernel, invalidate=operations.invalidate)
             servers.append(server)
             serve_in_thread(server)
         threading.Thread(target=housekeeping, name="resctrl-emulator-tick", daemon=True).start()
+
+    operations = ResctrlOperations(kernel, on_mounted)
 
     def housekeeping() -> None:
         # The kernel forgets exited tasks; do the same so reused ids start fresh.
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 kernel.collect_dead_tasks()
 
     try:
-        mfusepy.FUSE(ResctrlOperations(kernel, on_mounted), mountpoint, foreground=True, raw_fi=True,
+        mfusepy.FUSE(operations, mountpoint, foreground=True, raw_fi=True,
                      allow_other=True, default_permissions=True, fsname="resctrl", subtype="resctrl",
                      attr_timeout=ENTRY_TIMEOUT_S, entry_timeout=ENTRY_TIMEOUT_S, negative_timeout=0, max_threads=16)
     except RuntimeError as e:

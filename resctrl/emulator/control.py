@@ -12,7 +12,7 @@ import os
 import socket
 import socketserver
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from .kernel import ResctrlKernel
 
@@ -68,8 +68,12 @@ def _handle(kernel: ResctrlKernel, req: dict[str, Any]) -> dict[str, Any]:
             kernel.reset_counters(rmid, req.get("domain"))
             return {}
         if op == "set_domain_online":
-            kernel.set_domain_online(int(req["domain"]), bool(req["online"]))
-            return {}
+            domain, online = int(req["domain"]), bool(req["online"])
+            kernel.set_domain_online(domain, online)
+            # what vanished behind the VFS: the caller drops it from the kernel's caches
+            stale = [] if online else [f"{path.rstrip('/')}/mon_data/{DOMAIN_DIR.format(domain)}"
+                                       for path, _ in _all_groups(kernel)]
+            return {STALE: stale}
         if op == "drain_limbo":
             kernel.drain_limbo_now()
             return {}
@@ -97,11 +101,20 @@ def _all_groups(kernel: ResctrlKernel):
             yield f"/{g.name}/mon_groups/{m.name}", m
 
 
+#: a reply's paths that vanished behind the VFS (taken out before the reply is sent)
+STALE = "_stale"
+DOMAIN_DIR = "mon_L3_{:02d}"
+
+
 class ControlServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: str, kernel: ResctrlKernel):
+    def __init__(self, path: str, kernel: ResctrlKernel,
+                 invalidate: Callable[[list[str]], None] | None = None):
         self.kernel = kernel
+        # Called outside the kernel's lock (a FUSE request may hold a directory's lock in
+        # the kernel while its handler waits for ours).
+        self.invalidate = invalidate
         if os.path.exists(path):
             os.unlink(path)
         super().__init__(path, _Handler)
@@ -115,6 +128,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 reply = {"ok": True, **_handle(self.server.kernel, json.loads(line))}  # type: ignore[attr-defined]
             except (ValueError, KeyError, TypeError) as e:
                 reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            stale = reply.pop(STALE, None)
+            if stale and self.server.invalidate is not None:  # type: ignore[attr-defined]
+                self.server.invalidate(stale)  # type: ignore[attr-defined]
             self.wfile.write(json.dumps(reply).encode() + b"\n")
 
 

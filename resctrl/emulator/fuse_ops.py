@@ -13,12 +13,14 @@ for good), and close() sends no FLUSH (flush answers ENOSYS once, and the kernel
 stops asking: nothing is ever buffered here to flush). mkdir, rmdir and rename pass
 through the VFS, which updates its dentry cache at once; a change made behind it
 (a domain going offline) shows in directory listings at once, and opening or
-reading a vanished file fails with ENOENT, though a stat() of it may succeed from
-the cache for up to ENTRY_TIMEOUT_S.
+reading a vanished file fails with ENOENT, and so does a stat() of it: the control
+socket has the kernel drop what vanished from its caches (``invalidate``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import itertools
 import stat
@@ -32,6 +34,17 @@ from .kernel import KernelError, ResctrlKernel
 
 #: how long the kernel may keep the emulator's entries and attributes (see above)
 ENTRY_TIMEOUT_S = 10.0
+
+
+class _FuseContext(ctypes.Structure):
+    _fields_ = [("fuse", ctypes.c_void_p)]  # the first member of libfuse3's struct fuse_context
+
+
+# the library mfusepy loaded (dlopen hands back the same one)
+_LIBFUSE = ctypes.CDLL(ctypes.util.find_library("fuse3") or "libfuse3.so.3")
+_LIBFUSE.fuse_get_context.restype = ctypes.POINTER(_FuseContext)
+_LIBFUSE.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_LIBFUSE.fuse_invalidate_path.restype = ctypes.c_int
 
 
 def _parts(path: str) -> list[str]:
@@ -48,10 +61,23 @@ class ResctrlOperations(mfusepy.Operations):
         self._buffers: dict[int, bytes] = {}
         self._buffers_lock = threading.Lock()
         self._mount_ns = time.time_ns()
+        self._fuse: ctypes.c_void_p | None = None
 
     # -- lifecycle
     def init(self, path: str) -> None:
+        # libfuse's handle of this mount, to tell the kernel what vanished behind its back
+        self._fuse = ctypes.c_void_p(_LIBFUSE.fuse_get_context().contents.fuse)
         self.on_mounted()
+
+    def invalidate(self, paths: list[str]) -> None:
+        """Drop ``paths`` (vanished behind the VFS: a domain gone offline) from the kernel's
+        attribute cache, so a stat() of them or of anything below fails with ENOENT at once,
+        as on kernfs. Not from a FUSE request's handler, nor under the kernel model's lock."""
+        if self._fuse is None:
+            return
+        for path in paths:
+            # -ENOENT where the kernel never looked the path up: nothing cached to drop
+            _LIBFUSE.fuse_invalidate_path(self._fuse, path.encode())
 
     # -- metadata
     def getattr(self, path: str, fh=None) -> dict:
