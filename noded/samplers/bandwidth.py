@@ -104,10 +104,12 @@ class BandwidthSampler:
         ctrl_readings = {p: self._read(p, domains) for p in ctrl_paths}
         now = self.clock()
         span = now - started
-        job_bps = {
-            job_id: self._rate(f"job:{job_id}", readings, domains, at, self.monitor.created_at(job_id))
-            for job_id, (readings, at) in job_readings.items()
-        }
+        job_bps = {}
+        for job_id, (readings, at) in job_readings.items():
+            key = f"job:{job_id}"
+            # when its group was made matters only to a new meter (asked once, not every tick)
+            created_at = None if key in self._meters else self.monitor.created_at(job_id)
+            job_bps[job_id] = self._rate(key, readings, domains, at, created_at)
         node: dict[int, float | None] = {d: 0.0 for d in domains}
         for rates in job_bps.values():
             node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}

@@ -229,10 +229,12 @@ class NvmlSampler:
         fresh: dict[int, list[int]] = {}
         stamps: dict[int, int] = {}
         for s in samples:
-            if s.timeStamp <= seen:
+            pid, stamp = s.pid, s.timeStamp  # each field of a ctypes struct is a lookup and a copy
+            if stamp <= seen:
                 continue  # a driver that repeats an old sample: counted once
-            fresh.setdefault(s.pid, []).append(_percent(s.smUtil))
-            stamps[s.pid] = max(stamps.get(s.pid, 0), s.timeStamp)
+            fresh.setdefault(pid, []).append(_percent(s.smUtil))
+            if stamp > stamps.get(pid, 0):
+                stamps[pid] = stamp
         if stamps:
             self._last_seen_us[index] = max(seen, *stamps.values())
         for pid, values in fresh.items():
