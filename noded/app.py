@@ -20,7 +20,7 @@ from .actuators.memsoft import MemorySoftLimits
 from .baselines import BaselineStore
 from .config import Config
 from .daemon import Daemon
-from .jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile
+from .jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile, RegisteredLabels
 from .metrics import make_registry
 from .samplers.cpus import CpuPlacementSampler
 from .samplers.nvml import NvmlSampler
@@ -91,7 +91,9 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
                 notes.append(f"removed {len(removed)} resctrl groups left by an earlier run")
     if discovery is None:
         sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
-        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels))
+        registered = RegisteredLabels(state=state, persist=not dry_run)
+        notes += registered.notes
+        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered)
     monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
     # The tick waits for NVML at most half a tick (a hung driver must not stop it)
     nvml = NvmlSampler(deadline_s=max(0.1, config.tick_s / 2)) if config.nvml else None

@@ -3,6 +3,7 @@ the words they are written in (and a Slurm comment's ``noded:`` part), what may 
 registered, where they meet the label file, and the admin commands."""
 
 import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from noded.jobs import JobDiscovery, JobMeta, LabelFile, RegisteredLabels
 from noded.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
                                    parse_label_words)
 from noded.labelwords import REGISTRABLE
+from noded.securedir import SecureDir, StateWriteError
 
 # -- words
 
@@ -152,3 +154,56 @@ def test_the_socket_checks_labels_sent_past_nodectl(labelled_socket):
         request(labelled_socket.path, "label", {"job": "slurm:1", "labels": {"model": 3}})
     assert labelled_socket.registry.snapshot() == {}
 
+
+
+# -- kept across restarts (the state directory)
+
+REGISTRABLE_LABELS = st.fixed_dictionaries({}, optional={
+    "category": st.sampled_from(["CV", "NLP", "Speech"]),
+    "model": st.text(min_size=1, max_size=40),
+    "batch_size": st.integers(1, 1 << 20),
+    "requested_cores": st.integers(1, 1024),
+    "pipelined": st.booleans(),
+    "heavy_preprocessing": st.booleans(),
+})
+
+
+@given(registrations=st.dictionaries(st.text(min_size=1, max_size=30), REGISTRABLE_LABELS, max_size=8),
+       forgotten=st.sets(st.integers(0, 7)))
+def test_registered_labels_read_back_after_a_restart_are_those_in_force(tmp_path_factory, registrations,
+                                                                         forgotten):
+    state = SecureDir(str(tmp_path_factory.mktemp("state")), mode=0o700)
+    before = RegisteredLabels(state=state)
+    for job, labels in registrations.items():
+        before.set(job, labels)
+    for i, job in enumerate(list(registrations)):
+        if i in forgotten:
+            assert before.forget(job)
+    after = RegisteredLabels(state=state)  # noded started again
+    assert after.snapshot() == before.snapshot() and after.notes == []
+
+
+def test_a_registration_that_cannot_be_kept_changes_nothing_and_says_why(tmpfs):
+    mnt = tmpfs()
+    state = SecureDir(str(mnt), mode=0o700)
+    registry = RegisteredLabels(state=state)
+    registry.set("slurm:1", {"model": "BiDAF", "batch_size": 32})
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    with pytest.raises(StateWriteError, match="registered_labels.json"):
+        registry.set("slurm:2", {"model": "VGG16"})
+    with pytest.raises(StateWriteError):
+        registry.forget("slurm:1")
+    assert set(registry.snapshot()) == {"slurm:1"}  # memory says what the file says
+    assert RegisteredLabels(state=state).snapshot() == registry.snapshot()
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b"{\"slurm:1\": {\"exempt\": true}}", b"{\"slurm:1\": 7}",
+                                     b"{\"slurm:1\": {\"batch_size\": -1}}", b"{not json"])
+def test_a_registered_labels_file_that_cannot_be_trusted_is_moved_aside_and_noded_starts(tmp_path, content):
+    # exempt among them: a file someone wrote must not exempt a job the API would refuse to
+    state = SecureDir(str(tmp_path / "state"), mode=0o700)
+    state.write_bytes("registered_labels.json", content)
+    registry = RegisteredLabels(state=state)
+    assert registry.snapshot() == {} and len(registry.notes) == 1
+    assert "registered_labels.json" in registry.notes[0]
+    assert [n for n in os.listdir(tmp_path / "state") if n.startswith("registered_labels.json.corrupt-")]

@@ -349,9 +349,7 @@ class AdminCommands:
 
 def _labels_json(meta) -> dict[str, Any]:
     """A job's labels that say something (those left at their defaults are not shown)."""
-    from dataclasses import fields
-
-    return {f.name: getattr(meta, f.name) for f in fields(meta) if getattr(meta, f.name) != f.default}
+    return meta.set_labels()
 
 
 def _cpu_list(cpus) -> str:

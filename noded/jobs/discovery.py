@@ -9,6 +9,7 @@ import threading
 
 from ..journal import printable
 from ..procstat import PPID, stat_fields
+from ..securedir import SecureDir
 from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
@@ -94,23 +95,62 @@ def parse_labels(path: str) -> dict[str, JobMeta]:
     return out
 
 
+#: where registered labels are kept in the state directory
+REGISTERED_FILE = "registered_labels.json"
+
+
+def parse_registered(raw: object, limit: int) -> dict[str, JobMeta]:
+    """The registered-labels file's content; ValueError names what is wrong (the file is
+    then moved aside, not trusted in part)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a mapping of job id to labels, got {type(raw).__name__}")
+    if len(raw) > limit:
+        raise ValueError(f"{len(raw)} jobs, more than the {limit} kept")
+    out = {}
+    for job_id, labels in raw.items():
+        if not isinstance(labels, dict):
+            raise ValueError(f"labels of {job_id!r} must be a mapping")
+        refused = sorted(set(labels) - set(REGISTRABLE))
+        if refused:
+            raise ValueError(f"labels of {job_id!r}: {refused} cannot be registered")
+        out[job_id] = JobMeta.from_mapping(labels, f"labels of {job_id!r}")
+    return out
+
+
 class RegisteredLabels:
     """Labels registered at run time by a job manager's hook (a Slurm prolog through
     `nodectl label`), job id -> JobMeta, until its end hook forgets them (`nodectl forget`).
 
-    Kept in memory only: a job's labels live as long as the job, and a hook registers
-    them again at its next start. At most ``limit`` jobs (a hook whose end never runs
-    must not grow noded without bound): beyond, a registration is refused.
+    Kept in ``state`` (the state directory) where one is given: in force once written
+    (a write that fails raises StateWriteError and changes nothing), so a restart of noded
+    keeps the labels of the jobs running through it. At most ``limit`` jobs (a hook whose
+    end never runs must not grow noded without bound): beyond, a registration is refused.
     """
 
-    def __init__(self, limit: int = 4096):
+    def __init__(self, limit: int = 4096, *, state: SecureDir | None = None, persist: bool = True):
         self.limit = limit
+        self.state = state
+        self.persist = persist and state is not None  # persist=False: a dry run writes nothing
         self._lock = threading.Lock()
         self._labels: dict[str, JobMeta] = {}
+        self.notes: list[str] = []  # what was found corrupt at load, and where it went
+        if state is not None:
+            loaded, note = state.load_json(REGISTERED_FILE, "registered labels",
+                                           lambda raw: parse_registered(raw, limit))
+            self._labels = loaded or {}
+            if note:
+                self.notes.append(note)
+
+    def _keep(self, labels: dict[str, JobMeta]) -> None:
+        # under self._lock; memory changes only after this returns
+        if self.persist:
+            self.state.write_json(REGISTERED_FILE, {j: m.set_labels() for j, m in labels.items()})
+        self._labels = labels
 
     def set(self, job_id: str, labels: dict) -> JobMeta:
         """Registers ``labels`` (a mapping of ``REGISTRABLE`` keys) for ``job_id``, replacing
-        any before; raises ValueError naming what was wrong, and then changes nothing."""
+        any before; raises ValueError naming what was wrong (or StateWriteError where they
+        could not be kept), and then changes nothing."""
         refused = sorted(set(labels) - set(REGISTRABLE))
         if refused:
             raise ValueError(f"label(s) {refused} cannot be registered for a job (allowed: {', '.join(REGISTRABLE)}; "
@@ -120,12 +160,15 @@ class RegisteredLabels:
             if job_id not in self._labels and len(self._labels) >= self.limit:
                 raise ValueError(f"{len(self._labels)} jobs hold registered labels already, the most kept: forget "
                                  "ended jobs first (nodectl forget JOB, a Slurm epilog's work)")
-            self._labels[job_id] = meta
+            self._keep({**self._labels, job_id: meta})
         return meta
 
     def forget(self, job_id: str) -> bool:
         with self._lock:
-            return self._labels.pop(job_id, None) is not None
+            if job_id not in self._labels:
+                return False
+            self._keep({j: m for j, m in self._labels.items() if j != job_id})
+            return True
 
     def snapshot(self) -> dict[str, JobMeta]:
         with self._lock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from .kubepods import PodIdentity
 
@@ -61,6 +61,11 @@ class JobMeta:
                 raise ValueError(f"{name} must be a number {what}, not {value!r:.60}")
         if (self.dataset_gb is None) != (self.uncached_share is None):
             raise ValueError("dataset_gb and uncached_share go together (the job's cache curve): give both or neither")
+
+    def set_labels(self) -> dict:
+        """The labels that say something: those not at their defaults (what a label file or
+        a registration would have to say to make this record)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 
     def hints(self) -> dict[str, bool]:
         """The right-sizing hints set on this job, as the allocator reads labels."""
