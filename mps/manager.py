@@ -63,6 +63,10 @@ def client_limit(uuids: list[str]) -> int:
         pynvml.nvmlShutdown()
 
 
+#: how long a stop waits for NVML to put the compute modes back
+COMPUTE_MODES_DEADLINE_S = 1.0
+
+
 class MpsError(RuntimeError):
     pass
 
@@ -569,4 +573,14 @@ class MpsControl:
         self.kill_daemon()
         shutil.rmtree(self.pipe_dir, ignore_errors=True)
         if self.compute_modes is not None:
-            self.compute_modes.restore(final=final)
+            # NVML is the driver's: a hung driver must not hold the service's stop (its
+            # unit kills it at 15 s, and every other release waits behind this). The
+            # modes' records stay where they were not put back: the next start does it.
+            restoring = threading.Thread(target=self.compute_modes.restore, kwargs={"final": final},
+                                         name="mps-compute-modes", daemon=True)
+            restoring.start()
+            restoring.join(COMPUTE_MODES_DEADLINE_S)
+            if restoring.is_alive():
+                log.error("NVML did not answer within %.1f s while putting back the GPUs' compute modes %s: "
+                          "left as they are, their records kept for the next start to restore",
+                          COMPUTE_MODES_DEADLINE_S, sorted(self.compute_modes.uuids))

@@ -111,3 +111,26 @@ def value(text: str, pattern: str) -> float | None:
     """The number ``pattern``'s first group matches in ``text`` (metrics), or None."""
     m = re.search(pattern, text, re.M)
     return None if m is None else float(m.group(1))
+
+
+def shared_node(env: dict[str, str]):
+    """The simulated node as the stand-in NVML library reads it now (noded.sim.nvml_shm.Node)."""
+    import ctypes
+
+    from noded.sim.nvml_shm import Node
+
+    with open(env["NODED_SIM_NVML"], "rb") as f:
+        return Node.from_buffer_copy(f.read(ctypes.sizeof(Node)))
+
+
+def compute_modes(env: dict[str, str]) -> list[int]:
+    """Each simulated GPU's compute mode as the driver holds it now (0: DEFAULT)."""
+    node = shared_node(env)
+    return [node.driver.compute_mode[i] for i in range(node.published.gpu_count)]
+
+
+def slow_ms(env: dict[str, str], call: str, gpu: int = 0) -> int:
+    """How long ``call`` on ``gpu`` is made to take now (an injected fault in force: 0, none)."""
+    from noded.sim.nvml_shm import CALL_INDEX
+
+    return shared_node(env).published.gpus[gpu].slow_ms[CALL_INDEX[call]]

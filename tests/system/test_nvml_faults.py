@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import yaml
-from system_support import CPUSET, REPO, inject, running_daemon, running_node, scrape, value
+from system_support import (CPUSET, REPO, compute_modes, inject, running_daemon, running_node, scrape,
+                            slow_ms, start_daemon, value)
 
 from conftest import wait_for
 
@@ -94,3 +99,38 @@ def test_a_driver_older_than_pynvml_leaves_the_jobs_unknown_and_nothing_throttle
         wait_for(lambda: re.search(r'kind="unknown"} [1-9]', scrape(url)), timeout=30, interval=0.1,
                  what="the hog measured, of unknown kind")
         holds_off(url, r"^noded_inputs_missing [1-9]", n=10)
+
+
+def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_stop(tmp_path):
+    # MPS needs EXCLUSIVE_PROCESS; at stop noded puts each GPU's mode back through NVML. A
+    # driver that hangs there must not hold SIGTERM (the unit kills at 15 s, the promise
+    # is 2 s): noded gives up after a second, and the next start puts the modes back.
+    subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=REPO,
+                   check=True, timeout=120)  # numba's cache first: a cold compile is not what is tested
+    scenario, base = inputs(tmp_path)
+    with open(base) as f:
+        config = yaml.safe_load(f)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**config, "colocation": {"enabled": True}}))
+    with running_node(tmp_path, scenario, base) as env:
+        daemon, url = start_daemon(env)
+        try:
+            wait_for(lambda: all(compute_modes(env)), timeout=60, interval=0.1, what="MPS's compute modes set")
+            inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": 20000}})
+            wait_for(lambda: slow_ms(env, "set_compute_mode") == 20000, timeout=10, interval=0.05,
+                     what="the hung call in force")
+            started = time.monotonic()
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=15) == 0
+            took = time.monotonic() - started
+            err = daemon.stderr.read()
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+        assert took < 2.0, f"SIGTERM took {took:.1f} s with the driver hung: {err[-2000:]}"
+        assert "NVML did not answer" in err and all(compute_modes(env))  # left, not forgotten
+        inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": None}})  # the driver answers again
+        wait_for(lambda: slow_ms(env, "set_compute_mode") == 0, timeout=10, interval=0.05, what="the driver back")
+        with running_daemon(env):
+            pass  # started (the recorded modes put back first), then stopped cleanly
+        assert compute_modes(env) == [0, 0]

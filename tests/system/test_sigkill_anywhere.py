@@ -12,7 +12,6 @@ its own."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
 import re
@@ -23,12 +22,12 @@ import time
 
 import pytest
 import yaml
-from system_support import CPUSET, REPO, cpusets, noded_groups, running_daemon, running_node, scrape
+from system_support import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
+                            scrape)
 
 from conftest import wait_for
 from resctrl.cpulist import parse_cpu_list
 from mps_support import processes_serving
-from noded.sim.nvml_shm import Node as SharedNode
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 
@@ -91,9 +90,7 @@ class SimulatedNode:
         return out
 
     def compute_modes(self) -> list[int]:
-        with open(self.env["NODED_SIM_NVML"], "rb") as f:
-            node = SharedNode.from_buffer_copy(f.read(ctypes.sizeof(SharedNode)))
-        return [node.driver.compute_mode[i] for i in range(node.published.gpu_count)]
+        return compute_modes(self.env)
 
     def changed(self) -> dict[str, object]:
         """What noded has changed now, of what it may change (empty: the node as it was)."""
