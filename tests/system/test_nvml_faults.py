@@ -127,7 +127,9 @@ def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_st
             if daemon.poll() is None:
                 daemon.kill()
                 daemon.wait()
-        assert took < 2.0, f"SIGTERM took {took:.1f} s with the driver hung: {err[-2000:]}"
+        # the hang is 20 s, the unit's kill 15 s: well under either, loaded machine or not
+        # (the 2 s figure of an unloaded one is bench.shutdown's)
+        assert took < 5.0, f"SIGTERM took {took:.1f} s with the driver hung: {err[-2000:]}"
         assert "NVML did not answer" in err and all(compute_modes(env))  # left, not forgotten
         inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": None}})  # the driver answers again
         wait_for(lambda: slow_ms(env, "set_compute_mode") == 0, timeout=10, interval=0.05, what="the driver back")
