@@ -111,6 +111,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
                           cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    # the labels job managers' hooks register: admin state, as the overrides are
+    daemon.control.registered_labels = telemetry.discovery.registered_labels
     daemon.baselines = baselines
     if not dry_run:
         daemon.state_probe = originals.probe

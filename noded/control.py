@@ -32,8 +32,11 @@ class ControlSnapshot:
 
 
 class ControlState:
-    def __init__(self, overrides: OverrideStore | None = None):
+    def __init__(self, overrides: OverrideStore | None = None, registered_labels=None):
         self.overrides = overrides  # set once at start, before the loop; the store locks itself
+        # a jobs.RegisteredLabels (job managers' hooks: nodectl label/forget), set once at start,
+        # shared with job discovery; it locks itself
+        self.registered_labels = registered_labels
         self._lock = threading.Lock()
         self._paused: str | None = None
         self._history: dict[str, deque[tuple[float, Action]]] = {}

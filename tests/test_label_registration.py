@@ -121,9 +121,9 @@ def labelled_socket(tmp_path):
     from noded.control import ControlState
 
     registry = RegisteredLabels()
-    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), lambda: 0.0)),
-                             colocation=None, last=None, rightsize=None,
-                             telemetry=SimpleNamespace(discovery=JobDiscovery([], registered_labels=registry)))
+    daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), lambda: 0.0),
+                                                  registered_labels=registry),
+                             colocation=None, last=None, rightsize=None)
     os.chmod(tmp_path, 0o755)
     server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2).start()
     yield SimpleNamespace(path=server.path, registry=registry)

@@ -57,7 +57,7 @@ class AdminServer(Protocol):
         # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
         self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
                                       rightsize=daemon.rightsize,
-                                      registered_labels=_registered_labels(daemon))
+                                      registered_labels=daemon.control.registered_labels)
         self.gid: int | None = None
         if group:
             try:
@@ -143,8 +143,3 @@ class AdminServer(Protocol):
         return reply_error(f"dropped: {peer.key} holds the most connections to this socket ({held}), "
                            "and its oldest makes room for a new one")
 
-
-def _registered_labels(daemon):
-    """The labels registry of the daemon's job discovery, where it has one."""
-    discovery = getattr(getattr(daemon, "telemetry", None), "discovery", None)
-    return getattr(discovery, "registered_labels", None)
