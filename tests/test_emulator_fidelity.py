@@ -3,6 +3,7 @@ through plain shell commands on the mounted filesystem. Each test is also a reco
 of a kernel behaviour noded relies on (the kernel's Documentation/filesystems/resctrl.rst
 and fs/resctrl/)."""
 
+import errno
 import os
 import subprocess
 
@@ -399,3 +400,21 @@ def test_bad_arguments_are_refused_before_mounting(tmp_path):
     assert p.returncode == 2 and "--num-rmids must be at least 2, got 1" in p.stderr
     p = run(str(tmp_path), "--profile", "sparc")
     assert p.returncode == 2 and "invalid choice: 'sparc'" in p.stderr
+
+def test_an_open_file_of_a_removed_group_reads_and_writes_enodev(emulator):
+    # kernfs: a node removed while a file of it is open answers ENODEV (a reader racing a
+    # group's removal must see that, not a generic EINVAL)
+    emu = emulator("intel")
+    os.mkdir(f"{emu.root}/g")
+    reader = os.open(f"{emu.root}/g/tasks", os.O_RDONLY)
+    writer = os.open(f"{emu.root}/g/tasks", os.O_WRONLY)
+    try:
+        os.rmdir(f"{emu.root}/g")
+        with pytest.raises(OSError) as read:
+            os.pread(reader, 4096, 0)
+        with pytest.raises(OSError) as write:
+            os.write(writer, f"{os.getpid()}\n".encode())
+        assert read.value.errno == write.value.errno == errno.ENODEV
+    finally:
+        os.close(reader)
+        os.close(writer)

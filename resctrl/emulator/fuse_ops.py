@@ -108,7 +108,11 @@ class ResctrlOperations(mfusepy.Operations):
         fi.fh = next(self._handles)
         return 0
 
-    def read(self, path: str, size: int, offset: int, fi) -> bytes:
+    def read(self, path: str | None, size: int, offset: int, fi) -> bytes:
+        if path is None:
+            # libfuse names no path for a file whose directory was removed while it was open;
+            # kernfs answers a removed node's open file with ENODEV
+            raise KernelError(errno.ENODEV)
         with self._buffers_lock:
             data = self._buffers.get(fi.fh)
         if offset == 0 or data is None:
@@ -119,7 +123,9 @@ class ResctrlOperations(mfusepy.Operations):
                 self._buffers[fi.fh] = data
         return data[offset : offset + size]
 
-    def write(self, path: str, data: bytes, offset: int, fi) -> int:
+    def write(self, path: str | None, data: bytes, offset: int, fi) -> int:
+        if path is None:  # as read: the file's directory was removed while it was open
+            raise KernelError(errno.ENODEV)
         uid, _gid, pid = mfusepy.fuse_get_context()
         with self.kernel.lock:
             return self.kernel.write(_parts(path), data, pid, uid)

@@ -21,6 +21,7 @@ groups on the emulator's mount, the jobs' cpuset files and affinities.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -97,10 +98,15 @@ def mba_level(env: dict[str, str], job: str) -> int:
     levels = set()
     for group in os.listdir(root):
         if group.startswith("noded-mba-"):
-            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+            try:
                 with open(os.path.join(root, group, "tasks")) as f:
                     if pids & {int(t) for t in f.read().split()}:
                         levels.add(int(group.removeprefix("noded-mba-")))
+            except OSError as e:
+                # removed meanwhile: before the open (ENOENT) or between it and the read
+                # (ENODEV, as kernfs answers a removed group's open file)
+                if e.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
     return max(levels, default=0)
 
 
