@@ -73,6 +73,10 @@ class JobMonitor:
         self._in_our_ctrl_groups: frozenset[int] = frozenset()  # task ids in noded's control groups, as last listed
         self._lock = threading.RLock()
         self._exhausted_logged = False
+        # (name, parent) -> its MonGroup as listed last tick: the same groups are listed
+        # tick after tick, and building each one's objects anew was most of sync's time
+        self._listed_at: dict[tuple[str, str], MonGroup] = {}
+        self._listed_rc: Resctrl | None = None
 
     def groups(self) -> dict[str, MonGroup]:
         """Each job's group as last listed (or made) by ``sync``."""
@@ -99,14 +103,17 @@ class JobMonitor:
             names = {group_name(rc.prefix, j): j for j in jobs}
             listed: dict[str, MonGroup] = {}
             freed = False
+            known_at = self._listed_at if self._listed_rc is rc else {}
+            self._listed_at, self._listed_rc = {}, rc
             for name, parent in sorted(view.mon_parent.items()):
-                group = mon_group_at(rc, name, parent)
+                group = known_at.get((name, parent)) or mon_group_at(rc, name, parent)
+                self._listed_at[(name, parent)] = group
                 job = names.get(name)
                 if job is None:
                     freed |= self._remove(group)
                 else:
                     listed[job] = group
-            self._jobs = {j: self._jobs.get(j, _Tracked()) for j in jobs}
+            self._jobs = {j: self._jobs.get(j) or _Tracked() for j in jobs}
             for job in jobs.values():
                 tracked = self._jobs[job.id]
                 group = listed.get(job.id)

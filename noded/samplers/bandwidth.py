@@ -55,6 +55,15 @@ def residual(total: MbmSample, children: list[MbmSample], domains: tuple[int, ..
 RESIDUAL_DIP_BYTES = 256 << 20
 
 
+def _add_into(total: dict[int, float | None], rates: Mapping[int, float | None]) -> None:
+    """Adds one group's rates into the node's, per domain; unknown (None) on either side
+    makes the domain's total unknown."""
+    for d, r in rates.items():
+        t = total[d]
+        if t is not None:
+            total[d] = None if r is None else t + r
+
+
 class BandwidthSampler:
     name = "resctrl"
 
@@ -105,17 +114,16 @@ class BandwidthSampler:
         now = self.clock()
         span = now - started
         job_bps = {}
+        node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
         for job_id, (readings, at) in job_readings.items():
             key = f"job:{job_id}"
             # when its group was made matters only to a new meter (asked once, not every tick)
             created_at = None if key in self._meters else self.monitor.created_at(job_id)
-            job_bps[job_id] = self._rate(key, readings, domains, at, created_at)
-        node: dict[int, float | None] = {d: 0.0 for d in domains}
-        for rates in job_bps.values():
-            node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
+            job_bps[job_id] = rates = self._rate(key, readings, domains, at, created_at)
+            _add_into(node, rates)
         in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
         for job_id, g in groups.items():
-            in_ctrl.setdefault(os.path.dirname(os.path.dirname(g.path)), []).append(job_id)
+            in_ctrl.setdefault(g.parent.path, []).append(job_id)
         for path, readings in ctrl_readings.items():
             kids = in_ctrl.get(path, [])
             # A control group new since the last read (a throttle level) holds nothing
@@ -124,8 +132,8 @@ class BandwidthSampler:
             moved = {d: sum(job_bps[j][d] or 0.0 for j in kids) * span for d in domains}
             tolerance = {d: RESIDUAL_DIP_BYTES + int(2 * moved[d]) for d in domains}
             own = residual(readings[0], [job_readings[j][0] for j in kids], domains)
-            rates = self._rate(path + "#own", own, domains, readings[1], self._last_read if new else None, tolerance)
-            node = {d: None if node[d] is None or rates[d] is None else node[d] + rates[d] for d in domains}
+            _add_into(node, self._rate(path + "#own", own, domains, readings[1], self._last_read if new else None,
+                                       tolerance))
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
         for key in [k for k in self._meters if k not in live]:
@@ -145,4 +153,5 @@ class BandwidthSampler:
     def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,
               created_at: float | None, dip_tolerance: dict[int, int] | None = None) -> dict[int, float | None]:
         rates = self._meter(key, domains, created_at).update(readings, now, dip_tolerance)
-        return {d: rates.get(d) for d in domains}
+        # readings hold only the given domains: as many rates means every domain has one
+        return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}
