@@ -335,7 +335,7 @@ class Daemon:
                              if js.cpus is not None}
         colocation = self.colocation.view() if self.colocation is not None else None
         durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2, "total": self.clock() - t0}
-        self.stats.tick(durations, ((s.name, s.ok, s.duration_s) for s in sample.samplers))
+        self.stats.tick(durations, ((s.name, s.ok, s.duration_s, s.cpu_s) for s in sample.samplers))
         kind = self.throttle.kind if self.throttle else "cpusets"
         for failed in result.failed:
             self.stats.actuator_error(kind, failed.operation)

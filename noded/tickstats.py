@@ -42,6 +42,7 @@ class Totals:
     sampler_errors: Mapping[str, int] = field(default_factory=_empty)  # sampler -> runs that failed
     actuator_errors: Mapping[tuple[str, str], int] = field(default_factory=_empty)  # (actuator, operation) -> failed
     tick_failures: int = 0  # ticks that raised (the loop went on)
+    sampler_cpu: Mapping[str, float] = field(default_factory=_empty)  # sampler -> CPU seconds, in all
 
 
 class _Observations:
@@ -79,13 +80,17 @@ class TickStats:
         self._sampler_errors: dict[str, int] = {}
         self._actuator_errors: dict[tuple[str, str], int] = {}
         self._tick_failures = 0
+        self._sampler_cpu: dict[str, float] = {}
 
-    def tick(self, durations: Mapping[str, float], samplers: Iterable[tuple[str, bool, float]]) -> None:
-        """One tick done: its stages' durations, and each sampler's (name, ok, seconds)."""
+    def tick(self, durations: Mapping[str, float], samplers: Iterable[tuple[str, bool, float, float]]) -> None:
+        """One tick done: its stages' durations, and each sampler's (name, ok, seconds,
+        CPU seconds)."""
         for stage, seconds in durations.items():
             self._ticks.setdefault(stage, _Observations()).observe(seconds)
-        for name, ok, seconds in samplers:
+        for name, ok, seconds, cpu_s in samplers:
             self._samplers.setdefault(name, _Observations()).observe(seconds)
+            if cpu_s > 0:  # a CPU clock read as going back (or NaN) adds nothing
+                self._sampler_cpu[name] = self._sampler_cpu.get(name, 0.0) + cpu_s
             if not ok:
                 self._sampler_errors[name] = self._sampler_errors.get(name, 0) + 1
 
@@ -101,4 +106,4 @@ class TickStats:
                       MappingProxyType({k: o.frozen() for k, o in self._samplers.items()}),
                       MappingProxyType(dict(self._sampler_errors)),
                       MappingProxyType(dict(self._actuator_errors)),
-                      self._tick_failures)
+                      self._tick_failures, MappingProxyType(dict(self._sampler_cpu)))

@@ -72,6 +72,7 @@ def assert_every_counter_at_zero(values, *, colocation):
     for sampler in SAMPLERS:
         assert value(values, "noded_sampler_errors_total", sampler=sampler) == 0
         assert value(values, "noded_sampler_duration_seconds_count", sampler=sampler) == 0
+        assert value(values, "noded_sampler_cpu_seconds_total", sampler=sampler) == 0
     for stage in STAGES:
         assert value(values, "noded_tick_duration_seconds_count", stage=stage) == 0
         assert value(values, "noded_tick_duration_seconds_bucket", stage=stage, le="+Inf") == 0
@@ -90,7 +91,8 @@ def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_
     noded = {name for name in types if name.startswith("noded_")}
     assert noded == {"noded_build_info", "noded_throttle_actions", "noded_admission_decisions", "noded_ticks",
                      "noded_tick_overruns", "noded_tick_failures", "noded_actuator_errors", "noded_sampler_errors",
-                     "noded_tick_duration_seconds", "noded_sampler_duration_seconds"}
+                     "noded_tick_duration_seconds", "noded_sampler_duration_seconds",
+                     "noded_sampler_cpu_seconds"}
     assert types["noded_tick_duration_seconds"] == types["noded_sampler_duration_seconds"] == "histogram"
     assert value(values, "process_open_fds") > 0 and value(values, "process_resident_memory_bytes") > 0
     assert {"process_cpu_seconds", "process_max_fds", "process_start_time_seconds"} <= set(types)
@@ -138,6 +140,9 @@ def test_a_scrape_of_the_simulated_node_counts_ticks_and_a_failed_write(tmp_path
                 assert value(later, "noded_tick_duration_seconds_bucket", stage=stage, le=le) >= \
                     value(first, "noded_tick_duration_seconds_bucket", stage=stage, le=le)
         assert value(later, "noded_sampler_duration_seconds_count", sampler="jobs") == ticks
+        # noded's own CPU by sampler: each that ran took some, NVML's in its worker thread
+        for sampler in ("jobs", "resctrl", "nvml"):
+            assert value(later, "noded_sampler_cpu_seconds_total", sampler=sampler) > 0
         failed = [a for res in h.results for a in res.applied if a.error]
         assert failed and "mkdir noded-mba-1" in failed[0].error
         assert value(later, "noded_actuator_errors_total", actuator="mba", operation="throttle") == len(failed)

@@ -46,7 +46,7 @@ def fixed_daemon():
     }
     sample = Sample(10.0, MappingProxyType(jobs), (gpu,), True, None, (0, 1),
                     MappingProxyType({0: 4.5e9, 1: 4.4e9}), ("gpu 1: GpuIsLost",),
-                    (SamplerStatus("jobs", True, 0.004), SamplerStatus("nvml", True, 0.001),
+                    (SamplerStatus("jobs", True, 0.004, None, 0.003), SamplerStatus("nvml", True, 0.001),
                      SamplerStatus("resctrl", False, 0.002, "OSError: gone")), True,
                     ResctrlFacts(1, 128, 7, MbFlavour.PERCENT,
                                  GroupsView(MappingProxyType({"noded-mba-1": frozenset({12})}),
@@ -59,7 +59,7 @@ def fixed_daemon():
     control.record(10.0, [action], None)
     durations = {"sample": 0.01, "decide": 0.0001, "act": 0.002, "total": 0.0121}
     stats = TickStats()
-    stats.tick(durations, [(st.name, st.ok, st.duration_s) for st in sample.samplers])
+    stats.tick(durations, [(st.name, st.ok, st.duration_s, st.cpu_s) for st in sample.samplers])
     stats.actuator_error("mba", "throttle")
     stats.tick_failed()
     bert = JobSizingView("sim:bert", "1000", "BERT", 32, "NLP", 1, "gpu_utilisation", "sized", "done", "searched", 2, 4,
@@ -104,6 +104,8 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_override_active{job_id="sim:hog",kind="throttle",uid="1000"} 1.0' in text
     assert 'noded_actuator_errors_total{actuator="mps",operation="restart"} 1.0' in text
     assert 'noded_tick_duration_seconds_bucket{le="0.025",stage="total"} 1.0' in text
+    assert 'noded_sampler_cpu_seconds_total{sampler="jobs"} 0.003' in text
+    assert 'noded_sampler_cpu_seconds_total{sampler="cpus"} 0.0' in text  # every sampler, counted or not
     assert 'noded_job_cpus{job_id="sim:bert",role="gpu"} 2.0' in text
     assert 'noded_job_sizing_state{job_id="sim:bert",state="sized"} 1.0' in text
     assert 'noded_job_memory_soft_limit_bytes{job_id="sim:bert"} 3.221225472e+09' in text

@@ -53,6 +53,7 @@ CONTRACT = {
     "noded_sampler_errors_total": "counter",
     "noded_tick_duration_seconds": "histogram",
     "noded_sampler_duration_seconds": "histogram",
+    "noded_sampler_cpu_seconds_total": "counter",
     "noded_node_memory_bandwidth_peak_bytes_per_second": "gauge",
     "noded_contention_threshold_ratio": "gauge",
     "noded_colocation_jobs": "gauge",

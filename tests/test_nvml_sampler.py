@@ -266,6 +266,29 @@ def test_a_deadline_worker_makes_one_call_at_a_time_and_hands_back_its_error():
     worker.stop()
 
 
+def test_a_deadline_worker_counts_the_cpu_its_calls_took_in_its_own_thread():
+    import time
+
+    from noded.samplers.deadline import DeadlineWorker
+
+    def spin(seconds):
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+        return threading.get_ident()
+
+    import threading
+
+    worker = DeadlineWorker("test-cpu")
+    caller_before = time.thread_time()
+    ident = worker.call(lambda: spin(0.05), 10.0)
+    caller_took = time.thread_time() - caller_before
+    worker.stop()
+    assert ident != threading.get_ident()  # it ran elsewhere...
+    assert worker.cpu_s >= 0.05  # ...and its CPU is counted as the worker's
+    assert caller_took < 0.05  # waiting took the caller (next to) none
+
+
 def _returns(worker) -> bool:
     from noded.samplers.deadline import StillRunning
 

@@ -21,15 +21,17 @@ class SamplerStatus:
     ok: bool
     duration_s: float
     error: str | None = None
+    cpu_s: float = 0.0  # CPU time it took: the calling thread's, plus any worker thread's it waited on
 
 
-def run_sampler(name: str, read: Callable[[], T], clock: Callable[[], float] = time.monotonic
-                ) -> tuple[T | None, SamplerStatus]:
-    """``read()`` timed; an exception becomes a missing part and a failed status."""
-    t0 = clock()
+def run_sampler(name: str, read: Callable[[], T], clock: Callable[[], float] = time.monotonic,
+                cpu_clock: Callable[[], float] = time.thread_time) -> tuple[T | None, SamplerStatus]:
+    """``read()`` timed, in wall time (``clock``) and in this thread's CPU time
+    (``cpu_clock``); an exception becomes a missing part and a failed status."""
+    t0, c0 = clock(), cpu_clock()
     try:
         value = read()
     except Exception as e:  # a sampler's failure must never stop the tick
         log.warning("sampler=%s error=%r", name, e)
-        return None, SamplerStatus(name, False, clock() - t0, f"{type(e).__name__}: {e}")
-    return value, SamplerStatus(name, True, clock() - t0)
+        return None, SamplerStatus(name, False, clock() - t0, f"{type(e).__name__}: {e}", cpu_clock() - c0)
+    return value, SamplerStatus(name, True, clock() - t0, None, cpu_clock() - c0)

@@ -26,9 +26,13 @@ class StillRunning(Exception):
 
 
 class DeadlineWorker:
-    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.thread_time):
         self.name = name
         self.clock = clock
+        self.cpu_clock = cpu_clock  # the worker thread's CPU time, read in that thread
+        #: CPU seconds the calls that returned took in the worker thread, in all
+        self.cpu_s = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._work: tuple[Callable[[], Any], dict, threading.Event] | None = None
@@ -68,12 +72,14 @@ class DeadlineWorker:
                     return
                 fn, box, done = self._work
                 self._work = None
+            c0 = self.cpu_clock()
             try:
                 box["value"] = fn()
             except BaseException as e:  # handed to the caller, whatever it is
                 box["error"] = e
             with self._lock:
                 self._since = None
+                self.cpu_s += self.cpu_clock() - c0  # before done: the caller reads it after the call
             done.set()
 
     def stop(self) -> None:

@@ -144,6 +144,12 @@ class NvmlSampler:
             self._driver = None
         return True
 
+    @property
+    def worker_cpu_s(self) -> float:
+        """CPU seconds NVML's calls took in the worker thread so far (0 without one: the
+        calls then run in the caller's thread)."""
+        return self._worker.cpu_s if self._worker is not None else 0.0
+
     def sample(self, now: float) -> NvmlSample:
         if self._worker is None or self.deadline_s is None:
             return self._sample(now)
