@@ -25,17 +25,16 @@ Through FUSE, each counter read costs its reader (noded, or the baseline) a roun
 into the emulator's process, which a host's kernfs resctrl does not: the table ends with
 two estimates for a host, which swap that cost for kernfs's:
 
-* by the sampler (the goal's verdict): noded's CPU less what its resctrl sampler took (its
-  own ``noded_sampler_cpu_seconds_total{sampler="resctrl"}`` over the same window), plus
-  what the same sampler (noded's ``BandwidthSampler``, in this process) takes over a copy
-  of the mount's groups and counters on tmpfs, its tmpfs reads then swapped for as many
-  reads of kernfs files (the jobs' cgroup v1 files) made the same way. Both terms are
-  measured, the first in noded's own window, so the estimate moves only with noded;
-* by the baseline (as before): noded's CPU less the bare tick's counter reads through
-  FUSE (another process, another window: FUSE's cost per read moves between windows by
-  10-20 %), plus as many on kernfs.
-What FUSE adds to noded's other resctrl calls (listing groups, their tasks files) is left
-in both: they overstate a host's figure a little.
+* by the sampler: noded's CPU less what its resctrl sampler took (its own
+  ``noded_sampler_cpu_seconds_total{sampler="resctrl"}`` over the same window), plus what
+  the same sampler (noded's ``BandwidthSampler``, in this process) takes over a copy of the
+  mount's groups and counters on tmpfs, sampled once a tick through window 3 (its caches
+  as cold as noded's between ticks, garbage collection on; the mean), its reads then
+  swapped for as many reads of kernfs files (the jobs' cgroup v1 files) made the same way;
+* by the baseline: noded's CPU less the bare tick's counter reads through FUSE (another
+  process, another window), plus as many on kernfs.
+Neither knows what a host's kernel spends on a counter read beyond a kernfs file's (an
+MSR read on a CPU of the counter's domain): see bench/RESULTS.md.
 
     python -m bench.daemon_cost [--jobs 100] [--gpus 8] [--seconds 30] [--tick 1.0]
 """
@@ -48,6 +47,7 @@ import os
 import glob
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,9 +55,9 @@ import tempfile
 import time
 
 from bench.bare_tick import mbm_files
-from resctrl.groups import DEFAULT_PREFIX, CtrlGroup, MonGroup, Resctrl
+from resctrl.groups import DEFAULT_PREFIX, MonGroup, Resctrl
 from resctrl.info import read_capabilities
-from resctrl.mbm import STATES
+from resctrl.mbm import MBM_TOTAL, STATES, MbmReader
 from bench.simnode import (CLK_TCK, REPO, DaemonProcess, Lines, count_series, cpu_seconds, metric, node_and_daemon,
                            stop, tree_cpu_seconds, tree_delta)
 
@@ -156,22 +156,28 @@ COUNTERS = ("mbm_total_bytes", "mbm_local_bytes", "llc_occupancy")
 def mirror_resctrl(root: str, into: str) -> None:
     """What the bandwidth sampler reads of a resctrl mount, copied to ``into`` (tmpfs):
     every directory but ``info``, each counter file with its content now, every other file
-    empty (listed, never read)."""
+    empty (listed, never read). Counters are copied in the sampler's order, monitoring
+    groups' before their control groups' (a control group copied first, with traffic
+    flowing, would hold less than its groups: a negative residual)."""
+    counters = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
         if rel == ".":
             dirnames[:] = [d for d in dirnames if d != "info"]
         os.makedirs(os.path.join(into, rel), exist_ok=True)
         for name in filenames:
-            content = b""
             if name in COUNTERS:
-                try:
-                    with open(os.path.join(dirpath, name), "rb") as f:
-                        content = f.read()
-                except OSError:  # a counter the kernel answers EIO for: the sampler sees a word
-                    content = f"{STATES[0]}\n".encode()
-            with open(os.path.join(into, rel, name), "wb") as f:
-                f.write(content)
+                counters.append(os.path.join(rel, name))
+            else:
+                open(os.path.join(into, rel, name), "wb").close()
+    for rel in sorted(counters, key=lambda r: f"{os.sep}mon_groups{os.sep}" not in f"{os.sep}{r}"):
+        try:
+            with open(os.path.join(root, rel), "rb") as f:
+                content = f.read()
+        except OSError:  # a counter the kernel answers EIO for: the sampler sees a word
+            content = f"{STATES[0]}\n".encode()
+        with open(os.path.join(into, rel), "wb") as f:
+            f.write(content)
 
 
 class _NoCreationTimes:
@@ -181,30 +187,43 @@ class _NoCreationTimes:
         return None
 
 
-def sampler_cpu_on(root: str, caps, reps: int = 30):
-    """CPU seconds (this thread's, median of ``reps``) noded's ``BandwidthSampler`` takes
-    to sample the resctrl tree at ``root`` (a mirror of the mount) as noded samples it:
-    every monitoring group of noded's in it (as its jobs' groups), every control group;
-    the counter files it reads each time; and its last sample."""
-    from noded.samplers.bandwidth import BandwidthSampler  # noded's own code, as it runs in the daemon
+class _RecordingReader(MbmReader):
+    """noded's counter reader, noting each file it reads (what the sampler reads, observed)."""
 
-    rc = Resctrl(root, caps, prefix=DEFAULT_PREFIX)
-    groups = {}
-    for ctrl in [rc.root_group()] + rc.list_ctrl_groups():
-        for name in sorted(os.listdir(os.path.join(ctrl.path, "mon_groups"))):
-            if rc.owns(name):
-                groups[name] = MonGroup(rc, name, os.path.join(ctrl.path, "mon_groups", name), ctrl)
-    sampler = BandwidthSampler(_NoCreationTimes())
-    sample = sampler.sample(rc, 1, groups)  # the first sample makes the meters; the rest is steady state
-    times = []
-    for _ in range(reps):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.read_paths: list[str] = []
+
+    def _read_file(self, path: str) -> bytes | None:
+        self.read_paths.append(path)
+        return super()._read_file(path)
+
+
+class MirrorSampler:
+    """noded's ``BandwidthSampler`` (its own code, in this process) over the resctrl tree at
+    ``root`` (a mirror of the mount), sampling it as noded does: every monitoring group of
+    noded's in it as its jobs' groups, every control group. ``files`` are the counter
+    files one sample reads, as observed; ``sample_cpu_s()`` is this thread's CPU for one."""
+
+    def __init__(self, root: str, caps):
+        from noded.samplers.bandwidth import BandwidthSampler  # noded's own code, as it runs in the daemon
+
+        self.rc = rc = Resctrl(root, caps, prefix=DEFAULT_PREFIX)
+        self.groups = {}
+        for ctrl in [rc.root_group()] + rc.list_ctrl_groups():
+            for name in sorted(os.listdir(os.path.join(ctrl.path, "mon_groups"))):
+                if rc.owns(name):
+                    self.groups[name] = MonGroup(rc, name, os.path.join(ctrl.path, "mon_groups", name), ctrl)
+        recording = _RecordingReader(events=(MBM_TOTAL,))
+        self.last = BandwidthSampler(_NoCreationTimes(), recording).sample(rc, 1, self.groups)
+        self.files = list(recording.read_paths)
+        self.sampler = BandwidthSampler(_NoCreationTimes())  # as noded's: the plain reader
+        self.sampler.sample(rc, 1, self.groups)  # the first sample makes the meters: steady state after
+
+    def sample_cpu_s(self) -> float:
         c0 = time.thread_time()
-        sample = sampler.sample(rc, 1, groups)
-        times.append(time.thread_time() - c0)
-    read = [f"{path}/mon_data/mon_L3_{d:02d}/mbm_total_bytes" for path in
-            [g.path for g in groups.values()] + [rc.root] + [c.path for c in rc.list_ctrl_groups()]
-            for d in sample.domains]
-    return statistics.median(times), read, sample
+        self.last = self.sampler.sample(self.rc, 1, self.groups)
+        return time.thread_time() - c0
 
 
 class Window:
@@ -267,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(f"all {args.jobs} jobs running", lambda: jobs_running(env["NODED_SIM_CGROUP"]) == args.jobs, 120)
         with Window(node.pid, {}) as alone:
             time.sleep(args.node_seconds)  # the measured window
-        daemon = bare = None
+        daemon = bare = mirror = None
         try:
             daemon = DaemonProcess(env, os.path.join(workdir, "noded.log"))
             text = daemon.wait_until(
@@ -283,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
             after = daemon.scrape()
             children = tree_cpu_seconds(daemon.pid)
             children.pop(daemon.pid)
+            # noded's resctrl sampler as on a host: the same code over a tmpfs copy of the
+            # mount, sampled once a tick through window 3 (so with its caches as cold as
+            # noded's, garbage collection on), its reads' cost then swapped for kernfs's
+            mirror = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None,
+                                      prefix="noded-bench-mirror-")
+            mirror_resctrl(env["NODED_SIM_RESCTRL"], mirror)
+            on_mirror = MirrorSampler(mirror, read_capabilities(env["NODED_SIM_RESCTRL"], mba_mbps=False))
+            mirror_cpu: list[float] = []
             # window 3: the baseline, beside noded
             bare = subprocess.Popen([sys.executable, "-m", "bench.bare_tick", "--resctrl", env["NODED_SIM_RESCTRL"],
                                      "--cgroup", env["NODED_SIM_CGROUP"], "--tick", str(args.tick)], cwd=REPO,
@@ -293,7 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             ready = bare_out.wait_for(lambda s: s.startswith("ready"), "the baseline's ready line", 60)
             before_b = daemon.scrape()
             with Window(node.pid, {"noded": daemon.pid, "bare": bare.pid}) as win_b:
-                time.sleep(args.seconds)  # the measured window
+                ends = time.monotonic() + args.seconds
+                while time.monotonic() < ends:
+                    mirror_cpu.append(on_mirror.sample_cpu_s())
+                    time.sleep(min(args.tick, max(0.0, ends - time.monotonic())))  # the window's pace
             after_b = daemon.scrape()
             bare.stdin.close()
             done = bare_out.wait_for(lambda s: s.startswith("done"), "the baseline's done line", 30)
@@ -305,15 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             files = mbm_files(env["NODED_SIM_RESCTRL"])
             cg = sorted(glob.glob(os.path.join(env["NODED_SIM_CGROUP"], "*", "cpuset.*")))
             kernfs_s = read_like_noded([cg[i % len(cg)] for i in range(len(files))])
-            # noded's resctrl sampler as on a host: the same code over a tmpfs copy of the mount
-            # (its reads then swapped for kernfs's), against what it took in noded's window
-            caps = read_capabilities(env["NODED_SIM_RESCTRL"], mba_mbps=False)
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            with tempfile.TemporaryDirectory(dir=shm, prefix="noded-bench-mirror-") as mirror:
-                mirror_resctrl(env["NODED_SIM_RESCTRL"], mirror)
-                tmpfs_sampler_s, mirror_files, _ = sampler_cpu_on(mirror, caps)
-                tmpfs_reads_s = read_like_noded(mirror_files)
-            kernfs_mirror_s = read_like_noded([cg[i % len(cg)] for i in range(len(mirror_files))])
+            # the mirror sampler's own reads, and as many on kernfs, the same way
+            tmpfs_reads_s = read_like_noded(on_mirror.files)
+            kernfs_mirror_s = read_like_noded([cg[i % len(cg)] for i in range(len(on_mirror.files))])
             # what a scrape costs noded (its ticks meanwhile subtracted at their measured cost)
             ticks = metric(after, "noded_ticks_total") - metric(before, "noded_ticks_total")
             per_tick = win.result()["cpu_s"]["noded"] / ticks
@@ -322,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                 daemon.scrape()
             scrape_s = (cpu_seconds(daemon.pid) - c0 - per_tick * (time.monotonic() - t0) / args.tick) / SCRAPES
         finally:
+            if mirror is not None:
+                shutil.rmtree(mirror, ignore_errors=True)
             if bare is not None:
                 stop(bare, 30)
             if daemon is not None:
@@ -347,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
             s: (metric(after, "noded_sampler_cpu_seconds_total", f'sampler="{s}"')
                 - metric(before, "noded_sampler_cpu_seconds_total", f'sampler="{s}"')) / ticks * 1e3
             for s in ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")},
-        "resctrl_sampler_on_tmpfs": {"files": len(mirror_files), "sampler_cpu_s": tmpfs_sampler_s,
+        "resctrl_sampler_on_tmpfs": {"files": len(on_mirror.files), "samples": len(mirror_cpu),
+                                     "sampler_cpu_s": statistics.mean(mirror_cpu),
+                                     "sampler_cpu_s_range": [min(mirror_cpu), max(mirror_cpu)],
                                      "tmpfs_reads_cpu_s": tmpfs_reads_s, "kernfs_reads_cpu_s": kernfs_mirror_s},
         "noded_wall_ms_per_tick": {"stages": stages, "samplers": samplers},
         "noded_overruns": metric(after, "noded_tick_overruns_total") - metric(before, "noded_tick_overruns_total"),
@@ -434,8 +462,9 @@ def print_table(r: dict) -> None:
     print("  noded's CPU by sampler, ms per tick (noded_sampler_cpu_seconds_total over its window): "
           + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
     m, e = r["resctrl_sampler_on_tmpfs"], r["host_estimate_by_sampler_ms_per_tick"]
-    print(f"  noded's resctrl sampler (its BandwidthSampler, in this process) over a tmpfs copy of the mount: "
-          f"{m['sampler_cpu_s'] * 1e3:.2f} ms, of which its {m['files']} reads {m['tmpfs_reads_cpu_s'] * 1e3:.2f}; "
+    print(f"  noded's resctrl sampler (its BandwidthSampler, in this process) over a tmpfs copy of the mount, once "
+          f"a tick beside the baseline: {m['sampler_cpu_s'] * 1e3:.2f} ms (mean of {m['samples']}), of which its "
+          f"{m['files']} reads {m['tmpfs_reads_cpu_s'] * 1e3:.2f}; "
           f"as many on kernfs {m['kernfs_reads_cpu_s'] * 1e3:.2f}: {e['resctrl_sampler_on_host']:.2f} ms on a host")
     host_s = e["noded"]
     print(f"  estimate by the sampler: noded {noded_ms:.1f} - {e['resctrl_sampler_through_fuse']:.1f} (its resctrl "

@@ -182,8 +182,8 @@ class NodedCollector:
                          "stage", STAGES, totals.tick_durations)
         yield _histogram("noded_sampler_duration_seconds", "Time each sampler took per tick", "sampler", SAMPLERS,
                          totals.sampler_durations)
-        cpu = CounterMetricFamily("noded_sampler_cpu_seconds", "CPU time each sampler took (the tick's thread's, "
-                                  "and NVML's worker thread's for nvml), in all: where noded's own CPU goes",
+        cpu = CounterMetricFamily("noded_sampler_cpu_seconds", "CPU time each sampler took, in all (the tick's "
+                                  "thread's; nvml's in its worker thread); all of noded's: process_cpu_seconds_total",
                                   labels=["sampler"])
         for name, seconds in sorted(_with_zeros(SAMPLERS, totals.sampler_cpu).items()):
             cpu.add_metric([name], seconds)

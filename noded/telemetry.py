@@ -88,10 +88,9 @@ class Telemetry:
         cpus = run("cpus", lambda: self.cpus.sample(jobs)) if self.cpus is not None and jobs is not None else None
         nvml = None
         if self.nvml is not None:
-            worker_before = self.nvml.worker_cpu_s
             nvml = run("nvml", lambda: self.nvml.sample(now))
             # its calls ran in NVML's worker thread: their CPU is that thread's
-            statuses[-1] = replace(statuses[-1], cpu_s=statuses[-1].cpu_s + self.nvml.worker_cpu_s - worker_before)
+            statuses[-1] = replace(statuses[-1], cpu_s=statuses[-1].cpu_s + self.nvml.take_worker_cpu_s())
         bandwidth = None
         if rc is not None and rc.caps.mon is not None:
             groups = report.groups if report is not None else self.monitor.groups()

@@ -266,10 +266,12 @@ def test_a_deadline_worker_makes_one_call_at_a_time_and_hands_back_its_error():
     worker.stop()
 
 
-def test_a_deadline_worker_counts_the_cpu_its_calls_took_in_its_own_thread():
+def test_a_deadline_worker_counts_the_cpu_its_calls_take_in_its_own_thread_in_flight_too():
+    import threading
     import time
 
-    from noded.samplers.deadline import DeadlineWorker
+    from conftest import wait_for
+    from noded.samplers.deadline import DeadlineWorker, StillRunning
 
     def spin(seconds):
         until = time.thread_time() + seconds
@@ -277,16 +279,22 @@ def test_a_deadline_worker_counts_the_cpu_its_calls_took_in_its_own_thread():
             pass
         return threading.get_ident()
 
-    import threading
-
     worker = DeadlineWorker("test-cpu")
     caller_before = time.thread_time()
     ident = worker.call(lambda: spin(0.05), 10.0)
     caller_took = time.thread_time() - caller_before
-    worker.stop()
     assert ident != threading.get_ident()  # it ran elsewhere...
-    assert worker.cpu_s >= 0.05  # ...and its CPU is counted as the worker's
+    assert worker.cpu_s() >= 0.05  # ...and its CPU is counted as the worker's
     assert caller_took < 0.05  # waiting took the caller (next to) none
+    # a call past its deadline (a driver spinning) is counted while it runs, not only after
+    done_before = worker.cpu_s()
+    with pytest.raises(StillRunning):
+        worker.call(lambda: spin(0.6), 0.01)
+    wait_for(lambda: worker.cpu_s() - done_before >= 0.1, timeout=10, what="the call in flight's CPU counted")
+    in_flight = worker.cpu_s()
+    wait_for(lambda: _returns(worker), timeout=10, what="the spinning call to return")
+    assert worker.cpu_s() >= max(in_flight, done_before + 0.6)  # never counted back
+    worker.stop()
 
 
 def _returns(worker) -> bool:

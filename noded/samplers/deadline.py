@@ -26,13 +26,12 @@ class StillRunning(Exception):
 
 
 class DeadlineWorker:
-    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic,
-                 cpu_clock: Callable[[], float] = time.thread_time):
+    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.clock = clock
-        self.cpu_clock = cpu_clock  # the worker thread's CPU time, read in that thread
-        #: CPU seconds the calls that returned took in the worker thread, in all
-        self.cpu_s = 0.0
+        self._cpu_done = 0.0  # CPU seconds the calls that returned took in the worker thread
+        self._cpu_clock: int | None = None  # the worker thread's CPU clock, once it runs
+        self._call_cpu0: float | None = None  # that clock when the call in flight began
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._work: tuple[Callable[[], Any], dict, threading.Event] | None = None
@@ -63,7 +62,17 @@ class DeadlineWorker:
             raise box["error"]
         return box["value"]
 
+    def cpu_s(self) -> float:
+        """CPU seconds the calls have taken in the worker thread so far, a call still in
+        flight included (a hung driver that spins shows here, not only once it returns)."""
+        with self._lock:
+            total = self._cpu_done
+            if self._call_cpu0 is not None:  # the worker is inside a call: alive, its clock valid
+                total += time.clock_gettime(self._cpu_clock) - self._call_cpu0
+            return total
+
     def _run(self) -> None:
+        self._cpu_clock = time.pthread_getcpuclockid(threading.get_ident())
         while True:
             with self._lock:
                 while self._work is None and not self._stopping:
@@ -72,14 +81,16 @@ class DeadlineWorker:
                     return
                 fn, box, done = self._work
                 self._work = None
-            c0 = self.cpu_clock()
+                self._call_cpu0 = time.clock_gettime(self._cpu_clock)
             try:
                 box["value"] = fn()
             except BaseException as e:  # handed to the caller, whatever it is
                 box["error"] = e
             with self._lock:
                 self._since = None
-                self.cpu_s += self.cpu_clock() - c0  # before done: the caller reads it after the call
+                # counted before done is set: the caller reads it once the call returned
+                self._cpu_done += time.clock_gettime(self._cpu_clock) - self._call_cpu0
+                self._call_cpu0 = None
             done.set()
 
     def stop(self) -> None:

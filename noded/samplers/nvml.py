@@ -101,6 +101,7 @@ class NvmlSampler:
         # None: NVML is called in the caller's thread; else in a worker's, waited for this long
         self.deadline_s = deadline_s
         self._worker = DeadlineWorker("noded-nvml") if deadline_s is not None else None
+        self._worker_cpu_taken = 0.0
         self.wall_clock = wall_clock  # NVML stamps its samples in wall-clock microseconds
         self.hold_s = hold_s
         self._seen_gpus = False  # NVML has shown GPUs here: not answering is then not "no GPUs"
@@ -144,11 +145,16 @@ class NvmlSampler:
             self._driver = None
         return True
 
-    @property
-    def worker_cpu_s(self) -> float:
-        """CPU seconds NVML's calls took in the worker thread so far (0 without one: the
-        calls then run in the caller's thread)."""
-        return self._worker.cpu_s if self._worker is not None else 0.0
+    def take_worker_cpu_s(self) -> float:
+        """CPU seconds NVML's calls took in the worker thread since the last take, a call in
+        flight so far included: each second is counted once, in the tick that takes it, also
+        for a call that outlived its deadline (0 without a worker: the calls then run in the
+        caller's thread)."""
+        if self._worker is None:
+            return 0.0
+        total = self._worker.cpu_s()
+        taken, self._worker_cpu_taken = total - self._worker_cpu_taken, total
+        return max(0.0, taken)
 
     def sample(self, now: float) -> NvmlSample:
         if self._worker is None or self.deadline_s is None:
