@@ -138,13 +138,34 @@ class MbmReader:
     tick keeps the descriptors. A group or domain that went away makes its read
     fail; the descriptor is closed and the domain left out of that sample. Call
     ``forget`` when a group is removed and ``close`` at the end.
+
+    ``keep_open=False`` reads each file with open, pread, close at once, for a
+    reader that reads each file once and must hold nothing open afterwards.
     """
 
-    def __init__(self, events: tuple[str, ...] = (MBM_TOTAL, MBM_LOCAL)):
+    def __init__(self, events: tuple[str, ...] = (MBM_TOTAL, MBM_LOCAL), *, keep_open: bool = True):
         self.events = events
+        self.keep_open = keep_open
         self._fds: dict[str, int] = {}
 
+    def _read_once(self, path: str) -> bytes | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return os.pread(fd, 64, 0)
+        except OSError:
+            return None  # ENODEV/ENOENT: the group or domain was removed after the open
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # e.g. ENOTCONN from a filesystem that went away: the fd is released anyway
+
     def _read_file(self, path: str) -> bytes | None:
+        if not self.keep_open:
+            return self._read_once(path)
         fd = self._fds.get(path)
         if fd is None:
             try:
@@ -181,7 +202,9 @@ class MbmReader:
                 if raw is None:
                     self._forget_prefix(base)
                     break
-                readings[event] = parse_counter(raw.decode())
+                word = raw.strip()
+                # a value, nearly always: digits (bytes.isdigit is ASCII only); else the kernel's word
+                readings[event] = CounterReading(int(word)) if word.isdigit() else parse_counter(raw.decode())
             else:
                 sample[domain] = readings
         return sample

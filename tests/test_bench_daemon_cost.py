@@ -1,12 +1,19 @@
 """bench.daemon_cost's host estimate: noded's resctrl sampler over a tmpfs copy of the mount
-reads what it reads on the mount (the goal's verdict rests on it)."""
+reads what it reads on the mount (the goal's verdict rests on it); bench.host_costs, the
+terms only a real host can measure."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bench.bare_tick import mbm_files
 from bench.daemon_cost import MirrorSampler, mirror_resctrl
+from bench.simnode import REPO
+from noded.sim.nvml_lib import library_dir
+from noded.sim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
 from resctrl.mbm import parse_counter
 
 pytestmark = pytest.mark.fuse
@@ -45,25 +52,52 @@ def test_the_mirror_holds_the_mounts_counters_and_the_sampler_reads_noded_groups
     assert all(f.startswith(mirror + "/") for f in read)  # the copy's, never the mount's
 
 
-def test_host_counter_reads_times_every_counter_against_kernfs_files(emulator, open_resctrl, tmp_path, capsys):
-    from bench import host_counter_reads
+def host_costs(tmp_path, *args, gpus=None):
+    """bench.host_costs in a fresh process: with the stand-in NVML publishing ``gpus`` (a
+    NodeState), or with no NVML library to be found."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", ENV)}
+    node = None
+    if gpus is not None:
+        node = SharedGpus(str(tmp_path / "nvml.shm"))
+        node.publish(gpus)
+        env.update({"LD_LIBRARY_PATH": library_dir("current"), ENV: node.path})
+    try:
+        return subprocess.run([sys.executable, "-m", "bench.host_costs", "--passes", "2", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        if node is not None:
+            node.close()
 
+
+def test_host_costs_times_counters_against_kernfs_files_and_nvml_against_the_stand_in(emulator, open_resctrl,
+                                                                                      tmp_path):
     emu = emulator("intel")
     open_resctrl(emu).root_group().create_mon_group("noded-job-a")
-    out = tmp_path / "reads.json"
-    assert host_counter_reads.main(["--resctrl", emu.root, "--passes", "2", "--json", str(out),
-                                    "--kernfs", str(tmp_path / "nothing-*"), "--kernfs", "/proc/self/stat"]) == 0
-    import json
-
+    out, dc = tmp_path / "costs.json", tmp_path / "daemon_cost.json"
+    dc.write_text(json.dumps({"gpus": 8, "baseline_parts_cpu_s_per_tick": {"nvml": 0.0004}}))
+    gpus = NodeState([GpuState(f"GPU-5e3a000{i}-6f1c-4b2e-9d7a-c0ffee00000{i}", processes=[(4242, 1 << 30)])
+                      for i in range(2)])
+    done = host_costs(tmp_path, "--resctrl", emu.root, "--json", str(out), "--daemon-cost", str(dc),
+                      "--kernfs", str(tmp_path / "nothing-*"), "--kernfs", "/proc/self/stat", gpus=gpus)
+    assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
-    assert result["files"] == len(mbm_files(emu.root)) == 2 * len(os.listdir(os.path.join(emu.root, "mon_data")))
-    assert result["kernfs_example"] == "/proc/self/stat"  # the first pattern that matched
-    assert all(v > 0 for v in result["per_read_us"].values())
-    assert "ms of its CPU" in capsys.readouterr().out
+    counters, nvml = result["counters"], result["nvml"]
+    assert counters["files"] == len(mbm_files(emu.root)) == 2 * len(os.listdir(os.path.join(emu.root, "mon_data")))
+    assert counters["kernfs_example"] == "/proc/self/stat"  # the first pattern that matched
+    assert all(v > 0 for v in counters["per_read_us"].values())
+    assert nvml["gpus"] == 2 and nvml["cpu_ms_per_gpu_tick"] > 0 and nvml["stand_in_cpu_ms_per_gpu_tick"] == 0.05
+    assert result["skipped"] == []
+    expected = counters["noded_extra_cpu_ms_per_tick"] + (nvml["cpu_ms_per_gpu_tick"] - 0.05) * 2
+    assert result["add_to_estimate_ms_per_tick"] == pytest.approx(expected)
+    assert "add to bench.daemon_cost's host estimate" in done.stdout
 
 
-def test_host_counter_reads_says_what_is_missing_without_monitoring(tmp_path):
-    from bench import host_counter_reads
-
-    with pytest.raises(SystemExit, match=f"{tmp_path} has no mon_data: no resctrl with memory-bandwidth monitoring"):
-        host_counter_reads.main(["--resctrl", str(tmp_path)])
+def test_host_costs_skips_what_is_missing_and_fails_with_nothing_to_measure(emulator, tmp_path):
+    emu = emulator("intel")
+    done = host_costs(tmp_path, "--resctrl", emu.root, "--json", str(tmp_path / "a.json"),
+                      "--kernfs", "/proc/self/stat")
+    assert done.returncode == 0, done.stderr
+    assert "NVML: skipped: NVML unavailable (LibraryNotFound)" in done.stdout
+    done = host_costs(tmp_path, "--resctrl", str(tmp_path), "--json", str(tmp_path / "b.json"))
+    assert done.returncode != 0 and not (tmp_path / "b.json").exists()
+    assert f"nothing to measure here: {tmp_path} has no mon_data" in done.stderr and "LibraryNotFound" in done.stderr

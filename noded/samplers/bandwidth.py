@@ -71,7 +71,8 @@ class BandwidthSampler:
                  clock: Callable[[], float] = time.monotonic):
         self.clock = clock  # rates are taken at the time of reading, not the tick's start
         self.monitor = monitor
-        self.reader = reader or MbmReader(events=(MBM_TOTAL,))
+        # each counter is read once a sample: opened, read and closed at once
+        self.reader = reader or MbmReader(events=(MBM_TOTAL,), keep_open=False)
         self._meters: dict[str, BandwidthMeter] = {}
         self._ctrl_paths: set[str] = set()
         self._last_read: float | None = None
