@@ -71,6 +71,36 @@ class MpsError(RuntimeError):
     pass
 
 
+class NvmlTimeout(MpsError):
+    """NVML did not answer within a deadline (a hung driver); the call is left to it."""
+
+
+def call_within(deadline_s: float, what: str, fn: Callable[[threading.Event], Any]) -> Any:
+    """``fn(cancelled)``'s value (or its exception), made in a thread of its own and waited
+    for at most ``deadline_s``: a driver that hangs must not hold whoever waits (a start, a
+    stop). Past the deadline ``cancelled`` is set, so ``fn`` changes nothing more once its
+    call returns, and NvmlTimeout says ``what`` was not done; the thread, a daemon one, is
+    left to the driver."""
+    box: dict[str, Any] = {}
+    cancelled = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn(cancelled)
+        except BaseException as e:  # handed to the caller, whatever it is
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="nvml-call", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if worker.is_alive():
+        cancelled.set()
+        raise NvmlTimeout(f"NVML did not answer within {deadline_s:g} s {what}")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 class MpsUnreachable(MpsError):
     """The client exited 1: no control daemon answered."""
 
@@ -113,7 +143,11 @@ class ComputeModes:
     def set_exclusive(self) -> None:
         import pynvml
 
-        with self._lock:
+        # Not waiting for the lock: it is held only by a call into NVML, and one that has
+        # not returned (a hung driver) must not gather a thread per retried start behind it.
+        if not self._lock.acquire(blocking=False):
+            raise MpsError("an earlier call into NVML for the compute modes has not returned (a hung driver?)")
+        try:
             if self._final:
                 raise MpsStopping("compute modes already restored for good")
             try:
@@ -133,6 +167,8 @@ class ComputeModes:
             except pynvml.NVMLError as e:
                 self._restore_locked()
                 raise MpsError(f"setting EXCLUSIVE_PROCESS compute mode failed: {e}") from None
+        finally:
+            self._lock.release()
 
     def restore(self, *, final: bool = False) -> None:
         with self._lock:
@@ -173,9 +209,11 @@ class ComputeModes:
             log.warning("compute mode of %s restored, but its record could not be removed: %s", uuid, e)
 
     @staticmethod
-    def restore_recorded(originals: Recorder) -> list[str]:
+    def restore_recorded(originals: Recorder, cancelled: threading.Event | None = None) -> list[str]:
         """At start: put back every compute mode a crashed run recorded; returns what was
-        restored. Records stay where NVML cannot be reached (tried again next start)."""
+        restored. Records stay where NVML cannot be reached (tried again next start), and
+        once ``cancelled`` is set (the caller stopped waiting): nothing more is changed or
+        forgotten then."""
         import pynvml
 
         recorded = [(k.removeprefix(COMPUTE_MODE), v) for k, v in originals.items() if k.startswith(COMPUTE_MODE)]
@@ -190,11 +228,15 @@ class ComputeModes:
             return done
         try:
             for uuid, mode in recorded:
+                if cancelled is not None and cancelled.is_set():
+                    break
                 try:
                     pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
                 except pynvml.NVMLError as e:
                     log.error("restoring the compute mode of %s failed: %s", uuid, e)
                     continue
+                if cancelled is not None and cancelled.is_set():
+                    break  # put back, but nobody waits: the record stays (the next start puts it back again)
                 originals.forget(compute_mode_key(uuid))
                 done.append(f"{uuid} compute mode <- {mode}")
         finally:
@@ -249,8 +291,9 @@ class MpsControl:
                  compute_modes: ComputeModes | None = None, defaults: MpsDefaults | None = None,
                  command_timeout: float = 5.0, ready_timeout: float = 10.0, quit_timeout: float = 0.3,
                  kill_timeout: float = 0.5, extra_env: dict[str, str] | None = None,
-                 clock: Callable[[], float] = time.monotonic, proc: str = "/proc"):
+                 clock: Callable[[], float] = time.monotonic, proc: str = "/proc", nvml_timeout: float = 20.0):
         self.control = control
+        self.nvml_timeout = nvml_timeout  # NVML's calls at start (the compute modes): a hung driver fails the start
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.gpus = gpus
@@ -417,7 +460,8 @@ class MpsControl:
             os.makedirs(self.pipe_dir, mode=0o755, exist_ok=True)
             os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
             if self.compute_modes is not None:
-                self.compute_modes.set_exclusive()
+                call_within(self.nvml_timeout, "setting the GPUs' compute modes to EXCLUSIVE_PROCESS",
+                            lambda _cancelled: self.compute_modes.set_exclusive())
             deadline = self.clock() + self.ready_timeout
             try:
                 rc, _, err = self._run([self.control, "-d"], "", self.ready_timeout)
@@ -576,11 +620,10 @@ class MpsControl:
             # NVML is the driver's: a hung driver must not hold the service's stop (its
             # unit kills it at 15 s, and every other release waits behind this). The
             # modes' records stay where they were not put back: the next start does it.
-            restoring = threading.Thread(target=self.compute_modes.restore, kwargs={"final": final},
-                                         name="mps-compute-modes", daemon=True)
-            restoring.start()
-            restoring.join(COMPUTE_MODES_DEADLINE_S)
-            if restoring.is_alive():
-                log.error("NVML did not answer within %.1f s while putting back the GPUs' compute modes %s: "
-                          "left as they are, their records kept for the next start to restore",
-                          COMPUTE_MODES_DEADLINE_S, sorted(self.compute_modes.uuids))
+            # (A restore that returns late still puts them back and forgets their records.)
+            try:
+                call_within(COMPUTE_MODES_DEADLINE_S, "while putting back the GPUs' compute modes",
+                            lambda _cancelled: self.compute_modes.restore(final=final))
+            except NvmlTimeout as e:
+                log.error("%s %s: left as they are, their records kept for the next start to restore", e,
+                          sorted(self.compute_modes.uuids))

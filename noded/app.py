@@ -12,7 +12,7 @@ from typing import Callable
 
 from resctrl import Resctrl
 
-from mps.manager import COMPUTE_MODE, ComputeModes
+from mps.manager import COMPUTE_MODE, ComputeModes, NvmlTimeout, call_within
 
 from .actuators.cores import CoreHalving
 from .actuators.mba import MbaThrottle
@@ -82,7 +82,12 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
             notes.append(f"could not restore {len(not_put_back)} soft memory limits changed before a crash (kept "
                          f"recorded, tried again at stop): {'; '.join(not_put_back)}")
         if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
-            restored += ComputeModes.restore_recorded(originals)
+            try:  # a driver that hangs must not hold the start
+                restored += call_within(config.colocation.mps.nvml_timeout_s,
+                                        "putting back the compute modes an earlier run recorded",
+                                        lambda cancelled: ComputeModes.restore_recorded(originals, cancelled))
+            except NvmlTimeout as e:
+                notes.append(f"{e}: their records are kept, for the stop or the next start to put them back")
         if restored:
             notes.append(f"restored {len(restored)} values changed before a crash: {'; '.join(restored)}")
         if rc is not None:

@@ -137,6 +137,9 @@ class MpsConfig:
     exclusive_process: bool = True
     #: the MPS daemon serves several users at once (else one user's jobs per GPU)
     multi_user: bool = False
+    #: how long a start waits on NVML for co-location (listing the GPUs, their compute
+    #: modes): a driver hung longer fails co-location's start instead of holding noded's
+    nvml_timeout_s: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,7 @@ _RULES: dict[str, Check] = {
     "colocation.threshold_c": _between(0, 1000, above=True),
     "colocation.max_jobs_per_gpu": _between(1, 48, " (MPS's client limit)"),
     "colocation.mps.gpus": _must(lambda v: len(set(v)) == len(v), "distinct UUIDs (one is listed twice)"),
+    "colocation.mps.nvml_timeout_s": _between(0, 300, " seconds", above=True),
     "jobs.rmid_retry_s": _between(0, 3600, " seconds", above=True),
     "jobs.sources.kind": _must(lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
     "resctrl.prefix": prefix_problem,

@@ -175,3 +175,29 @@ def test_the_product_mps_package_loads_no_simulation_code():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'noded'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_call_within_hands_back_the_value_or_error_and_gives_up_on_a_hang_cancelling_it():
+    import threading
+    import time
+
+    from mps.manager import NvmlTimeout, call_within
+
+    assert call_within(5, "answering", lambda cancelled: 42) == 42
+    with pytest.raises(ZeroDivisionError):
+        call_within(5, "dividing", lambda cancelled: 1 / 0)
+    release, seen = threading.Event(), []
+
+    def hung(cancelled):
+        release.wait(10)
+        seen.append(cancelled.is_set())  # what a late return sees: told nobody waits any more
+
+    started = time.monotonic()
+    with pytest.raises(NvmlTimeout, match="NVML did not answer within 0.1 s putting the modes back"):
+        call_within(0.1, "putting the modes back", hung)
+    assert time.monotonic() - started < 5
+    release.set()
+    from conftest import wait_for
+
+    wait_for(lambda: seen, timeout=5, what="the hung call to return")
+    assert seen == [True]

@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from mps.manager import ComputeModes, MpsControl, MpsDefaults, Recorder, max_clients_per_device
+from mps.manager import (ComputeModes, MpsControl, MpsDefaults, MpsError, Recorder, call_within,
+                         max_clients_per_device)
 from mps.supervisor import MpsSupervisor
 
 from ..config import Config
@@ -74,7 +75,14 @@ def build_colocation(config: Config, clock: Callable[[], float], originals: Reco
     """The co-location service, started (MPS starts in its supervisor's thread)."""
     cc = config.colocation
     profiles = load_profiles(cc.profiles) if cc.profiles else {}
-    gpus = served_gpus(list(cc.mps.gpus))
+    import pynvml
+
+    try:
+        # a driver that hangs must not hold noded's start (the unit's start timeout is 60 s)
+        gpus = call_within(cc.mps.nvml_timeout_s, "listing the GPUs MPS would serve",
+                           lambda _cancelled: served_gpus(list(cc.mps.gpus)))
+    except pynvml.NVMLError as e:
+        raise MpsError(f"co-location needs NVML to list the GPUs MPS would serve: {e}") from None
     max_jobs = cc.max_jobs_per_gpu
     limit = min((max_clients_per_device(g.compute_major) for g in gpus), default=max_jobs)
     if max_jobs > limit:
@@ -88,7 +96,8 @@ def build_colocation(config: Config, clock: Callable[[], float], originals: Reco
     # MPS's deadlines run on the monotonic clock whatever ``clock`` is: a process that
     # hangs is waited for in real seconds.
     control = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=uuids or None,
-                         compute_modes=modes, defaults=mps_defaults(gpus, max_jobs))
+                         compute_modes=modes, defaults=mps_defaults(gpus, max_jobs),
+                         nvml_timeout=cc.mps.nvml_timeout_s)
     service = Colocation(ColocationRule(cc.threshold_c, max_jobs, multi_user=cc.mps.multi_user), profiles,
                          mps=MpsSupervisor(control), clock=clock, outcomes=Outcomes(config.state_dir))
     try:

@@ -19,6 +19,7 @@ from system_support import (CPUSET, REPO, compute_modes, inject, running_daemon,
                             slow_ms, start_daemon, value)
 
 from conftest import wait_for
+from mps_support import processes_serving
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 
@@ -101,6 +102,41 @@ def test_a_driver_older_than_pynvml_leaves_the_jobs_unknown_and_nothing_throttle
         holds_off(url, r"^noded_inputs_missing [1-9]", n=10)
 
 
+def daemon_config(env: dict[str, str], tmp_path, *, colocation: bool) -> str:
+    """The node's daemon config with co-location on or off and NVML's start timeout 1 s."""
+    with open(env["NODED_SIM_CONFIG"]) as f:
+        config = yaml.safe_load(f)
+    co = config.get("colocation") or {}
+    config["colocation"] = {**co, "enabled": colocation, "mps": {**(co.get("mps") or {}), "nvml_timeout_s": 1,
+                                                                 "pipe_dir": str(tmp_path / "mps-pipe")}}
+    path = tmp_path / f"daemon-{'co' if colocation else 'plain'}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_a_driver_hung_at_start_fails_colocation_within_its_timeout_leaving_nothing(tmp_path):
+    # co-location lists the GPUs MPS will serve through NVML at start: a driver that hangs
+    # there fails the start with a message after colocation.mps.nvml_timeout_s (here 1 s),
+    # instead of holding it until the unit's start timeout; nothing is left running
+    scenario, base = inputs(tmp_path)
+    with running_node(tmp_path, scenario, base) as env:
+        inject(env, {"nvml_call": {"call": "compute_capability", "slow_ms": 30000}})
+        wait_for(lambda: slow_ms(env, "compute_capability") == 30000, timeout=10, interval=0.05,
+                 what="the hung call in force")
+        started = time.monotonic()
+        nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
+        done = subprocess.run([sys.executable, "-m", "noded", "run", "--config",
+                               daemon_config(env, tmp_path, colocation=True)], env={**os.environ, **nvml}, cwd="/",
+                              capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - started
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "NVML did not answer within 1 s listing the GPUs MPS would serve" in done.stderr
+        assert took < 25, f"the start took {took:.1f} s with the driver hung 30 s"  # 25: a loaded machine
+        assert compute_modes(env) == [0, 0]  # nothing changed
+        assert processes_serving(str(tmp_path / "mps-pipe")) == []  # no MPS daemon started, none left
+        inject(env, {"nvml_call": {"call": "compute_capability", "slow_ms": None}})
+
+
 def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_stop(tmp_path):
     # MPS needs EXCLUSIVE_PROCESS; at stop noded puts each GPU's mode back through NVML. A
     # driver that hangs there must not hold SIGTERM (the unit kills at 15 s, the promise
@@ -131,6 +167,21 @@ def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_st
         # (the 2 s figure of an unloaded one is bench.shutdown's)
         assert took < 5.0, f"SIGTERM took {took:.1f} s with the driver hung: {err[-2000:]}"
         assert "NVML did not answer" in err and all(compute_modes(env))  # left, not forgotten
+        # still hung, a start puts the recorded modes back first: it gives up after the
+        # configured second and starts (the records kept), it does not wait for the driver
+        started = time.monotonic()
+        daemon, url = start_daemon({**env, "NODED_SIM_CONFIG": daemon_config(env, tmp_path, colocation=False)})
+        try:
+            assert time.monotonic() - started < 30  # the hang is 20 s: not waited for (30: a loaded machine)
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=15) == 0
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+        err = daemon.stderr.read()
+        assert "NVML did not answer within 1 s putting back the compute modes an earlier run recorded" in err, err
+        assert all(compute_modes(env))  # still theirs to put back
         inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": None}})  # the driver answers again
         wait_for(lambda: slow_ms(env, "set_compute_mode") == 0, timeout=10, interval=0.05, what="the driver back")
         with running_daemon(env):
