@@ -2,7 +2,7 @@
 
 A result in RESULTS.md is a marker line naming the command, then a fenced block:
 
-    <!-- output of: python -m bench.tick_cost -->
+    <!-- output of: python -m bench.daemon_cost -->
     ```
     ...what the command printed...
     ```

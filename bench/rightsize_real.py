@@ -54,7 +54,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from bench.scenario.cpuset_node import Cpusets, find_cpuset_root
-from bench.scenario.noded_run import NodedRun
+from bench.scenario.noded_run import NodedInProcess
 from bench.scenario.procs import ReportingProcess
 from bench.victims import VICTIMS
 from noded.admin.server import AdminServer
@@ -195,7 +195,7 @@ class SizingTrace:
             self.done.set()
 
 
-class SizingRun(NodedRun):
+class SizingRun(NodedInProcess):
     """noded as ``noded run`` builds it, its report socket served as ``noded run`` serves it,
     each tick's right-sizing of one job traced."""
 

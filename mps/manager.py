@@ -113,17 +113,6 @@ class MpsStopping(MpsError):
     """Refused: this control is being stopped, and starts nothing more."""
 
 
-def all_gpu_uuids() -> list[str]:
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        return [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-                for i in range(pynvml.nvmlDeviceGetCount())]
-    finally:
-        pynvml.nvmlShutdown()
-
-
 class ComputeModes:
     """EXCLUSIVE_PROCESS on the GPUs MPS serves, and back, through NVML.
 

@@ -52,6 +52,7 @@ def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing
         assert [(c["share"], c["noded"]) for c in cells] == [(None, False), (1.0, False), (1.0, True)]
         assert cells[0]["victim_normalised"] == 1.0 and all(c["victim"] > 0 for c in cells)
         assert cells[2]["throttle"] == ("cores" if node["key"] == "cpusets" else "mba")
+        assert cells[2]["noded_cpu_share"] > 0 and cells[1]["noded_cpu_share"] is None
     assert (out / "contention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "this machine (real cpusets, core halving)" in p.stdout and "simulated node" in p.stdout
     assert "[3/3] sim: stressor 100%, noded on" in p.stderr  # progress, one line per step off a terminal
@@ -71,6 +72,7 @@ def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
         assert [a["kind"] for a in cell["actions"]][:1] == ["throttle"], cell
         assert cell["stressor_cpus_at_end"] == "0"
         assert node.cpusets.cpus("stressor") == "0-1"  # restored when noded stopped
+        assert 0 < cell["noded_cpu_share"] < 1  # the daemon's own, a process of its own
     assert leftovers() == []
 
 
@@ -101,10 +103,11 @@ def test_the_table_normalises_to_the_victim_alone_and_names_noded_actions():
          "actions": [], "throttle": None},
         {"share": 1.0, "noded": True, "victim_normalised": 0.95, "node_gbps": 7.0, "node_share_of_peak": 0.7,
          "actions": [{"t": 2.5, "job": "cgroup:stressor", "kind": "throttle", "from": 0, "to": 1, "reason": "x"}],
-         "throttle": "cores"}]}
+         "throttle": "cores", "noded_cpu_share": 0.012}]}
     text = table(result)
     assert "alone 100; node peak 10.0 GB/s" in text
-    assert "    100%    on        0.95       7.0     70%  halved cores at 2.5s" in text
+    assert "      none   off        1.00       1.0     10%         -  -" in text
+    assert "    100%    on        0.95       7.0     70%      1.2%  halved cores at 2.5s" in text
     assert describe_actions([], "mba") == "none" and describe_actions([], None) == "-"
 
 

@@ -40,10 +40,13 @@ def describe_actions(actions: list[dict], throttle: str | None) -> str:
 def table(result: dict) -> str:
     head = (f"{result['node']}: victim in {result['unit']}, alone {result['victim_solo']:g}; "
             f"node peak {result['peak_gbps']:.1f} GB/s")
-    lines = [head, f"  {'stressor':>8} {'noded':>5} {'victim/solo':>11} {'node GB/s':>9} {'of peak':>7}  noded's actions"]
+    lines = [head, f"  {'stressor':>8} {'noded':>5} {'victim/solo':>11} {'node GB/s':>9} {'of peak':>7} "
+                   f"{'noded CPU':>9}  noded's actions"]
     for c in result["cells"]:
         stressor = "none" if c["share"] is None else f"{c['share']:.0%}"
+        cpu = c.get("noded_cpu_share")
         lines.append(f"  {stressor:>8} {'on' if c['noded'] else 'off':>5} {c['victim_normalised']:>11.2f} "
-                     f"{c['node_gbps']:>9.1f} {c['node_share_of_peak']:>7.0%}  "
-                     f"{describe_actions(c['actions'], c['throttle'])}")
+                     f"{c['node_gbps']:>9.1f} {c['node_share_of_peak']:>7.0%} "
+                     f"{'-' if cpu is None else f'{cpu:.1%}':>9}  {describe_actions(c['actions'], c['throttle'])}")
+    lines.append("  noded CPU: the daemon's own (a process of its own, /proc) over the cell, a share of one core")
     return "\n".join(lines)

@@ -7,8 +7,9 @@ victim for real. What this machine lacks is replaced at the lowest boundary only
 resctrl by the emulator (profile ``no-mba``: MBM counters, no MBA, as on a host
 whose RDT has no allocation), whose counters integrate the bandwidth each process
 reports about itself (no hardware counter exists here to measure it), and NVML by
-the fake, with one GPU whose utilisation follows the victim's measured throughput
-(solo: ``SOLO_UTIL``). noded is built exactly as ``noded run`` builds it.
+the stand-in library, with one GPU whose utilisation follows the victim's measured
+throughput (solo: ``SOLO_UTIL``). noded runs as a host runs it: ``noded run --config``, a
+process of its own (``noded_run.NodedRun``), its CPU measured apart.
 
 On a host with RDT (``resctrl`` given: the host's mount) the emulator is not used:
 MBM counts the processes' traffic itself and noded throttles with MBA where the host
@@ -132,6 +133,7 @@ class CpusetNode:
         self.victim: ReportingProcess | None = None
         self.stressor: ReportingProcess | None = None
         self.solo_rate: float | None = None
+        self.cells = 0  # noded's runs so far (each a process of its own, its files apart)
         self._stop = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name="feed", daemon=True)
 
@@ -142,8 +144,7 @@ class CpusetNode:
             if self.resctrl is None:
                 self.emu = MountedEmulator("no-mba", workdir=self.tmp.name,
                                            extra_args=["--peak-gbps", str(self.peak_gbps)]).start()
-            self.gpus = SimGpus(os.path.join(self.tmp.name, "nvml.shm"), make_gpus(1))
-            self.gpus.install()
+            self.gpus = SimGpus(os.path.join(self.tmp.name, "nvml.shm"), make_gpus(1))  # noded sees it via .env
             self.victim = ReportingProcess("bench.victims", [self.victim_name], cgroup=victim_cg,
                                            cpus=self.victim_cpus)
             if not self.victim.wait_reports(2, timeout=120):
@@ -193,7 +194,12 @@ class CpusetNode:
     def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
         """Victim alone (share None) or beside the stressor at ``share`` of the peak."""
         assert self.victim is not None
-        noded = NodedRun(self.config()).start() if with_noded else None
+        noded = None
+        if with_noded:
+            self.cells += 1
+            workdir = os.path.join(self.tmp.name, f"noded-{self.cells}")
+            os.mkdir(workdir)
+            noded = NodedRun(self.config(), self.gpus.env, workdir).start()
         try:
             self.victim.wait_reports(len(self.victim.reports) + warmup_s, timeout=warmup_s + 30)
             if share is not None:

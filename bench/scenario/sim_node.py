@@ -2,8 +2,9 @@
 fake NVML, and the workload model of ``noded.sim.workload`` (CODA's findings) setting
 the victim's GPU utilisation from the bandwidth the emulator grants. The victim is
 the CODA model of its shape (decode: AlexNet, tokenise: Transformer) and its process
-is the real victim workload; the stressor is a CPU job demanding a share of the peak.
-noded is configured as ``noded run --sim`` configures it."""
+is the real victim workload; the stressor is a CPU job demanding a share of the peak. Each
+job runs in a cpuset cgroup of its own, and noded runs as a host runs it, a process of its
+own configured as ``noded sim-node`` configures one (``noded_run.NodedRun``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import sys
 import tempfile
 import time
 
+import dataclasses
+import json
+import os
+
 from noded.config import Config
 from noded.sim.node import SimNode
 from noded.sim.scenario import Event, JobSpec, NodeSpec, Scenario
+from noded.sim.sim_node import LABELS, daemon_config, find_cpuset_root, write_labels
 
 from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
 
@@ -49,15 +55,23 @@ class SimulatedNode:
     def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
         scenario = contention_scenario(self.victim_name, share, warmup_s, seconds)
         states = []
-        with SimNode(scenario) as sim, tempfile.TemporaryDirectory(prefix="noded-bench-sim-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="noded-bench-sim-") as scratch, \
+                SimNode(scenario, cpuset_root=find_cpuset_root(), workdir=scratch) as sim:
+            os.chmod(scratch, 0o755)
             noded = None
+            labels = os.path.join(scratch, LABELS)
+            write_labels(sim, labels)
             if with_noded:
-                config = sim.configure(Config(tick_s=self.tick_s, contention=SCENARIO_CONTENTION), scratch)
-                noded = NodedRun(config, discovery=sim.discovery).start()
+                base = json.loads(json.dumps(dataclasses.asdict(
+                    Config(tick_s=self.tick_s, contention=SCENARIO_CONTENTION))))
+                noded = NodedRun(daemon_config(sim, base, scratch), sim.nvml_env, scratch).start()
             try:
-                shown = 0
+                shown, labelled = 0, dict(sim.labels)
                 while not sim.finished:
                     state = sim.step()
+                    if sim.labels != labelled:  # a job started: noded learns what it is, as from sim-node
+                        write_labels(sim, labels)
+                        labelled = dict(sim.labels)
                     if state.elapsed >= warmup_s + 1.0:  # the first second beside the stressor is its ramp
                         states.append(state)
                     if progress and int(state.elapsed) > shown:
