@@ -13,7 +13,6 @@ can tell quiet from unknown.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 from conftest import read_until
@@ -53,6 +54,37 @@ def start_daemon(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
                          env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return p, re.search(r"http://\S+", read_until(p.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+
+
+@contextlib.contextmanager
+def daemon_process(env: dict[str, str]):
+    """(the daemon's process, its metrics URL); killed if the test fails, else left for the
+    test to stop (``stop``)."""
+    daemon, url = start_daemon(env)
+    try:
+        yield daemon, url
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+
+
+def stop(daemon: subprocess.Popen, bound_s: float = 5.0) -> tuple[float, str]:
+    """SIGTERM; (the seconds until it exited, cleanly, within ``bound_s``; its stderr). The
+    unit allows 15 s before SIGKILL."""
+    t0 = time.monotonic()
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        code = daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+        raise AssertionError(f"SIGTERM did not stop noded within 30 s: {daemon.stderr.read()}") from None
+    took = time.monotonic() - t0
+    err = daemon.stderr.read()
+    assert code == 0, err
+    assert took < bound_s, f"SIGTERM took {took:.1f}s: {err[-2000:]}"
+    return took, err
 
 
 @contextlib.contextmanager

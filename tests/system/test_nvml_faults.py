@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from system_support import (CPUSET, REPO, compute_modes, inject, running_daemon, running_node, scrape,
-                            slow_ms, start_daemon, value)
+from system_support import (CPUSET, REPO, compute_modes, daemon_process, inject, running_daemon, running_node,
+                            scrape, slow_ms, stop, value)
 
 from conftest import wait_for
 from mps_support import processes_serving
@@ -148,21 +147,12 @@ def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_st
         config = yaml.safe_load(f)
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({**config, "colocation": {"enabled": True}}))
     with running_node(tmp_path, scenario, base) as env:
-        daemon, url = start_daemon(env)
-        try:
+        with daemon_process(env) as (daemon, _):
             wait_for(lambda: all(compute_modes(env)), timeout=60, interval=0.1, what="MPS's compute modes set")
             inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": 20000}})
             wait_for(lambda: slow_ms(env, "set_compute_mode") == 20000, timeout=10, interval=0.05,
                      what="the hung call in force")
-            started = time.monotonic()
-            daemon.send_signal(signal.SIGTERM)
-            assert daemon.wait(timeout=15) == 0
-            took = time.monotonic() - started
-            err = daemon.stderr.read()
-        finally:
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
+            took, err = stop(daemon)
         # the hang is 20 s, the unit's kill 15 s: well under either, loaded machine or not
         # (the 2 s figure of an unloaded one is bench.shutdown's)
         assert took < 5.0, f"SIGTERM took {took:.1f} s with the driver hung: {err[-2000:]}"
@@ -170,16 +160,9 @@ def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_st
         # still hung, a start puts the recorded modes back first: it gives up after the
         # configured second and starts (the records kept), it does not wait for the driver
         started = time.monotonic()
-        daemon, url = start_daemon({**env, "NODED_SIM_CONFIG": daemon_config(env, tmp_path, colocation=False)})
-        try:
+        with daemon_process({**env, "NODED_SIM_CONFIG": daemon_config(env, tmp_path, colocation=False)}) as (d, _):
             assert time.monotonic() - started < 30  # the hang is 20 s: not waited for (30: a loaded machine)
-            daemon.send_signal(signal.SIGTERM)
-            assert daemon.wait(timeout=15) == 0
-        finally:
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
-        err = daemon.stderr.read()
+            _, err = stop(d)
         assert "NVML did not answer within 1 s putting back the compute modes an earlier run recorded" in err, err
         assert all(compute_modes(env))  # still theirs to put back
         inject(env, {"nvml_call": {"call": "set_compute_mode", "slow_ms": None}})  # the driver answers again

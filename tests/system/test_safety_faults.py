@@ -25,14 +25,14 @@ import errno
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from system_support import CPUSET, REPO, cpusets, inject, noded_groups, running_node, scrape, start_daemon, value
+from system_support import (CPUSET, REPO, cpusets, daemon_process, inject, noded_groups, running_node, scrape,
+                            stop, value)
 
 from conftest import wait_for
 from resctrl.cpulist import parse_cpu_list
@@ -139,35 +139,6 @@ def descriptors(pid: int) -> int:
 def threads(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
-
-
-@contextlib.contextmanager
-def daemon_process(env: dict[str, str]):
-    """(the daemon's process, its metrics URL); killed if the test fails, else left for the
-    test to stop (``stop``)."""
-    daemon, url = start_daemon(env)
-    try:
-        yield daemon, url
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
-
-
-def stop(daemon: subprocess.Popen, bound_s: float = 5.0) -> float:
-    """SIGTERM; the seconds until it exited, cleanly (the unit allows 15 s before SIGKILL)."""
-    t0 = time.monotonic()
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        code = daemon.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-        raise AssertionError(f"SIGTERM did not stop noded within 30 s: {daemon.stderr.read()}") from None
-    took = time.monotonic() - t0
-    assert code == 0, daemon.stderr.read()
-    assert took < bound_s, f"SIGTERM took {took:.1f}s"
-    return took
 
 
 class SlowClients:
