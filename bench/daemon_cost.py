@@ -55,6 +55,8 @@ import tempfile
 import time
 
 from bench.bare_tick import mbm_files
+from bench.host_costs import time_reads
+from bench.timing import wait_for
 from resctrl.groups import DEFAULT_PREFIX, MonGroup, Resctrl
 from resctrl.info import read_capabilities
 from resctrl.mbm import MBM_TOTAL, STATES, MbmReader
@@ -83,17 +85,6 @@ def scenario_text(jobs: int, gpus: int) -> str:
 
 def config_text(tick: float) -> str:
     return f"tick_s: {tick}\nmetrics: {{address: 127.0.0.1, port: 0}}\n"
-
-
-def wait_for(what: str, test, timeout: float, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = test()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {what} within {timeout:g} s")
-        time.sleep(every)  # polling with the deadline above
 
 
 def jobs_running(cgroup: str) -> int:
@@ -137,17 +128,7 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
 def read_like_noded(paths: list[str], reps: int = 20) -> float:
     """CPU seconds (this thread's) of reading each of ``paths`` once as noded's MBM reader
     does each tick (os.open, os.pread of 64 bytes, os.close), median of ``reps``."""
-    times = []
-    for _ in range(reps):
-        c0 = time.thread_time()
-        for p in paths:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.pread(fd, 64, 0)
-            finally:
-                os.close(fd)
-        times.append(time.thread_time() - c0)
-    return statistics.median(times)
+    return time_reads(paths, reps)[0] * len(paths)
 
 
 COUNTERS = ("mbm_total_bytes", "mbm_local_bytes", "llc_occupancy")
@@ -283,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     with node_and_daemon(scenario_text(args.jobs, args.gpus), config_text(args.tick), daemon=False,
                          prefix="noded-bench-cost-") as (node, _, workdir):
         env = node.env
-        wait_for(f"all {args.jobs} jobs running", lambda: jobs_running(env["NODED_SIM_CGROUP"]) == args.jobs, 120)
+        wait_for(lambda: jobs_running(env["NODED_SIM_CGROUP"]) == args.jobs, 120, 0.2, what=f"all {args.jobs} jobs running")
         with Window(node.pid, {}) as alone:
             time.sleep(args.node_seconds)  # the measured window
         daemon = bare = mirror = None

@@ -53,26 +53,26 @@ def hog_to_throttle(node, trials: int) -> list[dict]:
                             "-o", "/dev/null", script=SLEEPER)
     node.adopt("gpu", gpu, model="BiDAF", gpu=0)
     wait_for(lambda: (node.noded_job(f"slurm:{gpu}") or {}).get("kind") == "gpu"
-             and node.ask("explain", job=f"slurm:{gpu}")["baseline"] is not None, "the GPU job's baseline", 60)
+             and node.ask("explain", job=f"slurm:{gpu}")["baseline"] is not None, 60, what="the GPU job's baseline")
     out = []
     for i in range(trials):
         t0 = time.monotonic()
         hog = node.slurm.sbatch("-c", "2", "-o", "/dev/null", script=SLEEPER)
         node.adopt(f"hog{i}", hog, cpu_gbps=16.0)  # as soon as its process is in Slurm's cgroup
         running = time.monotonic() - t0
-        wait_for(lambda: node.noded_job(f"slurm:{hog}"), f"noded to list slurm:{hog}", 60, interval=0.01)
+        wait_for(lambda: node.noded_job(f"slurm:{hog}"), 60, what=f"noded to list slurm:{hog}", interval=0.01)
         seen = time.monotonic() - t0
-        wait_for(lambda: (node.noded_job(f"slurm:{hog}") or {}).get("level", 0) >= 1, f"slurm:{hog} throttled", 120,
+        wait_for(lambda: (node.noded_job(f"slurm:{hog}") or {}).get("level", 0) >= 1, 120, what=f"slurm:{hog} throttled",
                  interval=0.01)
         throttled = time.monotonic() - t0
         out.append({"running_s": running, "seen_s": seen, "throttled_s": throttled})
         node.release(f"hog{i}")
         node.slurm.scancel(hog)
-        wait_for(lambda: not node.slurm.job_cgroups(hog), f"job {hog} gone", 60)
+        wait_for(lambda: not node.slurm.job_cgroups(hog), 60, what=f"job {hog} gone")
         # the next hog meets an uncontended node again: the GPU job back above its baseline
         wait_for(lambda: (j := node.noded_job(f"slurm:{gpu}")) and not any(
             x["level"] for x in node.ask("jobs")) and node.ask("status")["node"]["contention"] is False and j,
-            "the node calm again", 120, interval=0.1)
+            120, what="the node calm again", interval=0.1)
     node.release("gpu")
     node.slurm.scancel(gpu)
     return out
@@ -89,10 +89,10 @@ def prolog_times(node, trials: int) -> dict[str, list[float]]:
             out = os.path.join(node.dir, f"start-{i}.out")
             t0 = time.time()
             j = node.slurm.sbatch("-c", "1", "--comment", comment, "-o", out, script="#!/bin/sh\ndate +%s.%N\n")
-            m, ns = wait_for(lambda: node.prolog_time(j), f"job {j}'s Prolog", 60, interval=0.01)
+            m, ns = wait_for(lambda: node.prolog_time(j), 60, what=f"job {j}'s Prolog", interval=0.01)
             assert m == mode, (m, mode)
             times[kind].append(ns / 1e6)
-            wait_for(lambda: node.slurm.state(j) in ("COMPLETED", ""), f"job {j} done", 60, interval=0.02)
+            wait_for(lambda: node.slurm.state(j) in ("COMPLETED", ""), 60, what=f"job {j} done", interval=0.02)
             with open(out) as f:
                 starts[kind].append(float(f.read().strip()) - t0)
             os.unlink(out)

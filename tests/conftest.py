@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from bench.timing import wait_for  # noqa: F401 (the tests import it from here)
 from resctrl import Resctrl
 from resctrl.emulator import MountedEmulator
 
@@ -62,18 +63,6 @@ def sleeper():
     for p in procs:
         p.kill()
         p.wait()
-
-
-def wait_for(predicate, timeout=5.0, interval=0.01, what="condition"):
-    """Poll a condition until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 _readers: dict[int, tuple] = {}

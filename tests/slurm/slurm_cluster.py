@@ -13,6 +13,7 @@ finds. Client commands find this cluster through ``SLURM_CONF`` (``env``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -20,7 +21,8 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
+
+from bench import timing
 
 #: the Debian packages this harness needs (Makefile SLURM_PACKAGES installs them)
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
@@ -57,16 +59,9 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def wait_for(predicate, what: str, timeout: float, interval: float = 0.05):
-    """``predicate()``'s first truthy value, polled until ``timeout``; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout}s")
-        time.sleep(interval)
+#: the harness's polling (bench.timing's), every 50 ms unless a caller says otherwise: most
+#: of what it polls runs a Slurm command
+wait_for = functools.partial(timing.wait_for, interval=0.05)
 
 
 class SlurmCluster:
@@ -159,10 +154,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
                                    f"--pid-file={self.path('munge', 'munged.pid')}",
                                    f"--seed-file={self.path('munge', 'munged.seed')}",
                                    f"--log-file={self.path('log', 'munged.log')}"])
-            wait_for(lambda: os.path.exists(self.munge_socket), "munged socket", timeout)
+            wait_for(lambda: os.path.exists(self.munge_socket), timeout, what="munged socket")
             self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-i", "-f", self.conf])
             self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", self.conf])
-            wait_for(self._node_idle, f"Slurm node {self.host} idle", timeout, interval=0.2)
+            wait_for(self._node_idle, timeout, what=f"Slurm node {self.host} idle", interval=0.2)
         except BaseException:
             self.stop()
             raise
@@ -196,7 +191,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             subprocess.run(["scancel", "--full", "--quiet", "-u", "root"], env=self.env, capture_output=True,
                            timeout=30)
             try:
-                wait_for(lambda: not self.jobs_left(), "jobs gone after scancel", 30, interval=0.2)
+                wait_for(lambda: not self.jobs_left(), 30, what="jobs gone after scancel", interval=0.2)
             except AssertionError:
                 pass
         for name in ("slurmd", "slurmctld", "munged"):

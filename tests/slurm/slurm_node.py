@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ import threading
 import yaml
 
 from slurm_cluster import CPUSET, SlurmCluster, wait_for
+
+from bench.simnode import stop as stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOOKS = os.path.join(REPO, "integrations", "slurm")
@@ -177,13 +178,7 @@ class SlurmNode:
             self.slurm.stop()
             self.slurm = None
         if self.daemon is not None:
-            if self.daemon.poll() is None:
-                self.daemon.send_signal(signal.SIGTERM)
-                try:
-                    self.daemon.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    self.daemon.kill()
-                    self.daemon.wait()
+            stop_process(self.daemon, 60)  # SIGTERM, then SIGKILL past 60 s
         self._stop.set()
         if self._stepper is not None:
             self._stepper.join()
@@ -226,7 +221,7 @@ class SlurmNode:
         ``JobSpec(sim_id, **spec)``; its pid."""
         from noded.sim.scenario import JobSpec
 
-        pid = min(wait_for(lambda: self.job_pids(job_id), f"a process in Slurm job {job_id}", 30))
+        pid = min(wait_for(lambda: self.job_pids(job_id), 30, what=f"a process in Slurm job {job_id}"))
         with self.lock:
             self.sim.adopt(JobSpec(sim_id, **spec), pid)
         return pid

@@ -32,9 +32,9 @@ def ended(node, *job_ids, timeout=60):
     """Cancels the jobs and waits until Slurm has run their Epilog and removed their cgroups."""
     node.slurm.scancel(*job_ids)
     for j in job_ids:
-        wait_for(lambda: node.slurm.state(j) in ("CANCELLED", "COMPLETED", ""), f"job {j} ended", timeout)
-        wait_for(lambda: not node.slurm.job_cgroups(j), f"job {j}'s cgroups gone", timeout)
-        wait_for(lambda: f"slurm:{j}" not in node.ask("status")["registered_labels"], f"job {j}'s Epilog", timeout)
+        wait_for(lambda: node.slurm.state(j) in ("CANCELLED", "COMPLETED", ""), timeout, what=f"job {j} ended")
+        wait_for(lambda: not node.slurm.job_cgroups(j), timeout, what=f"job {j}'s cgroups gone")
+        wait_for(lambda: f"slurm:{j}" not in node.ask("status")["registered_labels"], timeout, what=f"job {j}'s Epilog")
 
 
 def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slows(node):
@@ -43,19 +43,19 @@ def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slow
     node.adopt("gpu", gpu, model="BiDAF", gpu=0)
     job = f"slurm:{gpu}"
     # Found in Slurm's cgroup, on the GPU, with the labels of its comment (the Prolog's).
-    wait_for(lambda: (node.noded_job(job) or {}).get("kind") == "gpu", f"{job} a GPU job to noded", 30)
+    wait_for(lambda: (node.noded_job(job) or {}).get("kind") == "gpu", 30, what=f"{job} a GPU job to noded")
     explained = wait_for(lambda: (e := node.ask("explain", job=job))["baseline"] is not None and e,
-                         f"{job}'s uncontended baseline", 30)
+                         30, what=f"{job}'s uncontended baseline")
     assert explained["labels"] == {"model": "BiDAF", "batch_size": 32, "category": "NLP"}
 
     hog = node.slurm.sbatch("-c", "2", "-o", "/dev/null", script=SLEEPER)
     node.adopt("hog", hog, cpu_gbps=16.0)
     assert node.job_cpuset(hog) == "0-1"
     held = wait_for(lambda: (j := node.noded_job(f"slurm:{hog}")) and j["level"] >= 1 and j,
-                    f"slurm:{hog} throttled", 60)
+                    60, what=f"slurm:{hog} throttled")
     assert held["kind"] == "cpu"
     # The throttle is real: Slurm's own cgroup for the job holds one CPU of its two.
-    wait_for(lambda: node.job_cpuset(hog) in ("0", "1"), f"job {hog}'s cpuset halved", 10)
+    wait_for(lambda: node.job_cpuset(hog) in ("0", "1"), 10, what=f"job {hog}'s cpuset halved")
     originals = os.path.join(node.dir, "state", "originals.json")
     assert f"/job_{hog}" in open(originals).read()  # recorded, to be put back
     # for the GPU job: it slowed below its baseline
@@ -65,9 +65,9 @@ def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slow
     node.release("hog")
     node.release("gpu")
     ended(node, hog, gpu)
-    wait_for(lambda: not {f"slurm:{hog}", job} & {j["job"] for j in node.ask("jobs")}, "both gone from noded", 10)
+    wait_for(lambda: not {f"slurm:{hog}", job} & {j["job"] for j in node.ask("jobs")}, 10, what="both gone from noded")
     # noded forgets the cpuset it recorded once Slurm has removed the job's cgroup
-    wait_for(lambda: f"/job_{hog}" not in open(originals).read(), f"job {hog}'s recorded cpusets dropped", 10)
+    wait_for(lambda: f"/job_{hog}" not in open(originals).read(), 10, what=f"job {hog}'s recorded cpusets dropped")
 
 
 def test_the_epilog_leaves_nothing_behind(node):
@@ -76,7 +76,7 @@ def test_the_epilog_leaves_nothing_behind(node):
     out = os.path.join(node.dir, "admitted.out")
     j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=32 share=mps", "-o", out,
                           script="#!/bin/sh\nenv | grep ^CUDA_\nexec sleep 600\n")
-    wait_for(lambda: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in job_output(out), f"job {j}'s MPS environment", 30)
+    wait_for(lambda: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in job_output(out), 30, what=f"job {j}'s MPS environment")
     env = parse_exports(job_output(out))
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100" and env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].startswith("0=") and env["CUDA_MPS_PIPE_DIRECTORY"]
@@ -84,7 +84,7 @@ def test_the_epilog_leaves_nothing_behind(node):
     assert f"slurm:{j}" in node.ask("status")["registered_labels"]
     mon_groups = os.path.join(node.sim.emu.root, "mon_groups")
     mine = lambda: [g for g in os.listdir(mon_groups) if f"job-slurm_{j}-" in g]  # noqa: E731 (group_name's)
-    wait_for(mine, f"slurm:{j}'s monitoring group", 10)
+    wait_for(mine, 10, what=f"slurm:{j}'s monitoring group")
     # held: a second admission of the same job is refused (its reservation stands)
     assert not node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)["admit"]
     ended(node, j)
@@ -92,7 +92,7 @@ def test_the_epilog_leaves_nothing_behind(node):
     r = node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)  # the reservation went with the Epilog
     assert r["admit"], r
     node.ask("forget", job=f"slurm:{j}")
-    wait_for(lambda: node.noded_job(f"slurm:{j}") is None, f"slurm:{j} gone from noded", 10)
+    wait_for(lambda: node.noded_job(f"slurm:{j}") is None, 10, what=f"slurm:{j} gone from noded")
     assert mine() == []
 
 
@@ -105,12 +105,12 @@ def test_a_refused_job_is_held_or_requeued_as_the_site_chose(node, on_refusal):
         j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=7 share=mps", "-o", out,
                               script="#!/bin/sh\necho ran\n")
         info = wait_for(lambda: (i := node.slurm.job(j)).get("Restarts", "0") != "0" and i["JobState"] == "PENDING"
-                        and i, f"job {j} put back in the queue", 30)
+                        and i, 30, what=f"job {j} put back in the queue")
         # held: priority 0 until `scontrol release` (Reason job_requeued_in_held_state, then JobHeldAdmin)
         assert (info["Priority"] == "0") == (on_refusal == "hold"), info
         assert "noded: refused: no profile for BiDAF at batch size 7" in node.slurm.job(j).get("AdminComment", "")
         assert "ran" not in job_output(out)  # it never started
-        assert wait_for(lambda: not node.slurm.job_cgroups(j), f"job {j} without cgroups", 10)
+        assert wait_for(lambda: not node.slurm.job_cgroups(j), 10, what=f"job {j} without cgroups")
         node.slurm.scancel(j)
     finally:
         node.write_hooks_conf("hold")
@@ -126,7 +126,7 @@ def test_noded_down_the_job_still_runs(node, tmp_path):
         out = os.path.join(node.dir, "unreachable.out")
         j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=32 share=mps", "-o", out,
                               script="#!/bin/sh\necho ran; env | grep ^CUDA_MPS || true\n")
-        wait_for(lambda: node.slurm.state(j) == "COMPLETED", f"job {j} completed", 30)
+        wait_for(lambda: node.slurm.state(j) == "COMPLETED", 30, what=f"job {j} completed")
         assert job_output(out).strip() == "ran"
         assert node.slurm.node_state() == "idle"
     finally:
