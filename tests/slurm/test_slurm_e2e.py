@@ -88,12 +88,30 @@ def test_the_epilog_leaves_nothing_behind(node):
     # held: a second admission of the same job is refused (its reservation stands)
     assert not node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)["admit"]
     ended(node, j)
-    assert os.listdir(node.env_dir) == []
+    assert os.listdir(node.env_dir) == [] and os.listdir(node.record_dir) == []
     r = node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)  # the reservation went with the Epilog
     assert r["admit"], r
     node.ask("forget", job=f"slurm:{j}")
     wait_for(lambda: node.noded_job(f"slurm:{j}") is None, 10, what=f"slurm:{j} gone from noded")
     assert mine() == []
+
+
+def test_a_comment_changed_after_the_prolog_steers_no_cleaning(node):
+    """The submitter changes the running job's comment (`scontrol update JobId=N Comment=`)
+    to one without "noded:": the Epilog, which cleans what the Prolog recorded and never
+    reads the comment, still leaves no label, reservation, environment file or record."""
+    out = os.path.join(node.dir, "changed.out")
+    j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=32 share=mps", "-o", out,
+                          script="#!/bin/sh\nenv | grep ^CUDA_\nexec sleep 600\n")
+    wait_for(lambda: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in job_output(out), 30, what=f"job {j}'s MPS environment")
+    assert f"slurm:{j}" in node.ask("status")["registered_labels"]
+    node.scontrol_update(j, Comment="nothing for noded here")
+    assert node.slurm.job(j)["Comment"].strip() == "nothing for noded here"
+    ended(node, j)
+    assert os.listdir(node.env_dir) == [] and os.listdir(node.record_dir) == []
+    r = node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)  # its reservation went with the Epilog
+    assert r["admit"], r
+    node.ask("forget", job=f"slurm:{j}")
 
 
 @pytest.mark.parametrize("on_refusal", ["hold", "requeue"])
