@@ -62,7 +62,9 @@ RETRY_S = 20.0
 #: the first pause between two such asks, doubled up to the last
 RETRY_PAUSE_S = (0.25, 2.0)
 DEFAULT_ENV_DIR = "/run/noded/slurm"
-DEFAULT_RECORD_DIR = "/run/noded/slurm-jobs"
+#: not under /run/noded: systemd removes noded's RuntimeDirectory whenever noded stops, and
+#: a record must outlive a restart of noded during the job
+DEFAULT_RECORD_DIR = "/run/noded-slurm/jobs"
 #: a record is a small JSON object; anything longer is not the Prolog's
 MAX_RECORD_BYTES = 4096
 #: an AdminComment noded writes: one printable line, at most this long
