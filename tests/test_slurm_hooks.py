@@ -347,7 +347,7 @@ def test_a_refusal_while_mps_starts_is_asked_again_within_the_budget(noded):
     try:
         wait_for(lambda: n.colocation.decisions["refuse"], 30, what="the Prolog's first ask refused")
         control.go.set()  # MPS comes up
-        out, err = hook.communicate(timeout=60)
+        _, err = hook.communicate(timeout=60)
     finally:
         hook.kill()
         hook.wait()

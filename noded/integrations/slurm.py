@@ -160,8 +160,8 @@ def say(job_id: str, text: str) -> None:
 
 
 def read_comment(stream: BinaryIO) -> bytes:
-    """The comment the script hands on stdin: at most one byte past what noded reads (so
-    that a longer one is known to be longer), never all of a comment of any length."""
+    """The comment the script hands on stdin, at most one byte past what noded reads: a
+    longer one is known to be longer, and is not read whole, whatever its length."""
     out = b""
     while len(out) <= MAX_COMMENT_BYTES:
         chunk = stream.read(MAX_COMMENT_BYTES + 1 - len(out))
@@ -202,7 +202,15 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
         return PrologOutcome()
     if req.share is None:
         return PrologOutcome(labelled)
-    args = {"job": job, "model": req.labels["model"], "batch_size": req.labels["batch_size"], "uid": uid}
+    return ask_admission(settings, job_id, uid, req, labelled, clock)
+
+
+def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,
+                  clock: Callable[[], float]) -> PrologOutcome:
+    """Admission onto a shared GPU, with the comment's model and batch size (whether or not
+    noded took the job's labels); what is refused goes as the site chose."""
+    args = {"job": f"slurm:{job_id}", "model": req.labels["model"], "batch_size": req.labels["batch_size"],
+            "uid": uid}
     try:
         decision = admit_within_budget(settings, args, clock)
     except NodectlError as e:
