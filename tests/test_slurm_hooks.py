@@ -303,17 +303,28 @@ def test_the_epilog_cleans_what_the_prolog_did_whatever_the_comment_says_by_then
     Comment=...): the Epilog, which never reads it, leaves nothing behind; nor where the
     Prolog's record is gone; and a second run finds nothing to do."""
     n = noded()
-    for job_id, record_lost in (("7", False), ("8", True)):
+    for job_id, record in (("7", "kept"), ("8", "lost"), ("9", "garbled")):
         r = run_hook("prolog", n.env(job_id, SHARED))
         assert r.returncode == 0 and r.stderr == "", r
         assert {k: v for k, v in n.holds(job_id).items() if k != "record"} == \
             {"labels": True, "reservation": True, "env_file": True}
-        if record_lost:
+        if record == "lost":
             (n.record_dir / f"job_{job_id}").unlink(missing_ok=True)
-        for _ in range(2):
-            r = run_hook("epilog", n.env(job_id, b"changed since; nothing for noded here"))
-            assert (r.returncode, r.stderr) == (0, ""), r
-            assert n.holds(job_id) == NOTHING
+        elif record == "garbled":
+            (n.record_dir / f"job_{job_id}").write_bytes(b'{"env_file": "/etc/passwd"')
+        r = run_hook("epilog", n.env(job_id, b"changed since; nothing for noded here"))
+        assert r.returncode == 0 and r.stderr == ("" if record != "garbled" else
+                                                  f"noded slurm hook: job {job_id}: its Prolog's record is not one: "
+                                                  "all noded may hold for it is cleaned\n"), r
+        assert n.holds(job_id) == NOTHING
+        r = run_hook("epilog", n.env(job_id, b""))  # again: nothing to do, nothing said
+        assert (r.returncode, r.stderr, n.holds(job_id)) == (0, "", NOTHING), r
+    # a record removes no file but the job's environment file, whatever it names
+    victim = n.record_dir.parent / "victim"
+    victim.write_text("kept")
+    (n.record_dir / "job_10").write_text(json.dumps({"job": "slurm:10", "env_file": str(victim)}))
+    assert run_hook("epilog", n.env("10", b"")).returncode == 0
+    assert victim.read_text() == "kept" and n.holds("10") == NOTHING
 
 
 @pytest.mark.fuse
