@@ -179,6 +179,21 @@ def test_a_job_without_noded_in_its_comment_costs_no_python(hook, tmp_path):
         assert os.listdir(tmp_path / "records") == []
 
 
+def test_the_prolog_writes_no_record_through_a_link(tmp_path):
+    """A link planted where a record goes (a record directory others may write: a site's
+    mistake) is neither followed nor taken for the Prolog's empty record."""
+    (tmp_path / "records").mkdir()
+    (tmp_path / "victim").write_text("kept")
+    os.symlink(tmp_path / "victim", tmp_path / "records/job_5")
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "0", "SLURM_JOB_COMMENT": "plain job",
+           "NODED_PYTHON": str(tmp_path / "no-python"), "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf"),
+           "NODED_SLURM_RECORD_DIR": str(tmp_path / "records"), "NODED_SLURM_ENV_DIR": str(tmp_path / "env")}
+    assert run_hook("prolog", env).returncode == 0
+    assert (tmp_path / "victim").read_text() == "kept"
+    r = run_hook("epilog", env)  # not the Prolog's empty record: Python is asked to clean (here, none)
+    assert r.returncode == 0 and "no-python" in r.stderr and (tmp_path / "victim").read_text() == "kept"
+
+
 def test_the_task_prolog_hands_the_file_to_the_task(tmp_path):
     (tmp_path / "job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
     r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10,
