@@ -88,8 +88,8 @@ def comment_words(comment: bytes | str) -> list[str]:
       a word has no noded part, and no words;
     * its words are its runs of bytes that are not ASCII whitespace (the first is what
       follows the marker, where anything does: ``noded:model=A``);
-    * the part is at most ``MAX_NODED_BYTES`` long, and each word UTF-8 without control
-      characters (a label's value reaches noded's logs and metrics).
+    * the part is at most ``MAX_NODED_BYTES`` long, and each word UTF-8 of printable
+      characters only (no controls: a label's value reaches noded's logs and metrics).
 
     Raises LabelWordError naming what is wrong and where. A ``str`` (the environment as
     Python decodes it) is taken as the bytes it was decoded from."""
@@ -121,5 +121,6 @@ def _word_text(word: bytes, n: int) -> str:
     except UnicodeDecodeError:
         raise LabelWordError(f"word {n} of the comment's noded part, {shown}, is not UTF-8") from None
     if not text.isprintable():
-        raise LabelWordError(f"word {n} of the comment's noded part, {shown}, holds a control character")
+        raise LabelWordError(f"word {n} of the comment's noded part, {shown}, holds a character that is not "
+                             "printable")
     return text

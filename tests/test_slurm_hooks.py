@@ -48,7 +48,7 @@ def test_a_comment_is_parsed_as_bytes_by_its_grammar():
     assert comment_words(b"\xff\xfe free text \x00 noded: model=A") == ["model=A"]  # the rest is not noded's
     with pytest.raises(LabelWordError, match=r"word 1 of the comment's noded part, 'model=\\xff', is not UTF-8"):
         comment_words(b"noded: model=\xff")
-    with pytest.raises(LabelWordError, match="holds a control character"):
+    with pytest.raises(LabelWordError, match="holds a character that is not printable"):
         comment_words(b"noded: model=a\x1bb")
     with pytest.raises(LabelWordError, match=f"noded part is {MAX_NODED_BYTES + 1} bytes long: at most"):
         comment_words(b"noded:" + b" " * (MAX_NODED_BYTES + 1))
@@ -264,7 +264,8 @@ class NodedBeside:
         from test_eliminator import Harness
 
         self.h = Harness(tmp_path, "  []", gpus=1)
-        self.colocation = Colocation(ColocationRule(), {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")},
+        profiles = {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")}
+        self.colocation = Colocation(ColocationRule(), profiles,
                                      mps=mps, clock=self.h.daemon.clock).start()  # its kernels compiled first
         self.h.daemon.colocation = self.colocation
         self.labels = self.h.daemon.control.registered_labels = RegisteredLabels(label_limit)
@@ -354,7 +355,8 @@ def test_at_the_label_cap_a_shared_job_is_still_admitted(noded):
     assert "admission is asked all the same" in r.stderr
     assert n.holds("7") == {"labels": False, "reservation": True, "env_file": True, "record": True}
     # the Prolog's record, kept before noded was asked anything: what the Epilog cleans
-    assert json.loads((n.record_dir / "job_7").read_text()) == {"job": "slurm:7", "env_file": str(n.env_dir / "job_7.env")}
+    assert json.loads((n.record_dir / "job_7").read_text()) == \
+        {"job": "slurm:7", "env_file": str(n.env_dir / "job_7.env")}
     assert "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100" in (n.env_dir / "job_7.env").read_text()
     run_hook("epilog", n.env("7", b""))
     assert n.holds("7") == NOTHING
