@@ -57,8 +57,9 @@ ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}
 ON_NOT_READY = ("requeue", "hold", "run")
 #: what a hook waits for noded at most, for one request
 TIMEOUT_S = 5.0
-#: how long a Prolog asks again after a transient refusal (it delays the job's start as much)
-RETRY_S = 20.0
+#: how long a Prolog asks again after a transient refusal (it delays the job's start as much:
+#: under Slurm's BatchStartTimeout, 10 s by default, past which a launch may be given up)
+RETRY_S = 8.0
 #: the first pause between two such asks, doubled up to the last
 RETRY_PAUSE_S = (0.25, 2.0)
 DEFAULT_ENV_DIR = "/run/noded/slurm"
