@@ -325,7 +325,8 @@ def epilog(env: dict[str, str], settings: Settings) -> None:
     try:
         request(settings.socket, "forget", {"job": f"slurm:{job_id}"}, timeout=settings.timeout_s)
     except NodectlError as e:
-        say(job_id, f"noded did not forget it ({e}): it drops the job's reservation itself once the job is gone")
+        say(job_id, f"noded did not forget it ({e}): its reservation goes once noded sees the job gone, its "
+            f"labels stay registered until `nodectl forget slurm:{job_id}`")
     try:
         os.unlink(record_file(settings, job_id))
     except FileNotFoundError:
