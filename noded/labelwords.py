@@ -68,14 +68,59 @@ def _typed(key: str, text: str, word: str) -> object:
     return text
 
 
-MARKER = "noded:"
+MARKER = b"noded:"
+#: ASCII whitespace: what separates words in a comment (any other byte is part of a word)
+SPACE = b" \t\n\v\f\r"
+#: where a comment's noded part ends (the rest of the comment is the submitter's, for others)
+SECTION_END = b";"
+#: the most of a comment a hook reads (Slurm's comment is the submitter's free text)
+MAX_COMMENT_BYTES = 64 * 1024
+#: the most bytes between the marker and the end of its part
+MAX_NODED_BYTES = 4096
 
 
-def comment_words(comment: str) -> list[str]:
-    """The label words of a Slurm job's comment: those after the word ``noded:``, up to a
-    ``;`` or the end (the rest of the comment is the submitter's, for others). A comment
-    without the marker has none."""
-    head, marker, tail = comment.partition(MARKER)
-    if not marker or (head and not head[-1].isspace() and head[-1] != ";"):
+def comment_words(comment: bytes | str) -> list[str]:
+    """The label words of a Slurm job's comment, parsed as bytes by this grammar:
+
+    * the noded part starts at the first word (a run of bytes that are neither ASCII
+      whitespace nor ``;``, at the comment's start or after one of them) that begins with
+      ``noded:``, and ends at the next ``;`` or the comment's end; a comment without such
+      a word has no noded part, and no words;
+    * its words are its runs of bytes that are not ASCII whitespace (the first is what
+      follows the marker, where anything does: ``noded:model=A``);
+    * the part is at most ``MAX_NODED_BYTES`` long, and each word UTF-8 of printable
+      characters only (no controls: a label's value reaches noded's logs and metrics).
+
+    Raises LabelWordError naming what is wrong and where. A ``str`` (the environment as
+    Python decodes it) is taken as the bytes it was decoded from."""
+    if isinstance(comment, str):
+        comment = comment.encode("utf-8", "surrogateescape")
+    start = _marker_at(comment)
+    if start is None:
         return []
-    return tail.split(";", 1)[0].split()
+    part = comment[start + len(MARKER):].split(SECTION_END, 1)[0]
+    if len(part) > MAX_NODED_BYTES:
+        raise LabelWordError(f"the comment's noded part is {len(part)} bytes long: at most {MAX_NODED_BYTES}")
+    return [_word_text(word, n) for n, word in enumerate(part.split(), 1)]
+
+
+def _marker_at(comment: bytes) -> int | None:
+    """Where the first word that begins with the marker starts (None: no such word)."""
+    at = comment.find(MARKER)
+    while at != -1:
+        if at == 0 or comment[at - 1] in SPACE or comment[at - 1:at] == SECTION_END:
+            return at
+        at = comment.find(MARKER, at + 1)
+    return None
+
+
+def _word_text(word: bytes, n: int) -> str:
+    shown = ascii(word[:40])[1:] + ("..." if len(word) > 40 else "")
+    try:
+        text = word.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LabelWordError(f"word {n} of the comment's noded part, {shown}, is not UTF-8") from None
+    if not text.isprintable():
+        raise LabelWordError(f"word {n} of the comment's noded part, {shown}, holds a character that is not "
+                             "printable")
+    return text

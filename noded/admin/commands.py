@@ -207,6 +207,7 @@ class AdminCommands:
         raise RequestError("this host has no throttle (neither MBA nor CPU placement): no job can be held at a level")
 
     def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        from ..colocation.admission import TRANSIENT_REFUSALS
         from ..colocation.profiles import JobProfile
 
         service = self.colocation
@@ -221,7 +222,10 @@ class AdminCommands:
                           uid=args.get("uid"))
         return {"admit": d.admit, "job": d.job, "gpu_uuid": d.gpu_uuid, "gpu_index": d.gpu_index,
                 "predicted_speedup": d.predicted_speedup, "reason": d.reason, "env": d.env,
-                "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after}
+                "sources": list(d.sources), "sum_c_after": d.sum_c_after, "n_jobs_after": d.n_jobs_after,
+                # a refusal's kind, and whether asking again soon may be answered otherwise (MPS
+                # starting, noded's first sample): a hook decides on these, never on the reason's prose
+                "refusal": d.refusal, "transient": d.refusal in TRANSIENT_REFUSALS}
 
     def _level_for_cores(self, job: str, cores: int, last: TickResult) -> int:
         kind = last.throttle_kind

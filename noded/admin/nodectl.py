@@ -24,6 +24,11 @@ class NodectlError(Exception):
     pass
 
 
+class RefusedByNoded(NodectlError):
+    """noded answered, and its answer is an error (the request was refused): not a noded
+    that is down or silent."""
+
+
 #: how long nodectl waits for noded, connecting, asking and reading the answer together
 DEFAULT_TIMEOUT_S = 10.0
 #: a reply larger than this is not noded's (a status of thousands of jobs is a few MiB)
@@ -61,7 +66,7 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     except (ValueError, AttributeError):
         raise NodectlError(f"{path}: not an answer from noded: {buf[:200]!r}") from None
     if not ok:
-        raise NodectlError(reply.get("error", "unknown error"))
+        raise RefusedByNoded(reply.get("error", "unknown error"))
     return result
 
 

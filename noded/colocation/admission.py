@@ -68,6 +68,15 @@ class Decision:
     sources: tuple[str, ...] = ()
     sum_c_after: float | None = None
     n_jobs_after: int | None = None
+    #: a refusal's kind, a word a program reads (the reason is for people): not-sampled,
+    #: mps-not-ready, no-profile, already-admitted, no-gpu, other-user, full, over-threshold,
+    #: slowdown, not-finite, not-placed
+    refusal: str | None = None
+
+
+#: refusals that pass without anything done about the job (noded's first sample, MPS up):
+#: a job manager's hook may ask again in a moment
+TRANSIENT_REFUSALS = frozenset({"not-sampled", "mps-not-ready"})
 
 
 def pinned_mem_limit(memory_total: int, max_jobs_per_gpu: int) -> str:
@@ -98,12 +107,18 @@ def gpu_loads(sample: Sample, reservations: list[Reservation]) -> list[GpuLoad]:
     return loads
 
 
+#: the placement kernel's causes as refusals
+CAUSE_REFUSALS = {kernels.NO_FREE_SLOT: "full", kernels.OVER_THRESHOLD: "over-threshold",
+                  kernels.SLOWDOWN: "slowdown", kernels.NOT_FINITE: "not-finite"}
+
+
 def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad], rule: ColocationRule,
            gpu: str = "auto", *, pipe_dir: str | None = None, uid: int | None = None) -> Decision:
     pool = [l for l in loads if gpu in ("auto", l.uuid)]
     if not pool:
         return Decision(False, job, None, None, None,
-                        f"no such GPU {gpu!r}" if gpu != "auto" else "no GPU can be read on this node")
+                        f"no such GPU {gpu!r}" if gpu != "auto" else "no GPU can be read on this node",
+                        refusal="no-gpu")
     if not rule.multi_user and uid is not None:
         # One user's MPS server per GPU: another user's jobs there rule the GPU out.
         others = [l for l in pool if l.uids - {uid}]
@@ -111,7 +126,7 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
         if not pool:
             return Decision(False, job, None, None, None,
                             f"GPU(s) {', '.join(str(l.index) for l in others)} serve another user's MPS clients "
-                            "(MPS is not multi-user here)")
+                            "(MPS is not multi-user here)", refusal="other-user")
     fitted = rule.coef is not None
     coef = np.array(rule.coef, dtype=np.float64) if fitted else np.full(kernels.N_FEATURES, np.nan)
     assign, delta, why, where = kernels.place_explained(
@@ -125,6 +140,7 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
     d = None if math.isnan(delta[0]) else float(delta[0])
     sources = (profile.source,) + (at.sources if at else ())
     if cause != kernels.PLACED:
+        refusal = CAUSE_REFUSALS.get(cause, "not-placed")
         if cause == kernels.NO_FREE_SLOT:
             why_text = (f"every GPU already holds {rule.max_jobs_per_gpu} jobs" if len(pool) > 1 or gpu == "auto"
                         else f"GPU {pool[0].index} already holds {rule.max_jobs_per_gpu} jobs")
@@ -138,7 +154,7 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
             why_text = "a number in the profile, the GPU loads or the model is not finite"
         else:
             why_text = f"not placed (kernel reason {cause})"
-        return Decision(False, job, None, None, d, why_text, sources=sources)
+        return Decision(False, job, None, None, d, why_text, sources=sources, refusal=refusal)
     chosen = pool[int(assign[0])]
     n_after = chosen.n_jobs + 1
     if chosen.n_jobs == 0:

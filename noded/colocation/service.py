@@ -188,19 +188,22 @@ class Colocation:
         if profile is None:
             profile = self.profiles.get((model, batch_size)) or self.learned.get((model, batch_size))
         if sample is None:
-            return self._count(Decision(False, job, None, None, None, "noded has not sampled the node yet"))
+            return self._count(Decision(False, job, None, None, None, "noded has not sampled the node yet",
+                                        refusal="not-sampled"))
         if profile is None:
             return self._count(Decision(False, job, None, None, None,
                                         f"no profile for {model} at batch size {batch_size}: give one with "
-                                        "--profile (ncu CSV or profile file) or add it to colocation.profiles"))
+                                        "--profile (ncu CSV or profile file) or add it to colocation.profiles",
+                                        refusal="no-profile"))
         if self.mps is not None and self.mps.state != "ok":
             why = f"MPS is not running ({self.mps.state}" + (f": {self.mps.last_error})" if self.mps.last_error else ")")
-            return self._count(Decision(False, job, None, None, None, why))
+            return self._count(Decision(False, job, None, None, None, why, refusal="mps-not-ready"))
         with self._lock:
             if job in self._held:
                 r = self._held[job].reservation
                 return self._count(Decision(False, job, r.gpu_uuid, None, None,
-                                            f"{job} is already admitted on {r.gpu_uuid}"))
+                                            f"{job} is already admitted on {r.gpu_uuid}",
+                                            refusal="already-admitted"))
             reservations = [h.reservation for h in self._held.values()]
             decision = decide(job, profile, batch_size, gpu_loads(sample, reservations), self.rule, gpu,
                               pipe_dir=self.mps.pipe_dir if self.mps else None, uid=uid)

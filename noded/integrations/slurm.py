@@ -5,39 +5,71 @@ job whose ``--comment`` has a ``noded:`` part, e.g.
 
     sbatch --comment "noded: model=BiDAF batch_size=32 category=NLP share=mps" train.sh
 
-**Prolog** (slurmd, as root, before the job starts): registers the job's labels with
-noded (`label`), so the job is known for what it is from noded's first look at it. With
-``share=mps`` it asks for admission onto a shared GPU under MPS (`admit`, as the job's
-user): admitted, the MPS environment (GPU, thread percentage, pinned memory limit, pipe
-directory) is written to ``ENV_DIR/job_N.env``, owned by the job's user, for the
-TaskProlog to hand to every task; refused, the job is put back in the queue as the site
-chose (``on_refusal``): ``hold`` (`scontrol requeuehold`: pending until someone runs
-`scontrol release N`) or ``requeue`` (`scontrol requeue`: pending, and started again when
-Slurm next schedules it, here or on another node).
+and hand the Prolog the comment on its stdin, never in an exec's arguments or
+environment (a comment is the submitter's, of any length: 128 KiB in one variable fails
+an exec with E2BIG). It is read as bytes, at most ``MAX_COMMENT_BYTES`` of it, and parsed
+by ``labelwords.comment_words``' grammar.
 
-**Epilog** (slurmd, as root, after the job): `forget`: the job's labels and its GPU
-reservation go at once, and the environment file is removed.
+**Prolog** (slurmd, as root, before the job starts): first records, in a root-only
+directory (``RECORD_DIR/job_N``), what the Epilog must clean; then registers the job's
+labels with noded (`label`), so the job is known for what it is from noded's first look
+at it. With ``share=mps`` it asks for admission onto a shared GPU under MPS (`admit`, as
+the job's user, with the comment's model and batch size: labels noded refused, at its
+cap of registered jobs, do not cost the job its admission): admitted, the MPS environment
+(GPU, thread percentage, pinned memory limit, pipe directory) is written to
+``ENV_DIR/job_N.env``, owned by the job's user, for the TaskProlog to hand to every task.
+A refusal noded marks transient (its reply's ``transient``: MPS starting or restarting,
+noded's first sample not taken) is asked again within ``retry_s``; what is still refused
+then goes as the site chose: a final refusal as ``on_refusal``, a transient one as
+``on_not_ready``: ``hold`` (`scontrol requeuehold`: pending until someone runs `scontrol
+release N`), ``requeue`` (`scontrol requeue`: pending, and started again when Slurm next
+schedules it, here or on another node), or (``on_not_ready`` only) ``run`` (it runs
+without an MPS share, as with noded down).
+
+**Epilog** (slurmd, as root, after the job): never reads the comment (the submitter may
+have changed it since the Prolog ran: `scontrol update JobId=N Comment=`). It cleans all
+noded may hold for job N, whatever the Prolog recorded or if its record is missing: the
+environment file, and `forget` (the job's labels and its GPU reservation go at once);
+then the record. Each step finds nothing to do the second time.
 
 Fail safe: a hook never fails the job for noded's sake. Slurm drains a node whose
 prolog exits non-zero, so both hooks exit 0 whatever happens, and say on stderr (the
-slurmd log) what went wrong: with noded down, or a comment noded cannot read, the job runs
-as it would without noded (without labels, and without an MPS share: on its GPU as
-Slurm gave it). Only a refusal by a running noded keeps a job from starting.
+slurmd log) what went wrong: with noded down, or a comment noded cannot read (said in
+the job's AdminComment too), the job runs as it would without noded (without labels,
+and without an MPS share: on its GPU as Slurm gave it). Only a refusal by a running
+noded keeps a job from starting.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from dataclasses import dataclass
+from typing import BinaryIO, Callable
 
-from ..admin.nodectl import DEFAULT_SOCKET, NodectlError, request
-from ..labelwords import LabelWordError, comment_words, parse_label_words
+from ..admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
+from ..labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
 
 ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}
-#: what a hook waits for noded at most (the prolog delays the job's start by as much)
+#: what a transient refusal (MPS starting, noded's first sample) comes to once retry_s is spent
+ON_NOT_READY = ("requeue", "hold", "run")
+#: what a hook waits for noded at most, for one request
 TIMEOUT_S = 5.0
+#: how long a Prolog asks again after a transient refusal (it delays the job's start as much:
+#: under Slurm's BatchStartTimeout, 10 s by default, past which a launch may be given up)
+RETRY_S = 8.0
+#: the first pause between two such asks, doubled up to the last
+RETRY_PAUSE_S = (0.25, 2.0)
 DEFAULT_ENV_DIR = "/run/noded/slurm"
+#: not under /run/noded: systemd removes noded's RuntimeDirectory whenever noded stops, and
+#: a record must outlive a restart of noded during the job
+DEFAULT_RECORD_DIR = "/run/noded-slurm/jobs"
+#: a record is a small JSON object; anything longer is not the Prolog's
+MAX_RECORD_BYTES = 4096
+#: an AdminComment noded writes: one printable line, at most this long
+MAX_ADMIN_COMMENT = 250
 
 
 @dataclass(frozen=True)
@@ -49,20 +81,35 @@ class Settings:
     on_refusal: str = "hold"
     env_dir: str = DEFAULT_ENV_DIR
     timeout_s: float = TIMEOUT_S
+    record_dir: str = DEFAULT_RECORD_DIR
+    retry_s: float = RETRY_S
+    on_not_ready: str = "requeue"
 
     @classmethod
     def from_environ(cls, env: dict[str, str]) -> "Settings":
         on_refusal = env.get("NODED_SLURM_ON_REFUSAL") or "hold"
         if on_refusal not in ON_REFUSAL:
             raise ValueError(f"NODED_SLURM_ON_REFUSAL must be one of {', '.join(ON_REFUSAL)}, not {on_refusal!r}")
-        try:
-            timeout = float(env.get("NODED_SLURM_TIMEOUT_S") or TIMEOUT_S)
-        except ValueError:
-            raise ValueError(f"NODED_SLURM_TIMEOUT_S must be seconds, not {env['NODED_SLURM_TIMEOUT_S']!r}") from None
-        if not 0 < timeout <= 60:
-            raise ValueError(f"NODED_SLURM_TIMEOUT_S must be in (0, 60] seconds, not {timeout:g}")
+        on_not_ready = env.get("NODED_SLURM_ON_NOT_READY") or "requeue"
+        if on_not_ready not in ON_NOT_READY:
+            raise ValueError(f"NODED_SLURM_ON_NOT_READY must be one of {', '.join(ON_NOT_READY)}, "
+                             f"not {on_not_ready!r}")
+        timeout = _seconds(env, "NODED_SLURM_TIMEOUT_S", TIMEOUT_S, 0, 60, low_open=True)
+        retry = _seconds(env, "NODED_SLURM_RETRY_S", RETRY_S, 0, 300)
         return cls(env.get("NODED_SOCKET") or DEFAULT_SOCKET, on_refusal,
-                   env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout)
+                   env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout,
+                   env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR, retry, on_not_ready)
+
+
+def _seconds(env: dict[str, str], name: str, default: float, low: float, high: float, *,
+             low_open: bool = False) -> float:
+    try:
+        value = float(env.get(name) or default)
+    except ValueError:
+        raise ValueError(f"{name} must be seconds, not {env[name]!r}") from None
+    if not (low < value if low_open else low <= value) or not value <= high:
+        raise ValueError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}] seconds, not {value:g}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -73,10 +120,12 @@ class JobRequest:
     share: str | None  # "mps": admission onto a shared GPU
 
     @classmethod
-    def from_job(cls, comment: str, gres_mps: bool = False) -> "JobRequest":
-        """From the job's comment; ``gres_mps``: Slurm allocated the job gres/mps (its Prolog
-        then has CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), which asks for admission as share=mps
-        does where the comment names the model and batch size."""
+    def from_job(cls, comment: bytes | str, gres_mps: bool = False) -> "JobRequest":
+        """From the job's comment (bytes, as Slurm holds it); ``gres_mps``: Slurm allocated
+        the job gres/mps (its Prolog then has CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), which asks
+        for admission as share=mps does where the comment names the model and batch size."""
+        if len(comment) > MAX_COMMENT_BYTES:
+            raise LabelWordError(f"the comment is longer than {MAX_COMMENT_BYTES} bytes: noded reads no further")
         words = parse_label_words(comment_words(comment), extra=("share",))
         share = words.pop("share", None)
         if share not in (None, "mps"):
@@ -89,39 +138,133 @@ class JobRequest:
         return cls(words, share)
 
 
+@dataclass(frozen=True)
+class PrologOutcome:
+    """What became of a job at its Prolog, and what Slurm must still be told of it."""
+
+    labelled: bool = False
+    admitted: bool = False
+    put_back: str | None = None  # "hold" or "requeue": the job goes back to the queue
+    admin_comment: str | None = None  # for the job's AdminComment: why
+
+
 def env_file(settings: Settings, job_id: str) -> str:
     return os.path.join(settings.env_dir, f"job_{job_id}.env")
+
+
+def record_file(settings: Settings, job_id: str) -> str:
+    return os.path.join(settings.record_dir, f"job_{job_id}")
 
 
 def say(job_id: str, text: str) -> None:
     print(f"noded slurm hook: job {job_id}: {text}", file=sys.stderr, flush=True)
 
 
-def prolog(env: dict[str, str], settings: Settings) -> None:
+def read_comment(stream: BinaryIO) -> bytes:
+    """The comment the script hands on stdin, at most one byte past what noded reads: a
+    longer one is known to be longer, and is not read whole, whatever its length."""
+    out = b""
+    while len(out) <= MAX_COMMENT_BYTES:
+        chunk = stream.read(MAX_COMMENT_BYTES + 1 - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
+           clock: Callable[[], float] = time.monotonic) -> PrologOutcome:
     job_id, uid = env["SLURM_JOB_ID"], int(env["SLURM_JOB_UID"])
     job = f"slurm:{job_id}"
     try:
-        req = JobRequest.from_job(env.get("SLURM_JOB_COMMENT", ""), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env)
+        req = JobRequest.from_job(comment, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env)
     except LabelWordError as e:
         say(job_id, f"its comment is not for noded ({e}): it runs without noded labels")
-        return
+        write_record(settings, job_id, None)
+        return PrologOutcome(admin_comment=f"noded: comment not read: {e}")
+    if not req.labels:
+        write_record(settings, job_id, None)
+        return PrologOutcome()
+    # Recorded before noded is asked anything: whatever noded comes to hold for the job,
+    # the Epilog finds a record that says to clean it.
+    write_record(settings, job_id, {"job": job, "env_file": env_file(settings, job_id) if req.share else None})
+    labelled = False
     try:
-        if req.labels:
-            request(settings.socket, "label", {"job": job, "labels": req.labels}, timeout=settings.timeout_s)
-        if req.share is None:
-            return
-        decision = request(settings.socket, "admit", {"job": job, "model": req.labels["model"],
-                                                      "batch_size": req.labels["batch_size"], "uid": uid},
-                           timeout=settings.timeout_s)
+        request(settings.socket, "label", {"job": job, "labels": req.labels}, timeout=settings.timeout_s)
+        labelled = True
+    except RefusedByNoded as e:
+        # e.g. noded's cap of registered jobs: the job runs unlabelled, but admission (if
+        # asked) is still asked, with the comment's model and batch size
+        say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
+            + ("; admission is asked all the same" if req.share else ""))
     except NodectlError as e:
         say(job_id, f"noded did not answer ({e}): the job runs without noded" +
             (" (and without an MPS share)" if req.share else ""))
-        return
+        return PrologOutcome()
+    if req.share is None:
+        return PrologOutcome(labelled)
+    return ask_admission(settings, job_id, uid, req, labelled, clock)
+
+
+def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,
+                  clock: Callable[[], float]) -> PrologOutcome:
+    """Admission onto a shared GPU, with the comment's model and batch size (whether or not
+    noded took the job's labels); what is refused goes as the site chose."""
+    args = {"job": f"slurm:{job_id}", "model": req.labels["model"], "batch_size": req.labels["batch_size"],
+            "uid": uid}
+    try:
+        decision = admit_within_budget(settings, args, clock)
+    except NodectlError as e:
+        say(job_id, f"noded did not admit it ({e}): the job runs without an MPS share")
+        return PrologOutcome(labelled)
     if decision["admit"]:
         write_env(settings, job_id, uid, decision["env"])
-        return
-    say(job_id, f"refused a shared GPU by noded ({decision['reason']}): {settings.on_refusal}")
-    put_back(job_id, settings.on_refusal, f"noded: refused: {decision['reason']}")
+        return PrologOutcome(labelled, admitted=True)
+    if decision.get("transient"):
+        choice, why = settings.on_not_ready, (f"noded: not ready for {settings.retry_s:g}s "
+                                              f"({decision.get('refusal')}): {decision['reason']}")
+    else:
+        choice, why = settings.on_refusal, f"noded: refused: {decision['reason']}"
+    say(job_id, f"{why}: {choice}")
+    if choice == "run":
+        return PrologOutcome(labelled, admin_comment=f"{why}; it ran without an MPS share")
+    return PrologOutcome(labelled, put_back=choice, admin_comment=why)
+
+
+def admit_within_budget(settings: Settings, args: dict, clock: Callable[[], float]) -> dict:
+    """noded's admission decision, asked again while noded says its refusal is transient
+    (a typed field of its reply, not its prose), until ``settings.retry_s`` is spent."""
+    deadline = clock() + settings.retry_s
+    pause, longest = RETRY_PAUSE_S
+    while True:
+        decision = request(settings.socket, "admit", args, timeout=settings.timeout_s)
+        if decision["admit"] or not decision.get("transient") or clock() + pause > deadline:
+            return decision
+        time.sleep(pause)  # a backoff: noded's MPS or its first tick is what is waited for
+        pause = min(pause * 2, longest)
+
+
+def write_record(settings: Settings, job_id: str, record: dict | None) -> None:
+    """What the Epilog must clean for the job (None: nothing, an empty file, as the script
+    leaves for a job without ``noded:``), in a directory only root may write. Not kept
+    (said on stderr): the Epilog then cleans all noded may hold for the job."""
+    try:
+        _ensure_private_dir(settings.record_dir)
+        fd = os.open(record_file(settings, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, b"" if record is None else json.dumps(record).encode())
+        finally:
+            os.close(fd)
+    except OSError as e:
+        say(job_id, f"its record could not be kept in {settings.record_dir} ({e.strerror or e}): its Epilog "
+            "cleans all noded may hold for it")
+
+
+def _ensure_private_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(f"{path} is not a directory only this user (uid {os.geteuid()}) may write")
 
 
 def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) -> None:
@@ -144,12 +287,18 @@ def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) ->
     os.replace(tmp, path)
 
 
-def put_back(job_id: str, on_refusal: str, why: str) -> None:
-    """The refused job back in the queue (hold or requeue); why, in its admin comment."""
-    import subprocess  # here: only a refusal needs it, and every import is a job's start
+def settle(job_id: str, outcome: PrologOutcome) -> None:
+    """Tells Slurm what the Prolog decided: the job back in the queue (hold or requeue),
+    and why, in its AdminComment."""
+    import subprocess  # here: only a refusal or an unreadable comment needs it
 
-    for argv in (["scontrol", ON_REFUSAL[on_refusal], job_id],
-                 ["scontrol", "update", f"JobId={job_id}", f"AdminComment={why[:250]}"]):
+    commands = []
+    if outcome.put_back:
+        commands.append(["scontrol", ON_REFUSAL[outcome.put_back], job_id])
+    if outcome.admin_comment:
+        why = "".join(c if c.isprintable() else "?" for c in outcome.admin_comment)[:MAX_ADMIN_COMMENT]
+        commands.append(["scontrol", "update", f"JobId={job_id}", f"AdminComment={why}"])
+    for argv in commands:
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -160,32 +309,76 @@ def put_back(job_id: str, on_refusal: str, why: str) -> None:
 
 
 def epilog(env: dict[str, str], settings: Settings) -> None:
+    """Cleans all noded may hold for the job, from the Prolog's record and beyond it (the
+    record may be missing or unreadable); never from the job's comment."""
     job_id = env["SLURM_JOB_ID"]
-    try:
-        os.unlink(env_file(settings, job_id))
-    except FileNotFoundError:
-        pass
+    record = read_record(settings, job_id)
+    paths = {env_file(settings, job_id)}
+    recorded = (record or {}).get("env_file")
+    if isinstance(recorded, str) and os.path.basename(recorded) == f"job_{job_id}.env":
+        paths.add(recorded)
+    for path in sorted(paths):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     try:
         request(settings.socket, "forget", {"job": f"slurm:{job_id}"}, timeout=settings.timeout_s)
     except NodectlError as e:
-        say(job_id, f"noded did not answer ({e}): it drops the job's reservation itself once the job is gone")
+        say(job_id, f"noded did not forget it ({e}): its reservation goes once noded sees the job gone, its "
+            f"labels stay registered until `nodectl forget slurm:{job_id}`")
+    try:
+        os.unlink(record_file(settings, job_id))
+    except FileNotFoundError:
+        pass
 
 
-HOOKS = {"prolog": prolog, "epilog": epilog}
+def read_record(settings: Settings, job_id: str) -> dict | None:
+    """The Prolog's record of the job (None: none, or not one the Prolog wrote, said)."""
+    try:
+        fd = os.open(record_file(settings, job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        say(job_id, f"its Prolog's record cannot be read ({e.strerror or e}): all noded may hold for it is cleaned")
+        return None
+    try:
+        raw = os.read(fd, MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if not raw:
+        return None
+    try:
+        record = json.loads(raw) if len(raw) <= MAX_RECORD_BYTES else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        say(job_id, "its Prolog's record is not one: all noded may hold for it is cleaned")
+        return None
+    return record
 
 
-def main(argv: list[str] | None = None) -> int:
+HOOKS = ("prolog", "epilog")
+
+
+def main(argv: list[str] | None = None, stdin: BinaryIO | None = None) -> int:
+    """The hooks' entry: the Prolog reads the job's comment on ``stdin`` (the script's pipe)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] not in HOOKS:
-        print(f"usage: python -m noded.integrations.slurm {{{'|'.join(HOOKS)}}} (as Slurm's Prolog/Epilog)",
-              file=sys.stderr)
+        print(f"usage: python -m noded.integrations.slurm {{{'|'.join(HOOKS)}}} (as Slurm's Prolog/Epilog; the "
+              "Prolog reads the job's comment on stdin)", file=sys.stderr)
         return 2
     env = dict(os.environ)
     job_id = env.get("SLURM_JOB_ID", "?")
     try:
         if not job_id.isdigit() or not env.get("SLURM_JOB_UID", "").isdigit():
             raise ValueError("SLURM_JOB_ID and SLURM_JOB_UID must be set (run by slurmd as Prolog/Epilog)")
-        HOOKS[argv[0]](env, Settings.from_environ(env))
+        settings = Settings.from_environ(env)
+        if argv[0] == "prolog":
+            outcome = prolog(env, settings, read_comment(stdin or sys.stdin.buffer))
+            settle(job_id, outcome)
+        else:
+            epilog(env, settings)
     except Exception as e:  # noqa: BLE001 - fail safe: never drain the node for noded's sake
         say(job_id, f"{argv[0]} failed ({type(e).__name__}: {e}): the job goes on without noded")
     return 0

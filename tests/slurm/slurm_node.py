@@ -76,6 +76,7 @@ class SlurmNode:
                            workdir=workdir)
         self.on_refusal = on_refusal
         self.env_dir = os.path.join(workdir, "slurm-env")
+        self.record_dir = os.path.join(workdir, "slurm-records")  # the Prolog's records, for the Epilog
         self.hooks_conf = os.path.join(workdir, "slurm-hooks.conf")
         self.daemon: subprocess.Popen | None = None
         self.slurm: SlurmCluster | None = None
@@ -136,7 +137,7 @@ class SlurmNode:
         partial = self.hooks_conf + ".tmp"
         with open(partial, "w") as f:
             f.write(f"NODED_SOCKET={self.socket}\nNODED_SLURM_ON_REFUSAL={on_refusal}\n"
-                    f"NODED_SLURM_ENV_DIR={self.env_dir}\n")
+                    f"NODED_SLURM_ENV_DIR={self.env_dir}\nNODED_SLURM_RECORD_DIR={self.record_dir}\n")
         os.chmod(partial, 0o644)
         os.replace(partial, self.hooks_conf)
 
@@ -191,6 +192,13 @@ class SlurmNode:
         self.stop()
 
     # -- noded
+    def scontrol_update(self, job_id: str, **fields: str) -> None:
+        """``scontrol update JobId=N Field=value ...``, as a job's submitter may run it."""
+        argv = ["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())]
+        r = subprocess.run(argv, env=self.slurm.env, capture_output=True, text=True, timeout=30)
+        if r.returncode != 0 or r.stderr.strip():
+            raise AssertionError(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr}")
+
     def ask(self, command: str, **args):
         from noded.admin.nodectl import request
 

@@ -37,6 +37,11 @@ def ended(node, *job_ids, timeout=60):
         wait_for(lambda: f"slurm:{j}" not in node.ask("status")["registered_labels"], timeout, what=f"job {j}'s Epilog")
 
 
+def left_in(directory: str) -> list[str]:
+    """What a hook left in ``directory`` (which a hook makes only when it first writes)."""
+    return os.listdir(directory) if os.path.isdir(directory) else []
+
+
 def test_hog_found_in_slurms_cgroup_is_throttled_while_the_labelled_gpu_job_slows(node):
     gpu = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=32 category=NLP",
                             "-o", "/dev/null", script=SLEEPER)
@@ -88,12 +93,30 @@ def test_the_epilog_leaves_nothing_behind(node):
     # held: a second admission of the same job is refused (its reservation stands)
     assert not node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)["admit"]
     ended(node, j)
-    assert os.listdir(node.env_dir) == []
+    assert left_in(node.env_dir) == left_in(node.record_dir) == []
     r = node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)  # the reservation went with the Epilog
     assert r["admit"], r
     node.ask("forget", job=f"slurm:{j}")
     wait_for(lambda: node.noded_job(f"slurm:{j}") is None, 10, what=f"slurm:{j} gone from noded")
     assert mine() == []
+
+
+def test_a_comment_changed_after_the_prolog_steers_no_cleaning(node):
+    """The submitter changes the running job's comment (`scontrol update JobId=N Comment=`)
+    to one without "noded:": the Epilog, which cleans what the Prolog recorded and never
+    reads the comment, still leaves no label, reservation, environment file or record."""
+    out = os.path.join(node.dir, "changed.out")
+    j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF batch_size=32 share=mps", "-o", out,
+                          script="#!/bin/sh\nenv | grep ^CUDA_\nexec sleep 600\n")
+    wait_for(lambda: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in job_output(out), 30, what=f"job {j}'s MPS environment")
+    assert f"slurm:{j}" in node.ask("status")["registered_labels"]
+    node.scontrol_update(j, Comment="nothing for noded here")
+    assert node.slurm.job(j)["Comment"].strip() == "nothing for noded here"
+    ended(node, j)
+    assert left_in(node.env_dir) == left_in(node.record_dir) == []
+    r = node.ask("admit", job=f"slurm:{j}", model="BiDAF", batch_size=32)  # its reservation went with the Epilog
+    assert r["admit"], r
+    node.ask("forget", job=f"slurm:{j}")
 
 
 @pytest.mark.parametrize("on_refusal", ["hold", "requeue"])
@@ -111,6 +134,9 @@ def test_a_refused_job_is_held_or_requeued_as_the_site_chose(node, on_refusal):
         assert "noded: refused: no profile for BiDAF at batch size 7" in node.slurm.job(j).get("AdminComment", "")
         assert "ran" not in job_output(out)  # it never started
         assert wait_for(lambda: not node.slurm.job_cgroups(j), 10, what=f"job {j} without cgroups")
+        # nothing of it is left on this node while it waits in the queue: no labels, no record
+        wait_for(lambda: f"slurm:{j}" not in node.ask("status")["registered_labels"], 10, what=f"job {j}'s labels gone")
+        assert left_in(node.record_dir) == left_in(node.env_dir) == []
         node.slurm.scancel(j)
     finally:
         node.write_hooks_conf("hold")
