@@ -412,3 +412,18 @@ def test_mps_not_up_within_the_budget_goes_as_the_site_chose(noded, on_not_ready
     out = prolog({"SLURM_JOB_ID": "8", "SLURM_JOB_UID": "0"}, settings, b"noded: model=BiDAF batch_size=7 share=mps")
     assert n.colocation.decisions["refuse"] - refused == 1
     assert out.put_back == "hold" and out.admin_comment.startswith("noded: refused: no profile for BiDAF")
+
+
+def test_what_outlives_a_restart_of_noded_is_outside_its_runtime_directories():
+    # systemd empties a unit's RuntimeDirectory whenever it stops: a job's environment file
+    # (each later step's TaskProlog reads it) and its record (the Epilog's) must survive that
+    unit = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "noded.service")).read()
+    runtime = [f"/run/{d}/" for line in unit.splitlines() if line.startswith("RuntimeDirectory=")
+               for d in line.split("=", 1)[1].split()]
+    assert runtime
+    defaults = Settings.from_environ({})
+    for path in (defaults.env_dir, defaults.record_dir):
+        assert not any((path + "/").startswith(r) for r in runtime), (path, runtime)
+    # the shell hooks' own defaults are the same directories
+    assert "${NODED_SLURM_ENV_DIR:-%s}" % defaults.env_dir in open(os.path.join(HOOKS, "task-prolog")).read()
+    assert "${NODED_SLURM_RECORD_DIR:-%s}" % defaults.record_dir in open(os.path.join(HOOKS, "epilog")).read()

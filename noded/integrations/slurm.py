@@ -62,9 +62,10 @@ TIMEOUT_S = 5.0
 RETRY_S = 8.0
 #: the first pause between two such asks, doubled up to the last
 RETRY_PAUSE_S = (0.25, 2.0)
-DEFAULT_ENV_DIR = "/run/noded/slurm"
-#: not under /run/noded: systemd removes noded's RuntimeDirectory whenever noded stops, and
-#: a record must outlive a restart of noded during the job
+#: neither is under /run/noded: systemd removes noded's RuntimeDirectory whenever noded stops,
+#: and a job's environment file (read again by each later step's TaskProlog) and its record
+#: must outlive a restart of noded during the job
+DEFAULT_ENV_DIR = "/run/noded-slurm/env"
 DEFAULT_RECORD_DIR = "/run/noded-slurm/jobs"
 #: a record is a small JSON object; anything longer is not the Prolog's
 MAX_RECORD_BYTES = 4096
