@@ -207,3 +207,20 @@ def test_a_registered_labels_file_that_cannot_be_trusted_is_moved_aside_and_node
     assert registry.snapshot() == {} and len(registry.notes) == 1
     assert "registered_labels.json" in registry.notes[0]
     assert [n for n in os.listdir(tmp_path / "state") if n.startswith("registered_labels.json.corrupt-")]
+
+
+def test_forget_releases_the_reservation_even_when_the_labels_cannot_be_written(tmpfs):
+    from noded.admin.commands import AdminCommands
+    from noded.control import ControlState
+
+    mnt = tmpfs()
+    registry = RegisteredLabels(state=SecureDir(str(mnt), mode=0o700))
+    registry.set("slurm:3", {"model": "BiDAF", "batch_size": 32})
+    released = []
+    colocation = SimpleNamespace(release=lambda job: released.append(job) or True)
+    commands = AdminCommands(ControlState(None), lambda: None, colocation, registered_labels=registry)
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    with pytest.raises(StateWriteError):
+        commands.forget("slurm:3", uid=0)
+    assert released == ["slurm:3"]  # the GPU share is free for the next job
+    assert set(registry.snapshot()) == {"slurm:3"}  # and the labels are as the file says

@@ -139,8 +139,10 @@ class AdminCommands:
         """A job ended (a Slurm epilog): its registered labels and its admission's GPU
         reservation go now, not when noded notices the job is gone. Overrides are the
         operator's and stay (they expire or are released)."""
-        labels = self._registry().forget(job)
+        # The reservation first: it is memory only, and a GPU share must not stay held for a
+        # job that ended because the labels' file could not be written (that raises after it)
         reservation = self.colocation.release(job) if self.colocation is not None else False
+        labels = self._registry().forget(job)
         if labels or reservation:
             log_change("job-forgotten", job, uid=uid, reason=f"labels={labels} reservation={reservation}")
         return {"job": job, "labels_forgotten": labels, "reservation_released": reservation}
