@@ -299,5 +299,30 @@ class InstanceLock:
         self.release()
 
 
+def instance_holder(runtime_dir: str, name: str = "noded.pid") -> str | None:
+    """The pid (as text; "unknown" where the file holds none) of the noded that holds the
+    pid file in ``runtime_dir`` now; None where none does, or there is no such file or
+    directory. Creates and changes nothing (``noded check-config`` asks)."""
+    try:
+        d = SecureDir(runtime_dir, create=False, what="runtime directory")
+    except SecureDirError:
+        return None
+    with d:
+        try:
+            fd = d.open(name, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder(fd)
+            return None
+        finally:
+            os.close(fd)
+
+
 __all__ = ["AlreadyRunning", "DEFAULT_LOCK_DIR", "HostLock", "InstanceLock", "LockFileRefused", "SecureDirError",
-           "lock_name"]
+           "instance_holder", "lock_name"]
