@@ -181,10 +181,10 @@ def check_config(path: str) -> int:
 
     for key, reason in check.problems:
         say(key, reason)
-    if check.problems:
-        return 1
     for key, what in notes + check.warnings:
         say(key, f"warning: {what}")
+    if check.problems:
+        return 1
     print(f"{path}: ok")
     return 0
 

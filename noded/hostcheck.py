@@ -139,11 +139,10 @@ def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, st
 
 
 def listener_problems(config: Config) -> list[tuple[str, str]]:
-    """Whether the metrics listener can bind: bound here, as run binds it, and closed."""
+    """Whether the metrics listener can bind: bound here, as run binds it, and closed
+    (port 0 too: the address must still be this host's)."""
     from .server.stream import ListenError, listen_tcp
 
-    if config.metrics.port == 0:
-        return []  # any free port
     try:
         listen_tcp(config.metrics.address, config.metrics.port, what="metrics").close()
     except ListenError as e:
