@@ -154,8 +154,7 @@ def test_an_existing_pipe_dir_is_neither_emptied_nor_removed(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("four years\n")
-    control = MpsControl(STANDIN, str(mine), str(tmp_path / "log"),
-                         recorder=OriginalValues(str(tmp_path / "state")))
+    control = MpsControl(STANDIN, str(mine), str(tmp_path / "log"))
     with pytest.raises(MpsError, match=f"{mine} exists \\(a directory\\) and noded did not make it"):
         control.start()
     control.stop()
