@@ -215,3 +215,33 @@ def test_a_failed_state_write_shows_as_unwritable_at_the_next_tick(tmp_path, tmp
         h.until(lambda r: r.state_unwritable is None, 10, "writable again (probed each second while it fails)")
     finally:
         h.stop()
+
+
+def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_listeners(tmp_path, emulator):
+    """The running noded's port and admin socket are its own: checking its config before a
+    reload passes; the same port for another runtime directory is refused."""
+    emu = emulator("intel")
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    cfg = write_config(tmp_path, metrics=f"{{address: 127.0.0.1, port: {port}}}",
+                       resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
+    notify = NotifySocket(tmp_path / "notify")
+    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "NOTIFY_SOCKET": notify.path})
+    try:
+        notify.ready()
+        check = noded("check-config", str(cfg))
+        assert check.returncode == 0 and check.stdout == f"{cfg}: ok\n", check.stdout + check.stderr
+        other = tmp_path / "other.yaml"
+        other.write_text(cfg.read_text().replace(f"{tmp_path}/run", f"{tmp_path}/run2"))
+        check = noded("check-config", str(other))
+        assert check.returncode == 1 and f"metrics.port: metrics: port {port} on 127.0.0.1 is already in use" \
+            in check.stderr, check.stdout + check.stderr
+    finally:
+        p.terminate()
+        p.communicate(timeout=30)
+        notify.close()
+    assert p.returncode == 0
