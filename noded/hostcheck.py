@@ -69,11 +69,6 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     return None
 
 
-def start_problems(config: Config) -> list[tuple[str, str]]:
-    """(key, reason) for each thing that would stop `noded run` at start."""
-    return start_check(config).problems
-
-
 def start_check(config: Config) -> StartCheck:
     """What `noded run` would refuse at start with ``config`` on this host, and what it
     would start without; creates and changes nothing."""
@@ -191,14 +186,14 @@ def pipe_dir_problem(config: Config) -> str | None:
     or the one an earlier run made (as recorded in the state directory)."""
     from mps.manager import made_dir_key, pipe_dir_problem as problem
 
+    from .state import FILE as ORIGINALS
+
     path = config.mps_pipe_dir
     if not os.path.lexists(path):
         return None
     recorded = False
     try:
         with SecureDir(config.state_dir, create=False) as state:
-            from .state import FILE as ORIGINALS
-
             data = state.read_json(ORIGINALS)
         recorded = isinstance(data, dict) and made_dir_key(path) in data
     except (SecureDirError, StateFileError, StateReadError):

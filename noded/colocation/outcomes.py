@@ -161,7 +161,7 @@ class Outcomes:
                 continue
             try:
                 out.append(parse_record(json.loads(line, parse_constant=_refuse_constant)))
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # a line nested too deep for the parser is not a record
                 log.warning("%s: line %d skipped: %s", self.records_path, n, e)
         return out
 

@@ -133,6 +133,14 @@ def test_a_model_nested_deep_is_a_named_error_never_a_recursion_error(tmp_path):
             "co-location model: nested 50000 deep") in check.stderr, out
 
 
+def test_a_records_line_nested_deep_is_skipped_not_a_recursion_error(tmp_path):
+    from noded.colocation.outcomes import RECORDS_FILE
+
+    record = {"jobs": ["a", "b"], "sum_c": 1.0, "sum_m": 1.0, "n_jobs": 2, "sum_batch": 64.0, "delta": 1.2}
+    (tmp_path / RECORDS_FILE).write_text("[" * 50_000 + "\n" + json.dumps(record) + "\n")
+    assert [r.delta for r in Outcomes(str(tmp_path)).records()] == [1.2]
+
+
 @given(st.binary(max_size=2048))
 @settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_bytes_as_a_model_are_a_model_or_a_model_error(tmp_path, data):
