@@ -3,8 +3,9 @@
 One function that both call (``start_check``), so the two never disagree, and that
 creates and changes nothing:
 
-* the state and runtime directories (and the admin socket's) must be ones only root
-  can change (checked as ``SecureDir`` checks them);
+* the state and runtime directories (and the admin socket's, and MPS's pipe and log
+  directories where co-location is on) must be ones only root can change (checked as
+  ``SecureDir`` checks them);
 * every path the config names (noded.configpaths) is where noded may use it: none
   meets another, nothing noded makes is inside the resctrl mount, a cgroup tree or a
   kernel filesystem, a socket's path holds nothing but a stale socket, and an existing
@@ -76,10 +77,17 @@ def start_check(config: Config) -> StartCheck:
 
     check = StartCheck()
     out = check.problems
-    for key, path, mode, what in (("state_dir", config.state_dir, 0o700, "state directory"),
-                                  ("runtime_dir", config.runtime_dir, 0o755, "runtime directory"),
-                                  ("admin.socket", os.path.dirname(config.admin_socket), 0o755,
-                                   "admin socket directory")):
+    directories = [("state_dir", config.state_dir, 0o700, "state directory"),
+                   ("runtime_dir", config.runtime_dir, 0o755, "runtime directory"),
+                   ("admin.socket", os.path.dirname(config.admin_socket), 0o755, "admin socket directory")]
+    if config.colocation.enabled:
+        # MPS (as root) writes its log and its pipes there: another user who could change
+        # them could plant a link for root to write through
+        mps = config.colocation.mps
+        directories += [("colocation.mps.pipe_dir" if mps.pipe_dir else "runtime_dir", config.mps_pipe_dir, 0o755,
+                         "MPS pipe directory"),
+                        ("colocation.mps.log_dir", mps.log_dir, 0o755, "MPS log directory")]
+    for key, path, mode, what in directories:
         reason = _directory(path, mode, what)
         if reason:
             out.append((key, reason))

@@ -276,3 +276,14 @@ def test_a_state_dir_in_a_cgroup_filesystem_is_refused_before_anything_is_made(t
     refused(noded("check-config", str(cfg)), f"state_dir: the state directory {where} is on a cgroup filesystem")
     refused(noded("run", "--config", str(cfg)), "state_dir: the state directory")
     assert not os.path.exists(where)
+
+
+def test_an_mps_log_dir_another_user_may_change_is_refused(tmp_path):
+    """MPS, as root, appends to control.log there: a user who may write the directory
+    could plant a link for root to write through."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{log_dir: {shared}}}}}\n")
+    refused(noded("check-config", str(cfg)),
+            f"{cfg}:{line_of(cfg, 'log_dir')}: colocation.mps.log_dir: refused: {shared} is writable by group and others (mode 1777)")
