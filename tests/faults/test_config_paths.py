@@ -21,6 +21,8 @@ import sys
 import typing
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mps.manager import MpsControl, MpsError, made_dir_key
 from mps_support import STANDIN, processes_serving
@@ -287,3 +289,28 @@ def test_an_mps_log_dir_another_user_may_change_is_refused(tmp_path):
     cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{log_dir: {shared}}}}}\n")
     refused(noded("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'log_dir')}: colocation.mps.log_dir: refused: {shared} is writable by group and others (mode 1777)")
+
+
+_POOL = ["/a", "/a/b", "/a/b/c", "/a/c", "/r", "/r/mps", "/r/report.sock", "/r/noded.pid", "/r/noded.sock",
+         "/var/lib/noded", "/sys/fs/resctrl", "/sys/fs/resctrl/x", "/run/noded-locks"]
+
+
+@given(st.fixed_dictionaries({k: st.sampled_from(_POOL) for k in
+                              ("state_dir", "runtime_dir", "socket", "pipe_dir", "log_dir", "labels")}))
+@settings(max_examples=400, deadline=None)
+def test_whatever_the_paths_none_noded_makes_is_another_or_in_its_private_directories(paths):
+    text = (f"state_dir: {paths['state_dir']}\nruntime_dir: {paths['runtime_dir']}\n"
+            f"admin: {{socket: {paths['socket']}}}\njobs: {{labels: {paths['labels']}}}\n"
+            f"colocation: {{enabled: true, mps: {{pipe_dir: {paths['pipe_dir']}, log_dir: {paths['log_dir']}}}}}\n")
+    config = parse_config(text)
+    named = named_paths(config)
+    if overlap_problems(named):
+        return
+    made = [p for p in named if p.role == "made"]
+    assert len({p.path for p in made}) == len(made), made  # no two the same
+    for p in named:
+        assert not any(p.path == q.path for q in made if q is not p), (p, made)
+        for d in (config.state_dir, config.mps_pipe_dir, config.colocation.mps.log_dir):
+            if p.role != "read" or d == config.mps_pipe_dir:
+                assert not p.path.startswith(d + "/"), (p, d)
+        assert not (p.role == "made" and p.path.startswith(config.resctrl.root + "/")), p
