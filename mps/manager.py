@@ -19,6 +19,12 @@ Stop: ``quit`` with a short deadline, then SIGKILL of the servers and the daemon
 no process, pipe directory or compute mode change is left behind, also when
 starting failed half-way.
 
+The pipe directory is removed only where noded made it: a start makes it (recorded
+first, with the compute modes' originals, so a start after a SIGKILL still knows it
+is noded's) and refuses a path that exists and is not recorded as noded's, whatever
+it is (an operator's directory, noded's state directory): its content is not noded's
+to remove.
+
 A process is only ever signalled when it is ours: our own child, or the pid in the
 pid file whose environment names our pipe directory and whose command line is our
 control binary, checked again by its start time just before the signal (a pid
@@ -31,6 +37,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -234,10 +241,35 @@ class ComputeModes:
 
 
 COMPUTE_MODE = "compute_mode:"
+#: a directory noded made (the MPS pipe directory), recorded before it is made
+MADE_DIR = "made_dir:"
 
 
 def compute_mode_key(uuid: str) -> str:
     return f"{COMPUTE_MODE}{uuid}"
+
+
+def made_dir_key(path: str) -> str:
+    return f"{MADE_DIR}{path}"
+
+
+def pipe_dir_problem(path: str, recorded: bool) -> str | None:
+    """Why ``path`` cannot be MPS's pipe directory now (None: it can). One that does not
+    exist noded makes; one that exists must be the directory an earlier run made
+    (``recorded`` in its state, and a directory of noded's uid, not a link): any other
+    is someone else's, and noded removes the pipe directory's content at every restart
+    of MPS and the directory at stop."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot examine {path}: {e.strerror}"
+    if recorded and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        return None
+    what = "a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file"
+    return (f"{path} exists ({what}) and noded did not make it: MPS's pipe directory is emptied at each start and "
+            "removed at stop, so it must be one noded makes; give a path that does not exist")
 
 
 class Recorder(Protocol):
@@ -280,8 +312,13 @@ class MpsControl:
                  compute_modes: ComputeModes | None = None, defaults: MpsDefaults | None = None,
                  command_timeout: float = 5.0, ready_timeout: float = 10.0, quit_timeout: float = 0.3,
                  kill_timeout: float = 0.5, extra_env: dict[str, str] | None = None,
-                 clock: Callable[[], float] = time.monotonic, proc: str = "/proc", nvml_timeout: float = 20.0):
+                 clock: Callable[[], float] = time.monotonic, proc: str = "/proc", nvml_timeout: float = 20.0,
+                 recorder: Recorder | None = None):
         self.control = control
+        # where the pipe directory is recorded as made (noded's originals); without one,
+        # only this object's memory knows, and a later object refuses the directory
+        self.recorder = recorder
+        self._made_here = False
         self.nvml_timeout = nvml_timeout  # NVML's calls at start (the compute modes): a hung driver fails the start
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
@@ -341,7 +378,10 @@ class MpsControl:
                 and any(os.path.basename(a) == base for a in argv))
 
     def _identify(self) -> tuple[int, bytes] | None:
-        """(pid, start time) of the live control daemon serving our pipe directory."""
+        """(pid, start time) of the live control daemon serving our pipe directory (none
+        where the directory is not noded's: a daemon serving someone else's is theirs)."""
+        if not self._pipe_dir_ours():
+            return None
         pid = self._pid_file_pid()
         if pid is None or pid <= 1:
             return None
@@ -444,9 +484,12 @@ class MpsControl:
     # -- lifecycle
     def start(self) -> None:
         """Compute modes, the daemon, ready, its defaults; all of it or nothing (raises MpsError)."""
+        problem = pipe_dir_problem(self.pipe_dir, self._pipe_dir_ours())
+        if problem:  # before anything: a daemon serving someone else's directory is not ours to stop
+            raise MpsError(f"not starting MPS: {problem}")
         try:
             self._remove_leftover()
-            os.makedirs(self.pipe_dir, mode=0o755, exist_ok=True)
+            self._make_pipe_dir()
             os.makedirs(self.log_dir, mode=0o755, exist_ok=True)
             if self.compute_modes is not None:
                 call_within(self.nvml_timeout, "setting the GPUs' compute modes to EXCLUSIVE_PROCESS",
@@ -478,7 +521,69 @@ class MpsControl:
             self._daemon = ident
         if ident is not None:
             self.kill_daemon()
-        shutil.rmtree(self.pipe_dir, ignore_errors=True)  # its stale socket and pid file
+        self._empty_pipe_dir()  # its stale socket and pid file
+
+    # -- the pipe directory: noded's own, made and removed only by it
+    def _pipe_dir_ours(self) -> bool:
+        if self._made_here:
+            return True
+        key = made_dir_key(self.pipe_dir)
+        return self.recorder is not None and any(k == key for k, _ in self.recorder.items())
+
+    def _make_pipe_dir(self) -> None:
+        """The pipe directory, made here and recorded first: a start after a SIGKILL at any
+        point knows it is noded's (a record with no directory is made again)."""
+        if self.recorder is not None and not self._pipe_dir_ours():
+            try:
+                self.recorder.record(made_dir_key(self.pipe_dir), None)
+            except Exception as e:  # the recorder's own error (noded's StateWriteError): make nothing
+                raise MpsError(f"not making the MPS pipe directory {self.pipe_dir}: it could not be recorded as "
+                               f"noded's: {e}") from None
+        self._made_here = True
+        os.makedirs(os.path.dirname(self.pipe_dir), mode=0o755, exist_ok=True)
+        try:
+            os.mkdir(self.pipe_dir, 0o755)
+        except FileExistsError:
+            problem = pipe_dir_problem(self.pipe_dir, True)  # ours, emptied above; or made by someone meanwhile
+            if problem:
+                raise MpsError(f"not starting MPS: {problem}") from None
+
+    def _empty_pipe_dir(self) -> None:
+        """Remove what is in the pipe directory, where it is noded's (never follows a link)."""
+        if not self._pipe_dir_ours() or pipe_dir_problem(self.pipe_dir, True):
+            return
+        try:
+            entries = list(os.scandir(self.pipe_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
+
+    def _remove_pipe_dir(self) -> None:
+        """At stop: the pipe directory goes, and then its record; never one noded did not make."""
+        if not self._pipe_dir_ours():
+            return
+        if pipe_dir_problem(self.pipe_dir, True) is None:
+            self._empty_pipe_dir()
+            try:
+                os.rmdir(self.pipe_dir)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.error("mps: could not remove the pipe directory %s: %s", self.pipe_dir, e.strerror)
+                return
+        self._made_here = False
+        if self.recorder is not None:
+            try:
+                self.recorder.forget(made_dir_key(self.pipe_dir))
+            except Exception as e:  # kept: the next start finds no directory and makes it again
+                log.warning("mps: pipe directory %s removed, but its record could not be: %s", self.pipe_dir, e)
 
     def _wait_ready(self, deadline: float) -> None:
         last: Exception | None = None
@@ -580,7 +685,7 @@ class MpsControl:
         """Between a failed daemon and its successor: kill it and its servers, clear its
         pipe directory; compute modes stay as MPS needs them."""
         self.kill_daemon()
-        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+        self._empty_pipe_dir()
 
     def stop(self, budget_s: float = 0.7, *, final: bool = True) -> None:
         """``quit`` within part of ``budget_s``, then SIGKILL whatever is left; leaves no
@@ -604,7 +709,7 @@ class MpsControl:
 
     def _teardown(self, *, final: bool = False) -> None:
         self.kill_daemon()
-        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+        self._remove_pipe_dir()
         if self.compute_modes is not None:
             # NVML is the driver's: a hung driver must not hold the service's stop (its
             # unit kills it at 15 s, and every other release waits behind this). The

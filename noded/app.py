@@ -121,6 +121,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     daemon.baselines = baselines
     if not dry_run:
         daemon.state_probe = originals.probe
+        daemon.state_failed_writes = lambda: state.failed_writes
     if rightsize:
         from .rightsize.controls import SizeControls
         from .rightsize.history import SizingHistory

@@ -148,41 +148,43 @@ def _main(argv: list[str] | None) -> int:
 
 
 def check_config(path: str) -> int:
-    """Validate a config, and the files it names that ``noded run`` reads at start and
-    would refuse to start on. Errors go to stderr as FILE:LINE: KEY: REASON; exit 1."""
-    from .config import ConfigError, load_config
+    """Validate a config, and what ``noded run`` checks on this host at start, by the
+    same code (noded.hostcheck.start_check). Errors go to stderr as FILE:LINE: KEY:
+    REASON (exit 1); what run starts without, as FILE:LINE: KEY: warning: ... (exit 0)."""
+    from .config import Config, ConfigError, EmptyConfig, load_config
     from .journal import printable
 
+    notes = []
     try:
-        config = load_config(path)
+        config = load_config(path, empty_ok=False)
+    except EmptyConfig as e:  # as run takes it at start
+        config = Config()
+        notes.append(("(file)", f"{e.reason}; `noded run` starts on the built-in defaults"))
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
-    from .hostcheck import start_problems
+    from .hostcheck import start_check
 
-    problems = start_problems(config)
-    if problems:
+    check = start_check(config)
+    doc = None
+    if check.problems or check.warnings:
         from .yamlsafe import YamlError, read_yaml_file
 
         try:
             doc = read_yaml_file(path)  # read and parsed once already: the lines of the keys
         except YamlError:  # changed since: say it without lines
             doc = None
-        for key, reason in problems:
-            line = doc.line_of(key) if doc else None
-            print(printable(f"{path}{f':{line}' if line else ''}: {key}: {reason}"), file=sys.stderr)
+
+    def say(key: str, text: str) -> None:
+        line = doc.line_of(key) if doc else None
+        print(printable(f"{path}{f':{line}' if line else ''}: {key}: {text}"), file=sys.stderr)
+
+    for key, reason in check.problems:
+        say(key, reason)
+    for key, what in notes + check.warnings:
+        say(key, f"warning: {what}")
+    if check.problems:
         return 1
-    if config.jobs.labels:
-        import os
-
-        from .jobs.discovery import parse_labels
-
-        try:
-            if os.path.lexists(config.jobs.labels):
-                parse_labels(config.jobs.labels)
-        except (OSError, ValueError) as e:
-            print(printable(f"{path}: jobs.labels: warning: {e} (noded runs without these labels until the file is "
-                            "fixed)"), file=sys.stderr)
     print(f"{path}: ok")
     return 0
 

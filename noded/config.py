@@ -66,6 +66,10 @@ class ConfigError(ValueError):
         return error
 
 
+class EmptyConfig(ConfigError):
+    """A file with no keys (empty, or only comments), where one is required (a reload)."""
+
+
 class _Recorded(Exception):
     """A value whose problems are already in the list of errors: its key is left out."""
 
@@ -555,13 +559,17 @@ def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) ->
     return errors
 
 
-def parse_config(text: str | bytes, where: str = "<config>") -> Config:
+def parse_config(text: str | bytes, where: str = "<config>", *, empty_ok: bool = True) -> Config:
     """A Config from YAML text; raises only ConfigError, with every problem in the file in
-    its ``problems``: each key is checked whatever was wrong with the ones before it."""
+    its ``problems``: each key is checked whatever was wrong with the ones before it.
+    ``empty_ok=False``: a text with no keys raises EmptyConfig instead of being the defaults."""
     try:
         doc = parse_yaml(text, where)
     except YamlError as e:
         raise ConfigError(where, e.key or ("(yaml)" if e.line else "(file)"), e.line, e.reason) from None
+    if doc.data is None and not empty_ok:
+        raise EmptyConfig(where, "(file)", None, "no keys (empty, or only comments): taken for every default, "
+                                                 "it would reset them all (a reload refuses it)")
     errors: list[ConfigError] = []
     try:
         config = _build(Config, {} if doc.data is None else doc.data, "", where, doc, errors)
@@ -575,11 +583,12 @@ def parse_config(text: str | bytes, where: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str) -> Config:
+def load_config(path: str, *, empty_ok: bool = True) -> Config:
     """The config in a file; raises only ConfigError, whatever the file holds or is
-    (a directory, a FIFO, a device, too large: never read, never blocked on)."""
+    (a directory, a FIFO, a device, too large: never read, never blocked on);
+    EmptyConfig for a file with no keys unless ``empty_ok``."""
     try:
         data = read_regular_file(path)
     except YamlError as e:
         raise ConfigError(path, "(file)", None, e.reason) from None
-    return parse_config(data, path)
+    return parse_config(data, path, empty_ok=empty_ok)

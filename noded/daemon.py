@@ -116,6 +116,9 @@ class Daemon:
         self.extra_info = dict(extra_info or {})
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
+        #: how many writes into the state directory have failed so far: a new one is probed at once
+        self.state_failed_writes: Callable[[], int] | None = None
+        self._state_failures_seen = 0
         self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
@@ -181,6 +184,11 @@ class Daemon:
         if self.state_probe is None:
             return None
         every = 1.0 if self._state_unwritable else STATE_PROBE_S
+        failures = self.state_failed_writes() if self.state_failed_writes is not None else 0
+        if failures != self._state_failures_seen:
+            self._state_failures_seen = failures
+            if not self._state_unwritable:
+                every = 0.0  # a write failed since: probed now, not at the end of the period
         if self._state_checked is not None and now - self._state_checked < every:
             return self._state_unwritable
         self._state_checked = now
@@ -348,6 +356,7 @@ class Daemon:
                 self.stats.actuator_error("cpusets", operation)
         if rightsize is None and self.rightsize is not None:
             rightsize = self.rightsize.view()
+        unwritable = self._state_check(self.clock())  # a write of this tick's that failed shows in its result
         result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
                             self.throttle.kind if self.throttle else None, result.levels, unwritable,
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))

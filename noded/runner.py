@@ -22,9 +22,9 @@ from .admin.server import AdminServer
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .cliopts import say
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, EmptyConfig, load_config
 from .daemon import TickResult
-from .hostcheck import start_problems
+from .hostcheck import start_check
 from .journal import configure_logging
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from .sdnotify import SystemdNotifier
@@ -69,7 +69,11 @@ _START_ERRORS = (ConfigError, CalibrationError, AlreadyRunning, LockFileRefused,
 
 def _run(args, signals: Signals) -> int:
     try:
-        config = load_config(args.config) if args.config else Config()
+        config = load_config(args.config, empty_ok=False) if args.config else Config()
+    except EmptyConfig as e:
+        # At start an empty file is the defaults, as no file is (a reload refuses it: see _reload).
+        log.warning("%s: noded starts on the built-in defaults", e)
+        config = Config()
     except ConfigError as e:
         raise StartError(e) from None
     # Startup is a transaction: everything started is registered on the stack at once,
@@ -82,11 +86,13 @@ def _run(args, signals: Signals) -> int:
 
 
 def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
+    check = start_check(config)  # what check-config checks, by the same code; before anything is made
+    if check.problems:
+        raise StartError("; ".join(f"{key}: {reason}" for key, reason in check.problems))
+    for key, what in check.warnings:
+        log.warning("%s: %s", key, what)
     settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
     config, peak_note = settle(config)
-    problems = start_problems(config)  # what check-config checks too
-    if problems:
-        raise StartError("; ".join(f"{key}: {reason}" for key, reason in problems))
     budget = ensure_descriptor_budget()
     runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
     if os.path.realpath(os.path.dirname(config.admin_socket)) != os.path.realpath(runtime.path):
@@ -148,7 +154,9 @@ def _listening(server: AdminServer, what: str, path: str) -> AdminServer:
 
 def _reload(path: str, settle) -> Config | None:
     try:
-        config, source = settle(load_config(path))
+        # An empty file is refused: a file truncated or half written (an editor, a full
+        # disk) would otherwise put every key back to its default (tick, caps, the peak).
+        config, source = settle(load_config(path, empty_ok=False))
         log.info("reload: node peak %g GB/s per L3 domain (%s)", config.peak_gbps_per_domain, source)
         return config
     except ConfigError as e:

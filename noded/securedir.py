@@ -117,6 +117,9 @@ class SecureDir:
         self.wall_clock = wall_clock
         self._euid = os.geteuid()
         self._probing = threading.Lock()  # one probe file: one probe at a time
+        #: writes that failed here so far (whoever made them): a reader of whether the
+        #: directory is writable learns of a failure at once, not at its next probe
+        self.failed_writes = 0
         real, st = self._resolve(create, mode)
         try:
             fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -340,6 +343,13 @@ class SecureDir:
 
         Raises StateWriteError (with the OS's message) and leaves the old file as it was.
         """
+        try:
+            self._write_bytes(name, data, mode)
+        except StateWriteError:
+            self.failed_writes += 1
+            raise
+
+    def _write_bytes(self, name: str, data: bytes, mode: int) -> None:
         path = self.file_path(name)
         dirfd = self._dirfd(name)
         tmp = f"{name}.tmp"

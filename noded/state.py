@@ -82,7 +82,9 @@ def parse_originals(data: Any) -> dict[str, Any]:
     writes it, ``affinity:<pid>:<start time>`` -> a list of CPUs, ``affinity_job:<job id>`` ->
     the original CPUs, cgroup and root process of a job halved by affinity,
     ``compute_mode:<GPU UUID>`` -> an NVML compute mode, ``memory:<cgroup dir>`` -> the job,
-    the cgroup version and its soft memory limit as the kernel showed it. Raises ValueError."""
+    the cgroup version and its soft memory limit as the kernel showed it, ``made_dir:<path>``
+    -> null: a directory noded made (recorded before it made it), the only kind it removes.
+    Raises ValueError."""
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     for key, value in data.items():
@@ -95,6 +97,9 @@ def parse_originals(data: Any) -> dict[str, Any]:
             _check_affinity_job(key, value)
         elif kind == "memory" and where.startswith("/"):
             _check_memory(key, value)
+        elif kind == "made_dir" and where.startswith("/") and os.path.normpath(where) == where and "\0" not in where:
+            if value is not None:
+                raise ValueError(f"{key[:200]}: expected null")
         elif kind == "compute_mode" and _GPU_UUID.fullmatch(where):
             if type(value) is not int or not 0 <= value <= 3:
                 raise ValueError(f"{key}: not an NVML compute mode: {str(value)[:40]}")

@@ -16,6 +16,7 @@ from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTime
     max_clients_per_device
 from mps.supervisor import MpsSupervisor
 from mps_support import STANDIN, control_log, gone, processes_serving
+from noded.state import OriginalValues
 
 
 @pytest.fixture
@@ -26,9 +27,11 @@ def gpus(sim_gpus):
 @pytest.fixture
 def mps(tmp_path, gpus):
     made = []
+    state = OriginalValues(str(tmp_path / "state"))  # one noded's state, whichever object starts MPS
 
     def make(faults="", **kw):
         kw.setdefault("compute_modes", ComputeModes([gpus[1].uuid]))
+        kw.setdefault("recorder", state)
         m = MpsControl(STANDIN, str(tmp_path / "pipe"), str(tmp_path / "log"), gpus=[gpus[1].uuid],
                        command_timeout=5.0, ready_timeout=10.0, extra_env={"NODED_MPS_STANDIN": faults}, **kw)
         made.append(m)
@@ -111,7 +114,8 @@ def test_a_daemon_left_by_an_earlier_run_is_replaced(mps, tmp_path):
 
 def test_a_pid_file_naming_another_process_is_not_believed(mps, sleeper):
     m = mps()
-    os.makedirs(m.pipe_dir)
+    m.start()
+    m.kill_daemon()  # a crash: the pipe directory, noded's, is left with a pid file
     stranger = sleeper()
     with open(os.path.join(m.pipe_dir, "nvidia-cuda-mps-control.pid"), "w") as f:
         f.write(f"{stranger.pid}\n")

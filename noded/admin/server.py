@@ -14,10 +14,12 @@ the daemon. What the commands do is noded.admin.commands.
 
 from __future__ import annotations
 
+import errno
 import grp
 import logging
 import os
 import socket
+import stat
 import time
 from dataclasses import replace
 from typing import Callable
@@ -43,6 +45,47 @@ def peer_groups(pid: int) -> set[int]:
     return set()
 
 
+class SocketPathError(OSError):
+    """The socket's path holds something noded may not remove; ``strerror`` says what."""
+
+    def __init__(self, reason: str):
+        super().__init__(errno.EEXIST, reason)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO")):
+        if test(mode):
+            return name
+    return "a device"
+
+
+def socket_path_problem(path: str) -> str | None:
+    """Why noded may not take ``path`` for a socket (None: nothing is there, or a stale
+    socket no process listens on, which noded may remove). Anything else there is not
+    noded's to remove: a file, or a socket some process listens on."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot examine {path}: {e.strerror}"
+    if not stat.S_ISSOCK(st.st_mode):
+        return (f"{path} exists and is {_kind(st.st_mode)}, not a socket: noded removes only a socket no process "
+                "listens on, never another file")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None  # stale: its process is gone
+    except OSError as e:
+        return f"cannot tell whether a process listens on the socket {path} ({e.strerror or e}): it is left alone"
+    finally:
+        probe.close()
+    return f"a process listens on the socket {path}: it is not noded's to remove"
+
+
 class AdminServer(Protocol):
     def __init__(self, path: str, daemon: Daemon, *, group: str | None,
                  timeout_s: float = 5.0, wall_clock: Callable[[], float] = time.time,
@@ -65,11 +108,19 @@ class AdminServer(Protocol):
             except KeyError:
                 log.warning("admin group %r does not exist: only root may use %s", group, path)
         self.server: StreamServer | None = None
+        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket made here: the one stop removes
         self._log = RateLimitedLog(log)
 
     def start(self) -> "AdminServer":
-        if os.path.exists(self.path):
-            os.unlink(self.path)  # a stale socket: the instance lock says no noded owns it
+        """Listen; raises OSError (SocketPathError where the path holds what noded may not
+        remove: a file, or a socket a process listens on)."""
+        problem = socket_path_problem(self.path)
+        if problem:
+            raise SocketPathError(problem)
+        try:
+            os.unlink(self.path)  # a stale socket (or nothing): no process listens on it
+        except FileNotFoundError:
+            pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             old = os.umask(0o177)
@@ -77,6 +128,8 @@ class AdminServer(Protocol):
                 sock.bind(self.path)
             finally:
                 os.umask(old)
+            made = os.lstat(self.path)
+            self._bound = (made.st_dev, made.st_ino)
             if self.reports_only:
                 os.chmod(self.path, 0o666)
             elif self.gid is not None:
@@ -93,10 +146,15 @@ class AdminServer(Protocol):
         """Stop accepting, answer a request being handled, close every client (bounded: well under a second)."""
         if self.server is not None:
             self.server.stop()
-        try:
-            os.unlink(self.path)
+        if self._bound is None:
+            return
+        try:  # only the socket made here: whatever is at the path now otherwise is not noded's
+            now = os.lstat(self.path)
+            if stat.S_ISSOCK(now.st_mode) and (now.st_dev, now.st_ino) == self._bound:
+                os.unlink(self.path)
         except FileNotFoundError:
             pass
+        self._bound = None
 
     def authorised(self, pid: int, uid: int, gid: int) -> bool:
         if uid == 0:

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 from dataclasses import asdict, dataclass
 from statistics import median
@@ -35,6 +36,9 @@ RECORDS_FILE = "colocation-records.jsonl"
 MODEL_FILE = "colocation-model.json"
 #: Bounds on what is read back: a model is a few hundred bytes; records are a line per co-located group.
 MAX_MODEL_BYTES = 64 * 1024
+#: nesting a model file may have: what ``fit`` writes nests 2 deep; Python's parser
+#: recurses once a level and gives up (RecursionError) near a thousand
+MAX_MODEL_DEPTH = 8
 MAX_RECORDS_BYTES = 64 * 1024 * 1024
 #: Bounds on what reports keep (any local process of a job may report, as often as it
 #: likes): the latest iteration times per job (alone) and per job and peers, whose median
@@ -157,7 +161,7 @@ class Outcomes:
                 continue
             try:
                 out.append(parse_record(json.loads(line, parse_constant=_refuse_constant)))
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:  # a line nested too deep for the parser is not a record
                 log.warning("%s: line %d skipped: %s", self.records_path, n, e)
         return out
 
@@ -189,11 +193,37 @@ class Outcomes:
     def load_model(self) -> dict | None:
         """The saved model, None where none was fitted; raises ModelError (with the path
         and the problem) for a file that is not a usable model."""
-        try:
-            text = _read_text(self.model_path, MAX_MODEL_BYTES)
-            return parse_model(json.loads(text, parse_constant=_refuse_constant)) if text else None
-        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
-            raise ModelError(f"{self.model_path}: not a usable co-location model: {e}") from None
+        return read_model(self.model_path)
+
+
+def read_model(path: str) -> dict | None:
+    """The model in ``path``, None where there is no such file; raises ModelError (with
+    the path and the problem) for a file that is not a usable model, whatever it holds
+    (bounded in size and nesting: never a RecursionError)."""
+    try:
+        text = _read_text(path, MAX_MODEL_BYTES)
+        if not text:
+            return None
+        depth = _nesting(text)
+        if depth > MAX_MODEL_DEPTH:
+            raise ValueError(f"nested {depth} deep; a model nests at most {MAX_MODEL_DEPTH}")
+        return parse_model(json.loads(text, parse_constant=_refuse_constant))
+    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise ModelError(f"{path}: not a usable co-location model: {e}") from None
+
+
+def _nesting(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings not
+    counted), without parsing it."""
+    brackets = re.sub(r'"(?:[^"\\]|\\.)*"', "", text)
+    depth = deepest = 0
+    for c in brackets:
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
 
 
 def _refuse_constant(text: str) -> float:

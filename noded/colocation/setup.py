@@ -97,7 +97,7 @@ def build_colocation(config: Config, clock: Callable[[], float], originals: Reco
     # hangs is waited for in real seconds.
     control = MpsControl(cc.mps.control, config.mps_pipe_dir, cc.mps.log_dir, gpus=uuids or None,
                          compute_modes=modes, defaults=mps_defaults(gpus, max_jobs),
-                         nvml_timeout=cc.mps.nvml_timeout_s)
+                         nvml_timeout=cc.mps.nvml_timeout_s, recorder=originals)
     service = Colocation(ColocationRule(cc.threshold_c, max_jobs, multi_user=cc.mps.multi_user), profiles,
                          mps=MpsSupervisor(control), clock=clock, outcomes=Outcomes(config.state_dir))
     try:

@@ -48,7 +48,12 @@ _ONE_CONNECTION = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ECONNRES
 
 
 class ListenError(Exception):
-    """The endpoint could not be opened (an address in use, not an address of this host)."""
+    """The endpoint could not be opened (an address in use, not an address of this host).
+    ``address_wrong``: the address is at fault (not this host's), not the port."""
+
+    def __init__(self, message: str, *, address_wrong: bool = False):
+        super().__init__(message)
+        self.address_wrong = address_wrong
 
 
 @dataclass(frozen=True)
@@ -488,7 +493,7 @@ def listen_tcp(address: str, port: int, *, what: str) -> socket.socket:
         infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as e:
         raise ListenError(f"{what}: {address!r} is not an address this host can listen on "
-                          f"({getattr(e, 'strerror', None) or e})") from None
+                          f"({getattr(e, 'strerror', None) or e})", address_wrong=True) from None
     except OverflowError:
         raise ListenError(f"{what}: port {port} is not a TCP port") from None
     family, type_, proto, _, sockaddr = infos[0]
@@ -502,7 +507,7 @@ def listen_tcp(address: str, port: int, *, what: str) -> socket.socket:
         if e.errno == errno.EADDRINUSE:
             raise ListenError(f"{what}: port {port} on {address} is already in use") from None
         if e.errno == errno.EADDRNOTAVAIL:
-            raise ListenError(f"{what}: {address} is not an address of this host") from None
+            raise ListenError(f"{what}: {address} is not an address of this host", address_wrong=True) from None
         if e.errno == errno.EACCES:
             raise ListenError(f"{what}: not allowed to listen on port {port} of {address}") from None
         raise ListenError(f"{what}: cannot listen on {address} port {port}: {e.strerror or e}") from None

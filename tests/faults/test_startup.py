@@ -93,7 +93,7 @@ def test_a_port_in_use_fails_clearly_and_leaves_nothing(tmp_path, node):
         cfg = config(tmp_path, "busy", **shared, metrics=f"{{address: 127.0.0.1, port: {taken.getsockname()[1]}}}")
         code, out, err = finish(run(cfg))
         assert code == 1 and "Traceback" not in err, err
-        assert f"noded run: metrics: port {taken.getsockname()[1]} on 127.0.0.1 is already in use" in err
+        assert f"noded run: metrics.port: metrics: port {taken.getsockname()[1]} on 127.0.0.1 is already in use" in err
         assert mon_groups(emu) == [] and os.listdir(emu.root + "/mon_groups") == []
         assert not os.path.exists(tmp_path / "busy" / "run" / "noded.pid")
     finally:
