@@ -43,7 +43,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 # line for journald's stream reader, so "\0<0>..." would be a second line at priority 0;
 # ESC starts a terminal's control sequence; CR overwrites a line), DEL, Unicode line and
 # paragraph separators, and the bidirectional controls that reorder what is shown. Tab stays.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Lone surrogates too: a cgroup's name that is not UTF-8 reaches Python as them
+# (os.fsdecode), and no stream can encode them; each is shown as the metrics show it
+# (``\udcff`` for the byte 0xff).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
 
 
 def printable(text: str) -> str:

@@ -62,6 +62,9 @@ class Sample:
     # "unknown", never "none"; nothing may be decided or changed about jobs.
     jobs_known: bool = True
     resctrl: ResctrlFacts | None = None  # None: no resctrl mounted
+    # (stage, job id, why) for each job whose part of sampling failed this tick: that job
+    # held as it was, every other job sampled (stage: monitor, its monitoring group's sync)
+    job_errors: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:
@@ -148,4 +151,5 @@ def build_sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
         tuple(missing), samplers, jobs is not None, resctrl,
+        tuple(("monitor", job, why) for job, why in sorted(monitor.errors.items())) if monitor else (),
     )
