@@ -7,6 +7,9 @@ cgroups as they like: the kernel's alphabet is any byte but '/' and NUL.
 * Item 1: a cgroup whose name carries "\\r3:cpuset:/<another job's path>" (or "\\n..." where
   the kernel allows a newline in a name) must not make that tenant's process the other
   job's; a name with a line end but no ':' must not raise.
+* The same class elsewhere: a mount point (any user may mount FUSE through fusermount) or
+  a process's own name (prctl) that is not UTF-8 must not stop noded's start checks, its
+  resctrl lookup or the admin socket's peer check; nodectl shows a non-UTF-8 job.
 """
 
 from __future__ import annotations
@@ -19,8 +22,13 @@ import sys
 
 import pytest
 
-from conftest import CPUSET, wait_for
+from conftest import CPUSET, nodectl_run, wait_for
+from noded.admin.server import peer_groups
+from noded.hostcheck import filesystem_type
 from noded.jobs import CgroupSource, JobDiscovery
+from noded.samplers.resctrl import ResctrlSession
+from resctrl import NotMountedError
+from resctrl.mounts import find_resctrl_mount
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")
 
@@ -140,3 +148,50 @@ def test_a_line_end_without_a_colon_in_a_tenants_name_is_read_not_raised(tenant,
     source, _, make = tenant
     pid = make([name])
     assert JobDiscovery([source]).job_of_new_process(pid, {}) is None
+
+
+# ------------------------------------------------------------ the same class elsewhere
+
+#: not UTF-8, with each byte /proc/mounts and mountinfo escape (space, newline, backslash)
+ODD_MOUNT = os.fsdecode(b"m\xff\xfe \n\\x\r1")
+
+
+def test_a_mount_at_a_non_utf8_path_stops_neither_the_start_checks_nor_the_resctrl_lookup(tmpfs, tmp_path):
+    where = tmpfs(name=ODD_MOUNT)
+    assert filesystem_type(str(where)) == "tmpfs"  # the mount point read back whole
+    assert filesystem_type(str(where / "below")) == "tmpfs"
+    assert filesystem_type(CPUSET) == "cgroup"
+    with pytest.raises(NotMountedError):
+        find_resctrl_mount("/proc/mounts", str(tmp_path / "resctrl"))
+    session = ResctrlSession(str(where))  # mounted, but not resctrl: unavailable, said why
+    assert session.refresh() is None and "no resctrl filesystem mounted" in session.unavailable
+
+
+def test_the_admin_peer_check_reads_the_groups_of_a_process_named_with_any_bytes():
+    name = b"\xff\xfe\x1b[2J"  # a process names itself (prctl PR_SET_NAME): not UTF-8
+    script = ("import ctypes, sys; ctypes.CDLL(None).prctl(15, sys.argv[1].encode('latin-1'), 0, 0, 0); "
+              "print('ready', flush=True); sys.stdin.read()")
+    p = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--groups=4242,4343",
+                          sys.executable, "-c", script, name.decode("latin-1")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        with open(f"/proc/{p.pid}/comm", "rb") as f:
+            assert f.read() == name + b"\n"
+        assert peer_groups(p.pid) == {4242, 4343}
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_nodectl_shows_a_job_whose_cgroup_name_is_not_utf8(admin_socket, capsys):
+    from test_cli_habits import job, tick_result
+
+    odd = "cgroup:" + os.fsdecode(b"\xff\xfe\x1b[2J\xe2\x80\xa8x")
+    served = admin_socket(tick_result([job(odd, bw=7e9), job("slurm:1")], {odd: 2}))
+    code, out, err = nodectl_run(served.path, "jobs", capsys=capsys)  # stdout: strict UTF-8
+    assert code == 0, err
+    assert "cgroup:\\udcff\\udcfe\\x1b[2J\\u2028x" in out and "\x1b" not in out
+    code, out, err = nodectl_run(served.path, "throttle", odd, "--level", "1", capsys=capsys)
+    assert code == 0, err
+    assert out.startswith("cgroup:\\udcff\\udcfe\\x1b[2J\\u2028x is held at throttle level 1")
