@@ -54,7 +54,7 @@ class Throttle(Protocol):
 STATE_PROBE_S = 10.0
 
 #: where in a tick one job's part can fail alone (that job held, the others go on), in words
-JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "act": "change"}
+JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading", "act": "change"}
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,8 @@ class Daemon:
     def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
         """Jobs held this tick by an error of their own (the others went on): counted by
         stage, said once when it begins (not every tick while it lasts)."""
-        by_stage: dict[str, dict[str, str]] = {"monitor": {}, "act": dict(result.job_errors)}
+        by_stage: dict[str, dict[str, str]] = {stage: {} for stage in JOB_ERROR_STAGES}
+        by_stage["act"] = dict(result.job_errors)
         for stage, job, why in sample.job_errors:
             by_stage.setdefault(stage, {})[job] = why
         for stage, errors in by_stage.items():

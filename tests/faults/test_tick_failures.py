@@ -163,3 +163,45 @@ def test_a_job_whose_change_fails_alone_is_held_counted_and_said_once_and_the_ot
     said = [r.getMessage() for r in caplog.records if "held" in r.getMessage()]
     assert len(said) == 2, said  # once per stage, not once a tick
     assert any("change failed" in m and "KeyError" in m for m in said)
+
+
+CPUS_SCRIPT = """
+import json, sys
+from noded.jobs.model import Job
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.sample import build_sample
+jobs = {j: Job(j, "cgroup", frozenset(), path) for j, path in json.loads(sys.argv[1]).items()}
+sampler = CpuPlacementSampler()
+placed = sampler.sample(jobs)
+sample = build_sample(1.0, jobs, None, None, None, cpus=placed)
+print(json.dumps({"placed": {j: sorted(p.held()) for j, p in placed.items()}, "unreadable": sampler.unreadable,
+                  "job_errors": sample.job_errors}))
+"""
+
+
+def test_a_tenant_that_shuts_noded_out_of_its_subtree_blinds_noded_to_its_own_cpus_only(v1_cpuset):
+    # noded's unit runs it as root without CAP_DAC_OVERRIDE: a subtree's owner can make it
+    # unreadable; setpriv drops the same capabilities here, and the kernel answers EACCES
+    import json
+    import os
+    import subprocess
+    import sys
+
+    base, mkcg = v1_cpuset
+    shut, fine = mkcg("jobs/shut"), mkcg("jobs/fine")
+    step = mkcg("jobs/shut/step")
+    os.chown(step, 65534, 65534)
+    os.chmod(step, 0o700)
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", CPUS_SCRIPT, json.dumps({"cgroup:shut": shut, "cgroup:fine": fine})],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(step, 0o755)
+        os.chown(step, 0, 0)
+    assert out.returncode == 0, out.stderr  # before: PermissionError, every job's CPUs missing
+    got = json.loads(out.stdout)
+    assert set(got["placed"]) == {"cgroup:fine"} and got["placed"]["cgroup:fine"]
+    assert "Permission denied" in got["unreadable"]["cgroup:shut"]
+    assert got["job_errors"] == [["cpus", "cgroup:shut", "its CPUs could not be read"]]
+    assert "CPUs unreadable" in out.stderr and out.stderr.count("job=cgroup:shut") == 1
