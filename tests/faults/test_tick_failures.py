@@ -157,8 +157,8 @@ def test_a_job_whose_change_fails_alone_is_held_counted_and_said_once_and_the_ot
     assert all(r.levels.get("cgroup:bad\udcff", 0) == 0 for r in results)  # held where it was
     assert results[-1].levels["cgroup:good"] == 2
     values, _ = parse(generate_latest(make_registry(daemon)).decode())
-    assert value(values, "noded_job_errors_total", stage="act") == 3
-    assert value(values, "noded_job_errors_total", stage="monitor") == 3
+    assert value(values, "noded_tick_job_errors_total", stage="act") == 3
+    assert value(values, "noded_tick_job_errors_total", stage="monitor") == 3
     assert value(values, "noded_tick_failures_total") == 0
     said = [r.getMessage() for r in caplog.records if "held" in r.getMessage()]
     assert len(said) == 2, said  # once per stage, not once a tick
