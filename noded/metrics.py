@@ -168,9 +168,9 @@ class NodedCollector:
                                        "see the journal)")
         failures.add_metric([], totals.tick_failures)
         yield failures
-        held = CounterMetricFamily("noded_tick_job_errors", "Jobs held by an error in their own part of a tick, by stage "
-                                   "(monitor: its monitoring group's sync; cpus: reading where its CPUs are; act: its "
-                                   "change); the other jobs went on (the journal says each once)", labels=["stage"])
+        held = CounterMetricFamily("noded_tick_job_errors", "Jobs held by an error in their own part of a tick, by "
+                                   "stage (monitor: its monitoring group's sync; cpus: reading where its CPUs are; act: "
+                                   "its change); the other jobs went on (the journal says each once)", labels=["stage"])
         for stage, n in sorted(_with_zeros(JOB_ERROR_STAGES, totals.job_errors).items()):
             held.add_metric([stage], n)
         yield held

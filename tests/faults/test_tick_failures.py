@@ -72,7 +72,8 @@ def test_the_watchdog_hears_from_every_round_and_the_status_says_the_tick_failed
     notify = NotifySocket(tmp_path / "notify")
     telemetry = BrokenTelemetry()
     daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), telemetry, None)
-    on_tick, on_failed = runner._notifier_hooks(SystemdNotifier({"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"}))
+    notifier = SystemdNotifier({"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"})
+    on_tick, on_failed = runner._notifier_hooks(notifier)
     stop, loop = running(daemon, on_tick=on_tick, on_failed=on_failed)
     try:
         # started: the loop runs, though no tick completes; systemd is told so, not left
@@ -193,9 +194,9 @@ def test_a_tenant_that_shuts_noded_out_of_its_subtree_blinds_noded_to_its_own_cp
     os.chown(step, 65534, 65534)
     os.chmod(step, 0o700)
     try:
+        jobs = json.dumps({"cgroup:shut": shut, "cgroup:fine": fine})
         out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
-                              sys.executable, "-c", CPUS_SCRIPT, json.dumps({"cgroup:shut": shut, "cgroup:fine": fine})],
-                             capture_output=True, text=True, timeout=60)
+                              sys.executable, "-c", CPUS_SCRIPT, jobs], capture_output=True, text=True, timeout=60)
     finally:
         os.chmod(step, 0o755)
         os.chown(step, 0, 0)
