@@ -53,6 +53,18 @@ class Throttle(Protocol):
 #: How often the state directory is tried for writing while throttles may be needed.
 STATE_PROBE_S = 10.0
 
+#: where in a tick one job's part can fail alone (that job held, the others go on), in words
+JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading", "act": "change"}
+
+
+@dataclass(frozen=True)
+class TickFailure:
+    """A tick that raised: why, how many in a row, and the ticks completed before it."""
+
+    error: str
+    in_a_row: int
+    completed: int
+
 
 @dataclass(frozen=True)
 class TickResult:
@@ -113,6 +125,7 @@ class Daemon:
         self.ticks = 0
         self.overruns = 0
         self.stats = TickStats()  # the loop's own counters; each TickResult carries a snapshot
+        self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
@@ -347,6 +360,7 @@ class Daemon:
         kind = self.throttle.kind if self.throttle else "cpusets"
         for failed in result.failed:
             self.stats.actuator_error(kind, failed.operation)
+        self._count_job_errors(sample, result)
         for operation in result.housekeeping_failed:
             self.stats.actuator_error(kind, operation)
         if cpus is not None and kind != "cores":  # on a cores host, the result above is the owner's
@@ -364,21 +378,49 @@ class Daemon:
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
                             self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory)
         self.last = result
+        self.totals = result.totals
         return result
 
-    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
+    def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
+        """Jobs held this tick by an error of their own (the others went on): counted by
+        stage, said once when it begins (not every tick while it lasts)."""
+        by_stage: dict[str, dict[str, str]] = {stage: {} for stage in JOB_ERROR_STAGES}
+        by_stage["act"] = dict(result.job_errors)
+        for stage, job, why in sample.job_errors:
+            by_stage.setdefault(stage, {})[job] = why
+        for stage, errors in by_stage.items():
+            for job in sorted(self.stats.job_errors(stage, errors)):
+                log.error("job=%s held: its %s failed (said once; the other jobs go on): %s", job,
+                          JOB_ERROR_STAGES.get(stage, stage), errors[job])
+
+    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None,
+            on_failed: Callable[[TickFailure], None] | None = None) -> None:
+        """Ticks until ``stop``: ``on_tick`` after each tick, ``on_failed`` after each that
+        raised (the loop goes on; the next tick starts afresh). Each loop round ends in one
+        of the two, so whoever listens (systemd's watchdog) hears that the loop runs."""
         next_t = self.clock()
+        in_a_row = 0
         while not stop.is_set():
             self._maybe_reload()
             period = self.config.tick_s
             try:
                 result = self.tick()
-                if on_tick:
-                    on_tick(result)
-            except Exception:
-                # A bug in one tick must not take the node's protection down for good.
+            except Exception as e:
+                # A bug in one tick must not take the node's protection down for good: counted
+                # (and published, though no tick completes), said with its traceback.
+                in_a_row += 1
                 self.stats.tick_failed()
-                log.exception("tick failed")
+                self.totals = self.stats.snapshot()
+                log.exception("tick failed (%d in a row)", in_a_row)
+                if on_failed:
+                    on_failed(TickFailure(f"{type(e).__name__}: {e}", in_a_row, self.ticks))
+            else:
+                in_a_row = 0
+                if on_tick:
+                    try:
+                        on_tick(result)
+                    except Exception:
+                        log.exception("after tick %d: telling the listener failed", result.tick)
             next_t += period
             now = self.clock()
             if now > next_t:

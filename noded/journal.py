@@ -43,7 +43,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 # line for journald's stream reader, so "\0<0>..." would be a second line at priority 0;
 # ESC starts a terminal's control sequence; CR overwrites a line), DEL, Unicode line and
 # paragraph separators, and the bidirectional controls that reorder what is shown. Tab stays.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Lone surrogates too: a cgroup's name that is not UTF-8 reaches Python as them
+# (os.fsdecode), and no stream can encode them; each is shown as the metrics show it
+# (``\udcff`` for the byte 0xff).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
 
 
 def printable(text: str) -> str:
@@ -75,6 +79,16 @@ def field_name(key: str) -> str:
     return name[:64]
 
 
+def _field_bytes(value: str) -> bytes:
+    """A field's value as the journal keeps it (bytes): a cgroup's name that is not UTF-8
+    (lone surrogates from os.fsdecode) as its own bytes, so ``journalctl NODED_JOB=...``
+    finds the job by the name the kernel has; any other lone surrogate as U+FFFD."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace")
+
+
 def encode_native(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
     """One entry in the native protocol: NAME=value lines; a value with a newline in the
     binary form (NAME, newline, its length as 64-bit little-endian, the value, newline)."""
@@ -83,7 +97,7 @@ def encode_native(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
         if not _FIELD_NAME.fullmatch(name):
             raise ValueError(f"journal field name {name!r}: must be A-Z, 0-9 and _, start with a letter, "
                              "at most 64 characters")
-        data = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
+        data = value if isinstance(value, bytes) else _field_bytes(value)
         key = name.encode("ascii")
         if b"\n" in data:
             out += key + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
@@ -116,6 +130,16 @@ class LineHandler(logging.StreamHandler):
     def __init__(self, stream, *, prefix: bool):
         super().__init__(stream)
         self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A value in a message (a job id from a cgroup's name, which may hold a newline on
+        # kernels before 5.2; a registered one) is escaped before it is put in: it cannot
+        # split the message into lines of its own. The message's own lines (a traceback)
+        # stay lines, each with its priority.
+        if isinstance(record.args, tuple) and any(isinstance(a, str) for a in record.args):
+            record = logging.makeLogRecord(
+                {**vars(record), "args": tuple(printable(a) if isinstance(a, str) else a for a in record.args)})
+        return super().format(record)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:

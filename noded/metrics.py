@@ -28,6 +28,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.utils import floatToGoString
 
 from .control import ControlSnapshot
+from .daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
 from .daemon import Daemon, TickResult
 from .rightsize.service import STATES as SIZING_STATES
 from .tickstats import BUCKETS, Histogram, Totals
@@ -54,6 +55,8 @@ ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
 SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
 #: the stages of a tick (daemon.Daemon.tick)
 STAGES = ("sample", "decide", "act", "total")
+#: where one job's part of a tick can fail alone, that job held (daemon.JOB_ERROR_STAGES)
+JOB_ERROR_STAGES = tuple(sorted(_JOB_ERROR_STAGES))
 
 
 def _version() -> str:
@@ -103,8 +106,11 @@ class NodedCollector:
     from the start."""
 
     def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False,
-                 rightsize: bool = False):
+                 rightsize: bool = False, totals: Callable[[], Totals] | None = None):
         self.last = last
+        # the counters as of the loop's last round: a tick that raised publishes no result,
+        # and its failure must be counted all the same (the last result's, where not given)
+        self.totals = totals
         self.info = dict(info)
         self.colocation = colocation
         self.rightsize = rightsize
@@ -117,13 +123,14 @@ class NodedCollector:
         info = InfoMetricFamily("noded_build", "noded build information")
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
-        yield from map(_text_labels, self._counters(r))
+        yield from map(_text_labels, self._counters(r, self.totals() if self.totals is not None else None))
         if r is not None:
             yield from map(_text_labels, self._state(r, r.control))
 
-    def _counters(self, r: TickResult | None):
+    def _counters(self, r: TickResult | None, totals: Totals | None):
         control = r.control if r is not None else ControlSnapshot()
-        totals = r.totals if r is not None else Totals()
+        if totals is None:
+            totals = r.totals if r is not None else Totals()
         colo = r.colocation if r is not None else None
 
         actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
@@ -161,6 +168,12 @@ class NodedCollector:
                                        "see the journal)")
         failures.add_metric([], totals.tick_failures)
         yield failures
+        held = CounterMetricFamily("noded_tick_job_errors", "Jobs held by an error in their own part of a tick, by "
+                                   "stage (monitor: its monitoring group's sync; cpus: reading where its CPUs are; act: "
+                                   "its change); the other jobs went on (the journal says each once)", labels=["stage"])
+        for stage, n in sorted(_with_zeros(JOB_ERROR_STAGES, totals.job_errors).items()):
+            held.add_metric([stage], n)
+        yield held
         errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
                                      "(mba, cores), a control group not removed (mba remove), an original not "
                                      "recorded (cores record), an MPS control daemon restarted or not started (mps), a "
@@ -398,6 +411,6 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=daemon.rightsize is not None))
+                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals))
     ProcessCollector(registry=registry)
     return registry

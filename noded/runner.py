@@ -3,7 +3,8 @@
 Signals: SIGTERM/SIGINT stop the loop, release every throttle, restore what was
 changed and remove noded's groups; SIGHUP reloads the config (a bad one is refused
 with its reason and the running one kept). Under systemd the notify protocol says
-READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
+READY after the loop's first round, a STATUS line each round (saying so where the tick
+failed), and WATCHDOG after every round that ends, failed or not.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .cliopts import say
 from .config import Config, ConfigError, EmptyConfig, load_config
-from .daemon import TickResult
+from .daemon import TickFailure, TickResult
 from .hostcheck import start_check
 from .journal import configure_logging
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
@@ -138,8 +139,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     notifier = SystemdNotifier()
     stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
     daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
-    on_tick = _notifier_hook(notifier)
-    daemon.run(signals.stop, on_tick=on_tick)
+    on_tick, on_failed = _notifier_hooks(notifier)
+    daemon.run(signals.stop, on_tick=on_tick, on_failed=on_failed)
     stack.close()
     say("noded: stopped; throttles released, groups removed.")
     return 0
@@ -170,13 +171,24 @@ def _reload(path: str, settle) -> Config | None:
         return None
 
 
-def _notifier_hook(notifier: SystemdNotifier):
+def failure_line(failure: TickFailure) -> str:
+    """systemd's STATUS while ticks fail: the loop runs, but decides and changes nothing."""
+    return (f"tick failed ({failure.in_a_row} in a row, {failure.completed} completed before): "
+            f"{failure.error}; nothing is decided or changed until a tick completes (the journal has the traceback)")
+
+
+def _notifier_hooks(notifier: SystemdNotifier):
+    """(after a tick, after a failed tick) for the notify protocol: READY=1 once, after the
+    loop's first round whatever its outcome (noded has started: its loop runs); a STATUS
+    line each round, saying so where the tick failed; WATCHDOG=1 each round. The watchdog
+    hears from every round that ends, so it says "stalled" only when the loop itself is
+    stuck (a tick that never returns), not when ticks fail or hold: those are in STATUS, the
+    journal and noded_tick_failures_total, and a restart would not mend them."""
     state = {"ready": False}
 
-    def on_tick(result: TickResult) -> None:
+    def tell(line: str) -> None:
         if not notifier.enabled:
             return
-        line = status_line(result)
         if not state["ready"]:
             notifier.ready(line)
             state["ready"] = True
@@ -184,5 +196,10 @@ def _notifier_hook(notifier: SystemdNotifier):
             notifier.status(line)
         notifier.watchdog()
 
-    on_tick.notifier = notifier  # type: ignore[attr-defined]
-    return on_tick
+    def on_tick(result: TickResult) -> None:
+        tell(status_line(result))
+
+    def on_failed(failure: TickFailure) -> None:
+        tell(failure_line(failure))
+
+    return on_tick, on_failed

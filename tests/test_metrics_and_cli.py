@@ -80,7 +80,8 @@ def fixed_daemon():
                         ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
                         control.snapshot(), stats.snapshot(), rightsize, cpus, memory)
-    return SimpleNamespace(last=result, colocation=None, rightsize=None, extra_info={"throttle": "mba", "dry_run": "false"})
+    return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
+                           extra_info={"throttle": "mba", "dry_run": "false"})
 
 
 def shape(exposition: str) -> str:

@@ -35,10 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def peer_groups(pid: int) -> set[int]:
+    """The supplementary groups of a process, from /proc/PID/status read as bytes: its
+    Name: line is the process's own choice (prctl PR_SET_NAME), any bytes but NUL, and need
+    not be UTF-8 (the kernel escapes only its newlines and backslashes there)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
-                if line.startswith("Groups:"):
+                if line.startswith(b"Groups:"):
                     return {int(g) for g in line.split()[1:]}
     except (FileNotFoundError, ProcessLookupError):
         pass

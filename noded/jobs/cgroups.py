@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import os
 import re
 import stat
 from dataclasses import dataclass
+
+from .proccgroup import ProcCgroups
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 
@@ -236,19 +239,15 @@ def _read_whole(path: str) -> bytes:
         os.close(fd)
 
 
+@functools.lru_cache(maxsize=16)
+def proc_cgroups(proc: str) -> ProcCgroups:
+    """The reader of processes' cgroups under a proc root: one per root, sharing the
+    kernel's list of hierarchies it read (the same for every process of the host)."""
+    return ProcCgroups(proc)
+
+
 def read_process_cgroups(proc: str, pid: int) -> dict[str, str]:
-    """Hierarchy (controller list, '' for v2) -> cgroup path of a process."""
-    try:
-        # A cgroup's name is bytes: decoded as os.listdir decodes paths, so a name that is
-        # not UTF-8 (anyone with a delegated subtree can make one) matches the directory
-        # it names instead of failing every discovery.
-        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return {}
-    out = {}
-    for line in text.splitlines():
-        _hid, controllers, path = line.split(":", 2)
-        for c in controllers.split(",") if controllers else [""]:
-            out[c] = path
-    return out
+    """Hierarchy (controller list, '' for v2) -> cgroup path of a process ({} where it is
+    gone). Raises ProcCgroupError where its /proc/PID/cgroup cannot be read or is not the
+    kernel's grammar (a forged record in a cgroup name): such a process is no job's."""
+    return proc_cgroups(proc).of(pid)

@@ -9,14 +9,18 @@ import threading
 
 from ..journal import printable
 from ..procstat import PPID, stat_fields
+from ..ratelimit import RateLimitedLog
 from ..securedir import SecureDir
 from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupSource, read_procs, read_process_cgroups
+from .proccgroup import ProcCgroupError
 from .kubepods import PodIdentities
 from .model import Job, JobMeta
 
 log = logging.getLogger(__name__)
+#: processes attributed to no job because their /proc/PID/cgroup was refused
+_UNATTRIBUTED = RateLimitedLog(log, interval_s=60.0)
 
 #: errors that say noded itself is short of something: every job's reading would fail alike
 NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -254,7 +258,14 @@ class JobDiscovery:
 
     def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:
         """The job a just-exec'd process belongs to, from its cgroup (None: not a job's)."""
-        cgroups = read_process_cgroups(self.proc, pid)
+        try:
+            cgroups = read_process_cgroups(self.proc, pid)
+        except ProcCgroupError as e:
+            # its file is not the kernel's grammar (a forged record in a cgroup name) or
+            # cannot be read: no job's, never a guessed one's; an exec storm says it once a minute
+            _UNATTRIBUTED.log(logging.WARNING, "proc-cgroup", "pid=%d attributed to no job: %s", pid,
+                              printable(str(e)))
+            return None
         for src in self.sources:
             path = cgroups.get(src.hierarchy)
             rel = src.match(path) if path else None
