@@ -597,12 +597,15 @@ class ResctrlKernel:
             staged[dom] = self._parse_mb(value) if res == "MB" else self._parse_cbm(value)
 
     def _parse_mb(self, text: str) -> int:
+        # bw_validate: kstrtou32(buf, 10) (an optional '+', ASCII digits, at most U32_MAX),
+        # then, under mba_MBps, any such value as it is.
         p = self.profile
-        if not text.isdigit():
+        digits = text[1:] if text.startswith("+") else text
+        if not digits or not all("0" <= c <= "9" for c in digits) or int(digits) > U32_MAX:
             raise self._fail(errno.EINVAL, f"Invalid MB value {text}")
-        bw = int(text)
+        bw = int(digits)
         if p.mba_mbps:
-            return bw & U32_MAX
+            return bw
         if bw < p.mb_min or bw > p.mb_max:
             raise self._fail(errno.EINVAL, f"MB value {bw} out of range [{p.mb_min},{p.mb_max}]")
         return -(-bw // p.mb_gran) * p.mb_gran  # roundup() to the granularity
