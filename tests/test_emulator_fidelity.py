@@ -10,6 +10,8 @@ import subprocess
 import pytest
 
 from conftest import wait_for
+from resctrl.cpulist import format_cpu_list
+from resctrl.emulator import MountedEmulator
 
 pytestmark = pytest.mark.fuse
 
@@ -88,6 +90,9 @@ def test_mba_mbps_groups_start_unlimited(emulator):
     ok("echo 'MB:0=1024;1=5' > g/schemata", r)  # any u32 is accepted in MBps mode
     assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=1024;1=5"
     assert ok("cat g/mba_MBps_event", r) == "mbm_local_bytes\n"
+    # bw_validate's kstrtou32: past U32_MAX is no value at all (it was taken modulo 2**32)
+    fails("echo 'MB:0=4294967296' > g/schemata", r, "Invalid argument", "Invalid MB value 4294967296")
+    assert ok("cat g/schemata", r).splitlines()[-1] == "MB:0=1024;1=5"
 
 
 # ---------------------------------------------------------------- mkdir / rmdir
@@ -402,6 +407,62 @@ def test_amd_accepts_sparse_cache_masks(emulator):
     assert ok("cat info/L3/sparse_masks", intel) == "0\n"
     fails("mkdir g && echo 'L3:0=707' > g/schemata", intel, "Invalid argument",
           "The mask 707 has non-consecutive 1-bits")
+
+
+# ---------------------------------------------------------------- topology
+
+
+def fake_sysfs_cpu(root, l3_of_cpu: dict[int, int], online: str, size="16384K"):
+    """A sysfs cpu directory: cpuN/cache/index{0,3} (L1d and the L3 with its id) per CPU."""
+    for cpu, l3 in l3_of_cpu.items():
+        for index, level, ident in (("index0", "1", str(cpu)), ("index3", "3", str(l3))):
+            d = root / f"cpu{cpu}" / "cache" / index
+            d.mkdir(parents=True)
+            (d / "level").write_text(level + "\n")
+            (d / "id").write_text(ident + "\n")
+            (d / "size").write_text(size + "\n")
+    (root / "online").write_text(online + "\n")
+    return root
+
+
+def test_host_topology_gives_the_domains_and_cpus_sysfs_names(emulator, tmp_path):
+    # The kernel's L3 domain ids are the cache ids (cpuN/cache/index3/id); offline CPUs
+    # (cpu5 here) belong to no domain and cannot be assigned.
+    sysfs = fake_sysfs_cpu(tmp_path / "cpu", {0: 0, 1: 0, 2: 4, 3: 4, 4: 4, 5: 4}, online="0-4")
+    r = emulator("intel", "--topology", "host", "--sysfs-cpu", str(sysfs)).root
+    assert ok("ls mon_data", r).split() == ["mon_L3_00", "mon_L3_04"]
+    assert ok("cat schemata", r).splitlines() == ["L3:0=7ff;4=7ff", "MB:0=100;4=100"]
+    assert ok("cat cpus_list", r) == "0-4\n"
+    ok("mkdir g && echo 'L3:0=1' > g/schemata", r)
+    assert ok("cat g/size", r).splitlines()[0] == f"L3:0={(16 << 20) // 11};4={16 << 20}"
+    fails("echo 5 > g/cpus_list", r, "Invalid argument", "Bad CPU list/mask")
+
+
+def test_host_topology_is_the_default_where_sysfs_names_an_l3(tmp_path):
+    from resctrl.emulator.topology import has_l3_ids, read_host_topology
+
+    with MountedEmulator("intel", workdir=str(tmp_path / "emu"), topology=None) as emu:
+        domains = ok("ls mon_data", emu.root).split()
+        online = ok("cat cpus_list", emu.root).strip()
+    if not has_l3_ids():
+        assert domains == ["mon_L3_00", "mon_L3_01"]  # the profile's
+        return
+    host = read_host_topology()
+    assert domains == [f"mon_L3_{d:02d}" for d in host.domains]
+    assert online == format_cpu_list(host.cpus)
+
+
+def test_host_topology_that_sysfs_does_not_give_is_refused_before_mounting(tmp_path):
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "resctrl.emulator", str(tmp_path), "--topology", "host",
+                        "--sysfs-cpu", str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert p.returncode == 2 and f"--topology host: {tmp_path}/nothing" in p.stderr, p.stderr
+    assert not os.path.ismount(tmp_path)
+    sysfs = fake_sysfs_cpu(tmp_path / "cpu", {0: 0}, online="0-1")  # cpu1 has no cache directory
+    p = subprocess.run([sys.executable, "-m", "resctrl.emulator", str(tmp_path), "--topology", "host",
+                        "--sysfs-cpu", str(sysfs)], capture_output=True, text=True)
+    assert p.returncode == 2 and "cpu1/cache: no level 3 cache with an id" in p.stderr, p.stderr
 
 
 # ---------------------------------------------------------------- mon_data
