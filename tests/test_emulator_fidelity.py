@@ -124,6 +124,11 @@ def test_monitoring_only_host_has_no_control_groups(emulator):
     fails("mkdir g", r, "Operation not permitted")
     ok("mkdir mon_groups/m", r)
     assert "schemata" not in ok("ls", r).split()
+    # show_rdt_tasks: is_closid_match needs allocation, so the default group lists no
+    # task here; its MON groups list theirs (is_rmid_match)
+    assert ok("cat tasks", r) == ""
+    out = ok("echo 0 > mon_groups/m/tasks; echo $$; cat mon_groups/m/tasks", r).split()
+    assert out[0] in out[1:]
 
 
 def test_out_of_closids(emulator):

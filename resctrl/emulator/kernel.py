@@ -359,6 +359,10 @@ class ResctrlKernel:
     def _members(self, group: Group) -> list[int]:
         # rdtgroup_tasks_show: a CTRL_MON group lists every task with its CLOSID
         # (its MON groups' tasks included); a MON group lists tasks with its RMID.
+        # is_closid_match needs an allocation-capable host: on a monitoring-only one the
+        # default group's tasks file lists nothing.
+        if group.kind == CTRL and not self.profile.alloc_capable:
+            return []
         out = []
         for tid in procfs.all_thread_ids(self.proc):
             st = self.resolve_task(tid)
