@@ -414,6 +414,20 @@ def test_amd_accepts_sparse_cache_masks(emulator):
           "The mask 707 has non-consecutive 1-bits")
 
 
+def test_cpus_of_an_offline_domain_leave_every_group_and_return_to_the_default(emulator):
+    # resctrl_offline_cpu clears the CPU from the group that has it and its MON groups;
+    # resctrl_online_cpu gives it to the default group. Domain 1 is CPUs 8-15 here.
+    emu = emulator("intel")
+    r = emu.root
+    ok("mkdir a && mkdir a/mon_groups/m && echo 6-9 > a/cpus_list && echo 7-8 > a/mon_groups/m/cpus_list", r)
+    emu.control.set_domain_online(1, False)
+    assert cpus(r, "", "a", "a/mon_groups/m") == ["0-5", "6-7", "7"]
+    fails("echo 6-8 > a/cpus_list", r, "Invalid argument", "Can only assign online CPUs")
+    assert ok("cat cpus", r) == "003f\n"  # the mask keeps its width: nr_cpu_ids does not change
+    emu.control.set_domain_online(1, True)
+    assert cpus(r, "", "a", "a/mon_groups/m") == ["0-5,8-15", "6-7", "7"]
+
+
 # ---------------------------------------------------------------- topology
 
 

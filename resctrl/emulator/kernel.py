@@ -816,8 +816,13 @@ class ResctrlKernel:
         if domain not in self.profile.domains:
             raise ValueError(f"no L3 domain {domain} in profile {self.profile.name}")
         self.advance(self.clock())
+        # A domain is offline when its last CPU is: its CPUs leave every group
+        # (resctrl_offline_cpu) and come back in the default group (resctrl_online_cpu).
+        cpus = self.profile.cpus_of_domains[domain]
         if online and domain not in self.online:
             self.online = sorted(self.online + [domain])
+            self.all_cpus |= cpus
+            self.root.cpus |= cpus
             for g in [self.root, *self.groups.values()]:
                 for res in g.ctrl:
                     g.ctrl[res][domain] = self._default_value(res)
@@ -826,6 +831,11 @@ class ResctrlKernel:
                     c.total = c.local = c.rate = 0.0
         elif not online and domain in self.online:
             self.online.remove(domain)
+            self.all_cpus -= cpus
+            for g in [self.root, *self.groups.values()]:
+                g.cpus -= cpus
+                for m in g.mon.values():
+                    m.cpus -= cpus
 
     def reset_counters(self, rmid: int | None, domain: int | None) -> None:
         self.advance(self.clock())
