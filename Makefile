@@ -11,12 +11,14 @@ NPM_STAMP := tests/kubernetes/node_modules/.installed
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
 # node's stand-in libnvidia-ml.so.1 (native/nvml); Slurm (munge, slurmctld, slurmd, its
-# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm).
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client
+# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
+# Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
+# resctrl emulator with it (tests/test_pqos.py).
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client intel-cmt-cat
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
 	    && command -v promtool >/dev/null && command -v cc >/dev/null \
-	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd \
+	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/pqos \
 	    && command -v sbatch >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

@@ -45,6 +45,26 @@ class KernelError(OSError):
         super().__init__(err, os.strerror(err))
 
 
+def kstrtoint(text: str) -> int | None:
+    """The kernel's kstrtoint(s, 0, &v): an optional sign, then hex after 0x, octal after a
+    leading 0, else decimal; one trailing newline; a 32-bit int. None where it fails."""
+    body = text[:-1] if text.endswith("\n") else text
+    negative = body.startswith("-")
+    if body[:1] in "+-" and body:
+        body = body[1:]
+    if body[:2].lower() == "0x":
+        digits, base = body[2:], 16
+    elif body.startswith("0"):
+        digits, base = body, 8
+    else:
+        digits, base = body, 10
+    allowed = "0123456789abcdef"[:base]
+    if not digits or any(c not in allowed for c in digits.lower()):
+        return None
+    value = -int(digits, base) if negative else int(digits, base)
+    return value if -(1 << 31) <= value < (1 << 31) else None
+
+
 @dataclass
 class Group:
     name: str
@@ -110,8 +130,8 @@ class ResctrlKernel:
         self.lock = threading.RLock()
         self.last_cmd_status = ""
         self.online: list[int] = list(profile.domains)
-        ncpus = profile.cpus_per_domain * len(profile.domains)
-        self.all_cpus = set(range(ncpus))
+        self.all_cpus = set(profile.online_cpus)
+        self.nr_cpu_ids = max(self.all_cpus) + 1
         self.root = Group("", CTRL, 0, 0, ctrl=self._default_ctrl(), cpus=set(self.all_cpus))
         self.groups: dict[str, Group] = {}
         self.free_closids = list(range(1, profile.ctrl_closids))
@@ -240,7 +260,7 @@ class ResctrlKernel:
                     "cbm_mask": f"{(1 << p.cbm_len) - 1:x}\n",
                     "min_cbm_bits": f"{p.min_cbm_bits}\n",
                     "shareable_bits": "0\n",
-                    "sparse_masks": "0\n",
+                    "sparse_masks": f"{int(p.sparse_masks)}\n",
                 }
             tree[res] = d
         if p.has_mon:
@@ -339,6 +359,10 @@ class ResctrlKernel:
     def _members(self, group: Group) -> list[int]:
         # rdtgroup_tasks_show: a CTRL_MON group lists every task with its CLOSID
         # (its MON groups' tasks included); a MON group lists tasks with its RMID.
+        # is_closid_match needs an allocation-capable host: on a monitoring-only one the
+        # default group's tasks file lists nothing.
+        if group.kind == CTRL and not self.profile.alloc_capable:
+            return []
         out = []
         for tid in procfs.all_thread_ids(self.proc):
             st = self.resolve_task(tid)
@@ -376,8 +400,8 @@ class ResctrlKernel:
             group, lambda res, v: f"{v if res == 'MB' else p.l3_bytes * bin(v).count('1') // p.cbm_len}")
 
     def _format_cpu_mask(self, cpus: set[int]) -> str:
-        # %*pb: zero-padded hex over all CPU ids, a comma between 32-bit words.
-        ncpus = len(self.all_cpus)
+        # %*pb: zero-padded hex over all CPU ids (nr_cpu_ids), a comma between 32-bit words.
+        ncpus = self.nr_cpu_ids
         value = sum(1 << c for c in cpus)
         digits = f"{value:0{(ncpus + 3) // 4}x}"
         words = []
@@ -496,22 +520,23 @@ class ResctrlKernel:
         if self.tasks_write == "single":
             # Pre-6.7: kstrtoint(strstrip(buf)) before last_cmd_clear(), so a
             # parse error leaves the previous status in place.
-            try:
-                pid = int(text.strip(), 0)
-            except ValueError:
-                raise KernelError(errno.EINVAL) from None
-            if pid < 0:
+            pid = kstrtoint(text.strip())
+            if pid is None or pid < 0:
                 raise KernelError(errno.EINVAL)
             self.last_cmd_status = ""
             self._move_task(pid, group, caller_pid, caller_uid)
             return
         self.last_cmd_status = ""
-        for token in text.strip().split(","):
+        # rdtgroup_tasks_write (6.7+): take comma-separated tokens until the rest of the
+        # buffer is empty or starts with a newline, so "" and "5,\n" are fine, "5,,6" is not.
+        rest: str | None = text
+        while rest and rest[0] != "\n":
+            token, sep, after = rest.partition(",")
+            rest = after if sep else None
             token = token.strip()
-            try:
-                pid = int(token, 0)
-            except ValueError:
-                raise self._fail(errno.EINVAL, f"Task list parsing error pid {token}") from None
+            pid = kstrtoint(token)
+            if pid is None:
+                raise self._fail(errno.EINVAL, f"Task list parsing error pid {token}")
             if pid < 0:
                 raise self._fail(errno.EINVAL, f"Invalid pid {pid}")
             try:
@@ -576,12 +601,15 @@ class ResctrlKernel:
             staged[dom] = self._parse_mb(value) if res == "MB" else self._parse_cbm(value)
 
     def _parse_mb(self, text: str) -> int:
+        # bw_validate: kstrtou32(buf, 10) (an optional '+', ASCII digits, at most U32_MAX),
+        # then, under mba_MBps, any such value as it is.
         p = self.profile
-        if not text.isdigit():
+        digits = text[1:] if text.startswith("+") else text
+        if not digits or not all("0" <= c <= "9" for c in digits) or int(digits) > U32_MAX:
             raise self._fail(errno.EINVAL, f"Invalid MB value {text}")
-        bw = int(text)
+        bw = int(digits)
         if p.mba_mbps:
-            return bw & U32_MAX
+            return bw
         if bw < p.mb_min or bw > p.mb_max:
             raise self._fail(errno.EINVAL, f"MB value {bw} out of range [{p.mb_min},{p.mb_max}]")
         return -(-bw // p.mb_gran) * p.mb_gran  # roundup() to the granularity
@@ -595,13 +623,15 @@ class ResctrlKernel:
         full = (1 << p.cbm_len) - 1
         if (p.min_cbm_bits > 0 and val == 0) or val > full:
             raise self._fail(errno.EINVAL, "Mask out of range")
-        if val:
-            low = (val & -val).bit_length() - 1
-            run = val >> low
-            if run & (run + 1):
-                raise self._fail(errno.EINVAL, f"The mask {val:x} has non-consecutive 1-bits")
-            if bin(run).count("1") < p.min_cbm_bits:
-                raise self._fail(errno.EINVAL, f"Need at least {p.min_cbm_bits} bits in the mask")
+        # cbm_validate: gaps are refused unless the part has sparse bitmasks; the
+        # minimum counts the first run of ones only (zero_bit - first_bit).
+        low = (val & -val).bit_length() - 1 if val else p.cbm_len
+        run = val >> low if val else 0
+        first_run = (run & ~(run + 1)).bit_length()
+        if not p.sparse_masks and run & (run + 1):
+            raise self._fail(errno.EINVAL, f"The mask {val:x} has non-consecutive 1-bits")
+        if first_run < p.min_cbm_bits:
+            raise self._fail(errno.EINVAL, f"Need at least {p.min_cbm_bits} bits in the mask")
         return val
 
     def _write_cpus(self, group: Group, data: bytes, as_list: bool) -> None:
@@ -611,31 +641,47 @@ class ResctrlKernel:
             cpus = _parse_cpu_list(text) if as_list else _parse_cpu_mask(text)
         except ValueError:
             raise self._fail(errno.EINVAL, "Bad CPU list/mask") from None
+        if cpus and max(cpus) >= self.nr_cpu_ids:
+            # cpulist_parse/cpumask_parse refuse a CPU past nr_cpu_ids (ERANGE/EOVERFLOW)
+            raise self._fail(errno.EINVAL, "Bad CPU list/mask")
         if not cpus <= self.all_cpus:
             raise self._fail(errno.EINVAL, "Can only assign online CPUs")
         if group.kind == MON:
-            assert group.parent is not None
-            if not cpus <= group.parent.cpus:
-                raise self._fail(errno.EINVAL, "Can only add CPUs to mongroup that belong to parent")
-            for sibling in group.parent.mon.values():
-                if sibling is not group:
-                    sibling.cpus -= cpus
-            group.cpus = cpus
-            return
-        if group is self.root:
-            if self.root.cpus - cpus:
-                raise self._fail(errno.EINVAL, "Can't drop CPUs from default group")
-            return
+            self._cpus_mon_write(group, cpus)
+        else:
+            self._cpus_ctrl_write(group, cpus)
+
+    def _cpus_mon_write(self, group: Group, cpus: set[int]) -> None:
+        # cpus_mon_write: only the parent's CPUs; CPUs dropped go back to the parent (which
+        # still has them in its own mask); CPUs added leave the sibling MON groups.
+        parent = group.parent
+        assert parent is not None
+        if not cpus <= parent.cpus:
+            raise self._fail(errno.EINVAL, "Can only add CPUs to mongroup that belong to parent")
+        added = cpus - group.cpus
+        for sibling in parent.mon.values():
+            if sibling is not group:
+                sibling.cpus -= added
+        group.cpus = set(cpus)
+
+    def _cpus_ctrl_write(self, group: Group, cpus: set[int]) -> None:
+        # cpus_ctrl_write: CPUs dropped go to the default group (which can drop none);
+        # CPUs added leave whichever group had them, the default group included, and
+        # that group's MON groups (cpumask_rdtgrp_clear); then every MON group of this
+        # group loses all its CPUs, whatever the write changed ("a new parent mask").
         dropped = group.cpus - cpus
+        if dropped and group is self.root:
+            raise self._fail(errno.EINVAL, "Can't drop CPUs from default group")
         self.root.cpus |= dropped
+        added = cpus - group.cpus
         for other in [self.root, *self.groups.values()]:
-            if other is not group:
-                other.cpus -= cpus
+            if other is not group and other.cpus & added:
+                other.cpus -= added
                 for m in other.mon.values():
-                    m.cpus -= cpus
-        group.cpus = cpus
+                    m.cpus &= other.cpus
+        group.cpus = set(cpus)
         for m in group.mon.values():
-            m.cpus &= cpus
+            m.cpus = set()
 
     # ---------------------------------------------------------- mkdir / rmdir
     def _alloc_rmid(self) -> int:
@@ -753,7 +799,8 @@ class ResctrlKernel:
             raise self._fail(errno.EPERM, "Destination must be a mon_groups subdirectory")
         if new[-1] in dst.mon:
             raise KernelError(errno.EEXIST)
-        if src.cpus:
+        if src.cpus and src.parent is not dst:
+            # its CPUs belong to its parent: renaming in place keeps them, moving cannot
             raise self._fail(errno.EPERM, "Cannot move a MON group that monitors CPUs")
         old_parent = src.parent
         assert old_parent is not None
@@ -769,8 +816,13 @@ class ResctrlKernel:
         if domain not in self.profile.domains:
             raise ValueError(f"no L3 domain {domain} in profile {self.profile.name}")
         self.advance(self.clock())
+        # A domain is offline when its last CPU is: its CPUs leave every group
+        # (resctrl_offline_cpu) and come back in the default group (resctrl_online_cpu).
+        cpus = self.profile.cpus_of_domains[domain]
         if online and domain not in self.online:
             self.online = sorted(self.online + [domain])
+            self.all_cpus |= cpus
+            self.root.cpus |= cpus
             for g in [self.root, *self.groups.values()]:
                 for res in g.ctrl:
                     g.ctrl[res][domain] = self._default_value(res)
@@ -779,6 +831,11 @@ class ResctrlKernel:
                     c.total = c.local = c.rate = 0.0
         elif not online and domain in self.online:
             self.online.remove(domain)
+            self.all_cpus -= cpus
+            for g in [self.root, *self.groups.values()]:
+                g.cpus -= cpus
+                for m in g.mon.values():
+                    m.cpus -= cpus
 
     def reset_counters(self, rmid: int | None, domain: int | None) -> None:
         self.advance(self.clock())

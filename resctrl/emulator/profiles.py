@@ -38,11 +38,35 @@ class Profile:
     local_fraction: float = 0.9  # share of traffic to the local NUMA node
     peak_bytes_per_s: float = 20e9  # per domain, for the bandwidth model
     cpus_per_domain: int = 8
+    # The online CPUs of each domain, in the order of ``domains``; None: ``cpus_per_domain``
+    # consecutive CPUs each (domain i has CPUs i*n .. i*n+n-1). Set from the host's topology.
+    domain_cpus: tuple[tuple[int, ...], ...] | None = None
+    # info/L3/sparse_masks: the CBM may have gaps (AMD always; Intel where CPUID says so).
+    sparse_masks: bool = False
     legacy_format: bool = False  # pre-2025 kernels pad schemata values
 
     @property
     def mon_features(self) -> tuple[str, ...]:
         return MON_EVENTS if self.has_mon else ()
+
+    @property
+    def cpus_of_domains(self) -> dict[int, frozenset[int]]:
+        """L3 domain id -> its online CPUs."""
+        if self.domain_cpus is not None:
+            return {d: frozenset(c) for d, c in zip(self.domains, self.domain_cpus)}
+        n = self.cpus_per_domain
+        return {d: frozenset(range(i * n, i * n + n)) for i, d in enumerate(self.domains)}
+
+    @property
+    def online_cpus(self) -> frozenset[int]:
+        return frozenset().union(*self.cpus_of_domains.values())
+
+    def on_topology(self, domains: dict[int, frozenset[int]], l3_bytes: int | None = None) -> "Profile":
+        """This profile's features on another machine's L3 domains (id -> CPUs)."""
+        changes: dict = {"domains": tuple(domains), "domain_cpus": tuple(tuple(sorted(c)) for c in domains.values())}
+        if l3_bytes is not None:
+            changes["l3_bytes"] = l3_bytes
+        return self.replace(**changes)
 
     @property
     def alloc_capable(self) -> bool:
@@ -80,12 +104,13 @@ PROFILES: dict[str, Profile] = {
         num_closids_l3=8, num_closids_mb=8,
     ),
     # AMD: one L3 domain per CCX, MBA in absolute units of 1/8 GB/s, counters in
-    # 64-byte units, no thread_throttle_mode, non-linear delay.
+    # 64-byte units, no thread_throttle_mode, non-linear delay, sparse cache bit masks
+    # (the kernel sets arch_has_sparse_bitmasks on every AMD part).
     "amd": Profile(
         "amd", "amd", (0, 1, 2, 3), has_l3=True, has_mb=True, has_mon=True,
         num_closids_l3=16, num_closids_mb=16, cbm_len=16, min_cbm_bits=0, l3_bytes=32 * 1024 * 1024,
         mb_min=0, mb_gran=1, mb_max=2048, delay_linear=False, thread_throttle_mode=None,
-        mon_scale=64, cpus_per_domain=8,
+        mon_scale=64, cpus_per_domain=8, sparse_masks=True,
     ),
     # Monitoring only (e.g. a part with MBM but no allocation features): CTRL_MON
     # groups cannot be made; MON groups live under the root's mon_groups/.
