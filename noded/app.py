@@ -114,6 +114,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     rightsize = config.rightsize.enabled
     # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
+                          exec_events_per_uid=config.jobs.exec_events_per_uid,
                           cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})

@@ -132,7 +132,7 @@ class AdminConfig:
     timeout_s: float = 5.0
     #: reports taken per second on the report socket from one uid, and for one job; the
     #: rest is answered "dropped" unread (noded_reports_dropped_total)
-    reports_per_uid: int = 50
+    reports_per_uid: int = 100
     reports_per_job: int = 20
 
 
