@@ -94,7 +94,7 @@ class JobsConfig:
     # rest waits for a later tick, counted in noded_job_source_capped and
     # noded_process_events_dropped_total.
     #: job directories read per source and tick at most (those with processes first)
-    max_polled_per_source: int = 512
+    max_polled_per_source: int = 256
     #: new processes per uid and second placed at once on their exec; the rest by the next tick
     exec_events_per_uid: int = 100
 
@@ -132,8 +132,8 @@ class AdminConfig:
     timeout_s: float = 5.0
     #: reports taken per second on the report socket from one uid, and for one job; the
     #: rest is answered "dropped" unread (noded_reports_dropped_total)
-    reports_per_uid: int = 100
-    reports_per_job: int = 20
+    reports_per_uid: int = 20
+    reports_per_job: int = 10
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class ReportBudget:
     its request is read: its connections are held unread until its next report would be
     taken (see StreamServer), so a job sending back to back is paced, not served."""
 
-    def __init__(self, per_uid: float = 100, per_job: float = 20, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, per_uid: float = 20, per_job: float = 10, clock: Callable[[], float] = time.monotonic):
         self.per_uid = TokenBuckets(per_uid, clock)
         self.per_job = TokenBuckets(per_job, clock)
         self.dropped = {"uid": 0, "job": 0}  # reports dropped over the uid's budget, over the job's

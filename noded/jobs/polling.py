@@ -31,7 +31,7 @@ from .cgroups import CgroupScanner
 log = logging.getLogger(__name__)
 
 #: job directories read per source and tick at most (config: jobs.max_polled_per_source)
-DEFAULT_MAX_POLLED = 512
+DEFAULT_MAX_POLLED = 256
 
 
 @dataclass(frozen=True)
