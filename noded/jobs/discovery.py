@@ -252,7 +252,11 @@ class JobDiscovery:
                     if pids:
                         pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
                         jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
-                for job_id in poll.held(set(chosen)):  # over the budget: not read this tick
+                read = set(chosen)
+                for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
+                    if job_id in found and job_id not in read:
+                        unreadable[job_id] = why
+                for job_id in poll.held(read):  # over the budget: not read this tick
                     if (held := self._last.get(job_id)) is not None:
                         jobs[job_id] = held
                         if held.pod is not None:
