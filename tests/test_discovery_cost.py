@@ -159,3 +159,24 @@ def _listings_follow_the_link_count(base, u):
     now[0] += 10.0
     found = scanner.scan()
     assert "cgroup:u/job0" not in found and "cgroup:u/job6" in found  # ... at the period
+
+
+def test_a_job_with_thousands_of_cgroups_below_it_costs_a_bounded_walk_and_is_held(counted_tree):
+    """The same flood one level down: whoever owns a delegated job subtree makes cgroups
+    inside it. Its walk stops at the budget; the job is held as last seen, said once."""
+    root, make, reads = counted_tree
+    deep = make("deep", pids=[os.getpid()], uid=VICTIM_UID)
+    discovery = JobDiscovery([CgroupSource.create("cgroup", root, ["u/*"])])
+    before = discovery.discover()["cgroup:u/deep"]
+    below = []
+    for i in range(4 * DEFAULT_MAX_POLLED):
+        d = deep / f"sub{i:05d}"
+        d.mkdir()
+        (d / "cgroup.procs").write_text("")
+        os.utime(d / "cgroup.procs", ns=(0, 0))
+        below.append(d / "cgroup.procs")
+    jobs = discovery.discover()
+    read_below = [f for f in below if os.stat(f).st_atime_ns != 0]
+    assert len(read_below) <= DEFAULT_MAX_POLLED
+    assert jobs["cgroup:u/deep"] is before  # held as last seen, not lost
+    assert "more than" in discovery.unreadable["cgroup:u/deep"]

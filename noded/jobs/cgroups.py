@@ -282,11 +282,18 @@ def _vanished(e: OSError) -> bool:
     return e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESRCH)
 
 
-def read_procs(cgroup_dir: str) -> set[int]:
+class SubtreeTooLarge(OSError):
+    """A job's cgroup has more cgroups below it than discovery reads for one job."""
+
+
+def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
     """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike).
 
     A cgroup removed while we walk (the job ending) is passed over; any other error
     (EMFILE, EACCES, …) is raised, so a failed read is never mistaken for no processes.
+    With ``most``, SubtreeTooLarge (E2BIG) once more than ``most`` cgroups were read:
+    whoever owns a delegated subtree may make thousands, and they must not cost a
+    read each every tick.
     """
     # Every tick reads every job's cgroup, so this is lean: a directory is listed only
     # where it has subdirectories. A directory's link count is 2 + its subdirectories on
@@ -297,8 +304,12 @@ def read_procs(cgroup_dir: str) -> set[int]:
     # entries, one object each), and most jobs have none.
     pids: set[int] = set()
     todo = [cgroup_dir]
+    read = 0
     while todo:
         path = todo.pop()
+        read += 1
+        if most is not None and read > most:
+            raise SubtreeTooLarge(errno.E2BIG, f"more than {most} cgroups in it and below it", cgroup_dir)
         try:
             links = os.stat(path).st_nlink
         except OSError as e:

@@ -238,7 +238,7 @@ class JobDiscovery:
                 for job_id in chosen:
                     path = found[job_id]
                     try:
-                        pids = frozenset(read_procs(path))
+                        pids = frozenset(read_procs(path, most=poll.max_polled))
                     except OSError as e:
                         if e.errno in NODED_SHORT_OF:
                             raise
