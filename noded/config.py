@@ -93,7 +93,8 @@ class JobsConfig:
     # What one tenant's cgroups and execs may cost noded (issue #22): beyond these, the
     # rest waits for a later tick, counted in noded_job_source_capped and
     # noded_process_events_dropped_total.
-    #: job directories read per source and tick at most (those with processes first)
+    #: job directories read per source and tick at most (those with processes first); also
+    #: the most cgroups read below one job (a job with more is held as last seen)
     max_polled_per_source: int = 256
     #: new processes per uid and second placed at once on their exec; the rest by the next tick
     exec_events_per_uid: int = 100
