@@ -137,6 +137,7 @@ class Daemon:
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
         self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
+        self.report_budget = None  # the report socket's admin.server.ReportBudget, where it listens (metrics)
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""

@@ -406,11 +406,61 @@ class NodedCollector:
         yield used
 
 
+#: why a report was dropped on the report socket: over its uid's budget, over its job's
+REPORT_DROPS = ("uid", "job")
+
+
+class TenantBudgetCollector:
+    """What tenants' floods cost and what was dropped for it (issue #22): job directories
+    per source and whether discovery's budget was reached, exec events dropped over their
+    uid's budget, reports dropped. Each is an int or a tuple its owner swaps whole
+    (discovery, the process-events thread, the report socket's thread), read as it is."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        telemetry = getattr(self.daemon, "telemetry", None)
+        discovery = getattr(telemetry, "discovery", None)
+        dirs = GaugeMetricFamily("noded_job_source_dirs", "Job directories a job source's patterns match",
+                                 labels=["source"])
+        polled = GaugeMetricFamily("noded_job_source_polled_dirs", "Job directories discovery read in its last run "
+                                   "(at most jobs.max_polled_per_source)", labels=["source"])
+        capped = GaugeMetricFamily("noded_job_source_capped", "1 while a job source holds more directories than are "
+                                   "read per tick: empty ones are read in turn, by owner", labels=["source"])
+        costs = getattr(discovery, "cost", ())
+        for cost in costs:
+            dirs.add_metric([cost.source], cost.dirs)
+            polled.add_metric([cost.source], cost.polled)
+            capped.add_metric([cost.source], 1.0 if cost.capped else 0.0)
+        if costs:  # from the first discovery on
+            yield from map(_text_labels, (dirs, polled, capped))
+        events = getattr(telemetry, "events", None)
+        seen = CounterMetricFamily("noded_process_events", "Exec events read from the kernel's connector")
+        seen.add_metric([], events.events if events is not None else 0)
+        yield seen
+        dropped = CounterMetricFamily("noded_process_events_dropped", "Exec events over their uid's budget "
+                                      "(jobs.exec_events_per_uid): left to the next tick's discovery")
+        dropped.add_metric([], events.dropped if events is not None else 0)
+        yield dropped
+        budget = getattr(self.daemon, "report_budget", None)
+        reports = CounterMetricFamily("noded_reports_dropped", "Reports dropped on the report socket: over the "
+                                      "sender's uid's budget (unread) or the job's (admin.reports_per_*)",
+                                      labels=["reason"])
+        for reason, n in sorted(_with_zeros(REPORT_DROPS, budget.dropped if budget is not None else {}).items()):
+            reports.add_metric([reason], n)
+        yield _text_labels(reports)
+
+
 def make_registry(daemon: Daemon) -> CollectorRegistry:
     """A private registry: noded's series from the daemon's last result, and noded's own
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
                                      rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals))
+    registry.register(TenantBudgetCollector(daemon))
     ProcessCollector(registry=registry)
     return registry

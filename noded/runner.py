@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from mps.manager import MpsError
 
 from .admin.overrides import OverrideStore
-from .admin.server import AdminServer
+from .admin.server import AdminServer, ReportBudget
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .cliopts import say
@@ -127,8 +127,11 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.callback(admin.stop)
     if daemon.colocation is not None or daemon.rightsize is not None:
         reports = _listening(AdminServer(config.report_socket, daemon, group=None,
-                                         timeout_s=config.admin.timeout_s, reports_only=True),
+                                         timeout_s=config.admin.timeout_s, reports_only=True,
+                                         budget=ReportBudget(config.admin.reports_per_uid,
+                                                             config.admin.reports_per_job)),
                              "report socket", config.report_socket)
+        daemon.report_budget = reports.budget  # its counts are metrics
         stack.callback(reports.stop)
     say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     if args.duration:

@@ -22,7 +22,7 @@ from typing import Callable
 from .jobs.discovery import JobDiscovery
 from .jobs.model import Job
 from .jobs.monitoring import JobMonitor
-from .jobs.procevents import ProcessEvents
+from .jobs.procevents import DEFAULT_PER_UID, ProcessEvents
 from .sample import GPU, Sample, build_sample
 from .samplers import SamplerStatus, run_sampler
 from .samplers.bandwidth import BandwidthSampler
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 class Telemetry:
     def __init__(self, discovery: JobDiscovery, session: ResctrlSession, monitor: JobMonitor,
                  nvml: NvmlSampler | None, *, cpus: CpuPlacementSampler | None = None,
-                 clock: Callable[[], float] = time.monotonic, process_events: bool = True):
+                 clock: Callable[[], float] = time.monotonic, process_events: bool = True,
+                 exec_events_per_uid: int = DEFAULT_PER_UID):
         self.discovery = discovery
         self.session = session
         self.monitor = monitor
@@ -49,7 +50,7 @@ class Telemetry:
         self._lock = threading.Lock()
         self.events: ProcessEvents | None = None
         if process_events:
-            self.events = ProcessEvents(self._on_new_process)
+            self.events = ProcessEvents(self._on_new_process, per_uid=exec_events_per_uid)
             if not self.events.start():
                 self.events = None
 

@@ -13,10 +13,11 @@ from ..ratelimit import RateLimitedLog
 from ..securedir import SecureDir
 from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
-from .cgroups import CgroupSource, read_procs, read_process_cgroups
+from .cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
 from .proccgroup import ProcCgroupError
 from .kubepods import PodIdentities
 from .model import Job, JobMeta
+from .polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
 
 log = logging.getLogger(__name__)
 #: processes attributed to no job because their /proc/PID/cgroup was refused
@@ -180,11 +181,20 @@ class RegisteredLabels:
 
 
 class JobDiscovery:
-    """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process."""
+    """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process.
+
+    Each source's directories are listed lazily and read within a budget per tick
+    (``max_polled``: noded.jobs.polling), so what discovery costs follows the jobs noded
+    acts on, not the number of cgroups users make."""
 
     def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None,
-                 registered_labels: RegisteredLabels | None = None):
+                 registered_labels: RegisteredLabels | None = None, max_polled: int = DEFAULT_MAX_POLLED,
+                 relist_s: float = 10.0):
         self.sources = sources
+        self._polls = [SourcePoll(CgroupScanner(src, relist_s), max_polled) for src in sources]
+        self._woken: set[str] = set()  # job ids a process was just placed in: read at the next discovery
+        #: per source, what the last discovery read (noded_job_source_* metrics)
+        self.cost: tuple[SourceCost, ...] = ()
         self.proc = proc
         self.labels = labels or LabelFile(None)
         # A job in the label file takes its labels from there alone: the operator's word wins.
@@ -221,26 +231,47 @@ class JobDiscovery:
         labels = self._all_labels()
         jobs: dict[str, Job] = {}
         unreadable: dict[str, str] = {}
+        with self._lock:
+            woken, self._woken = self._woken, set()
+        cost = []
         try:
-            for src in self.sources:
-                for job_id, path in src.scan().items():
+            for poll in self._polls:
+                src = poll.scanner.source
+                found = poll.scanner.scan()
+                chosen = poll.choose(found, woken)
+                for job_id in chosen:
+                    path = found[job_id]
                     try:
-                        pids = frozenset(read_procs(path))
+                        pids = frozenset(read_procs(path, most=poll.max_polled))
                     except OSError as e:
                         if e.errno in NODED_SHORT_OF:
                             raise
                         unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
-                        if (held := self._last.get(job_id)) is not None:
+                        held = self._last.get(job_id)
+                        if held is not None:
                             jobs[job_id] = held
+                        poll.read(job_id, held is not None)  # to the back of its line, as any read
                         continue
+                    poll.read(job_id, bool(pids))
                     if pids:
                         pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
                         jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+                read = set(chosen)
+                for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
+                    if job_id in found and job_id not in read:
+                        unreadable[job_id] = why
+                for job_id in poll.held(read):  # over the budget: not read this tick
+                    if (held := self._last.get(job_id)) is not None:
+                        jobs[job_id] = held
+                        if held.pod is not None:
+                            self._pods.identify(src.root, held.cgroup, held.pids)
+                cost.append(poll.cost(len(found), len(chosen)))
         finally:
             self._pods.forget_unseen()
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
         self.unreadable = unreadable
+        self.cost = tuple(cost)
         self._last = {j: job for j, job in jobs.items()}
         with self._lock:
             registered = dict(self._registered)
@@ -271,6 +302,8 @@ class JobDiscovery:
             rel = src.match(path) if path else None
             if rel:
                 job_id = src.job_id(rel)
+                with self._lock:
+                    self._woken.add(job_id)  # its directory is read at the next discovery, whatever the budget
                 prev = known.get(job_id)
                 pids = (prev.pids if prev else frozenset()) | {pid}
                 meta = prev.meta if prev else (self.labels.labels.get(job_id)
