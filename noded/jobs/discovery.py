@@ -6,11 +6,13 @@ import errno
 import logging
 import os
 import threading
+import time
+from typing import Callable
 
 from ..journal import printable
 from ..procstat import PPID, stat_fields
 from ..ratelimit import RateLimitedLog
-from ..securedir import SecureDir
+from ..securedir import SecureDir, StateWriteError
 from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
 from .cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
@@ -102,6 +104,9 @@ def parse_labels(path: str) -> dict[str, JobMeta]:
 
 #: where registered labels are kept in the state directory
 REGISTERED_FILE = "registered_labels.json"
+#: how long a job with registered labels may be missing from every source before they are
+#: forgotten (its Epilog missed noded): longer than a Prolog runs before the job's cgroup exists
+ABSENT_FORGET_S = 3600.0
 
 
 def parse_registered(raw: object, limit: int) -> dict[str, JobMeta]:
@@ -138,6 +143,7 @@ class RegisteredLabels:
         self.persist = persist and state is not None  # persist=False: a dry run writes nothing
         self._lock = threading.Lock()
         self._labels: dict[str, JobMeta] = {}
+        self._absent_since: dict[str, float] = {}  # job id -> when discovery first missed it
         self.notes: list[str] = []  # what was found corrupt at load, and where it went
         if state is not None:
             loaded, note = state.load_json(REGISTERED_FILE, "registered labels",
@@ -179,6 +185,33 @@ class RegisteredLabels:
         with self._lock:
             return dict(self._labels)
 
+    def forget_absent(self, present: set[str], now: float) -> list[str]:
+        """Forgets the jobs absent from ``present`` (every job directory the sources list,
+        and the registered process trees) for ``ABSENT_FORGET_S`` in a row: a job whose end
+        hook never reached noded (noded down during a Slurm Epilog) must not hold a place
+        under the cap for good. Absence is counted from this process's start; a write that
+        fails forgets nothing (it is tried again at the next discovery). The ids forgotten."""
+        with self._lock:
+            for job_id in self._labels.keys() - present:
+                self._absent_since.setdefault(job_id, now)
+            for job_id in list(self._absent_since):
+                if job_id in present or job_id not in self._labels:
+                    del self._absent_since[job_id]
+            gone = sorted(j for j, t in self._absent_since.items() if now - t >= ABSENT_FORGET_S)
+            if not gone:
+                return []
+            try:
+                self._keep({j: m for j, m in self._labels.items() if j not in gone})
+            except StateWriteError as e:
+                log.warning("registered labels of %d ended job(s) not forgotten: %s", len(gone), e)
+                return []
+            for job_id in gone:
+                del self._absent_since[job_id]
+        for job_id in gone:
+            log.info("job=%s registered labels forgotten: no cgroup of it for %.0f s (its end hook never "
+                     "reached noded)", printable(job_id), ABSENT_FORGET_S)
+        return gone
+
 
 class JobDiscovery:
     """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process.
@@ -189,8 +222,9 @@ class JobDiscovery:
 
     def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None,
                  registered_labels: RegisteredLabels | None = None, max_polled: int = DEFAULT_MAX_POLLED,
-                 relist_s: float = 10.0):
+                 relist_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.sources = sources
+        self.clock = clock
         self._polls = [SourcePoll(CgroupScanner(src, relist_s), max_polled) for src in sources]
         self._woken: set[str] = set()  # job ids a process was just placed in: read at the next discovery
         #: per source, what the last discovery read (noded_job_source_* metrics)
@@ -234,10 +268,12 @@ class JobDiscovery:
         with self._lock:
             woken, self._woken = self._woken, set()
         cost = []
+        listed: set[str] = set()  # every job directory the sources list now, read or not
         try:
             for poll in self._polls:
                 src = poll.scanner.source
                 found = poll.scanner.scan()
+                listed.update(found)
                 chosen = poll.choose(found, woken)
                 for job_id in chosen:
                     path = found[job_id]
@@ -285,6 +321,8 @@ class JobDiscovery:
                     continue
                 meta = labels.get(job_id, meta)
                 jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
+        if self.sources:  # only a node that lists job directories can tell a job is gone
+            self.registered_labels.forget_absent(listed | jobs.keys(), self.clock())
         return jobs
 
     def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:
