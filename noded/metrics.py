@@ -446,6 +446,11 @@ class TenantBudgetCollector:
                                       "(jobs.exec_events_per_uid): left to the next tick's discovery")
         dropped.add_metric([], events.dropped if events is not None else 0)
         yield dropped
+        refused = CounterMetricFamily("noded_process_events_unattributed", "New processes placed in no job because "
+                                      "their /proc/PID/cgroup is not the kernel's grammar (a forged record in a "
+                                      "cgroup name) or could not be read")
+        refused.add_metric([], getattr(discovery, "unattributed", 0))
+        yield refused
         budget = getattr(self.daemon, "report_budget", None)
         reports = CounterMetricFamily("noded_reports_dropped", "Reports dropped on the report socket: over the "
                                       "sender's uid's budget (unread) or the job's (admin.reports_per_*)",

@@ -96,6 +96,7 @@ def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_
                      "noded_sampler_errors",
                      "noded_tick_duration_seconds", "noded_sampler_duration_seconds",
                      "noded_sampler_cpu_seconds", "noded_process_events", "noded_process_events_dropped",
+                     "noded_process_events_unattributed",
                      "noded_reports_dropped"}
     assert types["noded_tick_duration_seconds"] == types["noded_sampler_duration_seconds"] == "histogram"
     assert value(values, "process_open_fds") > 0 and value(values, "process_resident_memory_bytes") > 0

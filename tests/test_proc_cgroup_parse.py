@@ -80,7 +80,9 @@ def test_a_forged_record_after_a_newline_is_refused_and_the_process_is_no_jobs(f
     with pytest.raises(AmbiguousProcCgroup, match="hierarchy '3:cpuset' appears twice"):
         read_process_cgroups(proc, 1)
     src = CgroupSource("cgroup", "/sys/fs/cgroup/cpuset/rt-v", ("*",), 1)
-    assert JobDiscovery([src], proc=proc).job_of_new_process(1, {}) is None
+    discovery = JobDiscovery([src], proc=proc)
+    assert discovery.job_of_new_process(1, {}) is None
+    assert discovery.unattributed == 1  # noded_process_events_unattributed_total
 
 
 def test_a_record_of_a_hierarchy_the_kernel_lacks_is_part_of_a_name(fake_proc):

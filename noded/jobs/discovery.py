@@ -239,6 +239,8 @@ class JobDiscovery:
         self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
         #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
         self.unreadable: dict[str, str] = {}
+        #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
+        self.unattributed = 0
 
     def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
         """A process tree as a job (e.g. from a prolog or the admin socket)."""
@@ -332,6 +334,7 @@ class JobDiscovery:
         except ProcCgroupError as e:
             # its file is not the kernel's grammar (a forged record in a cgroup name) or
             # cannot be read: no job's, never a guessed one's; an exec storm says it once a minute
+            self.unattributed += 1
             _UNATTRIBUTED.log(logging.WARNING, "proc-cgroup", "pid=%d attributed to no job: %s", pid,
                               printable(str(e)))
             return None
