@@ -17,7 +17,8 @@ import sys
 
 TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
 SOURCE_DIR = os.path.join(TREE, "native", "nvml")
-SOURCES = ("simnvml.c", "simnvml.h")
+SOURCES = ("simnvml.c", "processes.c", "monitoring.c", "simnvml.h", "internal.h")
+C_FILES = tuple(s for s in SOURCES if s.endswith(".c"))
 BUILD_DIR = os.path.join(TREE, "build", "nvml")
 LIBRARY = "libnvidia-ml.so.1"
 VARIANTS = {"current": (), "no_v3": ("-DSIMNVML_NO_V3",)}
@@ -43,7 +44,8 @@ def library_dir(variant: str = "current") -> str:
     os.makedirs(out_dir, exist_ok=True)
     partial = f"{target}.{os.getpid()}.tmp"
     cc = os.environ.get("CC", "cc")
-    cmd = [cc, *CFLAGS, *VARIANTS[variant], "-o", partial, os.path.join(SOURCE_DIR, "simnvml.c"), "-lpthread"]
+    cmd = [cc, *CFLAGS, *VARIANTS[variant], "-o", partial,
+           *(os.path.join(SOURCE_DIR, c) for c in C_FILES), "-lpthread"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
