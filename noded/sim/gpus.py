@@ -1,7 +1,7 @@
 """Simulated GPUs: the model of each (``SimGpu``), published to every process's NVML.
 
 A host's processes see its GPUs through the driver's ``libnvidia-ml.so.1``; here they see
-these through the stand-in library (``native/nvml``), which reads what ``SimGpus.publish``
+these through the stand-in library (``nvml_native/``), which reads what ``SimGpus.publish``
 writes into shared memory (``nvml_shm``). The simulated node (or a test) changes the
 models, then publishes; a change is seen by NVML's callers once published. A compute mode
 is NVML's to set (root, through the library): ``compute_mode`` reads what is in force, and

@@ -1,6 +1,6 @@
 """The simulated GPUs in shared memory, as the stand-in ``libnvidia-ml.so.1`` reads them.
 
-The layout is defined once, in ``native/nvml/simnvml.h``; the ctypes structures here mirror
+The layout is defined once, in ``nvml_native/simnvml.h``; the ctypes structures here mirror
 it, and ``check_layout`` compares them with what the compiled library reports
 (``simnvml_layout``) so a change on one side only fails loudly instead of reading garbage.
 

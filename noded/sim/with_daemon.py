@@ -48,12 +48,22 @@ def _stop(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
+class NotReady(RuntimeError):
+    """The simulated node did not print READY=1: it ended first, or took too long."""
+
+
 def read_environment(stdout, timeout: float = READY_TIMEOUT_S) -> dict[str, str]:
-    """The ``NAME=value`` lines a simulated node prints, up to ``READY=1``. Raises
-    RuntimeError where it ends first or takes longer than ``timeout``."""
+    """The ``NAME=value`` lines a simulated node prints, up to ``READY=1``. Raises NotReady
+    where its output ends first (it exited) or it takes longer than ``timeout``."""
     env: dict[str, str] = {}
-    done = threading.Event()
-    timer = threading.Timer(timeout, lambda: done.is_set() or stdout.close())
+    done, timed_out = threading.Event(), threading.Event()
+
+    def expire() -> None:
+        if not done.is_set():
+            timed_out.set()
+            stdout.close()
+
+    timer = threading.Timer(timeout, expire)
     timer.daemon = True
     timer.start()
     try:
@@ -68,7 +78,61 @@ def read_environment(stdout, timeout: float = READY_TIMEOUT_S) -> dict[str, str]
     finally:
         done.set()
         timer.cancel()
-    raise RuntimeError(f"the simulated node was not ready within {timeout:g} s")
+    if timed_out.is_set():
+        raise NotReady(f"the simulated node was not ready within {timeout:g} s")
+    raise NotReady("the simulated node exited before it was ready")
+
+
+class StderrTail:
+    """A child's stderr, held back (the last ``keep`` lines) until ``release``, then passed
+    on as it comes: a node that fails to start is reported once, in the error that names
+    its failure, and one that starts says what it says as before."""
+
+    def __init__(self, stream, keep: int = 20):
+        self._lines: list[str] = []
+        self._keep = keep
+        self._released = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stream,), name="noded-sim-stderr", daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._lock:
+                if not self._released:
+                    self._lines = [*self._lines[-(self._keep - 1):], line]
+                    continue
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):  # nobody reads this command's stderr any more
+                return
+
+    def tail(self, wait_s: float = 5.0) -> str:
+        """What it said last (after its end, bounded by ``wait_s``)."""
+        self._thread.join(timeout=wait_s)
+        with self._lock:
+            return "".join(self._lines).rstrip("\n")
+
+    def release(self) -> None:
+        with self._lock:
+            self._released = True
+            held, self._lines = self._lines, []
+        sys.stderr.write("".join(held))
+        sys.stderr.flush()
+
+
+def not_ready_message(error: NotReady, node: subprocess.Popen, stderr: StderrTail) -> str:
+    """The readiness error with the node's own failure: its exit status and last words. A
+    node still running (too slow) is stopped first."""
+    try:
+        status = f"exit status {node.wait(timeout=5.0)}"  # its output ended: it is exiting
+    except subprocess.TimeoutExpired:
+        _stop(node)
+        status = "still running: stopped"
+    tail = stderr.tail()
+    said = f"{error} ({status})"
+    return f"{said}; its last words:\n{tail}" if tail else f"{said}; it said nothing on stderr"
 
 
 def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None, *, dry_run: bool = False,
@@ -80,12 +144,15 @@ def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None,
     try:
         node = _spawn(["sim-node", scenario_path, "--hold", "--watch",
                        *(["--config", config] if config else []), *(["-v"] if verbose else [])],
-                      stdout=subprocess.PIPE, text=True)
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stderr = StderrTail(node.stderr)
         try:
             env = read_environment(node.stdout)
-        except RuntimeError as e:
-            print(f"noded run --sim: {e} (exit status {node.poll()})", file=sys.stderr)
+        except NotReady as e:
+            print(f"noded run --sim: {not_ready_message(e, node, stderr)}", file=sys.stderr)
+            node = None
             return 2
+        stderr.release()
         daemon = _spawn(["run", "--config", env["NODED_SIM_CONFIG"], *(["--dry-run"] if dry_run else []),
                          *(["-v"] if verbose else [])],
                         env={**os.environ, "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"],
