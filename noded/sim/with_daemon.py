@@ -8,17 +8,21 @@ duration (the scenario's, or ``--duration``), on SIGINT or SIGTERM, or when nobo
 the output any more, the daemon is stopped first (it releases what it changed while the
 node is still there), then the node. Both children die with this process (a parent-death
 signal), and live in sessions of their own so that a terminal's Ctrl-C reaches only this
-process, which stops them in that order.
+process, which stops them in that order. A node that ends before it is ready (it could not
+build the stand-in NVML library, mount the emulator, ...) is reported at once with its exit
+status and the last lines of its stderr; its stderr is held back until then, passed on after.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 from ..cliopts import say
 
@@ -49,38 +53,43 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 class NotReady(RuntimeError):
-    """The simulated node did not print READY=1: it ended first, or took too long."""
+    """The simulated node did not print READY=1: it ended first (``exited``), or took too long."""
+
+    def __init__(self, message: str, *, exited: bool):
+        super().__init__(message)
+        self.exited = exited
 
 
 def read_environment(stdout, timeout: float = READY_TIMEOUT_S) -> dict[str, str]:
     """The ``NAME=value`` lines a simulated node prints, up to ``READY=1``. Raises NotReady
-    where its output ends first (it exited) or it takes longer than ``timeout``."""
-    env: dict[str, str] = {}
-    done, timed_out = threading.Event(), threading.Event()
+    where its output ends first (it exited) or it takes longer than ``timeout`` (then the
+    caller stops it, which ends the reading). A thread reads, up to READY=1 and no further,
+    so that the output is another reader's afterwards; closing a stream another thread
+    reads would block on the stream's own lock instead."""
+    lines: queue.Queue[str | None] = queue.Queue()
 
-    def expire() -> None:
-        if not done.is_set():
-            timed_out.set()
-            stdout.close()
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    try:
+    def read() -> None:
         for line in stdout:
-            name, sep, value = line.rstrip("\n").partition("=")
-            if sep:
-                env[name] = value
-            if name == "READY":
-                return env
-    except ValueError:  # closed by the timer
-        pass
-    finally:
-        done.set()
-        timer.cancel()
-    if timed_out.is_set():
-        raise NotReady(f"the simulated node was not ready within {timeout:g} s")
-    raise NotReady("the simulated node exited before it was ready")
+            lines.put(line)
+            if line.startswith("READY="):
+                return
+        lines.put(None)
+
+    threading.Thread(target=read, name="noded-sim-ready", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    env: dict[str, str] = {}
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise NotReady(f"the simulated node was not ready within {timeout:g} s", exited=False) from None
+        if line is None:
+            raise NotReady("the simulated node exited before it was ready", exited=True)
+        name, sep, value = line.rstrip("\n").partition("=")
+        if sep:
+            env[name] = value
+        if name == "READY":
+            return env
 
 
 class StderrTail:
@@ -125,11 +134,14 @@ class StderrTail:
 def not_ready_message(error: NotReady, node: subprocess.Popen, stderr: StderrTail) -> str:
     """The readiness error with the node's own failure: its exit status and last words. A
     node still running (too slow) is stopped first."""
-    try:
-        status = f"exit status {node.wait(timeout=5.0)}"  # its output ended: it is exiting
-    except subprocess.TimeoutExpired:
+    status = "still running: stopped"
+    if error.exited:
+        try:
+            status = f"exit status {node.wait(timeout=5.0)}"  # its output ended: it is exiting
+        except subprocess.TimeoutExpired:  # it closed its output and lives on
+            _stop(node)
+    else:
         _stop(node)
-        status = "still running: stopped"
     tail = stderr.tail()
     said = f"{error} ({status})"
     return f"{said}; its last words:\n{tail}" if tail else f"{said}; it said nothing on stderr"
