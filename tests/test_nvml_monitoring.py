@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 
 import pynvml
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from noded.sim.boards import BOARDS, THERMAL_TIME_CONSTANT_S, Board, board_spec
@@ -235,3 +236,65 @@ def test_a_board_the_simulator_does_not_know_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="no simulated board 'NVIDIA Tesla K80'"):
         SimGpus(str(tmp_path / "nvml.shm"), make_gpus(1, "NVIDIA Tesla K80"))
     assert not os.path.exists(tmp_path / "nvml.shm")  # refused before anything was made
+
+
+@pytest.fixture(scope="module")
+def eight_gpus(tmp_path_factory):
+    """Eight simulated GPUs (an HGX board's bus ids) read through this process's pynvml."""
+    gpus = SimGpus(str(tmp_path_factory.mktemp("nvml") / "nvml.shm"), make_gpus(8))
+    gpus.install()
+    pynvml.nvmlInit()
+    yield gpus
+    pynvml.nvmlShutdown()
+    gpus.close()
+
+
+def handle_by_bus_id(text: bytes) -> tuple[int, int | None]:
+    """(the return code, the index found) of nvmlDeviceGetHandleByPciBusId_v2 on ``text``."""
+    handle = pynvml.c_nvmlDevice_t()
+    rc = pynvml.nvmlLib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(text), ctypes.byref(handle))
+    return rc, pynvml.nvmlDeviceGetIndex(handle) if rc == 0 else None
+
+
+BUS_ID = re.compile(rb"(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.[0-7]")
+
+
+def expected_lookup(text: bytes) -> tuple[int, int | None]:
+    """What NVML answers for ``text``: a bus id as nvidia-smi prints it (domain optional) finds
+    the GPU there, or none; anything else is an invalid argument."""
+    m = BUS_ID.fullmatch(text)
+    if not m or int(m.group(3), 16) > 0x1F:
+        return pynvml.NVML_ERROR_INVALID_ARGUMENT, None
+    where = (int(m.group(1) or b"0", 16), int(m.group(2), 16), int(m.group(3), 16))
+    for i in range(8):
+        pci = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+        if (pci.domain, pci.bus, pci.device) == where:
+            return pynvml.NVML_SUCCESS, i
+    return pynvml.NVML_ERROR_NOT_FOUND, None
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(st.binary(max_size=40), st.from_regex(
+    rb"\A([0-9A-Fa-f]{1,9}:)?[0-9A-Fa-f]{1,3}:[0-9A-Fa-f]{1,3}\.[0-9a-f]\Z")).filter(lambda b: b"\0" not in b))
+@example(text=b"47:00.3").via("GPU 2, any function")
+@example(text=b"0:4e:0.0").via("GPU 3, short fields")
+@example(text=b"00000001:07:00.0").via("another domain: none there")
+@example(text=b"07:20.0").via("device past 0x1f")
+@example(text=b"000000000:07:00.0").via("a domain of 9 digits")
+def test_a_bus_id_of_any_bytes_finds_the_gpu_it_spells_or_is_refused(eight_gpus, text):
+    assert handle_by_bus_id(text) == expected_lookup(text)
+
+
+def test_the_examples_reach_every_answer(eight_gpus):
+    assert [expected_lookup(t)[0] for t in (b"47:00.3", b"00000001:07:00.0", b"07:20.0")] == [0, 6, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(index=st.integers(0, 7), lower=st.booleans(), legacy=st.booleans())
+def test_every_gpus_bus_id_as_nvml_prints_it_finds_that_gpu(eight_gpus, index, lower, legacy):
+    pci = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+    text = pci.busIdLegacy if legacy else pci.busId
+    text = text.lower() if lower else text
+    assert handle_by_bus_id(text.encode()) == (pynvml.NVML_SUCCESS, index)
+    assert handle_by_bus_id(text.encode() + b" ")[0] == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert handle_by_bus_id(b"0x" + text.encode())[0] == pynvml.NVML_ERROR_INVALID_ARGUMENT

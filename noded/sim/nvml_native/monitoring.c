@@ -245,15 +245,54 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
     return NVML_SUCCESS;
 }
 
-/* "domain:bus:device.function" or "bus:device.function", hex, as NVML accepts a bus id. */
+/* 1 to `max` hex digits at *p into *out, *p moved past them; 0 when there are none or more. */
+static int hex_field(const char **p, int max, unsigned int *out)
+{
+    unsigned int v = 0;
+    int n = 0;
+    for (;; n++) {
+        char c = (*p)[n];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            break;
+        if (n == max)
+            return 0;
+        v = v << 4 | (unsigned int)d;
+    }
+    if (n == 0)
+        return 0;
+    *p += n;
+    *out = v;
+    return 1;
+}
+
+static int expect(const char **p, char c)
+{
+    if (**p != c)
+        return 0;
+    (*p)++;
+    return 1;
+}
+
+/* "domain:bus:device.function" (domain up to 8 hex digits) or "bus:device.function", as
+   nvidia-smi and NVML print bus ids; anything else is refused (strictly: no sign, space or
+   0x, nothing after). */
 static int parse_bus_id(const char *text, unsigned int *domain, unsigned int *bus, unsigned int *dev)
 {
-    unsigned int fn;
-    char end;
-    if (sscanf(text, "%x:%x:%x.%x%c", domain, bus, dev, &fn, &end) == 4)
-        return 1;
-    *domain = 0;
-    return sscanf(text, "%x:%x.%x%c", bus, dev, &fn, &end) == 3;
+    const char *p = text;
+    unsigned int a, b, fn;
+    if (!hex_field(&p, 8, &a) || !expect(&p, ':') || !hex_field(&p, 2, &b))
+        return 0;
+    if (expect(&p, ':')) {
+        *domain = a, *bus = b;
+        if (!hex_field(&p, 2, dev))
+            return 0;
+    } else {
+        if (a > 0xFF)
+            return 0;
+        *domain = 0, *bus = a, *dev = b;
+    }
+    return expect(&p, '.') && hex_field(&p, 1, &fn) && *p == '\0' && *dev <= 0x1F && fn <= 7;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *device)
