@@ -10,7 +10,7 @@ NPM_STAMP := tests/kubernetes/node_modules/.installed
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
-# node's stand-in libnvidia-ml.so.1 (native/nvml); Slurm (munge, slurmctld, slurmd, its
+# node's stand-in libnvidia-ml.so.1 (noded/sim/nvml_native); Slurm (munge, slurmctld, slurmd, its
 # client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
 # Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
 # resctrl emulator with it (tests/test_pqos.py).

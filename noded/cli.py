@@ -127,6 +127,13 @@ def _main(argv: list[str] | None) -> int:
         except (OSError, ScenarioError) as e:
             print(f"noded {args.command}: {e}", file=sys.stderr)
             return 2
+        from .sim.nvml_lib import BuildError, library_dir
+
+        try:  # the node's GPUs need the stand-in NVML library: built (once) before anything starts
+            library_dir(scenario.node.nvml)
+        except BuildError as e:
+            print(f"noded {args.command}: {e}", file=sys.stderr)
+            return 2
         if args.command == "sim":
             from .sim.run import run_scenario
 
