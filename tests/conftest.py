@@ -260,7 +260,9 @@ def admin_socket(tmp_path):
         daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
                                  colocation=None, last=last, rightsize=rightsize)
         os.chmod(tmp_path, 0o755)
-        server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
+        # a socket of its own for each server: noded never takes over a socket another listens on
+        name = f"noded-{len(servers)}.sock" if servers else "noded.sock"
+        server = AdminServer(str(tmp_path / name), daemon, group=None, timeout_s=2, wall_clock=clock).start()
         servers.append(server)
         return SimpleNamespace(path=server.path, daemon=daemon)
 

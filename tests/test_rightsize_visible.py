@@ -17,6 +17,7 @@ from conftest import nodectl_run
 from noded.actuators.cpusets import CpuSetResult
 from noded.config import Config, RightsizeConfig
 from noded.daemon import TickResult
+from noded.tickstats import Totals
 from noded.metrics import make_registry
 from noded.policy.contention import Decision
 from noded.rightsize.service import PINNED, PROBING, SIZED, STOPPED, RightSizing
@@ -32,6 +33,7 @@ class Registry:
 
     def __init__(self, last, rightsize=True):
         self.last, self.colocation, self.extra_info = last, None, {}
+        self.totals = last.totals if last is not None else Totals()  # the loop's counters, as the daemon keeps them
         self.rightsize = object() if rightsize else None
 
 
