@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from .curve import LevelCurve
 
 DEFAULT_PERIOD_S = 0.1
+MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters
 AMD_UNIT_BYTES = 125_000_000  # 1/8 GB/s, AMD's MB unit
 
 
@@ -71,6 +72,8 @@ class CapController:
         self.integral = 0.0
         self.curves: dict[int, LevelCurve] = {}
         self.threads = 0
+        self._remeasure = False  # the last period contradicted the curve: hold the lower value alone
+        self._last: Hold | None = None
 
     def set_cap(self, cap_bps: float) -> None:
         if cap_bps <= 0:
@@ -101,7 +104,8 @@ class CapController:
             pass  # far from the cap: the curve's error to learn, not a bias to integrate
         else:
             self.integral = max(-self.limit, min(self.limit, self.integral + self.gain * (self.cap - measured_bps)))
-        return self._choose(curve, self.cap + self.integral)
+        self._last = self._choose(curve, self.cap + self.integral)
+        return self._last
 
     def _learn(self, curve: LevelCurve, measured: float, held: Hold, threads: int) -> bool:
         """Fold the period into the curve; True where the curve moved by more than noise."""
@@ -111,12 +115,27 @@ class CapController:
         if len(parts) == 1:
             value, learned = parts[0][0], measured
         else:
-            # Two values: the lower one is known (it was chosen for that), so the period says
-            # what the higher one gives; too small a share of it says too little.
-            (value, share), (low, _) = parts
-            if low not in curve.points or share < 0.05:
+            # Two values, the lower one measured before (it was chosen for that): the period
+            # tells about the one measured longer ago (the higher one if never), within a
+            # quarter above what this job has been seen to move (a small share of a period
+            # magnifies the counters' noise). Far from what the curve predicted, demand has
+            # moved: the next period holds the lower value alone, to measure it afresh.
+            (high, share), (low, _) = parts
+            if low not in curve.points:
                 return False
-            learned = max(curve.points[low], (measured - (1 - share) * curve.points[low]) / share)
+            at_low, top = curve.points[low], max(curve.points.values())
+            at_high = curve.points.get(high)
+            if at_high is not None:
+                predicted = share * at_high + (1 - share) * at_low
+                self._remeasure = predicted > 0 and abs(measured / predicted - 1) > 0.05
+            if at_high is None or curve.age(high) <= curve.age(low):
+                if share < MIN_PROBE_SHARE:
+                    return False
+                value = high
+                learned = min(max(at_low, (measured - (1 - share) * at_low) / share), 1.25 * max(top, measured))
+            else:
+                value = low
+                learned = min(max(0.0, (measured - share * at_high) / (1 - share)), at_high)
         before = curve.points.get(value)
         curve.learn(value, learned)
         return before is not None and before > 0 and abs(learned / before - 1) > 0.05
@@ -140,6 +159,9 @@ class CapController:
         else:
             def bound(v: int) -> float:
                 return curve.upper(v, True)
+        if self._remeasure and self._last is not None:
+            self._remeasure = False
+            return Hold(self._last.low, self._last.low)
         known_low = max((v for v, b in curve.points.items() if b <= target), default=None)
         if known_low is None:
             low = self.values[0]
@@ -162,7 +184,7 @@ class CapController:
             return Hold(known_low, known_low)
         share = max(0.0, min(1.0, (target - at_low) / (at_high - at_low)))
         if high not in curve.points:
-            share = max(share, 0.05)  # enough of it to learn what it gives
+            share = max(share, MIN_PROBE_SHARE)  # enough of it to learn what it gives
         return Hold(known_low, high, share if share >= 0.02 else 0.0)
 
     def _candidates(self, curve: LevelCurve) -> list[int]:

@@ -19,12 +19,20 @@ class LevelCurve:
     """value -> bytes/s measured there, for one number of busy threads."""
 
     points: dict[int, float] = field(default_factory=dict)
+    learned_at: dict[int, int] = field(default_factory=dict)  # value -> the learn() count when last measured
+    _count: int = 0
 
     def learn(self, value: int, bytes_per_s: float) -> None:
         """A period at ``value`` moved ``bytes_per_s``; points that now contradict
         monotonicity are the stale ones (demand moved): they give way to it."""
+        self._count += 1
         self.points[value] = bytes_per_s
+        self.learned_at[value] = self._count
         self._make_monotone(value)
+
+    def age(self, value: int) -> int:
+        """How recently ``value`` was measured: larger is fresher (0: never, or only seeded)."""
+        return self.learned_at.get(value, 0)
 
     def _make_monotone(self, anchor: int) -> None:
         fresh = self.points[anchor]
