@@ -2,6 +2,8 @@
 emulator's MBA as hardware applies it, and against the kernel's own one-step-a-second rule."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.bandwidth_cap import PHASE_S, Bench, FakeProc, measure, one_run
 from noded.capping.controller import AMD_UNIT_BYTES, CapController, Hold, KernelStyleController
@@ -96,3 +98,18 @@ def test_bad_scales_and_caps_are_refused():
         CapController(INTEL, 0)
     assert KernelStyleController(INTEL, 5 * GB).update(14 * GB, 1, Hold(100, 100)).values == [(90, 1.0)]
     assert PHASE_S == 12.0
+
+
+@given(st.lists(st.tuples(st.sampled_from(INTEL), st.floats(0, 100e9, allow_nan=False)), max_size=30))
+def test_the_curve_stays_monotone_and_its_bound_holds_whatever_it_is_told(measurements):
+    curve = LevelCurve()
+    for value, bps in measurements:
+        curve.learn(value, bps)
+        xs = sorted(curve.points)
+        assert all(curve.points[a] <= curve.points[b] for a, b in zip(xs, xs[1:]))
+    for v in INTEL:
+        if v in curve.points:
+            assert curve.upper(v) == curve.points[v]
+        nxt = [curve.points[x] for x in curve.points if x > v]
+        if nxt:
+            assert curve.upper(v) <= min(nxt)

@@ -6,9 +6,12 @@ update_mba_bw, and what intel-cmt-cat's users measured. The kernel model is driv
 process with a clock of the test's own, so seconds of the kernel's controller pass at once;
 the tasks are real processes (the model reads /proc for them)."""
 
+import errno
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from resctrl.emulator.kernel import MIB, ResctrlKernel
 from resctrl.emulator.mba import kernel_mbps_step
@@ -215,3 +218,20 @@ def test_mba_mbps_event_must_be_an_mbm_event():
     node.group("g")
     with pytest.raises(OSError):
         node.write("g", "mba_MBps_event", "llc_occupancy\n")
+
+
+# ------------------------------------------------------------- what is written, as bytes
+
+@given(st.binary(max_size=40))
+@settings(deadline=None)
+def test_mba_mbps_event_writes_take_an_mbm_event_or_fail_with_einval(data):
+    # rdtgroup_mba_mbps_event_write: the name of an enabled MBM event, else EINVAL, unchanged.
+    node = Node("intel-mbps")
+    node.group("g")
+    try:
+        node.kernel.write(["g", "mba_MBps_event"], data, os.getpid(), 0)
+    except OSError as e:
+        assert e.errno == errno.EINVAL
+        assert node.kernel.read(["g", "mba_MBps_event"]) == "mbm_local_bytes\n"
+    else:
+        assert data.decode(errors="replace").strip() in ("mbm_local_bytes", "mbm_total_bytes")
