@@ -55,3 +55,15 @@ def test_where_the_kernels_mba_mbps_is_mounted_it_steers_and_noded_only_sets_the
         assert open(f"{path}/mba_MBps_event").read() == "mbm_total_bytes\n"  # its total, not local only
     finally:
         holder.stop()
+
+
+def test_a_group_removed_under_the_holder_stops_it_without_a_traceback(emulator, open_resctrl, sleeper, caplog):
+    emu = emulator("intel-linear", "--peak-gbps", "1000")
+    rc = open_resctrl(emu)
+    job = sleeper()
+    emu.control.set_demand(job.pid, 20 * GB, domain=0)
+    holder = CapHolder(rc, "j3", [job.pid], 5 * GB).start()
+    rc.ctrl_group(f"{rc.prefix}cap-j3").remove()  # an operator's rmdir
+    wait_for(lambda: not holder._thread.is_alive(), timeout=5, what="the holder's thread to stop")
+    assert "cap j3: stopped steering" in caplog.text
+    holder.stop()  # and stop() still returns cleanly

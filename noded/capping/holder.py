@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable
 
-from resctrl import CtrlGroup, MbFlavour, Resctrl
+from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from .controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
@@ -110,6 +110,13 @@ class CapHolder:
         return self.held
 
     def _loop(self) -> None:
+        try:
+            self._steer()
+        except (ResctrlError, OSError) as e:
+            # the group or the mount went away under us (an operator, an unmount): nothing to steer
+            log.warning("cap %s: stopped steering: %s", self.job, e)
+
+    def _steer(self) -> None:
         start = self.clock()
         k = 0
         while not self._stop.is_set():
@@ -132,4 +139,7 @@ class CapHolder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.group.remove()
+        try:
+            self.group.remove()
+        except GroupNotFoundError:
+            pass  # removed already: what stop() is for
