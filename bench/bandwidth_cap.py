@@ -92,10 +92,6 @@ def scale_of(profile_name: str) -> list[int]:
     return list(range(p.mb_min, p.mb_max + 1, p.mb_gran))
 
 
-def kernel_style_scale(profile_name: str) -> list[int]:
-    return scale_of(profile_name)
-
-
 class Bench:
     def __init__(self, proc: FakeProc, profile_name: str, threads: int, cap_share: float, pattern: str):
         self.now = -1.0
@@ -202,7 +198,9 @@ def settle_after(windows: list[float], cap: float, first: int, end: int) -> floa
     return k * WINDOW_S
 
 
-def measure(windows: list[float], cap: float, pattern: str = "step") -> tuple[float | None, float | None, float, float, float]:
+def measure(windows: list[float], cap: float,
+            pattern: str = "step") -> tuple[float | None, float | None, float, float, float]:
+    """(settle s, resettle s, overshoot %, overshoot ms, steady error %) of one run's windows."""
     phase = round(PHASE_S / WINDOW_S)
     settle = settle_after(windows, cap, 0, phase)
     # after the demand stops moving: at once for a step, at the ramp's end for a ramp
@@ -230,7 +228,7 @@ def one_run(proc: FakeProc, profile: str, threads: int, share: float, pattern: s
                                    absolute_unit_bytes=AMD_UNIT_BYTES if PROFILES[profile].vendor == "amd" else None)
         period = 0.1
     else:
-        controller = KernelStyleController(kernel_style_scale(profile), bench.cap)
+        controller = KernelStyleController(bench.scale, bench.cap)
         period = KernelStyleController.period_s
     windows = bench.run(controller, period)
     settle, resettle, height, duration, error = measure(windows, bench.cap, pattern)
@@ -269,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(one_run(proc, profile, threads, share, pattern, "kernel-style"))
     print(f"bandwidth caps: {len(shares)} caps x 1/4/16 threads x step/ramp per profile; 100 ms windows, band +-5 %")
     print(f"  {'profile':<17}{'controller':<14}{'runs':>5}{'unreach':>8}{'settle p50':>11}{'p95 s':>7}"
-          f"{'resettle p95':>13}{'overshoot p95 %':>16}{'for ms':>7}{'steady err p95 %':>17}{'above cap p95 s':>16}{'writes/s':>9}")
+          f"{'resettle p95':>13}{'overshoot p95 %':>16}{'for ms':>7}{'steady err p95 %':>17}"
+          f"{'above cap p95 s':>16}{'writes/s':>9}")
     for profile in PROFILE_NAMES:
         for which in ("noded", "kernel-style"):
             rs = [r for r in runs if r.profile == profile and r.controller == which]
@@ -298,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({worst.profile}, {worst.threads} threads, cap {worst.cap_share:.0%}, {worst.pattern})")
     print(f"  kernel-style never within +-5 % counts as > {PHASE_S:g} s; it stops moving at p95 "
           f"{p95([r.last_move_s for r in theirs]):.1f} s (noded, where it mixes two values, never stops)")
-    print(f"settle p95 {fmt_s(p95([r.settle_s for r in ours]))} s (kernel-style {fmt_s(p95([r.settle_s for r in theirs]))} s), "
+    settle, baseline = fmt_s(p95([r.settle_s for r in ours])), fmt_s(p95([r.settle_s for r in theirs]))
+    print(f"settle p95 {settle} s (kernel-style {baseline} s), "
           f"overshoot p95 {p95([r.overshoot_pct for r in ours]):.1f} % for {p95([r.overshoot_ms for r in ours]):.0f} ms")
     return 0
 
