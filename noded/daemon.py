@@ -22,13 +22,15 @@ from .colocation.view import ColocationView
 from .config import Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
-from .policy.contention import Decision, PolicyState, decide
+from .lasting import LastingStates
+from .policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from .ratelimit import RateLimitedLog
 from .rightsize.cpuplan import CpuPlan, PlanError
 from .rightsize.service import RightsizeView
 from .sample import GPU, Sample
 from .telemetry import Telemetry
 from .tickstats import TickStats, Totals
+from .watching import Watch, watching
 
 if TYPE_CHECKING:  # the split needs numba: loaded only where memory is sized
     from .rightsize.memsplit import MemorySplit
@@ -88,6 +90,7 @@ class TickResult:
     rightsize: RightsizeView | None = None  # None: right-sizing is off
     cpus: CpuSetResult | None = None  # the one owner of every job's CPUs applied this tick's plan (right-sizing)
     memory: MemoryView | None = None  # None: right-sizing's memory is off (rightsize.memory.cache_gb null)
+    watching: tuple[Watch, ...] = ()  # what noded watches (jobs, gpus, resctrl), or why not
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class Daemon:
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
         self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
+        self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -298,6 +302,7 @@ class Daemon:
         t1 = self.clock()
         unwritable = self._state_check(t1)
         rightsize, cpus, memory = None, None, None
+        stuck = None  # why contention lasts with nothing left to throttle, while it does
         if not sample.jobs_known:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
@@ -324,6 +329,11 @@ class Daemon:
             decision, self.state = decide(sample, self.state, self.config.contention,
                                           self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
                                           self.throttle.level_share if self.throttle else (lambda level: 1.0), known)
+            if decision.note == NOTHING_LEFT_TO_THROTTLE:
+                stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
+                         f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
+                         "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
+                         "unknown): `nodectl explain JOB` says which")
             if self.baselines:
                 self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
             if paused:
@@ -376,10 +386,20 @@ class Daemon:
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory)
+                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory,
+                            watching(sample, self.config))
         self.last = result
         self.totals = result.totals
+        self.lasting.update(self._lasting_states(result, stuck))
         return result
+
+    @staticmethod
+    def _lasting_states(result: TickResult, stuck: str | None) -> dict[str, str]:
+        """The states an alert can see that are in force after this tick, with why."""
+        states = {f"not_watching_{w.what}": w.why for w in result.watching if not w.watching}
+        if stuck:
+            states["contention_nothing_left_to_throttle"] = stuck
+        return states
 
     def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
         """Jobs held this tick by an error of their own (the others went on): counted by

@@ -266,3 +266,28 @@ def log_change(action: str, job: str | None = None, *, level_from: int | None = 
         path, line, func = "(unknown file)", 0, "(unknown function)"
     record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)
     logger.handle(record)
+
+
+def log_state(state: str, entered: bool, reason: str, *, severity: int | None = None) -> None:
+    """One line when a lasting state an alert can see begins or ends (noded.lasting):
+
+        state=not_watching_jobs entered: no job source configured ...
+        state=not_watching_jobs ended: ...
+
+    with the fields NODED_STATE and NODED_STATE_CHANGE (entered, ended). Emitted whatever
+    the verbosity, as changes are: an entry at WARNING (something is not done), an end at
+    NOTICE, unless ``severity`` says otherwise."""
+    if severity is None:
+        severity = logging.WARNING if entered else NOTICE
+    change = "entered" if entered else "ended"
+    logger = logging.getLogger(CHANGES)
+    if logger.disabled or logger.manager.disable >= severity:
+        return
+    text = f"state={_text(state)} {change}: {reason}"
+    extra = {"noded_state": state, "noded_state_change": change}
+    try:
+        path, line, func, _ = logger.findCaller(False, 2)
+    except ValueError:
+        path, line, func = "(unknown file)", 0, "(unknown function)"
+    record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)
+    logger.handle(record)

@@ -245,6 +245,13 @@ class NodedCollector:
         nvml = GaugeMetricFamily("noded_nvml_available", "Whether NVML answered (0 means a CPU-only view)")
         nvml.add_metric([], 1.0 if s.nvml_available else 0.0)
         yield nvml
+        if r.watching:
+            watched = GaugeMetricFamily("noded_watching", "1 while noded watches this input (jobs: a job source is "
+                                        "configured and discovery works; gpus: NVML lists at least one GPU; resctrl: "
+                                        "mounted), 0 while it does not (`nodectl status` says why)", labels=["what"])
+            for w in r.watching:
+                watched.add_metric([w.what], 1.0 if w.watching else 0.0)
+            yield watched
 
         node = GaugeMetricFamily("noded_node_memory_bandwidth_bytes_per_second",
                                  "Memory bandwidth of the node, per L3 domain (MBM)", labels=["domain"])

@@ -257,7 +257,7 @@ class AdminCommands:
                                "registered_labels": sorted(self.registered_labels.snapshot())
                                if self.registered_labels is not None else []}
         if r is None or r.config is None:
-            return {**out, "node": None, "gpus": [], "jobs": [], "missing": []}
+            return {**out, "node": None, "gpus": [], "jobs": [], "missing": [], "watching": []}
         cfg = r.config
         out.update({"tick_s": cfg.tick_s, "throttle_method": r.throttle_kind,
                     "threshold": cfg.contention.threshold, "release_threshold": cfg.contention.release_threshold,
@@ -271,6 +271,8 @@ class AdminCommands:
                         "monitoring": j.monitoring, "pod": j.pod.as_dict() if j.pod else None}
                        for j in sorted(s.jobs.values(), key=lambda j: j.id)]
         out["missing"] = list(s.missing)
+        # each input noded watches (jobs, gpus, resctrl): whether it does, and why not
+        out["watching"] = [{"what": w.what, "watching": w.watching, "why": w.why} for w in r.watching]
         return out
 
     def explain(self, job: str) -> dict[str, Any]:

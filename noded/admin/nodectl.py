@@ -122,6 +122,13 @@ def format_status(st: dict[str, Any]) -> str:
     if node is None:
         lines.append("no tick yet")
         return "\n".join(lines) + "\n"
+    # what noded does not watch first, before anything it shows: an empty table may mean "nothing to see"
+    for w in st.get("watching", ()):
+        if not w["watching"]:
+            lines.append(f"NOT WATCHING {w['what']}: {w['why']}")
+    watched = [w["why"] for w in st.get("watching", ()) if w["watching"]]
+    if watched:
+        lines.append("watching: " + "; ".join(watched))
     doms = ", ".join(f"L3 {d}: {_gbps(v)} GB/s" for d, v in sorted(node["bandwidth_bytes_per_s"].items()))
     lines.append(f"node: {_pct(node['share_of_peak'], 100)} of peak ({doms})"
                  + ("; CONTENTION" if node["contention"] else "") + (f"; {node['note']}" if node["note"] else ""))

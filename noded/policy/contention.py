@@ -37,6 +37,10 @@ CAP = "cap"
 OVERRIDE = "override"
 
 
+#: the note of a tick in contention in which no CPU job could be throttled one more step (a
+#: lasting state: noded.lasting logs its start and end)
+NOTHING_LEFT_TO_THROTTLE = "contention, but no CPU job left to throttle"
+
 @dataclass(frozen=True)
 class Throttle:
     level: int  # >= 1
@@ -187,7 +191,7 @@ def decide(
                       f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
             stepped = True
         else:
-            note = "contention, but no CPU job left to throttle"
+            note = NOTHING_LEFT_TO_THROTTLE
     elif triggered:
         note = "contention: waiting for the last step to settle"
 
