@@ -109,7 +109,7 @@ install:
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
-	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
+	install -m 0644 README.md LICENSE systemd/remote-scrape.conf docs/runbook.md $(DESTDIR)$(DOCDIR)/
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
 	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
 	for hook in prolog epilog task-prolog; do \

@@ -22,6 +22,7 @@ from .colocation.view import ColocationView
 from .config import Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
+from .health import Liveness
 from .lasting import LastingStates
 from .policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from .ratelimit import RateLimitedLog
@@ -141,6 +142,7 @@ class Daemon:
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
         self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
         self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
+        self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -420,6 +422,7 @@ class Daemon:
         of the two, so whoever listens (systemd's watchdog) hears that the loop runs."""
         next_t = self.clock()
         in_a_row = 0
+        self.liveness.loop_started(self.config.tick_s)
         while not stop.is_set():
             self._maybe_reload()
             period = self.config.tick_s
@@ -441,6 +444,7 @@ class Daemon:
                         on_tick(result)
                     except Exception:
                         log.exception("after tick %d: telling the listener failed", result.tick)
+            self.liveness.round_ended(period)
             next_t += period
             now = self.clock()
             if now > next_t:

@@ -106,8 +106,12 @@ class NodedCollector:
     from the start."""
 
     def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False,
-                 rightsize: bool = False, totals: Callable[[], Totals] | None = None):
+                 rightsize: bool = False, totals: Callable[[], Totals] | None = None,
+                 last_round: Callable[[], float | None] | None = None):
         self.last = last
+        # the wall-clock time the loop's last round ended (None before the first): a hung
+        # loop still serves its last result, and this standing still is how it shows
+        self.last_round = last_round
         # the counters as of the loop's last round: a tick that raised publishes no result,
         # and its failure must be counted all the same (the last result's, where not given)
         self.totals = totals
@@ -124,6 +128,13 @@ class NodedCollector:
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
         yield from map(_text_labels, self._counters(r, self.totals() if self.totals is not None else None))
+        ended = self.last_round() if self.last_round is not None else None
+        if ended is not None:
+            stamp = GaugeMetricFamily("noded_last_tick_timestamp_seconds", "Wall-clock time (Unix seconds) the "
+                                      "control loop's last round ended, its tick completed or failed; "
+                                      "time() minus this is how long the loop has been stalled")
+            stamp.add_metric([], ended)
+            yield stamp
         if r is not None:
             yield from map(_text_labels, self._state(r, r.control))
 
@@ -418,6 +429,7 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals))
+                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals,
+                                     last_round=lambda: daemon.liveness.last_round_wall))
     ProcessCollector(registry=registry)
     return registry
