@@ -392,7 +392,8 @@ class Daemon:
                             watching(sample, self.config))
         self.last = result
         self.totals = result.totals
-        self.lasting.update(self._lasting_states(result, stuck))
+        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
+        self.lasting.update(self._lasting_states(result, stuck), t0, self.config.contention.hold_s)
         return result
 
     @staticmethod

@@ -81,10 +81,19 @@ def test_nvml_that_answers_with_no_gpu_is_not_watching_gpus():
 def test_a_lasting_state_is_logged_once_when_it_begins_and_once_when_it_ends(caplog):
     states = LastingStates()
     with caplog.at_level(logging.DEBUG, logger="noded.changes"):
-        for _ in range(3):
-            states.update({"not_watching_gpus": "NVML unavailable"})
-        states.update({})
-        states.update({})
+        for t in range(3):
+            states.update({"not_watching_gpus": "NVML unavailable"}, float(t))
+        states.update({}, 3.0)
+        states.update({}, 4.0)
+        # one that lapses for less than its grace has not ended; away that long, it has
+        states.update({"contention": "nothing left"}, 10.0, grace_s=5)
+        states.update({}, 11.0, grace_s=5)
+        states.update({"contention": "nothing left"}, 12.0, grace_s=5)
+        states.update({}, 13.0, grace_s=5)
+        states.update({}, 17.0, grace_s=5)
+        states.update({}, 18.0, grace_s=5)
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "noded.changes"]
     assert lines == [(logging.WARNING, "state=not_watching_gpus entered: NVML unavailable"),
-                     (25, "state=not_watching_gpus ended: no longer: NVML unavailable")]
+                     (25, "state=not_watching_gpus ended: no longer: NVML unavailable"),
+                     (logging.WARNING, "state=contention entered: nothing left"),
+                     (25, "state=contention ended: no longer (5s without it): nothing left")]

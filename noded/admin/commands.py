@@ -73,11 +73,11 @@ class AdminCommands:
         if command == "pause":
             reason = args.get("reason") or f"paused by uid {uid}"
             self.control.pause(reason)
-            log_change("pause", None, severity=logging.WARNING, uid=uid, reason=reason)
+            log_change("pause", None, uid=uid, reason=reason)
             return {"paused": reason}
         if command == "resume":
             self.control.resume()
-            log_change("resume", None, severity=logging.WARNING, uid=uid, reason="automatic throttling resumes")
+            log_change("resume", None, uid=uid, reason="automatic throttling resumes")
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)

@@ -99,7 +99,7 @@ class OverrideStore:
             items = {**self._items, override.job: override}
             self._save(items)
             self._items = items
-        log_change("override-set", override.job, level_to=override.level, severity=logging.WARNING,
+        log_change("override-set", override.job, level_to=override.level,
                    kind=override.kind, uid=override.set_by_uid,
                    ttl="none" if override.expires is None else f"{override.expires - override.created:.0f}s",
                    reason=override.reason or None)
@@ -120,7 +120,7 @@ class OverrideStore:
                 except StateWriteError as e:
                     self._dirty, unsaved = True, str(e)
         if gone is not None:
-            log_change("override-cleared", job, severity=logging.WARNING, kind=gone.kind, uid=uid,
+            log_change("override-cleared", job, kind=gone.kind, uid=uid,
                        reason=f"not saved, in force until a restart: {unsaved}" if unsaved else None)
         return gone is not None, unsaved
 
@@ -151,5 +151,5 @@ class OverrideStore:
                     self._dirty = True
             items = dict(self._items)
         for job in expired:
-            log_change("override-expired", job, severity=logging.WARNING)
+            log_change("override-expired", job)
         return items
