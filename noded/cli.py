@@ -48,7 +48,8 @@ def _main(argv: list[str] | None) -> int:
                           "monitoring groups)")
     run.add_argument("--sim", metavar="SCENARIO", help="run the simulated node from this scenario file (`noded "
                      "sim-node`) and the daemon beside it, as two processes, as on a host")
-    run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
+    run.add_argument("--duration", type=_duration, metavar="DURATION", help="stop after this long, e.g. 90, 30s, "
+                     "15m, 2h, 1d, as nodectl takes them (default: the scenario's, or never)")
     run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: start and stop steps, reads and "
                      "other detail (default: WARNING and above; every change to a job is logged either way)")
     check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
@@ -145,6 +146,19 @@ def _main(argv: list[str] | None) -> int:
             tour.error(f"--window must be positive, got {args.window}")
         return run_tour(args.profile, args.window)
     return 2
+
+
+def _duration(text: str) -> float:
+    """A duration in noded's one syntax (noded.ages), more than 0."""
+    from .ages import DurationError, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except DurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
+    return seconds
 
 
 def check_config(path: str) -> int:

@@ -80,7 +80,7 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
     h.until(lambda r: "sim:hog" not in r.levels, 5, "the exemption in force")
     assert 'noded_override_active{job_id="sim:hog",kind="exempt",uid="0"} 1.0' in scrape(h)
     code, out, _ = ctl(server, "status", capsys=capsys)
-    assert "sim:hog: exempt level 0 by uid 0, 600s left (debugging)" in out
+    assert "sim:hog: exempt level 0 by uid 0, 10m left (debugging)" in out
     code, out, _ = ctl(server, "release", "sim:hog", capsys=capsys)
     assert out == "sim:hog: override removed\n"
     code, out, _ = ctl(server, "pause", "--reason", "maintenance", capsys=capsys)
@@ -93,7 +93,7 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
     code, _, err = ctl(server, "throttle", "sim:hog", "--cores", "1", capsys=capsys)
     assert code == 1 and "this host throttles with mba: use --level" in err
     code, _, err = ctl(server, "explain", "nope", capsys=capsys)
-    assert code == 1 and err == "nodectl: no such job 'nope'\n"
+    assert code == 1 and err.startswith("nodectl: no job 'nope' at noded's last tick: the jobs are sim:bert, sim:hog")
     # Not a terminal (captured): each refresh appended under a time line, no screen control codes.
     code, out, _ = ctl(server, "top", "--iterations", "2", "--interval", "0.05", capsys=capsys)
     assert code == 0 and "\x1b" not in out and out.count("JOB ") == 2

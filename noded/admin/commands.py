@@ -184,12 +184,21 @@ class AdminCommands:
         if not last.sample.jobs_known:
             raise RequestError(f"noded does not know its jobs now (discovery failed at the last tick), so not "
                                f"{job!r} either: try again later")
+        raise RequestError(self._unknown_job(job, last).replace(" at noded's last tick:",
+                                                                 " at noded's last tick, and no override on it:", 1))
+
+    @staticmethod
+    def _unknown_job(job: str, last: TickResult | None) -> str:
+        """Why ``job`` is not one noded can answer for, with the jobs it knows (as throttle says)."""
+        if last is None:
+            return f"no job {job!r}: noded has not sampled its jobs yet (try again after its first tick)"
+        if not last.sample.jobs_known:
+            return f"no job {job!r}: noded does not know its jobs now (discovery failed at the last tick)"
         known = sorted(last.sample.jobs)
-        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more" if len(known) > KNOWN_SHOWN
-                                                   else "")
-        raise RequestError(f"no job {job!r} at noded's last tick, and no override on it: "
-                           + (f"the jobs are {listed} (nodectl jobs lists them)" if known else
-                              "noded sees no jobs at all (nodectl jobs lists them)"))
+        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more"
+                                                   if len(known) > KNOWN_SHOWN else "")
+        return (f"no job {job!r} at noded's last tick: " + (f"the jobs are {listed} (nodectl jobs lists them)" if known
+                else "noded sees no jobs at all (nodectl jobs lists them; `nodectl status` says what it watches)"))
 
     def _level_bound(self, job: str, last: TickResult) -> tuple[int, str]:
         """The highest level this host's throttle has for ``job``, and where it comes from."""
@@ -278,7 +287,7 @@ class AdminCommands:
     def explain(self, job: str) -> dict[str, Any]:
         r = self.last()
         if r is None or job not in r.sample.jobs:
-            raise RequestError(f"no such job {job!r}")
+            raise RequestError(self._unknown_job(job, r))
         js = r.sample.jobs[job]
         why: list[str] = []
         if js.kind == "gpu":

@@ -17,6 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
+from ..ages import format_age
 from ..journal import log_change
 from ..securedir import SecureDir, StateWriteError
 from ..state import open_state_dir
@@ -101,7 +102,7 @@ class OverrideStore:
             self._items = items
         log_change("override-set", override.job, level_to=override.level,
                    kind=override.kind, uid=override.set_by_uid,
-                   ttl="none" if override.expires is None else f"{override.expires - override.created:.0f}s",
+                   ttl="none" if override.expires is None else format_age(override.expires - override.created),
                    reason=override.reason or None)
 
     def clear(self, job: str, uid: int) -> tuple[bool, str | None]:
