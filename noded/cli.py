@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _main(argv: list[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """noded's command line (also what its completion and man page are made from: noded.clidoc)."""
     from .cliopts import HelpFormatter, option_parents, subparsers
 
     top, common = option_parents("noded", lambda parser, default: None)
@@ -79,6 +80,17 @@ def _main(argv: list[str] | None) -> int:
     node.add_argument("--hold", action="store_true", help="keep the node up after the scenario's end, until "
                       "SIGTERM")
     node.add_argument("--watch", action="store_true", help="after READY, a line a second of what the node does")
+    return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    cal, tour = _subparser(parser, "calibrate"), _subparser(parser, "tour")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
