@@ -560,3 +560,12 @@ def test_throttle_help_gives_the_demos_job_ids():
     p = subprocess.run([sys.executable, "-m", "noded.admin.nodectl", "throttle", "--help"], capture_output=True,
                        text=True, timeout=60)
     assert "cgroup:hog" in p.stdout and "sim:hog" not in p.stdout, p.stdout
+
+
+def test_release_of_a_job_without_an_override_names_the_jobs_that_have_one(served, capsys):
+    assert ctl(served.path, "exempt", "sim:bert", capsys=capsys)[0] == 0
+    code, out, _ = ctl(served.path, "release", "sim:nope", capsys=capsys)
+    assert code == 0 and out == "sim:nope: had no override; overrides are on sim:bert\n"
+    ctl(served.path, "release", "sim:bert", capsys=capsys)
+    code, out, _ = ctl(served.path, "release", "sim:bert", capsys=capsys)
+    assert out == "sim:bert: had no override; no job has one\n"

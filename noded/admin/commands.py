@@ -103,7 +103,9 @@ class AdminCommands:
             return self.forget(args["job"], uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
-            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
+            # the jobs that hold one still: what a release of the wrong id would have wanted
+            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved,
+                    "overrides": sorted(self.store.active())}
         job = args["job"]
         last = self._known(job)
         level, max_level = 0, None

@@ -476,7 +476,10 @@ def _run(args) -> int:
         print(f"{result['job']}: " + ("labels forgotten" if result["labels_forgotten"] else "had no labels") + ", "
               + ("reservation released" if result["reservation_released"] else "had no reservation"))
     elif cmd == "release":
-        print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
+        held = result.get("overrides", [])
+        print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else
+                                      "had no override; " + (f"overrides are on {', '.join(held)}" if held else
+                                                             "no job has one")))
         if result.get("not_saved"):
             print(f"nodectl: warning: in force, but not saved ({result['not_saved']}): a restart of noded before "
                   "its state directory is writable again would bring the override back", file=sys.stderr)
