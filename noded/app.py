@@ -152,5 +152,5 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     """Start the metrics endpoint (bounded: see noded.server.stream); returns (server, url).
     The server's ``shutdown()`` (or ``stop()``) closes it. A port in use or an address
     that is not this host's raises noded.server.stream.ListenError with a message to print."""
-    server = MetricsServer(make_registry(daemon), address, port, METRICS).start()
+    server = MetricsServer(make_registry(daemon), address, port, METRICS, health=daemon.liveness).start()
     return server, server.url

@@ -115,8 +115,17 @@ def start_check(config: Config) -> StartCheck:
             out.append((f"jobs.sources[{i}].root", f"{source.root} is not in a cgroup hierarchy (it is on {fstype})"))
     out += calibration_problems(config)
     out += colocation_problems(config)
-    check.warnings += file_warnings(config)
+    check.warnings += source_warnings(config) + file_warnings(config)
     return check
+
+
+def source_warnings(config: Config) -> list[tuple[str, str]]:
+    """A config that names no job source starts and watches nothing: said at start and by
+    check-config, and after that by ``nodectl status`` and ``noded_watching{what="jobs"}``."""
+    from .watching import no_job_source
+
+    why = no_job_source(config)
+    return [("jobs.sources", why)] if why else []
 
 
 def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, str]]:

@@ -206,11 +206,26 @@ class JournalHandler(logging.Handler):
         super().close()
 
 
+#: what begins every line of a dry run (``noded run --dry-run``): its decisions are not a real run's
+DRY_RUN_MARK = "[dry-run] "
+
+
+class DryRunMark(logging.Filter):
+    """Marks every record of a dry run: the field NODED_DRY_RUN=1 (the formatter puts
+    DRY_RUN_MARK before the message), so no line of it, a decision's included, can be
+    read as a real run's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.noded_dry_run = "1"
+        return True
+
+
 def configure_logging(verbose: bool, *, stream=None, journal_socket: str = DEFAULT_SOCKET,
-                      env: Mapping[str, str] | None = None) -> logging.Handler:
+                      env: Mapping[str, str] | None = None, dry_run: bool = False) -> logging.Handler:
     """Logging for ``noded``: WARNING and above (INFO with ``verbose``), and every change
     (``log_change``) whatever the level; to the journal under journald, else to ``stream``
-    (stderr). Replaces the handler an earlier call installed; returns the new one."""
+    (stderr). ``dry_run``: every line marked (DryRunMark). Replaces the handler an earlier
+    call installed; returns the new one."""
     stream = sys.stderr if stream is None else stream
     env = os.environ if env is None else env
     root = logging.getLogger()
@@ -223,7 +238,9 @@ def configure_logging(verbose: bool, *, stream=None, journal_socket: str = DEFAU
     else:
         isatty = getattr(stream, "isatty", None)
         handler = LineHandler(stream, prefix=not (isatty and isatty()))
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(name)s: " + (DRY_RUN_MARK if dry_run else "") + "%(message)s"))
+    if dry_run:
+        handler.addFilter(DryRunMark())
     handler.noded_installed = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.INFO if verbose else logging.WARNING)
@@ -262,6 +279,31 @@ def log_change(action: str, job: str | None = None, *, level_from: int | None = 
     extra.update({f"noded_{k}": v for k, v in fields.items()})
     try:
         path, line, func, _ = logger.findCaller(False, 2)  # the caller of log_change
+    except ValueError:
+        path, line, func = "(unknown file)", 0, "(unknown function)"
+    record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)
+    logger.handle(record)
+
+
+def log_state(state: str, entered: bool, reason: str, *, severity: int | None = None) -> None:
+    """One line when a lasting state an alert can see begins or ends (noded.lasting):
+
+        state=not_watching_jobs entered: no job source configured ...
+        state=not_watching_jobs ended: ...
+
+    with the fields NODED_STATE and NODED_STATE_CHANGE (entered, ended). Emitted whatever
+    the verbosity, as changes are: an entry at WARNING (something is not done), an end at
+    NOTICE, unless ``severity`` says otherwise."""
+    if severity is None:
+        severity = logging.WARNING if entered else NOTICE
+    change = "entered" if entered else "ended"
+    logger = logging.getLogger(CHANGES)
+    if logger.disabled or logger.manager.disable >= severity:
+        return
+    text = f"state={_text(state)} {change}: {reason}"
+    extra = {"noded_state": state, "noded_state_change": change}
+    try:
+        path, line, func, _ = logger.findCaller(False, 2)
     except ValueError:
         path, line, func = "(unknown file)", 0, "(unknown function)"
     record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)

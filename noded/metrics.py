@@ -106,8 +106,12 @@ class NodedCollector:
     from the start."""
 
     def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False,
-                 rightsize: bool = False, totals: Callable[[], Totals] | None = None):
+                 rightsize: bool = False, totals: Callable[[], Totals] | None = None,
+                 last_round: Callable[[], float | None] | None = None):
         self.last = last
+        # the wall-clock time the loop's last round ended (None before the first): a hung
+        # loop still serves its last result, and this standing still is how it shows
+        self.last_round = last_round
         # the counters as of the loop's last round: a tick that raised publishes no result,
         # and its failure must be counted all the same (the last result's, where not given)
         self.totals = totals
@@ -124,6 +128,13 @@ class NodedCollector:
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
         yield from map(_text_labels, self._counters(r, self.totals() if self.totals is not None else None))
+        ended = self.last_round() if self.last_round is not None else None
+        if ended is not None:
+            stamp = GaugeMetricFamily("noded_last_tick_timestamp_seconds", "Wall-clock time (Unix seconds) the "
+                                      "control loop's last round ended, its tick completed or failed; "
+                                      "time() minus this is how long the loop has been stalled")
+            stamp.add_metric([], ended)
+            yield stamp
         if r is not None:
             yield from map(_text_labels, self._state(r, r.control))
 
@@ -245,6 +256,13 @@ class NodedCollector:
         nvml = GaugeMetricFamily("noded_nvml_available", "Whether NVML answered (0 means a CPU-only view)")
         nvml.add_metric([], 1.0 if s.nvml_available else 0.0)
         yield nvml
+        if r.watching:
+            watched = GaugeMetricFamily("noded_watching", "1 while noded watches this input (jobs: a job source is "
+                                        "configured and discovery works; gpus: NVML lists at least one GPU; resctrl: "
+                                        "mounted), 0 while it does not (`nodectl status` says why)", labels=["what"])
+            for w in r.watching:
+                watched.add_metric([w.what], 1.0 if w.watching else 0.0)
+            yield watched
 
         node = GaugeMetricFamily("noded_node_memory_bandwidth_bytes_per_second",
                                  "Memory bandwidth of the node, per L3 domain (MBM)", labels=["domain"])
@@ -465,7 +483,8 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals))
+                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals,
+                                     last_round=lambda: daemon.liveness.last_round_wall))
     registry.register(TenantBudgetCollector(daemon))
     ProcessCollector(registry=registry)
     return registry

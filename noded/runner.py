@@ -45,6 +45,14 @@ def status_line(result: TickResult) -> str:
             + (f", {len(s.missing)} inputs missing" if s.missing else ""))
 
 
+#: what a dry run cannot know, said at its start
+DRY_RUN_CANNOT_KNOW = (
+    "dry run: noded decides and logs, and changes nothing; so what it cannot know is the effect of its own "
+    "steps: each later step assumes the earlier ones had no effect (a real throttle lowers the bandwidth the next "
+    "tick sees and may end the contention), so levels climb past where a real run would stop, and no release "
+    "follows a throttle's success; read the first decision of each episode, not the level it reaches")
+
+
 class StartError(Exception):
     """Starting cannot go on; the message says why (printed, exit 1)."""
 
@@ -53,7 +61,8 @@ def main_run(args, signals: Signals | None = None) -> int:
     """``signals``: installed by the caller as early as it could (noded.cli does it before
     importing this module); installed here otherwise."""
     signals = signals or Signals().install()
-    configure_logging(args.verbose)  # the journal under journald, <N> lines on stderr elsewhere
+    # the journal under journald, <N> lines on stderr elsewhere; a dry run's every line marked
+    configure_logging(args.verbose, dry_run=args.dry_run)
     try:
         return _run(args, signals)
     except StartError as e:
@@ -108,6 +117,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.enter_context(HostLock.for_filesystems(shared))
     if signals.stop.is_set():
         return 0  # asked to stop while starting: nothing was changed yet
+    if args.dry_run:
+        log.warning("%s", DRY_RUN_CANNOT_KNOW)
     built = build_daemon(config, dry_run=args.dry_run)
     daemon = built.daemon
     stack.callback(daemon.shutdown)  # from here on, whatever fails below, the node is put back

@@ -66,6 +66,8 @@ class Sample:
     # held as it was, every other job sampled (stage: monitor, its monitoring group's sync;
     # cpus, where its CPUs are)
     job_errors: tuple[tuple[str, str, str], ...] = ()
+    # the job sources discovery read ("kind root" each): none, and no job, is a noded that watches no job
+    job_sources: tuple[str, ...] = ()
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:
@@ -116,6 +118,7 @@ def build_sample(
     resctrl: ResctrlFacts | None = None,
     cpus: Mapping[str, CpuPlacement] | None = None,
     unavailable: tuple[str, ...] = (),
+    job_sources: tuple[str, ...] = (),
 ) -> Sample:
     missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok] + list(unavailable)
     if nvml is not None and not nvml.available:
@@ -152,7 +155,7 @@ def build_sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
         tuple(missing), samplers, jobs is not None, resctrl,
-        _job_errors(jobs, monitor, cpus),
+        _job_errors(jobs, monitor, cpus), tuple(job_sources),
     )
 
 

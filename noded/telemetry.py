@@ -97,7 +97,8 @@ class Telemetry:
             groups = report.groups if report is not None else self.monitor.groups()
             bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups))
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
-                              unavailable=unavailable)
+                              unavailable=unavailable,
+                              job_sources=tuple(f"{s.kind} {s.root}" for s in self.discovery.sources))
         return self._sticky_gpu_jobs(sample)
 
     def _sticky_gpu_jobs(self, sample: Sample) -> Sample:

@@ -22,6 +22,7 @@ from noded.config import Config
 from noded.control import ControlState
 from noded.daemon import Daemon, TickResult
 from noded.jobs.model import JobMeta
+from noded.health import Liveness
 from noded.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, JOB_ERROR_STAGES, SAMPLERS, STAGES,
                            NodedCollector, make_registry)
 from noded.policy.contention import Decision
@@ -243,7 +244,8 @@ def test_gpu_utilisation_is_a_ratio_clamped_to_0_1_and_nan_is_left_out():
     jobs = {"slurm:1": JobSample("slurm:1", "registered", frozenset({1}), JobMeta(), "gpu", ("GPU-d",), 42.0,
                                  None, "own")}
     result = result_with(ControlState(), gpus, jobs, {"slurm:1": (120.0, "learned")})
-    daemon = SimpleNamespace(last=result, totals=result.totals, extra_info={}, colocation=None, rightsize=None)
+    daemon = SimpleNamespace(last=result, totals=result.totals, extra_info={}, colocation=None, rightsize=None,
+                             liveness=Liveness())
     values, _ = parse(generate_latest(make_registry(daemon)).decode())
     assert value(values, "noded_gpu_utilization_ratio", gpu="0", UUID="GPU-a") == 1.0
     assert value(values, "noded_gpu_utilization_ratio", gpu="1", UUID="GPU-b") == 0.0
