@@ -281,6 +281,7 @@ def expected_lookup(text: bytes) -> tuple[int, int | None]:
 @example(text=b"00000001:07:00.0").via("another domain: none there")
 @example(text=b"07:20.0").via("device past 0x1f")
 @example(text=b"000000000:07:00.0").via("a domain of 9 digits")
+@example(text=b"000:0.0").via("a bus of 3 digits, no domain")
 def test_a_bus_id_of_any_bytes_finds_the_gpu_it_spells_or_is_refused(eight_gpus, text):
     assert handle_by_bus_id(text) == expected_lookup(text)
 

@@ -281,14 +281,17 @@ static int parse_bus_id(const char *text, unsigned int *domain, unsigned int *bu
 {
     const char *p = text;
     unsigned int a, b, fn;
-    if (!hex_field(&p, 8, &a) || !expect(&p, ':') || !hex_field(&p, 2, &b))
+    if (!hex_field(&p, 8, &a))
+        return 0;
+    long first = p - text;  /* the bus in the short form has 1 or 2 digits, like any bus */
+    if (!expect(&p, ':') || !hex_field(&p, 2, &b))
         return 0;
     if (expect(&p, ':')) {
         *domain = a, *bus = b;
         if (!hex_field(&p, 2, dev))
             return 0;
     } else {
-        if (a > 0xFF)
+        if (first > 2)
             return 0;
         *domain = 0, *bus = a, *dev = b;
     }
