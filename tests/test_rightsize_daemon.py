@@ -107,17 +107,19 @@ def test_a_gpu_job_is_probed_for_real_sized_at_its_curves_best_remembered_and_le
     # its idle core is lent to the CPU job (lend_to: registered)
     r = daemon.last
     assert r.rightsize.borrowed == {"sim:c": (REAL[0],)} and r.rightsize.lent == (REAL[0],)
-    # b arrives: of the same owner and model, it starts at a's answer and confirms it in one step;
-    # the lent core is taken back for it in the same tick
+    # b arrives: of the same owner and model, it starts at a's answer (the place its search
+    # looks first after the top); the lent core is taken back for it in the same tick
     result = run(sim, daemon, clock, lambda r: "sim:b" in r.rightsize.jobs, 30)
     vb = result.rightsize.jobs["sim:b"]
     assert vb.start_source == alloc.FROM_HISTORY and vb.target == 1 and vb.planned == (REAL[0],)
     assert affinity(sim, "b") == {REAL[0]} and affinity(sim, "a") == {REAL[1]}
     assert result.rightsize.borrowed == {} and result.rightsize.lent == ()  # taken back at once
     assert affinity(sim, "c") == {REAL[0]}  # its last CPU kept (beside b's): a CPU job never has none
-    result = run(sim, daemon, clock, lambda r: r.rightsize.jobs["sim:b"].state == "sized", 15)
+    result = run(sim, daemon, clock, lambda r: r.rightsize.jobs["sim:b"].state in ("sized", "limited"), 15)
     vb = result.rightsize.jobs["sim:b"]
-    assert vb.reason == alloc.CONFIRMED and len(vb.points) == 1 and vb.optimal == 1
+    # the remembered answer decides nothing unmeasured: b is measured (at the plan's ceiling of
+    # one CPU, its top now) before it is sized
+    assert vb.reason in (alloc.SEARCHED, alloc.LIMITED) and vb.points and vb.optimal == 1
     # every original back at stop
     daemon.shutdown()
     assert affinity(sim, "a") == affinity(sim, "b") == affinity(sim, "c") == set(REAL)

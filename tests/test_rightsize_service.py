@@ -114,13 +114,15 @@ def test_a_gpu_job_is_probed_through_the_plan_and_sized_at_its_curves_best_then_
     assert {c for c, _ in v.points} >= {5, 6, 7}
     remembered = history.view().exact(str(os.getuid()), "BiDAF", 32)
     assert remembered is not None and remembered.cores == 6
-    # a second job of the same owner, model and batch size confirms it in one step
+    # a second job of the same owner, model and batch size starts its bisection at the answer,
+    # and the answer is measured against the top and the core below it before it holds
     del node.jobs["g"]
     node.start("g2", cpus=range(16))
     loop.tick()
     assert rs.view().jobs["g2"].start_source == alloc.FROM_HISTORY
     out = loop.until(sized("g2"))
-    assert out["g2"].cores == 6 and out["g2"].steps == 1 and out["g2"].reason == alloc.CONFIRMED
+    assert out["g2"].cores == 6 and out["g2"].reason == alloc.SEARCHED
+    assert {16, 6, 5} <= {c for c, _ in out["g2"].curve_points}
 
 
 def test_a_probe_is_measured_only_while_the_job_holds_its_cores(history):
@@ -129,7 +131,8 @@ def test_a_probe_is_measured_only_while_the_job_holds_its_cores(history):
     for _ in range(200):
         loop.tick()
     v = rs.view().jobs["g"]
-    assert v.state == PROBING and v.points == () and v.window_samples == 0
+    # the top is its whole cpuset, which it holds: measured; the next probe never is
+    assert v.state == PROBING and v.points == ((16, 50.0),) and v.window_samples == 0 and v.target < 16
     loop.follow = True
     loop.until(sized("g"))
 
@@ -168,7 +171,7 @@ def test_operator_pin_stop_and_reprobe(history):
     with pytest.raises(ValueError, match="outside 1..16"):
         rs.pin("g", 17, 0, "")
     got = rs.reprobe("g", 0, "again")
-    assert got["state"] == PROBING and got["cores"] == 3
+    assert got["state"] == PROBING and got["cores"] == 16  # from the top again
     loop.tick()
     got = rs.stop("g", 0, "enough")
     assert got["state"] == STOPPED and rs.view().jobs["g"].state == STOPPED
@@ -197,7 +200,8 @@ def test_idle_gpu_array_cores_are_lent_and_taken_back_when_a_gpu_job_arrives(his
     node.start("g2", cpus=range(16), meta=JobMeta(model="ResNet-50", batch_size=64, category="CV"))
     loop.tick()
     g2 = frozenset(loop.plan.cpus_of("g2"))
-    assert g2 and not g2 & node.jobs["c:batch"]["cpus"]  # taken back in the same plan
+    # taken back in the same plan (the batch job keeps its last CPU, beside g2's: never none)
+    assert g2 and len(g2 & node.jobs["c:batch"]["cpus"]) <= 1 and len(node.jobs["c:batch"]["cpus"]) < 10
     assert cpuplan.TAKEN_BACK in loop.plan.jobs["c:batch"].reasons
 
 

@@ -90,12 +90,14 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from ..jobs.model import CATEGORIES
+from . import topsearch
 from .history import HistoryView
 from .signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
 
 CODA = "coda"
 SYNERGY = "synergy"
-METHODS = (CODA, SYNERGY)
+TOP = "top"  # ours (issue #23): the top first, then the fewest cores within the margin of it
+METHODS = (CODA, SYNERGY, TOP)
 
 #: CODA V-B1: the first job of a tenant starts here, cores per GPU.
 DEFAULT_START: Mapping[str, int] = MappingProxyType({"CV": 3, "NLP": 5, "Speech": 5})
@@ -113,6 +115,10 @@ FROM_CATEGORY = "category"  # the paper's default for the category, with hints
 FROM_DEFAULT = "default"  # no category, no history
 FROM_REPROBE = "reprobe"  # the cores the job had when the operator asked again
 FROM_LIMIT = "limit"  # the search resumed within a ceiling (``limit``)
+FROM_DRIFT = "drift"  # a sized job's throughput moved: searched again from its answer
+#: starts that are a measured answer of this job or model: the top search tries the one
+#: below next (TOP's neighbour rule)
+_ANSWERS = (FROM_HISTORY, FROM_HISTORY_SCALED, FROM_MODEL, FROM_REPROBE, FROM_DRIFT)
 
 # phases
 CONFIRM = "confirm"
@@ -122,10 +128,13 @@ UP = "up"
 AT_MAX = "at_max"  # Synergy: measuring the maximum
 HALVING = "halving"  # Synergy: the binary search
 FLOOR = "floor"  # measuring the GPU-proportional share once (the floor phase)
+AT_TOP = "at_top"  # TOP: measuring the most cores the job may have
+BISECT = "bisect"  # TOP: bisecting for the fewest cores within the margin of the top
+RECHECK = "recheck"  # TOP: a tie decided it: measured again
 SIZED = "sized"
 PINNED = "pinned"
 STOPPED = "stopped"
-PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING, FLOOR)
+PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING, FLOOR, AT_TOP, BISECT, RECHECK)
 PHASES = (*PROBING, SIZED, PINNED, STOPPED)
 
 # why a Sized came out
@@ -156,8 +165,9 @@ class OutOfRange(SizingError, ValueError):
 
 @dataclass(frozen=True)
 class AllocatorConfig:
-    method: str = CODA
+    method: str = TOP
     noise_margin: float = 0.03  # a share of the throughput; keep above the signal's tolerance
+    rechecks: int = 2  # TOP: re-measurements of a tie per search
     fewer_if_equal: bool = True
     synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
     max_steps: int = 24  # measurements per search, whatever the curve does
@@ -171,6 +181,8 @@ class AllocatorConfig:
             raise ValueError("noise_margin and synergy_within must be in (0, 1)")
         if self.max_steps < 2:
             raise ValueError(f"max_steps must be >= 2, not {self.max_steps}")
+        if type(self.rechecks) is not int or self.rechecks < 0:
+            raise ValueError(f"rechecks must be a whole number >= 0, not {self.rechecks!r}")
 
 
 @dataclass(frozen=True)
@@ -261,6 +273,7 @@ class SizingState:
     step: int = 1  # cores per step of the search: one per GPU (``step_per_gpu``), else one
     share: int | None = None  # the GPU-proportional share (within max_cores): the floor phase
     ceiling: int | None = None  # the plan's limit (``limit``), below max_cores; None: none
+    widths: tuple[float, ...] = ()  # each point's window interval, relative half-width (TOP's noise)
 
     @property
     def steps(self) -> int:
@@ -272,11 +285,13 @@ class SizingState:
         return self.max_cores if self.ceiling is None else min(self.ceiling, self.max_cores)
 
     def value(self, cores: int) -> float | None:
-        return next((v for c, v in self.points if c == cores), None)
+        """The mean of the windows measured at ``cores`` (TOP measures a tie again)."""
+        values = [v for c, v in self.points if c == cores]
+        return math.fsum(values) / len(values) if values else None
 
     def within(self) -> tuple[tuple[int, float], ...]:
-        """The points measured within the bound."""
-        return tuple(p for p in self.points if p[0] <= self.bound)
+        """The points measured within the bound (one per core count: its mean)."""
+        return tuple((c, self.value(c)) for c in dict.fromkeys(c for c, _ in self.points) if c <= self.bound)
 
     def top(self) -> float:
         """The best throughput measured within the bound."""
@@ -286,21 +301,25 @@ class SizingState:
         """The Sized of an ended state. Raises SizingError while probing."""
         if self.phase in PROBING:
             raise SizingError(f"{self.job}: still probing ({self.phase})")
-        return Sized(self.job, self.cores, self.value(self.cores), tuple(sorted(self.points)), self.steps,
-                     self.reason or self.phase)
+        means = tuple(sorted((c, self.value(c)) for c in {c for c, _ in self.points}))
+        return Sized(self.job, self.cores, self.value(self.cores), means, self.steps, self.reason or self.phase)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "method": self.method, "max_cores": self.max_cores,
                 "start": {"cores": self.start.cores, "source": self.start.source, "expected": self.start.expected},
                 "phase": self.phase, "cores": self.cores, "points": [[c, v] for c, v in self.points],
                 "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason,
-                "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling}
+                "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling,
+                "widths": list(self.widths)}
 
     @classmethod
     def from_dict(cls, data: Any) -> "SizingState":
         """Raises ValueError on any other shape, or on a state the allocator could not reach."""
         keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason",
                 "gpus", "step", "share", "ceiling"}
+        if isinstance(data, dict) and "widths" not in data:
+            data = {**data, "widths": [topsearch.UNKNOWN_WIDTH] * len(data.get("points") or ())}  # saved before them
+        keys.add("widths")
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
         if not isinstance(data["job"], str) or not data["job"]:
@@ -326,8 +345,12 @@ class SizingState:
             if not _positive(v):
                 raise ValueError(f"points: not a positive throughput: {str(v)[:40]}")
             parsed.append((_whole(c, "points cores", 1, top), float(v)))
-        if len({c for c, _ in parsed}) != len(parsed):
+        if len({c for c, _ in parsed}) != len(parsed) and data["method"] != TOP:
             raise ValueError("points: a core count measured twice")
+        widths = data["widths"]
+        if not isinstance(widths, list) or len(widths) != len(parsed) or not all(
+                _is_width(w) for w in widths):
+            raise ValueError("widths: expected one relative half-width in 0..1 per point")
         kept = None if data["kept"] is None else _whole(data["kept"], "kept", 1, top)
         share = None if data["share"] is None else _whole(data["share"], "share", 1, top)
         ceiling = None if data["ceiling"] is None else _whole(data["ceiling"], "ceiling", 1, top - 1)
@@ -338,7 +361,11 @@ class SizingState:
                    Start(_whole(start["cores"], "start.cores", 1, top), start["source"], expected),
                    data["phase"], _whole(data["cores"], "cores", 1, top), tuple(parsed), kept,
                    _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"],
-                   gpus, data["step"], share, ceiling)
+                   gpus, data["step"], share, ceiling, tuple(float(w) for w in widths))
+
+
+def _is_width(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
 
 
 def _positive(value: Any) -> bool:
@@ -395,6 +422,9 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
         state = replace(state, start=start, cores=start.cores)
     if state.bound == 1:
         return _end(replace(state, cores=1), NO_CHOICE)
+    if config.method == TOP:
+        # the top first, whatever the start says: the start is where the bisection looks first
+        return _probe(replace(state, phase=AT_TOP), state.bound)
     if start.source == FROM_HISTORY and start.expected is not None:
         return _probe(replace(state, phase=CONFIRM), start.cores)
     if config.method == SYNERGY:
@@ -402,9 +432,11 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
     return _probe(state, start.cores)
 
 
-def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+def advance(state: SizingState, mean: float | None, config: AllocatorConfig,
+            width: float | None = None) -> tuple[Probe | Sized, SizingState]:
     """Take the mean measured at ``state.cores`` (None: the window saw no sample) and say what
-    next. Raises NotProbing when no measurement is awaited."""
+    next; ``width``: the window's interval, a relative half-width (None: unknown). Raises
+    NotProbing when no measurement is awaited."""
     if state.phase not in PROBING:
         raise NotProbing(f"{state.job}: not probing ({state.phase}); a measurement is not expected")
     if mean is None:
@@ -412,7 +444,9 @@ def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> 
         return _end(replace(state, cores=fallback), NO_SIGNAL)
     if not _positive(mean):
         raise SizingError(f"{state.job}: a throughput must be a positive number, not {mean!r:.40}")
-    state = replace(state, points=(*state.points, (state.cores, float(mean))))
+    known = width if width is not None and math.isfinite(width) else topsearch.UNKNOWN_WIDTH
+    state = replace(state, points=(*state.points, (state.cores, float(mean))),
+                    widths=(*state.widths, min(max(0.0, known), topsearch.UNKNOWN_WIDTH)))
     return _next(state, config)
 
 
@@ -467,6 +501,8 @@ class _Step:
 def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
     """After a point was added: the next probe, or the answer. A probe at a core count that
     was measured already (a failed confirmation's point) takes that value without asking."""
+    if state.method == TOP:
+        return _top(state, config)
     while True:
         if state.phase == FLOOR:
             decided = _floor(state)
@@ -487,6 +523,11 @@ def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, S
 
 def _best_so_far(state: SizingState, config: AllocatorConfig) -> int:
     """What to keep when a search must end now: within the bound, or the bound itself."""
+    if state.method == TOP:
+        points = topsearch.points_of(state.points, state.bound)
+        if not points:
+            return min(state.start.cores, state.bound)
+        return topsearch.bracket(points, topsearch.top_of(points), config.noise_margin)[1]
     if state.phase == FLOOR or (state.method == CODA and state.kept is not None):
         if state.kept is not None and state.kept <= state.bound:
             return state.kept
@@ -545,6 +586,24 @@ def _confirm(state: SizingState, config: AllocatorConfig):
     if state.method == SYNERGY:
         return _Step(AT_MAX, state.bound, {"lo": 1, "hi": state.bound})
     return _coda_after_start(replace(state, kept=state.cores))
+
+
+def _top(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """TOP one decision at a time (``topsearch.decide``): every core count is decided against
+    the best measured, from all the points; a tie is measured again before it decides."""
+    start = state.start
+    hint = start.cores if start.source != FROM_DEFAULT and start.cores < state.bound else None
+    rechecked = len(state.points) - len({c for c, _ in state.points})
+    decision = topsearch.decide(state.points, state.widths, state.bound, config.noise_margin, hint,
+                                start.source in _ANSWERS, config.rechecks, state.step, rechecked)
+    if decision.answer:
+        cores = decision.cores
+        return _end(replace(state, cores=cores, kept=cores), _searched_reason(state, cores))
+    if state.steps >= config.max_steps:
+        return _end(replace(state, cores=_best_so_far(state, config)), STEP_LIMIT)
+    phase = RECHECK if decision.recheck else (AT_TOP if decision.cores == state.bound and
+                                              state.value(state.bound) is None else BISECT)
+    return _probe(replace(state, phase=phase), decision.cores)
 
 
 def _coda(state: SizingState, config: AllocatorConfig):
@@ -645,6 +704,8 @@ def limit(state: SizingState, cores: int, config: AllocatorConfig) -> tuple[Prob
 def _resume(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
     """A search cut by a ceiling, on again within it."""
     within = state.within()
+    if state.method == TOP:
+        return _top(replace(state, phase=BISECT), config)
     if state.method == SYNERGY:
         if not within:
             return _probe(replace(state, phase=AT_MAX, lo=1, hi=state.bound, kept=None), state.bound)
@@ -719,7 +780,7 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
     measured = window.result(now, config.signal)
     if measured is None:
         return None, replace(sizing, window=window), None
-    out, state = advance(sizing.state, measured.mean, config)
+    out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width)
     return (*_with_window(sizing.spec, out, state, now), measured)
 
 
