@@ -364,6 +364,10 @@ class SizingState:
                    gpus, data["step"], share, ceiling, tuple(float(w) for w in widths))
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _is_width(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
 
@@ -724,39 +728,115 @@ def _resume(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized,
 
 # -- a job's sizing with its signal window
 
+#: drift: a sized job's passive windows that must each measure it beyond the margin (and the
+#: noise seen at rest), in the same direction and in a row, before it is searched again
+DRIFT_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A sized job's passive measurement at its answer (drift, ours). ``reference``: the
+    throughput there, the mean of the answer's measurement and of the ``k`` - 1 passive
+    windows since that stayed within the band; ``n``/``m2``: every passive window's count
+    and summed squared relative distance from the reference (the noise at rest, strikes
+    included: a band that left them out would narrow itself); ``strikes``: windows in a row
+    beyond the band, ``sign`` their direction (+1 faster, -1 slower)."""
+
+    reference: float
+    k: int = 1
+    n: int = 0
+    m2: float = 0.0
+    strikes: int = 0
+    sign: int = 0
+
+    def band(self, margin: float, error: float) -> float:
+        """How far (a share of the reference) a window may be off before it counts: the
+        margin, or the noise (the search's window error, the spread at rest) when wider."""
+        at_rest = math.sqrt(self.m2 / self.n) if self.n else 0.0
+        return max(margin, topsearch.Z * math.sqrt(2) * max(error, at_rest))
+
+    def seen(self, mean: float, margin: float, error: float) -> "Watch":
+        """The watch after a passive window measured ``mean``."""
+        off = mean / self.reference - 1
+        band = self.band(margin, error)
+        n, m2 = self.n + 1, self.m2 + off * off
+        if abs(off) <= band:
+            k = self.k + 1
+            return Watch(self.reference + (mean - self.reference) / k, k, n, m2, 0, 0)
+        sign = 1 if off > 0 else -1
+        return Watch(self.reference, self.k, n, m2, self.strikes + 1 if sign == self.sign else 1, sign)
+
+    @property
+    def drifted(self) -> bool:
+        return self.strikes >= DRIFT_WINDOWS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "k": self.k, "n": self.n, "m2": self.m2, "strikes": self.strikes,
+                "sign": self.sign}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Watch":
+        """Raises ValueError on any other shape."""
+        keys = {"reference", "k", "n", "m2", "strikes", "sign"}
+        if not isinstance(data, dict) or set(data) != keys:
+            raise ValueError(f"a watch: expected {', '.join(sorted(keys))}")
+        counts = [data[key] for key in ("k", "n", "strikes")]
+        if not _positive(data["reference"]) or not all(type(c) is int and c >= 0 for c in counts) \
+                or data["k"] < 1 or not _is_number(data["m2"]) or data["m2"] < 0 or data["sign"] not in (-1, 0, 1):
+            raise ValueError("a watch: a value out of its range")
+        return cls(float(data["reference"]), data["k"], data["n"], float(data["m2"]), data["strikes"], data["sign"])
+
 
 @dataclass(frozen=True)
 class JobSizing:
-    """A job's allocator state and the window measuring its current probe (None when no
-    probe is open). Feed it samples; it opens a window at each probe and closes it once the
-    signal is steady (or at the maximum window)."""
+    """A job's allocator state and the window measuring its current probe, or, once sized,
+    its passive window at the answer (``watch``); None when nothing is measured (pinned,
+    stopped). Feed it samples; it opens a window at each probe and closes it once the signal
+    is steady (or at the maximum window)."""
 
     spec: JobSpec
     state: SizingState
     window: Window | None = None
+    watch: Watch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state.to_dict(), "window": self.window.to_dict() if self.window else None}
+        return {"state": self.state.to_dict(), "window": self.window.to_dict() if self.window else None,
+                "watch": self.watch.to_dict() if self.watch else None}
 
     @classmethod
     def from_dict(cls, spec: JobSpec, data: Any) -> "JobSizing":
         """The spec comes from the job as it is now; raises ValueError on any other shape."""
-        if not isinstance(data, dict) or set(data) != {"state", "window"}:
-            raise ValueError("a job's sizing: expected state and window")
+        if isinstance(data, dict) and "watch" not in data:
+            data = {**data, "watch": None}  # saved before drift was watched
+        if not isinstance(data, dict) or set(data) != {"state", "window", "watch"}:
+            raise ValueError("a job's sizing: expected state, window and watch")
         state = SizingState.from_dict(data["state"])
         window = None if data["window"] is None else Window.from_dict(data["window"])
+        watch = None if data["watch"] is None else Watch.from_dict(data["watch"])
         if state.job != spec.job or state.max_cores != spec.max_cores or state.gpus != spec.gpus:
             raise ValueError(f"the saved sizing is of {state.job} at {state.max_cores} cores on {state.gpus} GPUs, "
                              f"not this job's")
-        if window is not None and (window.kind != spec.signal or window.cores != state.cores
-                                   or state.phase not in PROBING):
+        if window is not None and (window.kind != spec.signal
+                                   or window.cores != state.cores
+                                   or (state.phase not in PROBING and (state.phase != SIZED or watch is None))):
             raise ValueError("the saved window does not belong to the saved probe")
-        return cls(spec, state, window)
+        if watch is not None and state.phase != SIZED:
+            raise ValueError("a watch belongs to a sized job")
+        return cls(spec, state, window, watch)
 
 
 def _with_window(spec: JobSpec, out: Probe | Sized, state: SizingState, now: float):
-    window = Window(spec.signal, out.cores, now) if isinstance(out, Probe) else None
-    return out, JobSizing(spec, state, window)
+    """A probe's window; a searched answer's passive window and its watch (drift)."""
+    if isinstance(out, Probe):
+        return out, JobSizing(spec, state, Window(spec.signal, out.cores, now))
+    if state.phase == SIZED and out.throughput is not None:
+        return out, JobSizing(spec, state, Window(spec.signal, out.cores, now), Watch(out.throughput))
+    return out, JobSizing(spec, state, None)
+
+
+def _error(state: SizingState) -> float:
+    """One window mean's relative error as the search saw it (its intervals, its rechecks)."""
+    return topsearch.window_error(state.points, state.widths)
 
 
 def begin_job(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
@@ -780,8 +860,32 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
     measured = window.result(now, config.signal)
     if measured is None:
         return None, replace(sizing, window=window), None
+    if sizing.watch is not None:
+        return (*_watched(sizing, measured, now, config), measured)
     out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width)
     return (*_with_window(sizing.spec, out, state, now), measured)
+
+
+def _watched(sizing: JobSizing, measured: Measurement, now: float,
+             config: AllocatorConfig) -> tuple[Probe | None, JobSizing]:
+    """A sized job's passive window ended: the next one opens, unless the job's throughput
+    moved beyond the band DRIFT_WINDOWS windows in a row: then it is searched again from the
+    top, the points measured before the change forgotten (None: nothing to do)."""
+    state = sizing.state
+    if measured.mean is None:
+        return None, replace(sizing, window=Window(sizing.spec.signal, state.cores, now))
+    watch = sizing.watch.seen(measured.mean, config.noise_margin, _error(state))
+    if not watch.drifted:
+        return None, replace(sizing, window=Window(sizing.spec.signal, state.cores, now), watch=watch)
+    out, fresh = drifted(state, config)
+    return _with_window(sizing.spec, out, fresh, now)
+
+
+def drifted(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """Search a sized job again: from the top, its answer where the bisection looks first,
+    nothing measured before kept (the job changed). Also when its labels or cgroup changed."""
+    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share)
+    return begin(spec, None, config, Start(min(state.cores, state.bound), FROM_DRIFT), state.ceiling)
 
 
 def pin_job(sizing: JobSizing, cores: int, phase: str = PINNED) -> tuple[Sized, JobSizing]:
