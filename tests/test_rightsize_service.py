@@ -319,3 +319,31 @@ def test_a_controls_file_that_is_not_one_is_moved_aside(tmp_path):
                 {"j": {"kind": "pin", "cores": 2, "uid": -1, "reason": ""}}, {"j": {"kind": "pin"}}):
         with pytest.raises(ValueError):
             parse_controls(bad)
+
+
+def test_a_sized_job_whose_throughput_moves_is_searched_again_from_the_top(history):
+    node, rs, loop = one_gpu_job(history)
+    loop.until(sized("g"))
+    assert rs.view().jobs["g"].optimal == 6
+    for _ in range(60):  # at rest: passive windows at the answer, no probe
+        out = loop.tick()
+        assert isinstance(out["g"], alloc.Sized) and rs.view().jobs["g"].window_samples >= 0
+    # its input pipeline changed: now it needs 10 cores, and is 20 % slower where it was
+    node.jobs["g"]["curve"] = {c: 4.8 * min(c, 10) for c in range(1, 17)}
+    # the window across the change is not steady (it runs to max_window_s, 60 s), the next ones are
+    probed = loop.until(lambda out: isinstance(out["g"], alloc.Probe), limit=3 * 60 + 30)
+    v = rs.view().jobs["g"]
+    assert probed["g"].cores == 16 and v.start_source == alloc.FROM_DRIFT and v.points == ()
+    out = loop.until(sized("g"))
+    assert out["g"].cores == 10
+    remembered = history.view().exact(str(os.getuid()), "BiDAF", 32)
+    assert remembered is not None and remembered.cores == 10  # the new answer is remembered in its turn
+
+
+def test_a_sized_job_whose_labels_change_is_searched_again_from_the_top(history):
+    node, rs, loop = one_gpu_job(history)
+    loop.until(sized("g"))
+    node.jobs["g"]["meta"] = JobMeta(model="BiDAF", batch_size=64, category="NLP")  # a new batch size
+    out = loop.tick()
+    v = rs.view().jobs["g"]
+    assert isinstance(out["g"], alloc.Probe) and out["g"].cores == 16 and v.batch_size == 64 and v.points == ()

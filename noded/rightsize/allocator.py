@@ -737,10 +737,11 @@ DRIFT_WINDOWS = 3
 class Watch:
     """A sized job's passive measurement at its answer (drift, ours). ``reference``: the
     throughput there, the mean of the answer's measurement and of the ``k`` - 1 passive
-    windows since that stayed within the band; ``n``/``m2``: every passive window's count
-    and summed squared relative distance from the reference (the noise at rest, strikes
-    included: a band that left them out would narrow itself); ``strikes``: windows in a row
-    beyond the band, ``sign`` their direction (+1 faster, -1 slower)."""
+    windows since that stayed within the band; ``n``/``m2``: the count and summed squared
+    relative distance from the reference of the windows that turned out to be noise (those
+    within the band, and strikes whose streak broke: a band that left them out would narrow
+    itself); ``strikes``: windows in a row beyond the band, ``sign`` their direction (+1
+    faster, -1 slower), ``pending`` their summed squared distance."""
 
     reference: float
     k: int = 1
@@ -748,6 +749,7 @@ class Watch:
     m2: float = 0.0
     strikes: int = 0
     sign: int = 0
+    pending: float = 0.0
 
     def band(self, margin: float, error: float) -> float:
         """How far (a share of the reference) a window may be off before it counts: the
@@ -758,13 +760,15 @@ class Watch:
     def seen(self, mean: float, margin: float, error: float) -> "Watch":
         """The watch after a passive window measured ``mean``."""
         off = mean / self.reference - 1
-        band = self.band(margin, error)
-        n, m2 = self.n + 1, self.m2 + off * off
-        if abs(off) <= band:
+        if abs(off) <= self.band(margin, error):
             k = self.k + 1
-            return Watch(self.reference + (mean - self.reference) / k, k, n, m2, 0, 0)
+            return Watch(self.reference + (mean - self.reference) / k, k, self.n + 1 + self.strikes,
+                         self.m2 + off * off + self.pending)
         sign = 1 if off > 0 else -1
-        return Watch(self.reference, self.k, n, m2, self.strikes + 1 if sign == self.sign else 1, sign)
+        if sign == self.sign:
+            return replace(self, strikes=self.strikes + 1, pending=self.pending + off * off)
+        # a streak the other way broke: its windows were noise
+        return Watch(self.reference, self.k, self.n + self.strikes, self.m2 + self.pending, 1, sign, off * off)
 
     @property
     def drifted(self) -> bool:
@@ -772,19 +776,21 @@ class Watch:
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "k": self.k, "n": self.n, "m2": self.m2, "strikes": self.strikes,
-                "sign": self.sign}
+                "sign": self.sign, "pending": self.pending}
 
     @classmethod
     def from_dict(cls, data: Any) -> "Watch":
         """Raises ValueError on any other shape."""
-        keys = {"reference", "k", "n", "m2", "strikes", "sign"}
+        keys = {"reference", "k", "n", "m2", "strikes", "sign", "pending"}
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a watch: expected {', '.join(sorted(keys))}")
         counts = [data[key] for key in ("k", "n", "strikes")]
         if not _positive(data["reference"]) or not all(type(c) is int and c >= 0 for c in counts) \
-                or data["k"] < 1 or not _is_number(data["m2"]) or data["m2"] < 0 or data["sign"] not in (-1, 0, 1):
+                or data["k"] < 1 or data["sign"] not in (-1, 0, 1) \
+                or not all(_is_number(data[key]) and data[key] >= 0 for key in ("m2", "pending")):
             raise ValueError("a watch: a value out of its range")
-        return cls(float(data["reference"]), data["k"], data["n"], float(data["m2"]), data["strikes"], data["sign"])
+        return cls(float(data["reference"]), data["k"], data["n"], float(data["m2"]), data["strikes"], data["sign"],
+                   float(data["pending"]))
 
 
 @dataclass(frozen=True)

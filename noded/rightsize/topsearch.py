@@ -35,6 +35,9 @@ from dataclasses import dataclass
 
 #: an interval of this many standard errors either side (95 %)
 Z = 1.96
+#: a point outside the margin by at most this share of the top: the curve approaches the
+#: margin smoothly there, and a line through it and the point inside says where it crosses
+SMOOTH = 0.3
 #: a window whose interval is unknown (fewer than 2 samples) counts as this wide
 UNKNOWN_WIDTH = 0.5
 
@@ -110,9 +113,9 @@ def bracket(points: dict[int, Point], top: Point, margin: float) -> tuple[int, i
 
 def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | None:
     """Where a peak may hide above the top: between the top and the next point above it,
-    when the curve falls from the top to that point by more than the margin, or rises into
-    the top from the point below by more than the margin (it was still rising there, and
-    nothing measured above is higher). The middle of that gap, while there is one."""
+    when that point falls from the top by more than the margin, or when the curve rises
+    into the top from the point below by more than the margin (it was still rising there,
+    and nothing measured above is higher). The middle of that gap, while there is one."""
     above = min((c for c in points if c > top.cores), default=None)
     if above is None or above - top.cores < 2:
         return None
@@ -129,9 +132,9 @@ def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int)
     or a cliff still halves it); the middle without a point below."""
     middle = (lo + hi) // 2
     failed = points.get(lo - 1)
-    if failed is None or hi - lo < 3:
-        return middle
     bar = (1 - margin) * top.mean
+    if failed is None or hi - lo < 3 or failed.mean < bar - SMOOTH * top.mean:
+        return middle  # far below the margin: a step or a cliff as likely as a slope
     rise = points[hi].mean - failed.mean
     if rise <= 0:
         return middle
@@ -151,6 +154,7 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
     if bound not in points:
         return Decision(bound, False)
     top = top_of(points)
+    error = window_error(measured, widths)
     peak = past_the_peak(points, top, margin)
     if peak is not None:
         return Decision(peak, False)
@@ -164,7 +168,6 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         return Decision(split(points, top, margin, lo, hi), False)
     # lo == hi: the answer, unless a tie decided it and a recheck is left
     if rechecked < rechecks:
-        error = window_error(measured, widths)
         p = points[hi]
         if is_tie(p, top, margin, error):
             again = top if top.windows <= p.windows else p
