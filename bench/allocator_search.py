@@ -302,13 +302,18 @@ def generated(args) -> int:
             print(f"  {label:<11} {name:<7} {row['runs']:>5} {row['within_share']:>6.1%} {row['tp_median']:>6.3f} "
                   f"{row['tp_worst']:>6.3f} {row['cores_median']:>5.2f} {row['steps_median']:>5g} "
                   f"{row['steps_max']:>3} {row['probe_s_median']:>7.0f} {row['probe_s_max']:>6.0f}")
-        flat = [r["cores"] for r in runs if r["shape"] == curvegen.FLAT]
-        flat_cores[name] = (max(flat), sum(c <= 2 for c in flat) / len(flat))
+        flat = [r for r in runs if r["shape"] == curvegen.FLAT]
+        flat_cores[name] = (max(r["cores"] for r in flat), sum(r["cores"] <= 2 for r in flat) / len(flat),
+                            {n: sum(r["cores"] <= 2 for r in flat if r["noise"] == n) /
+                             max(1, sum(r["noise"] == n for r in flat)) for n in GENERATED_NOISE},
+                            statistics.median(r["cores"] for r in flat))
         out["methods"][name] = {"table": table, "runs": runs}
     print("  within: true throughput at the answer >= 97 % of the oracle's; tp: found/oracle throughput; cores: "
           "found/oracle cores (median); probe s: simulated seconds, the best at 1 iteration/s")
-    for name, (most, share) in flat_cores.items():
-        print(f"  flat curves, {name}: {share:.0%} of runs end at <= 2 cores, at most {most}")
+    for name, (most, share, by_noise, median) in flat_cores.items():
+        print(f"  flat curves, {name}: {share:.0%} of runs end at <= 2 cores ("
+              f"{', '.join(f'{v:.0%} at {n:.0%} noise' for n, v in by_noise.items())}), median {median:g}, "
+              f"at most {most}")
     drift_curves = max(1, args.curves // 5)
     for name, config in methods.items():
         runs = [drift_run(curvegen.generate(seed, cores, noise, change_after_s=math.inf), config, seed)

@@ -225,3 +225,12 @@ def test_one_noisy_window_is_not_a_drift_and_a_sized_jobs_watch_round_trips():
     # a pin ends the watch
     out, pinned = al.pin_job(job.sizing, 3)
     assert pinned.window is None and pinned.watch is None
+
+
+def test_the_benchmark_runs_on_generated_curves_and_ends_with_its_summary(tmp_path, capsys):
+    from bench import allocator_search
+    assert allocator_search.main(["--curves", "10", "--out", str(tmp_path / "out.json")]) == 0
+    last = capsys.readouterr().out.rstrip("\n").splitlines()[-1]
+    assert last.startswith("within 3 % of oracle: ") and " % of runs, worst " in last and ", median steps " in last
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved["methods"]) >= {"coda", "top"} and saved["drift"]["top"]["summary"]["runs"] == 12

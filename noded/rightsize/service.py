@@ -125,7 +125,7 @@ class JobSizingView:
     optimal: int | None
     start: int
     start_source: str
-    points: tuple[tuple[int, float], ...]  # (cores, throughput) in the order measured
+    points: tuple[tuple[int, float], ...]  # (cores, mean of its windows) in the order first measured
     window_samples: int  # in the open window (0 without one)
     window_open_s: float | None
     allocated: int | None
@@ -498,7 +498,8 @@ class RightSizing:
                 jobs[job] = JobSizingView(
                     job, spec.owner, spec.model, spec.batch_size, spec.category, spec.gpus, spec.signal, st, s.phase,
                     s.reason, r.out.cores, s.max_cores, s.ceiling, r.out.cores if st in (SIZED, LIMITED) else None,
-                    s.start.cores, s.start.source, s.points, w.n if w is not None else 0,
+                    s.start.cores, s.start.source, tuple((c, s.value(c)) for c in dict.fromkeys(c for c, _ in s.points)),
+                    w.n if w is not None else 0,
                     None if w is None else max(0.0, self.clock() - w.opened_at), have.get(job),
                     planned.cpus if planned is not None else None, planned.note if planned is not None else None,
                     r.control, r.remembered)

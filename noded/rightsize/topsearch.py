@@ -156,6 +156,11 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
     top = top_of(points)
     error = window_error(measured, widths)
     peak = past_the_peak(points, top, margin)
+    if peak is not None and neighbour and top.cores == hint:
+        # a remembered answer that is the top: a peak above it is looked for one step up only
+        # (the search that found it looked there); higher, the answer is overturned and searched
+        up = hint + step
+        peak = up if up < min((c for c in points if c > hint), default=bound + 1) and up not in points else None
     if peak is not None:
         return Decision(peak, False)
     lo, hi = bracket(points, top, margin)
