@@ -112,17 +112,22 @@ def bracket(points: dict[int, Point], top: Point, margin: float) -> tuple[int, i
 
 
 def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | None:
-    """Where a peak may hide above the top: between the top and the next point above it,
-    when that point falls from the top by more than the margin, or when the curve rises
-    into the top from the point below by more than the margin (it was still rising there,
-    and nothing measured above is higher). The middle of that gap, while there is one."""
+    """Where a peak may hide beside the top. Above it, between the top and the next point
+    above, when that point falls from the top by more than the margin, or when the curve
+    rises into the top from the point below by more than the margin (it was still rising
+    there, and nothing measured above is higher). Below it too, between the top and the
+    point below, when the curve falls on the other side (a peak, not a step): the middle of
+    the wider of the two gaps, while there is one."""
     above = min((c for c in points if c > top.cores), default=None)
-    if above is None or above - top.cores < 2:
-        return None
     below = max((c for c in points if c < top.cores), default=None)
-    falls = not within_margin(points[above], top, margin)
+    falls = above is not None and not within_margin(points[above], top, margin)
     rises = below is not None and not within_margin(points[below], top, margin)
-    return (top.cores + above) // 2 if falls or rises else None
+    gaps = []
+    if above is not None and above - top.cores >= 2 and (falls or rises):
+        gaps.append((above - top.cores, (top.cores + above) // 2))
+    if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
+        gaps.append((top.cores - below, (top.cores + below + 1) // 2))
+    return max(gaps)[1] if gaps else None
 
 
 def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int) -> int:
