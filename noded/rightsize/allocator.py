@@ -1,4 +1,16 @@
-"""CODA's adaptive CPU allocator (Sec. V-B) as a pure state machine per GPU job.
+"""The CPU allocator of a GPU job as a pure state machine: the top search (the default,
+issue #23, ``topsearch``), CODA's adaptive allocator (Sec. V-B) and Synergy's search.
+
+**The top search** (``TOP``, ours). Measure the most cores the job may have (its
+``max_cores`` within the plan's ceiling), then bisect for the fewest cores within
+``noise_margin`` of the best measured, every decision re-derived from all points (see
+``topsearch``); N_start below (history, the model, the owner, the category and hints) only
+says where the bisection looks first, and a start from an answer measured before tries the
+core below it next: the top, the answer and its neighbour confirm it or overturn it. No
+floor phase: the answer is within the margin of the top, which is measured at the share or
+above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
+``DRIFT_WINDOWS`` windows in a row measure the job beyond the band in one direction, it is
+searched again from the top with nothing measured before kept (``drifted``).
 
 The allocator never measures and never writes a cpuset. It asks for a core count
 (``Probe``), is told the throughput the job reached there (a mean from ``signal.Window``),

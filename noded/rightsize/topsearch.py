@@ -14,12 +14,16 @@ top's measured mean, where a point measured more than once counts with the mean 
 windows. **The noise in view**: a window's mean has an error the window itself reports
 (its confidence interval from the iteration jitter) and one it cannot see (a background
 load that comes and goes between windows). Both are estimated from the windows: the widest
-interval seen, and the spread of a core count measured twice. A decision whose difference
-from the margin lies inside the combined interval of the two points is a *tie*; before
-the search ends on a tie (at the answer, at the point just below it, or at the top they
-are compared with), the point with fewer windows is measured again, at most ``rechecks``
-times per search. A tie that stays goes to fewer cores: a core freed at no measurable cost
-is the point of sizing.
+interval seen, and the spread of a core count measured twice. When the answer's distance
+from the margin lies inside the combined interval of the answer and the top (a *tie*),
+the one of the two with fewer windows (the top on equal terms) is measured again before
+the search ends, at most ``rechecks`` times per search; what the means say then decides.
+
+**Peaks.** A curve that falls past its best hides the best between measured points: where
+the point above the top falls from it by more than the margin, or the curve rose into the
+top by more than the margin, the gap above the top is halved; where the point above falls
+and the one below is within twice the margin, the gap below too (the wider first), until
+the top's neighbours are measured.
 
 Where to start: a remembered answer or a category's default (``hint``) is the first point
 tried after the top, and a remembered answer's neighbour below it the next: when the
