@@ -16,10 +16,10 @@ worst W, median steps S`` for the default method.
 
     python -m bench.allocator_search [--curves 500] [--out bench/out/allocator_search.json]
 
-**The catalogue (``--catalogue``).** Each run sizes one simulated GPU job: the allocator asks for a core count, the job reports
-noisy iteration times from its curve (``noded.rightsize.curves``), a signal window
-(``noded.rightsize.signal``) measures until the mean is steady, and the allocator decides
-the next step. Simulated time passes with every iteration, so the probe time is what the
+**The catalogue (``--catalogue``).** Each run sizes one simulated GPU job: the allocator asks
+for a core count, the job reports noisy iteration times from its curve
+(``noded.rightsize.curves``), a signal window (``noded.rightsize.signal``) measures until
+the mean is steady, and the allocator decides the next step. Simulated time passes with every iteration, so the probe time is what the
 search would cost a real job at that curve's speed and noise (warm-ups included).
 
 Methods: ``coda`` (CODA V-B2, a step down kept when not measurably worse), ``coda-strict``
@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curves", type=int, default=500, help="generated curves (each on 8 and 16 cores, 3 noises)")
     ap.add_argument("--runs", type=int, default=20, help="--catalogue: seeded runs per cell")
     ap.add_argument("--max-cores", type=int, default=14, help="--catalogue")
-    ap.add_argument("--multi-gpus", type=int, default=4, help="--catalogue: the models again on this many GPUs (0: not)")
+    ap.add_argument("--multi-gpus", type=int, default=4,
+                    help="--catalogue: the models again on this many GPUs (0: not)")
     ap.add_argument("--multi-max-cores", type=int, default=28, help="--catalogue")
     ap.add_argument("--out", help="JSON (bench/out/allocator_search.json, or allocator_catalogue.json)")
     args = ap.parse_args(argv)

@@ -212,6 +212,9 @@ def test_one_noisy_window_is_not_a_drift_and_a_sized_jobs_watch_round_trips():
     job.size()
     watch = job.sizing.watch
     assert watch is not None and job.sizing.window is not None and job.sizing.window.cores == job.out.cores
+    # the first passive window sets the reference (the search's own window was chosen by it)
+    assert watch.k == 0 and watch.seen(watch.reference * 0.7, MARGIN, 0.01).strikes == 0
+    watch = watch.seen(watch.reference, MARGIN, 0.01)
     once = watch.seen(watch.reference * 0.7, MARGIN, 0.01)
     assert once.strikes == 1 and not once.drifted
     back = once.seen(watch.reference, MARGIN, 0.01)

@@ -748,15 +748,17 @@ DRIFT_WINDOWS = 3
 @dataclass(frozen=True)
 class Watch:
     """A sized job's passive measurement at its answer (drift, ours). ``reference``: the
-    throughput there, the mean of the answer's measurement and of the ``k`` - 1 passive
-    windows since that stayed within the band; ``n``/``m2``: the count and summed squared
+    throughput there, the mean of the ``k`` passive windows that stayed within the band
+    (with ``k`` 0, the search's own measurement, which only the first passive window replaces:
+    the search chose the answer by its windows, and a window that came out high would make
+    every later one look slow); ``n``/``m2``: the count and summed squared
     relative distance from the reference of the windows that turned out to be noise (those
     within the band, and strikes whose streak broke: a band that left them out would narrow
     itself); ``strikes``: windows in a row beyond the band, ``sign`` their direction (+1
     faster, -1 slower), ``pending`` their summed squared distance."""
 
     reference: float
-    k: int = 1
+    k: int = 0
     n: int = 0
     m2: float = 0.0
     strikes: int = 0
@@ -771,6 +773,8 @@ class Watch:
 
     def seen(self, mean: float, margin: float, error: float) -> "Watch":
         """The watch after a passive window measured ``mean``."""
+        if self.k == 0:
+            return Watch(mean, 1)
         off = mean / self.reference - 1
         if abs(off) <= self.band(margin, error):
             k = self.k + 1
@@ -798,7 +802,7 @@ class Watch:
             raise ValueError(f"a watch: expected {', '.join(sorted(keys))}")
         counts = [data[key] for key in ("k", "n", "strikes")]
         if not _positive(data["reference"]) or not all(type(c) is int and c >= 0 for c in counts) \
-                or data["k"] < 1 or data["sign"] not in (-1, 0, 1) \
+                or data["sign"] not in (-1, 0, 1) \
                 or not all(_is_number(data[key]) and data[key] >= 0 for key in ("m2", "pending")):
             raise ValueError("a watch: a value out of its range")
         return cls(float(data["reference"]), data["k"], data["n"], float(data["m2"]), data["strikes"], data["sign"],

@@ -81,6 +81,11 @@ def allocator_config(config: RightsizeConfig) -> alloc.AllocatorConfig:
                                                      warmup_s=config.warmup_s))
 
 
+def _means(state: alloc.SizingState) -> tuple[tuple[int, float], ...]:
+    """Every core count measured, with the mean of its windows, in the order first measured."""
+    return tuple((c, state.value(c)) for c in dict.fromkeys(c for c, _ in state.points))
+
+
 def state_of(state: alloc.SizingState) -> str:
     if state.phase in alloc.PROBING:
         return PROBING
@@ -498,7 +503,7 @@ class RightSizing:
                 jobs[job] = JobSizingView(
                     job, spec.owner, spec.model, spec.batch_size, spec.category, spec.gpus, spec.signal, st, s.phase,
                     s.reason, r.out.cores, s.max_cores, s.ceiling, r.out.cores if st in (SIZED, LIMITED) else None,
-                    s.start.cores, s.start.source, tuple((c, s.value(c)) for c in dict.fromkeys(c for c, _ in s.points)),
+                    s.start.cores, s.start.source, _means(s),
                     w.n if w is not None else 0,
                     None if w is None else max(0.0, self.clock() - w.opened_at), have.get(job),
                     planned.cpus if planned is not None else None, planned.note if planned is not None else None,
