@@ -6,17 +6,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml
+.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
-# node's stand-in libnvidia-ml.so.1 (native/nvml); Slurm (munge, slurmctld, slurmd, its
-# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm).
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client
+# node's stand-in libnvidia-ml.so.1 (noded/sim/nvml_native); Slurm (munge, slurmctld, slurmd, its
+# client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
+# Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
+# resctrl emulator with it (tests/test_pqos.py).
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client intel-cmt-cat
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
 	    && command -v promtool >/dev/null && command -v cc >/dev/null \
-	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd \
+	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/pqos \
 	    && command -v sbatch >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -77,8 +79,14 @@ bench-deps:
 bench: deps bench-deps
 	$(PY) -m bench.report
 
+# Shell completion (bash, zsh) and man pages, made from the commands' own parsers
+# (noded.clidoc), into build/cli to look at; `make install` writes them where the shells and
+# man look.
+cli-docs: $(STAMP)
+	$(PY) -m noded.clidoc build/cli
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml tests/kubernetes/node_modules
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli tests/kubernetes/node_modules
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation
@@ -99,6 +107,8 @@ DOCDIR ?= /usr/local/share/doc/noded
 SLURMHOOKDIR ?= /usr/local/lib/noded/slurm
 ADMIN_GROUP ?= noded-admin
 DROPINDIR = $(UNITDIR)/noded.service.d
+# where bash-completion, zsh and man look for what a local install adds
+SHAREDIR ?= /usr/local/share
 
 install:
 	$(INSTALL_PYTHON) -m venv $(DESTDIR)$(APPDIR)
@@ -106,8 +116,9 @@ install:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
+	$(DESTDIR)$(APPDIR)/bin/python -m noded.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
-	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
+	install -m 0644 README.md LICENSE systemd/remote-scrape.conf docs/runbook.md $(DESTDIR)$(DOCDIR)/
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
 	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
 	for hook in prolog epilog task-prolog; do \
@@ -122,6 +133,9 @@ install:
 uninstall:
 	@if [ -z "$(DESTDIR)" ]; then systemctl disable --now noded 2>/dev/null || true; fi
 	rm -f $(DESTDIR)$(UNITDIR)/noded.service $(DESTDIR)$(BINDIR)/noded $(DESTDIR)$(BINDIR)/nodectl
+	rm -f $(DESTDIR)$(SHAREDIR)/bash-completion/completions/noded $(DESTDIR)$(SHAREDIR)/bash-completion/completions/nodectl
+	rm -f $(DESTDIR)$(SHAREDIR)/zsh/site-functions/_noded $(DESTDIR)$(SHAREDIR)/zsh/site-functions/_nodectl
+	rm -f $(DESTDIR)$(SHAREDIR)/man/man1/noded.1 $(DESTDIR)$(SHAREDIR)/man/man1/nodectl.1
 	rm -f $(DESTDIR)$(DROPINDIR)/remote-scrape.conf
 	if [ -d $(DESTDIR)$(DROPINDIR) ]; then rmdir --ignore-fail-on-non-empty $(DESTDIR)$(DROPINDIR); fi
 	rm -rf $(DESTDIR)$(APPDIR) $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SLURMHOOKDIR)

@@ -98,7 +98,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
         registered = RegisteredLabels(state=state, persist=not dry_run)
         notes += registered.notes
-        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered)
+        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered,
+                                 max_polled=config.jobs.max_polled_per_source)
     monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
     # The tick waits for NVML at most half a tick (a hung driver must not stop it)
     nvml = NvmlSampler(deadline_s=max(0.1, config.tick_s / 2)) if config.nvml else None
@@ -113,6 +114,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     rightsize = config.rightsize.enabled
     # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
+                          exec_events_per_uid=config.jobs.exec_events_per_uid,
                           cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
@@ -150,5 +152,5 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     """Start the metrics endpoint (bounded: see noded.server.stream); returns (server, url).
     The server's ``shutdown()`` (or ``stop()``) closes it. A port in use or an address
     that is not this host's raises noded.server.stream.ListenError with a message to print."""
-    server = MetricsServer(make_registry(daemon), address, port, METRICS).start()
+    server = MetricsServer(make_registry(daemon), address, port, METRICS, health=daemon.liveness).start()
     return server, server.url

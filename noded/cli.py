@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _main(argv: list[str] | None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """noded's command line (also what its completion and man page are made from: noded.clidoc)."""
     from .cliopts import HelpFormatter, option_parents, subparsers
 
     top, common = option_parents("noded", lambda parser, default: None)
@@ -48,7 +49,8 @@ def _main(argv: list[str] | None) -> int:
                           "monitoring groups)")
     run.add_argument("--sim", metavar="SCENARIO", help="run the simulated node from this scenario file (`noded "
                      "sim-node`) and the daemon beside it, as two processes, as on a host")
-    run.add_argument("--duration", type=float, help="stop after this many seconds (default: the scenario's, or never)")
+    run.add_argument("--duration", type=_duration, metavar="DURATION", help="stop after this long, e.g. 90, 30s, "
+                     "15m, 2h, 1d, as nodectl takes them (default: the scenario's, or never)")
     run.add_argument("-v", "--verbose", action="store_true", help="log at INFO: start and stop steps, reads and "
                      "other detail (default: WARNING and above; every change to a job is logged either way)")
     check = sub.add_parser("check-config", help="validate a config file and exit (errors as FILE:LINE: KEY: REASON)")
@@ -78,6 +80,17 @@ def _main(argv: list[str] | None) -> int:
     node.add_argument("--hold", action="store_true", help="keep the node up after the scenario's end, until "
                       "SIGTERM")
     node.add_argument("--watch", action="store_true", help="after READY, a line a second of what the node does")
+    return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    cal, tour = _subparser(parser, "calibrate"), _subparser(parser, "tour")
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
@@ -127,6 +140,13 @@ def _main(argv: list[str] | None) -> int:
         except (OSError, ScenarioError) as e:
             print(f"noded {args.command}: {e}", file=sys.stderr)
             return 2
+        from .sim.nvml_lib import BuildError, library_dir
+
+        try:  # the node's GPUs need the stand-in NVML library: built (once) before anything starts
+            library_dir(scenario.node.nvml)
+        except BuildError as e:
+            print(f"noded {args.command}: {e}", file=sys.stderr)
+            return 2
         if args.command == "sim":
             from .sim.run import run_scenario
 
@@ -145,6 +165,19 @@ def _main(argv: list[str] | None) -> int:
             tour.error(f"--window must be positive, got {args.window}")
         return run_tour(args.profile, args.window)
     return 2
+
+
+def _duration(text: str) -> float:
+    """A duration in noded's one syntax (noded.ages), more than 0."""
+    from .ages import DurationError, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except DurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
+    return seconds
 
 
 def check_config(path: str) -> int:

@@ -94,6 +94,14 @@ class JobsConfig:
     labels: str | None = None
     process_events: bool = True
     rmid_retry_s: float = 10.0
+    # What one tenant's cgroups and execs may cost noded (issue #22): beyond these, the
+    # rest waits for a later tick, counted in noded_job_source_capped and
+    # noded_process_events_dropped_total.
+    #: job directories read per source and tick at most (those with processes first); also
+    #: the most cgroups read below one job (a job with more is held as last seen)
+    max_polled_per_source: int = 256
+    #: new processes per uid and second placed at once on their exec; the rest by the next tick
+    exec_events_per_uid: int = 100
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,10 @@ class AdminConfig:
     group: str = "noded-admin"
     #: the deadline for a client's whole request and its reply (admin and report sockets)
     timeout_s: float = 5.0
+    #: reports taken per second on the report socket from one uid, and for one job; the
+    #: rest is answered "dropped" unread (noded_reports_dropped_total)
+    reports_per_uid: int = 20
+    reports_per_job: int = 10
 
 
 @dataclass(frozen=True)
@@ -359,6 +371,10 @@ _RULES: dict[str, Check] = {
     "colocation.mps.gpus": _must(lambda v: len(set(v)) == len(v), "distinct UUIDs (one is listed twice)"),
     "colocation.mps.nvml_timeout_s": _between(0, 300, " seconds", above=True),
     "jobs.rmid_retry_s": _between(0, 3600, " seconds", above=True),
+    "jobs.max_polled_per_source": _between(16, 1_000_000, " directories per tick"),
+    "jobs.exec_events_per_uid": _between(1, 1_000_000, " per second"),
+    "admin.reports_per_uid": _between(1, 100_000, " per second"),
+    "admin.reports_per_job": _between(1, 100_000, " per second"),
     "jobs.sources.kind": _must(lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
     "resctrl.prefix": prefix_problem,
     "rightsize.sources": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),

@@ -22,13 +22,16 @@ from .colocation.view import ColocationView
 from .config import Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
-from .policy.contention import Decision, PolicyState, decide
+from .health import Liveness
+from .lasting import LastingStates
+from .policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from .ratelimit import RateLimitedLog
 from .rightsize.cpuplan import CpuPlan, PlanError
 from .rightsize.service import RightsizeView
 from .sample import GPU, Sample
 from .telemetry import Telemetry
 from .tickstats import TickStats, Totals
+from .watching import Watch, watching
 
 if TYPE_CHECKING:  # the split needs numba: loaded only where memory is sized
     from .rightsize.memsplit import MemorySplit
@@ -53,6 +56,18 @@ class Throttle(Protocol):
 #: How often the state directory is tried for writing while throttles may be needed.
 STATE_PROBE_S = 10.0
 
+#: where in a tick one job's part can fail alone (that job held, the others go on), in words
+JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading", "act": "change"}
+
+
+@dataclass(frozen=True)
+class TickFailure:
+    """A tick that raised: why, how many in a row, and the ticks completed before it."""
+
+    error: str
+    in_a_row: int
+    completed: int
+
 
 @dataclass(frozen=True)
 class TickResult:
@@ -76,6 +91,7 @@ class TickResult:
     rightsize: RightsizeView | None = None  # None: right-sizing is off
     cpus: CpuSetResult | None = None  # the one owner of every job's CPUs applied this tick's plan (right-sizing)
     memory: MemoryView | None = None  # None: right-sizing's memory is off (rightsize.memory.cache_gb null)
+    watching: tuple[Watch, ...] = ()  # what noded watches (jobs, gpus, resctrl), or why not
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class Daemon:
         self.ticks = 0
         self.overruns = 0
         self.stats = TickStats()  # the loop's own counters; each TickResult carries a snapshot
+        self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
         self._reload = threading.Event()
         self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
@@ -124,6 +141,9 @@ class Daemon:
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
         self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
+        self.report_budget = None  # the report socket's admin.server.ReportBudget, where it listens (metrics)
+        self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
+        self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -285,6 +305,7 @@ class Daemon:
         t1 = self.clock()
         unwritable = self._state_check(t1)
         rightsize, cpus, memory = None, None, None
+        stuck = None  # why contention lasts with nothing left to throttle, while it does
         if not sample.jobs_known:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
@@ -311,6 +332,11 @@ class Daemon:
             decision, self.state = decide(sample, self.state, self.config.contention,
                                           self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
                                           self.throttle.level_share if self.throttle else (lambda level: 1.0), known)
+            if decision.note == NOTHING_LEFT_TO_THROTTLE:
+                stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
+                         f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
+                         "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
+                         "unknown): `nodectl explain JOB` says which")
             if self.baselines:
                 self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
             if paused:
@@ -347,6 +373,7 @@ class Daemon:
         kind = self.throttle.kind if self.throttle else "cpusets"
         for failed in result.failed:
             self.stats.actuator_error(kind, failed.operation)
+        self._count_job_errors(sample, result)
         for operation in result.housekeeping_failed:
             self.stats.actuator_error(kind, operation)
         if cpus is not None and kind != "cores":  # on a cores host, the result above is the owner's
@@ -362,23 +389,64 @@ class Daemon:
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory)
+                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory,
+                            watching(sample, self.config))
         self.last = result
+        self.totals = result.totals
+        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
+        self.lasting.update(self._lasting_states(result, stuck), t0, self.config.contention.hold_s)
         return result
 
-    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> None:
+    @staticmethod
+    def _lasting_states(result: TickResult, stuck: str | None) -> dict[str, str]:
+        """The states an alert can see that are in force after this tick, with why."""
+        states = {f"not_watching_{w.what}": w.why for w in result.watching if not w.watching}
+        if stuck:
+            states["contention_nothing_left_to_throttle"] = stuck
+        return states
+
+    def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
+        """Jobs held this tick by an error of their own (the others went on): counted by
+        stage, said once when it begins (not every tick while it lasts)."""
+        by_stage: dict[str, dict[str, str]] = {stage: {} for stage in JOB_ERROR_STAGES}
+        by_stage["act"] = dict(result.job_errors)
+        for stage, job, why in sample.job_errors:
+            by_stage.setdefault(stage, {})[job] = why
+        for stage, errors in by_stage.items():
+            for job in sorted(self.stats.job_errors(stage, errors)):
+                log.error("job=%s held: its %s failed (said once; the other jobs go on): %s", job,
+                          JOB_ERROR_STAGES.get(stage, stage), errors[job])
+
+    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None,
+            on_failed: Callable[[TickFailure], None] | None = None) -> None:
+        """Ticks until ``stop``: ``on_tick`` after each tick, ``on_failed`` after each that
+        raised (the loop goes on; the next tick starts afresh). Each loop round ends in one
+        of the two, so whoever listens (systemd's watchdog) hears that the loop runs."""
         next_t = self.clock()
+        in_a_row = 0
+        self.liveness.loop_started(self.config.tick_s)
         while not stop.is_set():
             self._maybe_reload()
             period = self.config.tick_s
             try:
                 result = self.tick()
-                if on_tick:
-                    on_tick(result)
-            except Exception:
-                # A bug in one tick must not take the node's protection down for good.
+            except Exception as e:
+                # A bug in one tick must not take the node's protection down for good: counted
+                # (and published, though no tick completes), said with its traceback.
+                in_a_row += 1
                 self.stats.tick_failed()
-                log.exception("tick failed")
+                self.totals = self.stats.snapshot()
+                log.exception("tick failed (%d in a row)", in_a_row)
+                if on_failed:
+                    on_failed(TickFailure(f"{type(e).__name__}: {e}", in_a_row, self.ticks))
+            else:
+                in_a_row = 0
+                if on_tick:
+                    try:
+                        on_tick(result)
+                    except Exception:
+                        log.exception("after tick %d: telling the listener failed", result.tick)
+            self.liveness.round_ended(period)
             next_t += period
             now = self.clock()
             if now > next_t:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass, field
 
 from .config import Config
@@ -44,19 +45,27 @@ class StartCheck:
     warnings: list[tuple[str, str]] = field(default_factory=list)
 
 
+_MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
 def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """The type of the filesystem ``path`` is on (the longest mount point above it)."""
-    real = os.path.realpath(path)
+    """The type of the filesystem ``path`` is on (the longest mount point above it).
+
+    mountinfo is read as bytes, as the kernel writes it (proc(5)): lines end at '\\n',
+    fields are separated by ' ', and only space, tab, newline and backslash are escaped
+    (as octal) in a mount point; any user may mount (FUSE) at a path whose name is not
+    UTF-8 or holds any other byte."""
+    real = os.fsencode(os.path.realpath(path))
     best, fstype = -1, None
-    with open(mountinfo) as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
+    with open(mountinfo, "rb") as f:
+        for line in f.read().split(b"\n"):
+            left, _, right = line.partition(b" - ")
+            fields = left.split(b" ")
             if len(fields) < 5 or not right:
                 continue
-            point = fields[4].replace("\\040", " ")
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > best:
-                best, fstype = len(point), right.split()[0]
+            point = _MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            if (real == point or real.startswith(point.rstrip(b"/") + b"/")) and len(point) > best:
+                best, fstype = len(point), os.fsdecode(right.split(b" ")[0])
     return fstype
 
 
@@ -106,8 +115,17 @@ def start_check(config: Config) -> StartCheck:
             out.append((f"jobs.sources[{i}].root", f"{source.root} is not in a cgroup hierarchy (it is on {fstype})"))
     out += calibration_problems(config)
     out += colocation_problems(config)
-    check.warnings += file_warnings(config)
+    check.warnings += source_warnings(config) + file_warnings(config)
     return check
+
+
+def source_warnings(config: Config) -> list[tuple[str, str]]:
+    """A config that names no job source starts and watches nothing: said at start and by
+    check-config, and after that by ``nodectl status`` and ``noded_watching{what="jobs"}``."""
+    from .watching import no_job_source
+
+    why = no_job_source(config)
+    return [("jobs.sources", why)] if why else []
 
 
 def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, str]]:

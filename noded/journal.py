@@ -43,7 +43,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 # line for journald's stream reader, so "\0<0>..." would be a second line at priority 0;
 # ESC starts a terminal's control sequence; CR overwrites a line), DEL, Unicode line and
 # paragraph separators, and the bidirectional controls that reorder what is shown. Tab stays.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Lone surrogates too: a cgroup's name that is not UTF-8 reaches Python as them
+# (os.fsdecode), and no stream can encode them; each is shown as the metrics show it
+# (``\udcff`` for the byte 0xff).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
 
 
 def printable(text: str) -> str:
@@ -75,6 +79,16 @@ def field_name(key: str) -> str:
     return name[:64]
 
 
+def _field_bytes(value: str) -> bytes:
+    """A field's value as the journal keeps it (bytes): a cgroup's name that is not UTF-8
+    (lone surrogates from os.fsdecode) as its own bytes, so ``journalctl NODED_JOB=...``
+    finds the job by the name the kernel has; any other lone surrogate as U+FFFD."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace")
+
+
 def encode_native(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
     """One entry in the native protocol: NAME=value lines; a value with a newline in the
     binary form (NAME, newline, its length as 64-bit little-endian, the value, newline)."""
@@ -83,7 +97,7 @@ def encode_native(fields: Iterable[tuple[str, str | bytes]]) -> bytes:
         if not _FIELD_NAME.fullmatch(name):
             raise ValueError(f"journal field name {name!r}: must be A-Z, 0-9 and _, start with a letter, "
                              "at most 64 characters")
-        data = value if isinstance(value, bytes) else value.encode("utf-8", "replace")
+        data = value if isinstance(value, bytes) else _field_bytes(value)
         key = name.encode("ascii")
         if b"\n" in data:
             out += key + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
@@ -116,6 +130,16 @@ class LineHandler(logging.StreamHandler):
     def __init__(self, stream, *, prefix: bool):
         super().__init__(stream)
         self.prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        # A value in a message (a job id from a cgroup's name, which may hold a newline on
+        # kernels before 5.2; a registered one) is escaped before it is put in: it cannot
+        # split the message into lines of its own. The message's own lines (a traceback)
+        # stay lines, each with its priority.
+        if isinstance(record.args, tuple) and any(isinstance(a, str) for a in record.args):
+            record = logging.makeLogRecord(
+                {**vars(record), "args": tuple(printable(a) if isinstance(a, str) else a for a in record.args)})
+        return super().format(record)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -182,11 +206,26 @@ class JournalHandler(logging.Handler):
         super().close()
 
 
+#: what begins every line of a dry run (``noded run --dry-run``): its decisions are not a real run's
+DRY_RUN_MARK = "[dry-run] "
+
+
+class DryRunMark(logging.Filter):
+    """Marks every record of a dry run: the field NODED_DRY_RUN=1 (the formatter puts
+    DRY_RUN_MARK before the message), so no line of it, a decision's included, can be
+    read as a real run's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.noded_dry_run = "1"
+        return True
+
+
 def configure_logging(verbose: bool, *, stream=None, journal_socket: str = DEFAULT_SOCKET,
-                      env: Mapping[str, str] | None = None) -> logging.Handler:
+                      env: Mapping[str, str] | None = None, dry_run: bool = False) -> logging.Handler:
     """Logging for ``noded``: WARNING and above (INFO with ``verbose``), and every change
     (``log_change``) whatever the level; to the journal under journald, else to ``stream``
-    (stderr). Replaces the handler an earlier call installed; returns the new one."""
+    (stderr). ``dry_run``: every line marked (DryRunMark). Replaces the handler an earlier
+    call installed; returns the new one."""
     stream = sys.stderr if stream is None else stream
     env = os.environ if env is None else env
     root = logging.getLogger()
@@ -199,7 +238,9 @@ def configure_logging(verbose: bool, *, stream=None, journal_socket: str = DEFAU
     else:
         isatty = getattr(stream, "isatty", None)
         handler = LineHandler(stream, prefix=not (isatty and isatty()))
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter("%(name)s: " + (DRY_RUN_MARK if dry_run else "") + "%(message)s"))
+    if dry_run:
+        handler.addFilter(DryRunMark())
     handler.noded_installed = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(logging.INFO if verbose else logging.WARNING)
@@ -238,6 +279,31 @@ def log_change(action: str, job: str | None = None, *, level_from: int | None = 
     extra.update({f"noded_{k}": v for k, v in fields.items()})
     try:
         path, line, func, _ = logger.findCaller(False, 2)  # the caller of log_change
+    except ValueError:
+        path, line, func = "(unknown file)", 0, "(unknown function)"
+    record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)
+    logger.handle(record)
+
+
+def log_state(state: str, entered: bool, reason: str, *, severity: int | None = None) -> None:
+    """One line when a lasting state an alert can see begins or ends (noded.lasting):
+
+        state=not_watching_jobs entered: no job source configured ...
+        state=not_watching_jobs ended: ...
+
+    with the fields NODED_STATE and NODED_STATE_CHANGE (entered, ended). Emitted whatever
+    the verbosity, as changes are: an entry at WARNING (something is not done), an end at
+    NOTICE, unless ``severity`` says otherwise."""
+    if severity is None:
+        severity = logging.WARNING if entered else NOTICE
+    change = "entered" if entered else "ended"
+    logger = logging.getLogger(CHANGES)
+    if logger.disabled or logger.manager.disable >= severity:
+        return
+    text = f"state={_text(state)} {change}: {reason}"
+    extra = {"noded_state": state, "noded_state_change": change}
+    try:
+        path, line, func, _ = logger.findCaller(False, 2)
     except ValueError:
         path, line, func = "(unknown file)", 0, "(unknown function)"
     record = logger.makeRecord(logger.name, severity, path, line, " ".join(text.splitlines()), (), None, func, extra)

@@ -28,6 +28,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.utils import floatToGoString
 
 from .control import ControlSnapshot
+from .daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
 from .daemon import Daemon, TickResult
 from .rightsize.service import STATES as SIZING_STATES
 from .tickstats import BUCKETS, Histogram, Totals
@@ -54,6 +55,8 @@ ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
 SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
 #: the stages of a tick (daemon.Daemon.tick)
 STAGES = ("sample", "decide", "act", "total")
+#: where one job's part of a tick can fail alone, that job held (daemon.JOB_ERROR_STAGES)
+JOB_ERROR_STAGES = tuple(sorted(_JOB_ERROR_STAGES))
 
 
 def _version() -> str:
@@ -103,8 +106,15 @@ class NodedCollector:
     from the start."""
 
     def __init__(self, last: Callable[[], TickResult | None], info: Mapping[str, str], *, colocation: bool = False,
-                 rightsize: bool = False):
+                 rightsize: bool = False, totals: Callable[[], Totals] | None = None,
+                 last_round: Callable[[], float | None] | None = None):
         self.last = last
+        # the wall-clock time the loop's last round ended (None before the first): a hung
+        # loop still serves its last result, and this standing still is how it shows
+        self.last_round = last_round
+        # the counters as of the loop's last round: a tick that raised publishes no result,
+        # and its failure must be counted all the same (the last result's, where not given)
+        self.totals = totals
         self.info = dict(info)
         self.colocation = colocation
         self.rightsize = rightsize
@@ -117,13 +127,21 @@ class NodedCollector:
         info = InfoMetricFamily("noded_build", "noded build information")
         info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
         yield info
-        yield from map(_text_labels, self._counters(r))
+        yield from map(_text_labels, self._counters(r, self.totals() if self.totals is not None else None))
+        ended = self.last_round() if self.last_round is not None else None
+        if ended is not None:
+            stamp = GaugeMetricFamily("noded_last_tick_timestamp_seconds", "Wall-clock time (Unix seconds) the "
+                                      "control loop's last round ended, its tick completed or failed; "
+                                      "time() minus this is how long the loop has been stalled")
+            stamp.add_metric([], ended)
+            yield stamp
         if r is not None:
             yield from map(_text_labels, self._state(r, r.control))
 
-    def _counters(self, r: TickResult | None):
+    def _counters(self, r: TickResult | None, totals: Totals | None):
         control = r.control if r is not None else ControlSnapshot()
-        totals = r.totals if r is not None else Totals()
+        if totals is None:
+            totals = r.totals if r is not None else Totals()
         colo = r.colocation if r is not None else None
 
         actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
@@ -161,6 +179,12 @@ class NodedCollector:
                                        "see the journal)")
         failures.add_metric([], totals.tick_failures)
         yield failures
+        held = CounterMetricFamily("noded_tick_job_errors", "Jobs held by an error in their own part of a tick, by "
+                                   "stage (monitor: its monitoring group's sync; cpus: reading where its CPUs are; act: "
+                                   "its change); the other jobs went on (the journal says each once)", labels=["stage"])
+        for stage, n in sorted(_with_zeros(JOB_ERROR_STAGES, totals.job_errors).items()):
+            held.add_metric([stage], n)
+        yield held
         errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
                                      "(mba, cores), a control group not removed (mba remove), an original not "
                                      "recorded (cores record), an MPS control daemon restarted or not started (mps), a "
@@ -232,6 +256,13 @@ class NodedCollector:
         nvml = GaugeMetricFamily("noded_nvml_available", "Whether NVML answered (0 means a CPU-only view)")
         nvml.add_metric([], 1.0 if s.nvml_available else 0.0)
         yield nvml
+        if r.watching:
+            watched = GaugeMetricFamily("noded_watching", "1 while noded watches this input (jobs: a job source is "
+                                        "configured and discovery works; gpus: NVML lists at least one GPU; resctrl: "
+                                        "mounted), 0 while it does not (`nodectl status` says why)", labels=["what"])
+            for w in r.watching:
+                watched.add_metric([w.what], 1.0 if w.watching else 0.0)
+            yield watched
 
         node = GaugeMetricFamily("noded_node_memory_bandwidth_bytes_per_second",
                                  "Memory bandwidth of the node, per L3 domain (MBM)", labels=["domain"])
@@ -393,11 +424,67 @@ class NodedCollector:
         yield used
 
 
+#: why a report was dropped on the report socket: over its uid's budget, over its job's
+REPORT_DROPS = ("uid", "job")
+
+
+class TenantBudgetCollector:
+    """What tenants' floods cost and what was dropped for it (issue #22): job directories
+    per source and whether discovery's budget was reached, exec events dropped over their
+    uid's budget, reports dropped. Each is an int or a tuple its owner swaps whole
+    (discovery, the process-events thread, the report socket's thread), read as it is."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        telemetry = getattr(self.daemon, "telemetry", None)
+        discovery = getattr(telemetry, "discovery", None)
+        dirs = GaugeMetricFamily("noded_job_source_dirs", "Job directories a job source's patterns match",
+                                 labels=["source"])
+        polled = GaugeMetricFamily("noded_job_source_polled_dirs", "Job directories discovery read in its last run "
+                                   "(at most jobs.max_polled_per_source)", labels=["source"])
+        capped = GaugeMetricFamily("noded_job_source_capped", "1 while a job source holds more directories than are "
+                                   "read per tick: empty ones are read in turn, by owner", labels=["source"])
+        costs = getattr(discovery, "cost", ())
+        for cost in costs:
+            dirs.add_metric([cost.source], cost.dirs)
+            polled.add_metric([cost.source], cost.polled)
+            capped.add_metric([cost.source], 1.0 if cost.capped else 0.0)
+        if costs:  # from the first discovery on
+            yield from map(_text_labels, (dirs, polled, capped))
+        events = getattr(telemetry, "events", None)
+        seen = CounterMetricFamily("noded_process_events", "Exec events read from the kernel's connector")
+        seen.add_metric([], events.events if events is not None else 0)
+        yield seen
+        dropped = CounterMetricFamily("noded_process_events_dropped", "Exec events over their uid's budget "
+                                      "(jobs.exec_events_per_uid): left to the next tick's discovery")
+        dropped.add_metric([], events.dropped if events is not None else 0)
+        yield dropped
+        refused = CounterMetricFamily("noded_process_events_unattributed", "New processes placed in no job because "
+                                      "their /proc/PID/cgroup is not the kernel's grammar (a forged record in a "
+                                      "cgroup name) or could not be read")
+        refused.add_metric([], getattr(discovery, "unattributed", 0))
+        yield refused
+        budget = getattr(self.daemon, "report_budget", None)
+        reports = CounterMetricFamily("noded_reports_dropped", "Reports dropped on the report socket: over the "
+                                      "sender's uid's budget (unread) or the job's (admin.reports_per_*)",
+                                      labels=["reason"])
+        for reason, n in sorted(_with_zeros(REPORT_DROPS, budget.dropped if budget is not None else {}).items()):
+            reports.add_metric([reason], n)
+        yield _text_labels(reports)
+
+
 def make_registry(daemon: Daemon) -> CollectorRegistry:
     """A private registry: noded's series from the daemon's last result, and noded's own
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=daemon.rightsize is not None))
+                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals,
+                                     last_round=lambda: daemon.liveness.last_round_wall))
+    registry.register(TenantBudgetCollector(daemon))
     ProcessCollector(registry=registry)
     return registry

@@ -3,7 +3,8 @@
 Signals: SIGTERM/SIGINT stop the loop, release every throttle, restore what was
 changed and remove noded's groups; SIGHUP reloads the config (a bad one is refused
 with its reason and the running one kept). Under systemd the notify protocol says
-READY after the first tick, a STATUS line each tick, and WATCHDOG from the loop.
+READY after the loop's first round, a STATUS line each round (saying so where the tick
+failed), and WATCHDOG after every round that ends, failed or not.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from contextlib import ExitStack
 from mps.manager import MpsError
 
 from .admin.overrides import OverrideStore
-from .admin.server import AdminServer
+from .admin.server import AdminServer, ReportBudget
 from .app import build_daemon, serve_metrics
 from .calibration import CalibrationError, with_node_peak
 from .cliopts import say
 from .config import Config, ConfigError, EmptyConfig, load_config
-from .daemon import TickResult
+from .daemon import TickFailure, TickResult
 from .hostcheck import start_check
 from .journal import configure_logging
 from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
@@ -44,6 +45,14 @@ def status_line(result: TickResult) -> str:
             + (f", {len(s.missing)} inputs missing" if s.missing else ""))
 
 
+#: what a dry run cannot know, said at its start
+DRY_RUN_CANNOT_KNOW = (
+    "dry run: noded decides and logs, and changes nothing; so what it cannot know is the effect of its own "
+    "steps: each later step assumes the earlier ones had no effect (a real throttle lowers the bandwidth the next "
+    "tick sees and may end the contention), so levels climb past where a real run would stop, and no release "
+    "follows a throttle's success; read the first decision of each episode, not the level it reaches")
+
+
 class StartError(Exception):
     """Starting cannot go on; the message says why (printed, exit 1)."""
 
@@ -52,7 +61,8 @@ def main_run(args, signals: Signals | None = None) -> int:
     """``signals``: installed by the caller as early as it could (noded.cli does it before
     importing this module); installed here otherwise."""
     signals = signals or Signals().install()
-    configure_logging(args.verbose)  # the journal under journald, <N> lines on stderr elsewhere
+    # the journal under journald, <N> lines on stderr elsewhere; a dry run's every line marked
+    configure_logging(args.verbose, dry_run=args.dry_run)
     try:
         return _run(args, signals)
     except StartError as e:
@@ -107,6 +117,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.enter_context(HostLock.for_filesystems(shared))
     if signals.stop.is_set():
         return 0  # asked to stop while starting: nothing was changed yet
+    if args.dry_run:
+        log.warning("%s", DRY_RUN_CANNOT_KNOW)
     built = build_daemon(config, dry_run=args.dry_run)
     daemon = built.daemon
     stack.callback(daemon.shutdown)  # from here on, whatever fails below, the node is put back
@@ -126,8 +138,11 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     stack.callback(admin.stop)
     if daemon.colocation is not None or daemon.rightsize is not None:
         reports = _listening(AdminServer(config.report_socket, daemon, group=None,
-                                         timeout_s=config.admin.timeout_s, reports_only=True),
+                                         timeout_s=config.admin.timeout_s, reports_only=True,
+                                         budget=ReportBudget(config.admin.reports_per_uid,
+                                                             config.admin.reports_per_job)),
                              "report socket", config.report_socket)
+        daemon.report_budget = reports.budget  # its counts are metrics
         stack.callback(reports.stop)
     say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     if args.duration:
@@ -138,8 +153,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     notifier = SystemdNotifier()
     stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
     daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
-    on_tick = _notifier_hook(notifier)
-    daemon.run(signals.stop, on_tick=on_tick)
+    on_tick, on_failed = _notifier_hooks(notifier)
+    daemon.run(signals.stop, on_tick=on_tick, on_failed=on_failed)
     stack.close()
     say("noded: stopped; throttles released, groups removed.")
     return 0
@@ -170,13 +185,24 @@ def _reload(path: str, settle) -> Config | None:
         return None
 
 
-def _notifier_hook(notifier: SystemdNotifier):
+def failure_line(failure: TickFailure) -> str:
+    """systemd's STATUS while ticks fail: the loop runs, but decides and changes nothing."""
+    return (f"tick failed ({failure.in_a_row} in a row, {failure.completed} completed before): "
+            f"{failure.error}; nothing is decided or changed until a tick completes (the journal has the traceback)")
+
+
+def _notifier_hooks(notifier: SystemdNotifier):
+    """(after a tick, after a failed tick) for the notify protocol: READY=1 once, after the
+    loop's first round whatever its outcome (noded has started: its loop runs); a STATUS
+    line each round, saying so where the tick failed; WATCHDOG=1 each round. The watchdog
+    hears from every round that ends, so it says "stalled" only when the loop itself is
+    stuck (a tick that never returns), not when ticks fail or hold: those are in STATUS, the
+    journal and noded_tick_failures_total, and a restart would not mend them."""
     state = {"ready": False}
 
-    def on_tick(result: TickResult) -> None:
+    def tell(line: str) -> None:
         if not notifier.enabled:
             return
-        line = status_line(result)
         if not state["ready"]:
             notifier.ready(line)
             state["ready"] = True
@@ -184,5 +210,10 @@ def _notifier_hook(notifier: SystemdNotifier):
             notifier.status(line)
         notifier.watchdog()
 
-    on_tick.notifier = notifier  # type: ignore[attr-defined]
-    return on_tick
+    def on_tick(result: TickResult) -> None:
+        tell(status_line(result))
+
+    def on_failed(failure: TickFailure) -> None:
+        tell(failure_line(failure))
+
+    return on_tick, on_failed

@@ -62,6 +62,12 @@ class Sample:
     # "unknown", never "none"; nothing may be decided or changed about jobs.
     jobs_known: bool = True
     resctrl: ResctrlFacts | None = None  # None: no resctrl mounted
+    # (stage, job id, why) for each job whose part of sampling failed this tick: that job
+    # held as it was, every other job sampled (stage: monitor, its monitoring group's sync;
+    # cpus, where its CPUs are)
+    job_errors: tuple[tuple[str, str, str], ...] = ()
+    # the job sources discovery read ("kind root" each): none, and no job, is a noded that watches no job
+    job_sources: tuple[str, ...] = ()
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:
@@ -112,6 +118,7 @@ def build_sample(
     resctrl: ResctrlFacts | None = None,
     cpus: Mapping[str, CpuPlacement] | None = None,
     unavailable: tuple[str, ...] = (),
+    job_sources: tuple[str, ...] = (),
 ) -> Sample:
     missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok] + list(unavailable)
     if nvml is not None and not nvml.available:
@@ -148,4 +155,15 @@ def build_sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
         tuple(missing), samplers, jobs is not None, resctrl,
+        _job_errors(jobs, monitor, cpus), tuple(job_sources),
     )
+
+
+def _job_errors(jobs: Mapping[str, Job] | None, monitor: MonitorReport | None,
+                cpus: Mapping[str, CpuPlacement] | None) -> tuple[tuple[str, str, str], ...]:
+    """The jobs whose own part of sampling failed (each held, the others sampled): its
+    monitoring group's sync; its CPUs, which the sampler reads for every job it can."""
+    out = [("monitor", job, why) for job, why in sorted(monitor.errors.items())] if monitor else []
+    if cpus is not None:
+        out += [("cpus", job, "its CPUs could not be read") for job in sorted(set(jobs or {}) - set(cpus))]
+    return tuple(out)

@@ -1,5 +1,5 @@
 """systemd's notify protocol, written out (a datagram to $NOTIFY_SOCKET), so no
-libsystemd build is needed: READY=1 after the first good tick, STATUS= lines,
+libsystemd build is needed: READY=1 after the loop's first round, STATUS= lines,
 WATCHDOG=1 from the loop, RELOADING=1 / STOPPING=1 around reloads and stops."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Callable
 from .jobs.discovery import JobDiscovery
 from .jobs.model import Job
 from .jobs.monitoring import JobMonitor
-from .jobs.procevents import ProcessEvents
+from .jobs.procevents import DEFAULT_PER_UID, ProcessEvents
 from .sample import GPU, Sample, build_sample
 from .samplers import SamplerStatus, run_sampler
 from .samplers.bandwidth import BandwidthSampler
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 class Telemetry:
     def __init__(self, discovery: JobDiscovery, session: ResctrlSession, monitor: JobMonitor,
                  nvml: NvmlSampler | None, *, cpus: CpuPlacementSampler | None = None,
-                 clock: Callable[[], float] = time.monotonic, process_events: bool = True):
+                 clock: Callable[[], float] = time.monotonic, process_events: bool = True,
+                 exec_events_per_uid: int = DEFAULT_PER_UID):
         self.discovery = discovery
         self.session = session
         self.monitor = monitor
@@ -49,7 +50,7 @@ class Telemetry:
         self._lock = threading.Lock()
         self.events: ProcessEvents | None = None
         if process_events:
-            self.events = ProcessEvents(self._on_new_process)
+            self.events = ProcessEvents(self._on_new_process, per_uid=exec_events_per_uid)
             if not self.events.start():
                 self.events = None
 
@@ -96,7 +97,8 @@ class Telemetry:
             groups = report.groups if report is not None else self.monitor.groups()
             bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups))
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
-                              unavailable=unavailable)
+                              unavailable=unavailable,
+                              job_sources=tuple(f"{s.kind} {s.root}" for s in self.discovery.sources))
         return self._sticky_gpu_jobs(sample)
 
     def _sticky_gpu_jobs(self, sample: Sample) -> Sample:

@@ -1,5 +1,6 @@
 """What the loop counts over its whole life, for the metrics: how long ticks and
-samplers took (histograms), failed writes, failed samplers and ticks that raised.
+samplers took (histograms), failed writes, failed samplers, jobs held by an error of
+their own, and ticks that raised.
 
 ``TickStats`` is kept by the loop's thread alone (no lock); each tick publishes
 ``snapshot()``, an immutable ``Totals``, in its ``TickResult``. A scrape reads that
@@ -43,6 +44,7 @@ class Totals:
     actuator_errors: Mapping[tuple[str, str], int] = field(default_factory=_empty)  # (actuator, operation) -> failed
     tick_failures: int = 0  # ticks that raised (the loop went on)
     sampler_cpu: Mapping[str, float] = field(default_factory=_empty)  # sampler -> CPU seconds, in all
+    job_errors: Mapping[str, int] = field(default_factory=_empty)  # stage -> a job's part failed (the job held)
 
 
 class _Observations:
@@ -81,6 +83,8 @@ class TickStats:
         self._actuator_errors: dict[tuple[str, str], int] = {}
         self._tick_failures = 0
         self._sampler_cpu: dict[str, float] = {}
+        self._job_errors: dict[str, int] = {}
+        self._failing: dict[str, frozenset[str]] = {}  # stage -> the jobs that failed there last tick
 
     def tick(self, durations: Mapping[str, float], samplers: Iterable[tuple[str, bool, float, float]]) -> None:
         """One tick done: its stages' durations, and each sampler's (name, ok, seconds,
@@ -101,9 +105,20 @@ class TickStats:
     def tick_failed(self) -> None:
         self._tick_failures += 1
 
+    def job_errors(self, stage: str, jobs: Iterable[str]) -> set[str]:
+        """This tick's jobs whose part of ``stage`` failed (each held as it was): each is
+        counted; returns those that did not fail there last tick (to be said once)."""
+        failing = frozenset(jobs)
+        if failing:
+            self._job_errors[stage] = self._job_errors.get(stage, 0) + len(failing)
+        began = set(failing - self._failing.get(stage, frozenset()))
+        self._failing[stage] = failing
+        return began
+
     def snapshot(self) -> Totals:
         return Totals(MappingProxyType({k: o.frozen() for k, o in self._ticks.items()}),
                       MappingProxyType({k: o.frozen() for k, o in self._samplers.items()}),
                       MappingProxyType(dict(self._sampler_errors)),
                       MappingProxyType(dict(self._actuator_errors)),
-                      self._tick_failures, MappingProxyType(dict(self._sampler_cpu)))
+                      self._tick_failures, MappingProxyType(dict(self._sampler_cpu)),
+                      MappingProxyType(dict(self._job_errors)))

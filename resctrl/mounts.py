@@ -47,7 +47,9 @@ def parse_mounts(text: str) -> list[Mount]:
 
 def find_resctrl_mount(mounts_path: str = "/proc/mounts", root: str | None = None) -> Mount:
     """The resctrl mount (at ``root`` if given); the last one wins, as in the kernel's view."""
-    with open(mounts_path) as f:
+    # Any user may mount (FUSE, through fusermount) at a path whose name is not UTF-8:
+    # decoded as os.fsdecode does, so such a line is read, not a UnicodeDecodeError.
+    with open(mounts_path, encoding="utf-8", errors="surrogateescape") as f:
         mounts = [m for m in parse_mounts(f.read()) if m.fstype == "resctrl"]
     if root is not None:
         mounts = [m for m in mounts if m.target.rstrip("/") == root.rstrip("/")]

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -15,6 +16,28 @@ if not os.path.exists("/dev/fuse"):
     FUSE_MISSING = "/dev/fuse is absent on this machine"
 elif shutil.which("fusermount3") is None:
     FUSE_MISSING = "fusermount3 (Debian package fuse3) is not installed"
+
+
+def noded_lock_holder(*paths: str) -> str | None:
+    """Why a noded that a test starts on ``paths`` (the cgroup roots and resctrl mount of its
+    config) could not run now: the host-wide lock's own message, naming the other noded's
+    pid; None where nothing holds it. Asked as noded asks (a non-blocking flock, let go at
+    once), so that a test that needs the lock skips at once instead of failing its start."""
+    from noded.lockfile import AlreadyRunning, HostLock
+
+    try:
+        HostLock.for_filesystems(list(paths)).acquire().release()
+    except AlreadyRunning as e:
+        return str(e)
+    return None
+
+
+def skip_if_another_noded(output: str) -> None:
+    """Skips the test where a noded it started refused to run beside another one (its
+    output says whose pid holds the lock)."""
+    held = re.search(r"another noded \(pid [^)]*\) holds [^\n]*", output)
+    if held:
+        pytest.skip(f"needs the host-wide noded lock: {held.group(0)}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -237,7 +260,9 @@ def admin_socket(tmp_path):
         daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
                                  colocation=None, last=last, rightsize=rightsize)
         os.chmod(tmp_path, 0o755)
-        server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2, wall_clock=clock).start()
+        # a socket of its own for each server: noded never takes over a socket another listens on
+        name = f"noded-{len(servers)}.sock" if servers else "noded.sock"
+        server = AdminServer(str(tmp_path / name), daemon, group=None, timeout_s=2, wall_clock=clock).start()
         servers.append(server)
         return SimpleNamespace(path=server.path, daemon=daemon)
 

@@ -190,8 +190,8 @@ def test_a_reader_that_goes_away_ends_nodectl_quietly(served, argv):
 
 
 def test_a_reader_that_goes_away_ends_noded_quietly(tmp_path):
-    good = tmp_path / "good.yaml"
-    good.write_text("tick_s: 0.5\n")
+    good = tmp_path / "good.yaml"  # with a job source: a config without one is warned about
+    good.write_text('tick_s: 0.5\njobs: {sources: [{kind: cgroup, root: /sys/fs/cgroup/cpuset, patterns: ["j/*"]}]}\n')
     p = closed_pipe_run([sys.executable, "-m", "noded", "check-config", str(good)])
     assert p.returncode == EXIT_BROKEN_PIPE and p.stderr == "", p.stderr
     # --help into a closed pipe: argparse drops what it cannot write; quiet, status 0.
@@ -291,7 +291,7 @@ def held(**kw):
      "contention goes on: node bandwidth 90% of peak >= threshold 75% and GPU job(s) sim:bert below their baseline"),
     ({"share": 0.7}, "node bandwidth 70% of peak is not below the release threshold 60%"),
     ({"calm_since": 96.5}, "node below the release threshold 60% for 3.5s of the 10s it must stay there"),
-    ({"last_step": 98.0}, "the last throttle step was 2.0s ago; a release waits contention.hold_s (10s) after any step"),
+    ({"last_step": 98.0}, "the last throttle step was 2s ago; a release waits contention.hold_s (10s) after any step"),
     ({"bandwidth_bps": 3 * GB}, "its own 3.0 GB/s is above half the per-job cap (contention.cpu_job_cap_gbps 4 GB/s)"),
     ({"predicted_share": 0.64}, "released one step, it would take the node to about 64% of peak, not below the "
                                 "release threshold 60%"),
@@ -316,8 +316,8 @@ def test_explain_of_a_held_job_says_why_it_is_still_held(tmp_path, capsys):
     for t, (util, bw, node) in enumerate([(80, 2, 4)] * 3 + [(40, 8, 9.5)] + [(80, 1, 4)] * 4):
         d, state = decide(jobs(util, bw * GB, node), state, C, 10 * GB, {"hog": 5, "nlp": 5}, float(t))
     assert d.levels == {"hog": 1}
-    reasons = ["node below the release threshold 60% for 3.0s of the 10s it must stay there (contention.hold_s)",
-               "the last throttle step was 4.0s ago; a release waits contention.hold_s (10s) after any step"]
+    reasons = ["node below the release threshold 60% for 3s of the 10s it must stay there (contention.hold_s)",
+               "the last throttle step was 4s ago; a release waits contention.hold_s (10s) after any step"]
     assert list(d.held["hog"]) == reasons
     result = tick_result([js_("hog", CPU, None, 1 * GB)], dict(d.levels), decision=d,
                          config=Config(peak_gbps_per_domain=10, contention=C))
@@ -520,3 +520,52 @@ def test_the_demo_into_a_reader_that_goes_away_stops_it_cleanly(tmp_path):
     assert p.returncode == 0, err
     assert not re.search(r"Traceback|ERROR|tick failed", err), err
     assert not [line for line in err.splitlines() if re.match(r"<[0-4]>", line) and "admin group" not in line], err
+
+
+# ------------------------------------------------------------------ one syntax for durations and ages (issue #26)
+
+
+def test_explain_of_a_job_noded_does_not_know_lists_the_known_ones(served, capsys):
+    code, _, err = ctl(served.path, "explain", "slurm:9999", capsys=capsys)
+    assert code == 1 and err == ("nodectl: no job 'slurm:9999' at noded's last tick: the jobs are sim:bert, sim:hog "
+                                 "(nodectl jobs lists them)\n")
+
+
+def test_ages_in_explain_and_status_print_as_kubectl_prints_them():
+    from noded.admin.nodectl import format_explain, format_status
+
+    e = {"job": "cgroup:hog", "kind": "cpu", "level": 1, "bandwidth_bytes_per_s": 16e9, "node_share_of_peak": 0.9,
+         "threshold": 0.75, "slowed_gpu_jobs": [], "why": [], "decisions": [
+             {"seconds_ago": 570.0, "action": "throttle", "from": 0, "to": 1, "cause": "contention", "reason": "r"}]}
+    assert "9m30s ago  throttle 0->1 (contention): r" in format_explain(e)
+    st = {"paused": None, "throttle_method": "mba", "tick_s": 1.0, "threshold": 0.75, "release_threshold": 0.6,
+          "peak_bytes_per_s_per_domain": 1e10, "node": {"share_of_peak": 0.5, "bandwidth_bytes_per_s": {},
+                                                         "contention": False, "note": ""},
+          "gpus": [], "jobs": [], "missing": [], "overrides": [
+              {"job": "cgroup:hog", "kind": "exempt", "level": 0, "set_by_uid": 0, "expires_in_s": 5400.0,
+               "reason": ""}]}
+    assert "cgroup:hog: exempt level 0 by uid 0, 1h30m left" in format_status(st)
+
+
+def test_noded_run_duration_takes_nodectls_syntax_and_refuses_anything_else():
+    from noded.cli import _duration
+
+    assert _duration("15m") == 900 and _duration("90") == 90 and _duration("0.5s") == 0.5
+    p = subprocess.run([sys.executable, "-m", "noded", "run", "--duration", "15 minutes"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "bad duration '15 minutes': use e.g. 90, 30s, 15m, 2h, 1d" in p.stderr, p.stderr
+
+
+def test_throttle_help_gives_the_demos_job_ids():
+    p = subprocess.run([sys.executable, "-m", "noded.admin.nodectl", "throttle", "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert "cgroup:hog" in p.stdout and "sim:hog" not in p.stdout, p.stdout
+
+
+def test_release_of_a_job_without_an_override_names_the_jobs_that_have_one(served, capsys):
+    assert ctl(served.path, "exempt", "sim:bert", capsys=capsys)[0] == 0
+    code, out, _ = ctl(served.path, "release", "sim:nope", capsys=capsys)
+    assert code == 0 and out == "sim:nope: had no override; overrides are on sim:bert\n"
+    ctl(served.path, "release", "sim:bert", capsys=capsys)
+    code, out, _ = ctl(served.path, "release", "sim:bert", capsys=capsys)
+    assert out == "sim:bert: had no override; no job has one\n"

@@ -195,7 +195,12 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
         if path.startswith("/usr/local/bin/"):
             assert os.access(staged, os.X_OK), path
     doc = stage / "usr/local/share/doc/noded"
-    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "remote-scrape.conf", "slurm"]
+    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "remote-scrape.conf", "runbook.md", "slurm"]
+    # completion and man pages, made by the installed noded from its own parsers
+    share = stage / "usr/local/share"
+    for made in ("bash-completion/completions/noded", "bash-completion/completions/nodectl",
+                 "zsh/site-functions/_noded", "zsh/site-functions/_nodectl", "man/man1/noded.1", "man/man1/nodectl.1"):
+        assert (share / made).is_file(), made
     # Slurm's hooks, pointed at the installed Python, which has their module
     hooks = stage / "usr/local/lib/noded/slurm"
     assert sorted(os.listdir(hooks)) == ["epilog", "prolog", "task-prolog"]

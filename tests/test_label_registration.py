@@ -224,3 +224,32 @@ def test_forget_releases_the_reservation_even_when_the_labels_cannot_be_written(
         commands.forget("slurm:3", uid=0)
     assert released == ["slurm:3"]  # the GPU share is free for the next job
     assert set(registry.snapshot()) == {"slurm:3"}  # and the labels are as the file says
+
+
+def test_labels_of_a_job_gone_for_an_hour_are_forgotten_and_kept_while_it_runs(tmp_path):
+    # a job whose Epilog never reached noded (noded down then) must not hold a place under
+    # the cap for good; a job whose cgroup is there keeps its labels however long it runs
+    from noded.jobs import CgroupSource
+    from noded.jobs.discovery import ABSENT_FORGET_S
+
+    root = tmp_path / "cg"
+    (root / "running").mkdir(parents=True)
+    (root / "running" / "cgroup.procs").write_text("")
+    now = [0.0]
+    state = SecureDir(str(tmp_path / "state"), mode=0o700)
+    registry = RegisteredLabels(state=state)
+    for job in ("cgroup:running", "cgroup:ended"):
+        registry.set(job, {"model": "BiDAF", "batch_size": 32})
+    discovery = JobDiscovery([CgroupSource.create("cgroup", str(root), ["*"])], registered_labels=registry,
+                             clock=lambda: now[0])
+    discovery.discover()
+    now[0] = ABSENT_FORGET_S - 1
+    discovery.discover()
+    assert set(registry.snapshot()) == {"cgroup:running", "cgroup:ended"}  # not yet
+    now[0] = ABSENT_FORGET_S
+    discovery.discover()
+    assert set(registry.snapshot()) == {"cgroup:running"}
+    assert set(RegisteredLabels(state=state).snapshot()) == {"cgroup:running"}  # kept so
+    now[0] = 10 * ABSENT_FORGET_S
+    discovery.discover()
+    assert set(registry.snapshot()) == {"cgroup:running"}  # an empty job directory is still the job's

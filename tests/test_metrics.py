@@ -22,8 +22,9 @@ from noded.config import Config
 from noded.control import ControlState
 from noded.daemon import Daemon, TickResult
 from noded.jobs.model import JobMeta
-from noded.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, SAMPLERS, STAGES, NodedCollector,
-                           make_registry)
+from noded.health import Liveness
+from noded.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, JOB_ERROR_STAGES, SAMPLERS, STAGES,
+                           NodedCollector, make_registry)
 from noded.policy.contention import Decision
 from noded.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
@@ -81,6 +82,8 @@ def assert_every_counter_at_zero(values, *, colocation):
         if colocation:
             assert value(values, "noded_admission_decisions_total", result=result) == 0
     assert value(values, "noded_tick_failures_total") == 0
+    for stage in JOB_ERROR_STAGES:
+        assert value(values, "noded_tick_job_errors_total", stage=stage) == 0
 
 
 def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_zero(tmp_path, serve):
@@ -90,9 +93,12 @@ def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_
     assert_every_counter_at_zero(values, colocation=True)
     noded = {name for name in types if name.startswith("noded_")}
     assert noded == {"noded_build_info", "noded_throttle_actions", "noded_admission_decisions", "noded_ticks",
-                     "noded_tick_overruns", "noded_tick_failures", "noded_actuator_errors", "noded_sampler_errors",
+                     "noded_tick_overruns", "noded_tick_failures", "noded_tick_job_errors", "noded_actuator_errors",
+                     "noded_sampler_errors",
                      "noded_tick_duration_seconds", "noded_sampler_duration_seconds",
-                     "noded_sampler_cpu_seconds"}
+                     "noded_sampler_cpu_seconds", "noded_process_events", "noded_process_events_dropped",
+                     "noded_process_events_unattributed",
+                     "noded_reports_dropped"}
     assert types["noded_tick_duration_seconds"] == types["noded_sampler_duration_seconds"] == "histogram"
     assert value(values, "process_open_fds") > 0 and value(values, "process_resident_memory_bytes") > 0
     assert {"process_cpu_seconds", "process_max_fds", "process_start_time_seconds"} <= set(types)
@@ -238,8 +244,9 @@ def test_gpu_utilisation_is_a_ratio_clamped_to_0_1_and_nan_is_left_out():
     jobs = {"slurm:1": JobSample("slurm:1", "registered", frozenset({1}), JobMeta(), "gpu", ("GPU-d",), 42.0,
                                  None, "own")}
     result = result_with(ControlState(), gpus, jobs, {"slurm:1": (120.0, "learned")})
-    values, _ = parse(generate_latest(make_registry(SimpleNamespace(last=result, extra_info={}, colocation=None, rightsize=None)))
-                      .decode())
+    daemon = SimpleNamespace(last=result, totals=result.totals, extra_info={}, colocation=None, rightsize=None,
+                             liveness=Liveness())
+    values, _ = parse(generate_latest(make_registry(daemon)).decode())
     assert value(values, "noded_gpu_utilization_ratio", gpu="0", UUID="GPU-a") == 1.0
     assert value(values, "noded_gpu_utilization_ratio", gpu="1", UUID="GPU-b") == 0.0
     assert ("noded_gpu_utilization_ratio", frozenset({("gpu", "2"), ("UUID", "GPU-c")})) not in values

@@ -14,6 +14,7 @@ import pytest
 from conftest import wait_for
 from prometheus_client import generate_latest
 
+from noded.watching import Watch
 from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.memsoft import MemoryCgroup, MemoryResult
 from noded.actuators.plan import Applied
@@ -79,8 +80,12 @@ def fixed_daemon():
                         Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
                         ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
-                        control.snapshot(), stats.snapshot(), rightsize, cpus, memory)
-    return SimpleNamespace(last=result, colocation=None, rightsize=None, extra_info={"throttle": "mba", "dry_run": "false"})
+                        control.snapshot(), stats.snapshot(), rightsize, cpus, memory,
+                        (Watch("jobs", True, "2 jobs from sim"), Watch("gpus", True, "1 GPUs through NVML"),
+                         Watch("resctrl", False, "resctrl unavailable")))
+    return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
+                           extra_info={"throttle": "mba", "dry_run": "false"},
+                           liveness=SimpleNamespace(last_round_wall=1_700_000_000.5))
 
 
 def shape(exposition: str) -> str:
@@ -109,6 +114,8 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_job_cpus{job_id="sim:bert",role="gpu"} 2.0' in text
     assert 'noded_job_sizing_state{job_id="sim:bert",state="sized"} 1.0' in text
     assert 'noded_job_memory_soft_limit_bytes{job_id="sim:bert"} 3.221225472e+09' in text
+    assert "noded_last_tick_timestamp_seconds 1.7000000005e+09" in text
+    assert 'noded_watching{what="jobs"} 1.0' in text and 'noded_watching{what="resctrl"} 0.0' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

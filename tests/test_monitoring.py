@@ -314,15 +314,27 @@ def test_every_alert_has_for_severity_and_annotations_naming_the_host():
     alerts = [r for r in load_rules() if "alert" in r]
     assert {a["alert"] for a in alerts} >= {
         "NodedNodeContendedGpuSlowed", "NodedBlind", "NodedThrottleHeldLong", "NodedMpsDown", "NodedTickOverruns",
-        "NodedAdmissionRefusalsRising", "NodedStateUnwritable", "NodedDown", "NodedActuatorErrors"}
+        "NodedAdmissionRefusalsRising", "NodedStateUnwritable", "NodedDown", "NodedActuatorErrors",
+        "NodedNotWatching", "NodedLoopStalled"}
     for a in alerts:
         assert re.fullmatch(r"\d+[mh]", a.get("for", "")), a["alert"]
         assert a["labels"]["severity"] in ("critical", "warning", "info"), a["alert"]
-        assert set(a["annotations"]) == {"summary", "description"}, a["alert"]
-        for text in a["annotations"].values():
-            assert "{{ $labels.instance }}" in text, a["alert"]
+        assert set(a["annotations"]) == {"summary", "description", "runbook_url"}, a["alert"]
+        for key in ("summary", "description"):
+            assert "{{ $labels.instance }}" in a["annotations"][key], a["alert"]
         if selectors(a["expr"])[0][0].startswith("noded_job_"):  # a job's alert names the job
             assert "{{ $labels.job_id }}" in a["annotations"]["summary"], a["alert"]
+
+
+def test_every_alert_links_its_own_section_of_the_runbook():
+    """runbook_url: docs/runbook.md#<the alert's name in lower case>, a section that exists,
+    and no section for an alert that does not."""
+    with open(os.path.join(ROOT, "docs", "runbook.md")) as f:
+        sections = re.findall(r"^## (\w+)$", f.read(), re.M)
+    alerts = [r for r in load_rules() if "alert" in r]
+    for a in alerts:
+        assert a["annotations"]["runbook_url"] == f"docs/runbook.md#{a['alert'].lower()}", a["alert"]
+    assert sorted(sections) == sorted(a["alert"] for a in alerts)
 
 
 def test_the_unit_tests_cover_every_rule():

@@ -31,13 +31,13 @@ def shared(tmp_path):
     node.close()
 
 
-def in_process(shared, script: str, *, variant="current", python=(sys.executable,), env_extra=None) -> dict:
-    """Run ``script`` (which sets ``out``) in a fresh Python with the node's environment;
-    returns ``out``."""
+def in_process(shared, script: str, *, variant="current", python=(sys.executable,), env_extra=None, cwd=None) -> dict:
+    """Run ``script`` (which sets ``out``) in a fresh Python with the node's environment (in
+    ``cwd``); returns ``out``."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", ENV)}
     env.update({"LD_LIBRARY_PATH": library_dir(variant), ENV: shared.path, **(env_extra or {})})
     code = "import json, pynvml\nout = {}\n" + textwrap.dedent(script) + "\nprint(json.dumps(out))\n"
-    done = subprocess.run([*python, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([*python, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -208,10 +208,12 @@ def test_a_driver_without_the_v3_queries_is_a_library_mismatch(shared):
 
 
 def test_setting_a_compute_mode_needs_root():
-    # a directory every user can reach, and NVIDIA's pynvml (one file) where nobody can import it
+    # a directory every user can reach, with what nobody loads there: NVIDIA's pynvml (one
+    # file) and the library (the checkout's build may be in a directory only root enters)
     where = tempfile.mkdtemp(prefix="noded-nvml-")
     os.chmod(where, 0o755)
     shutil.copy(pynvml.__file__, os.path.join(where, "pynvml.py"))
+    shutil.copy(library_path(), os.path.join(where, "libnvidia-ml.so.1"))
     shared = SharedGpus(os.path.join(where, "nvml.shm"))
     try:
         shared.publish(two_gpus())
@@ -226,8 +228,8 @@ def test_setting_a_compute_mode_needs_root():
             out["mode"] = pynvml.nvmlDeviceGetComputeMode(h)
         """
         as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
-        assert in_process(shared, script, python=as_nobody, env_extra={"PYTHONPATH": where}) == {
-            "set": "NVMLError_NoPermission", "mode": 0}
+        assert in_process(shared, script, python=as_nobody, env_extra={"PYTHONPATH": where, "LD_LIBRARY_PATH": where},
+                          cwd=where) == {"set": "NVMLError_NoPermission", "mode": 0}
         assert in_process(shared, script) == {"set": "ok", "mode": 3}
         assert shared.compute_mode(0) == 3 and shared.compute_mode(1) == 0
     finally:

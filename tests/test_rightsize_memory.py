@@ -244,6 +244,8 @@ def test_on_v2_memory_high_is_written_and_max_put_back(tmp_path):
     proc = tmp_path / "proc"
     (proc / "4242").mkdir(parents=True)
     (proc / "4242" / "cgroup").write_text(f"0::{job}/step_0\n")
+    (proc / "self").mkdir()  # noded's own: the hierarchies the kernel has (a v2-only host)
+    (proc / "self" / "cgroup").write_text("0::/system.slice/noded.service\n")
     js = JobSample("slurm:9", "slurm", frozenset([4242]), JobMeta(), GPU, (), None, None, "none", cgroup=str(job))
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -14,9 +14,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from conftest import nodectl_run
+from noded.health import Liveness
 from noded.actuators.cpusets import CpuSetResult
 from noded.config import Config, RightsizeConfig
 from noded.daemon import TickResult
+from noded.tickstats import Totals
 from noded.metrics import make_registry
 from noded.policy.contention import Decision
 from noded.rightsize.service import PINNED, PROBING, SIZED, STOPPED, RightSizing
@@ -32,6 +34,8 @@ class Registry:
 
     def __init__(self, last, rightsize=True):
         self.last, self.colocation, self.extra_info = last, None, {}
+        self.totals = last.totals if last is not None else Totals()  # the loop's counters, as the daemon keeps them
+        self.liveness = Liveness()  # the loop not started: no noded_last_tick_timestamp_seconds
         self.rightsize = object() if rightsize else None
 
 

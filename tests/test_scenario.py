@@ -27,11 +27,23 @@ needs_cpusets = pytest.mark.skipif(CPUSET_ROOT is None or not os.access(CPUSET_R
                                    reason="needs a writable cpuset hierarchy and 2 CPUs")
 
 
-def leftovers():
-    cgroups = [d for d in os.listdir(CPUSET_ROOT) if d.startswith("noded-bench-")] if CPUSET_ROOT else []
+def mounts_under(directory: str) -> list[str]:
+    """The mount points at or below ``directory``: what a run whose scratch space it is left
+    mounted (another process's mounts, a running `make demo`'s, are elsewhere)."""
+    top = os.path.realpath(directory)
     with open("/proc/mounts") as f:
-        mounts = [line for line in f if "noded-bench" in line or "noded-sim" in line]
-    return cgroups + mounts
+        points = [line.split()[1].replace("\\040", " ") for line in f]
+    return [p for p in points if p == top or p.startswith(top + "/")]
+
+
+def bench_cgroups() -> set[str]:
+    return {d for d in os.listdir(CPUSET_ROOT) if d.startswith("noded-bench-")} if CPUSET_ROOT else set()
+
+
+def leftovers_of(node: CpusetNode) -> list[str]:
+    """What this node made and left: its own cpuset subtree, mounts in its scratch directory."""
+    subtree = [node.cpusets.base] if os.path.exists(node.cpusets.base) else []
+    return subtree + mounts_under(node.tmp.name)
 
 
 @needs_cpusets
@@ -40,9 +52,12 @@ def leftovers():
 @pytest.mark.timeout(300)
 def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing(tmp_path):
     out = tmp_path / "results"
+    scratch = tmp_path / "scratch"  # the run's temporary directories, so its mounts are told from others'
+    scratch.mkdir()
+    cgroups_before = bench_cgroups()
     p = subprocess.run([sys.executable, "-m", "bench.scenario", "contention", "--nodes", "cpusets,sim", "--shares",
                         "100", "--seconds", "2", "--warmup", "1", "--peak-gbps", "5", "--out", str(out)],
-                       capture_output=True, text=True, timeout=280)
+                       env={**os.environ, "TMPDIR": str(scratch)}, capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stderr
     data = json.loads((out / "contention.json").read_text())
     assert data["command"].startswith("python -m bench.scenario contention --nodes cpusets,sim")
@@ -56,7 +71,7 @@ def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing
     assert (out / "contention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "this machine (real cpusets, core halving)" in p.stdout and "simulated node" in p.stdout
     assert "[3/3] sim: stressor 100%, noded on" in p.stderr  # progress, one line per step off a terminal
-    assert leftovers() == []
+    assert mounts_under(str(scratch)) == [] and bench_cgroups() - cgroups_before == set()
 
 
 @needs_cpusets
@@ -73,7 +88,7 @@ def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
         assert cell["stressor_cpus_at_end"] == "0"
         assert node.cpusets.cpus("stressor") == "0-1"  # restored when noded stopped
         assert 0 < cell["noded_cpu_share"] < 1  # the daemon's own, a process of its own
-    assert leftovers() == []
+    assert leftovers_of(node) == []
 
 
 def test_calibrate_writes_where_noded_reads(tmp_path):
@@ -145,4 +160,4 @@ def test_on_a_host_with_resctrl_the_cpuset_node_uses_it_and_mba(emulator):
         node.run_cell(None, False, warmup_s=1, seconds=2)
         cell = node.run_cell(0.25, True, warmup_s=1, seconds=2)
         assert cell["throttle"] == "mba"
-    assert leftovers() == []
+    assert leftovers_of(node) == []

@@ -49,6 +49,7 @@ from typing import Any, Mapping
 from resctrl.mounts import parse_mounts
 
 from ..jobs.cgroups import read_process_cgroups
+from ..jobs.proccgroup import ProcCgroupError
 from ..journal import log_change
 from ..sample import JobSample
 from ..securedir import SecureDir
@@ -198,6 +199,16 @@ def _mount_of(path: str) -> str:
     return path
 
 
+def _in_cgroup(proc: str, pid: int, controller: str, mount_rel: str) -> bool:
+    """Whether the process's cgroup in ``controller``'s hierarchy is ``mount_rel`` or below
+    it. A /proc/PID/cgroup the parser refuses (a forged record in a cgroup name) is not."""
+    try:
+        where = read_process_cgroups(proc, pid).get(controller)
+    except ProcCgroupError:
+        return False
+    return where is not None and (where + "/").startswith(mount_rel.rstrip("/") + "/")
+
+
 def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/proc/mounts",
                        devices: frozenset[int] | None = None) -> MemoryCgroup:
     """The job's memory cgroup and what it holds now (``devices``: the cgroup filesystems',
@@ -218,8 +229,7 @@ def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/pr
         rel = os.path.relpath(js.cgroup, _mount_of(js.cgroup))
         version, path, controller = 1, os.path.normpath(os.path.join(memory[-1].target, rel)), "memory"
     mount_rel = "/" + os.path.relpath(path, _mount_of(path)).removeprefix(".")
-    inside = [pid for pid in sorted(js.pids)
-              if (read_process_cgroups(proc, pid).get(controller, "") + "/").startswith(mount_rel.rstrip("/") + "/")]
+    inside = [pid for pid in sorted(js.pids) if _in_cgroup(proc, pid, controller, mount_rel)]
     if js.pids and not inside:
         raise MemoryCgroupError(f"none of the job's processes is in the memory cgroup {path}")
     try:

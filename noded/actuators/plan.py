@@ -9,7 +9,7 @@ believed that the kernel did not confirm.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -51,6 +51,9 @@ class ApplyResult:
     # Failures around the changes, one operation name each: a control group noded could
     # not remove ("remove"), an original it could not record or forget ("record").
     housekeeping_failed: tuple[str, ...] = ()
+    # job -> an error that is no failed write (a bug, data of the job's noded cannot take):
+    # that job held at the level in force, every other job's change made
+    job_errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def plan(in_force: Mapping[str, int | None], wanted: Mapping[str, int], sample: Sample) -> list[tuple[str, int]]:
@@ -90,12 +93,16 @@ class LevelThrottle:
         in_force = self.levels_in_force(sample)
         after = {j: lvl for j, lvl in in_force.items() if lvl is not UNKNOWN and lvl > 0}
         out: list[Applied] = []
+        job_errors: dict[str, str] = {}
         for job, level in plan(in_force, levels, sample):
             writes: list[str] = []
             try:
                 self._set_level(job, level, in_force[job], sample, writes)
             except (OSError, ResctrlError, StateWriteError) as e:
                 out.append(Applied(job, level, tuple(writes), str(e), in_force[job]))
+                continue
+            except Exception as e:  # noqa: BLE001 (one job's data must not stop every job's change)
+                job_errors[job] = f"{type(e).__name__}: {e}" + (f" (after: {'; '.join(writes)})" if writes else "")
                 continue
             if not self.dry_run:
                 after[job] = level
@@ -115,7 +122,8 @@ class LevelThrottle:
                 log_change("dry-run" if self.dry_run else "applied", a.job, level_from=was, level_to=a.level,
                            throttle=self.kind, reason=("would write " if self.dry_run else "") + "; ".join(a.writes))
         return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}),
-                           tuple(a for a in out if a.error), tuple(self._housekeeping_failed))
+                           tuple(a for a in out if a.error), tuple(self._housekeeping_failed),
+                           MappingProxyType(job_errors))
 
     def _dry_run_news(self, out: list[Applied]) -> list[Applied]:
         # In dry-run nothing changes, so the same plan comes back every tick: say it

@@ -73,11 +73,11 @@ class AdminCommands:
         if command == "pause":
             reason = args.get("reason") or f"paused by uid {uid}"
             self.control.pause(reason)
-            log_change("pause", None, severity=logging.WARNING, uid=uid, reason=reason)
+            log_change("pause", None, uid=uid, reason=reason)
             return {"paused": reason}
         if command == "resume":
             self.control.resume()
-            log_change("resume", None, severity=logging.WARNING, uid=uid, reason="automatic throttling resumes")
+            log_change("resume", None, uid=uid, reason="automatic throttling resumes")
             return {"paused": None}
         if command == "admit":
             return self.admit(args, uid)
@@ -103,7 +103,9 @@ class AdminCommands:
             return self.forget(args["job"], uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
-            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
+            # the jobs that hold one still: what a release of the wrong id would have wanted
+            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved,
+                    "overrides": sorted(self.store.active())}
         job = args["job"]
         last = self._known(job)
         level, max_level = 0, None
@@ -184,12 +186,21 @@ class AdminCommands:
         if not last.sample.jobs_known:
             raise RequestError(f"noded does not know its jobs now (discovery failed at the last tick), so not "
                                f"{job!r} either: try again later")
+        raise RequestError(self._unknown_job(job, last).replace(" at noded's last tick:",
+                                                                 " at noded's last tick, and no override on it:", 1))
+
+    @staticmethod
+    def _unknown_job(job: str, last: TickResult | None) -> str:
+        """Why ``job`` is not one noded can answer for, with the jobs it knows (as throttle says)."""
+        if last is None:
+            return f"no job {job!r}: noded has not sampled its jobs yet (try again after its first tick)"
+        if not last.sample.jobs_known:
+            return f"no job {job!r}: noded does not know its jobs now (discovery failed at the last tick)"
         known = sorted(last.sample.jobs)
-        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more" if len(known) > KNOWN_SHOWN
-                                                   else "")
-        raise RequestError(f"no job {job!r} at noded's last tick, and no override on it: "
-                           + (f"the jobs are {listed} (nodectl jobs lists them)" if known else
-                              "noded sees no jobs at all (nodectl jobs lists them)"))
+        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more"
+                                                   if len(known) > KNOWN_SHOWN else "")
+        return (f"no job {job!r} at noded's last tick: " + (f"the jobs are {listed} (nodectl jobs lists them)" if known
+                else "noded sees no jobs at all (nodectl jobs lists them; `nodectl status` says what it watches)"))
 
     def _level_bound(self, job: str, last: TickResult) -> tuple[int, str]:
         """The highest level this host's throttle has for ``job``, and where it comes from."""
@@ -257,7 +268,7 @@ class AdminCommands:
                                "registered_labels": sorted(self.registered_labels.snapshot())
                                if self.registered_labels is not None else []}
         if r is None or r.config is None:
-            return {**out, "node": None, "gpus": [], "jobs": [], "missing": []}
+            return {**out, "node": None, "gpus": [], "jobs": [], "missing": [], "watching": []}
         cfg = r.config
         out.update({"tick_s": cfg.tick_s, "throttle_method": r.throttle_kind,
                     "threshold": cfg.contention.threshold, "release_threshold": cfg.contention.release_threshold,
@@ -271,12 +282,14 @@ class AdminCommands:
                         "monitoring": j.monitoring, "pod": j.pod.as_dict() if j.pod else None}
                        for j in sorted(s.jobs.values(), key=lambda j: j.id)]
         out["missing"] = list(s.missing)
+        # each input noded watches (jobs, gpus, resctrl): whether it does, and why not
+        out["watching"] = [{"what": w.what, "watching": w.watching, "why": w.why} for w in r.watching]
         return out
 
     def explain(self, job: str) -> dict[str, Any]:
         r = self.last()
         if r is None or job not in r.sample.jobs:
-            raise RequestError(f"no such job {job!r}")
+            raise RequestError(self._unknown_job(job, r))
         js = r.sample.jobs[job]
         why: list[str] = []
         if js.kind == "gpu":

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from .. import ages
 from ..cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
 from ..journal import printable
 from ..server.client import NotThePeer, ReplyTooLarge, request_line
@@ -85,11 +86,11 @@ def shown(value: Any) -> Any:
 
 
 def parse_duration(text: str) -> float:
-    """'90', '30s', '15m', '2h', '1d' -> seconds."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd]?)", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 90, 30s, 15m, 2h, 1d")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    """'90', '30s', '15m', '2h', '1d' -> seconds (noded.ages: the syntax everywhere)."""
+    try:
+        return ages.parse_duration(text)
+    except ages.DurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 #: the longest duration an option takes (noded's longest override TTL): a longer timeout or
@@ -122,6 +123,13 @@ def format_status(st: dict[str, Any]) -> str:
     if node is None:
         lines.append("no tick yet")
         return "\n".join(lines) + "\n"
+    # what noded does not watch first, before anything it shows: an empty table may mean "nothing to see"
+    for w in st.get("watching", ()):
+        if not w["watching"]:
+            lines.append(f"NOT WATCHING {w['what']}: {w['why']}")
+    watched = [w["why"] for w in st.get("watching", ()) if w["watching"]]
+    if watched:
+        lines.append("watching: " + "; ".join(watched))
     doms = ", ".join(f"L3 {d}: {_gbps(v)} GB/s" for d, v in sorted(node["bandwidth_bytes_per_s"].items()))
     lines.append(f"node: {_pct(node['share_of_peak'], 100)} of peak ({doms})"
                  + ("; CONTENTION" if node["contention"] else "") + (f"; {node['note']}" if node["note"] else ""))
@@ -134,7 +142,7 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append("")
         lines.append("overrides:")
         for o in st["overrides"]:
-            ttl = "until released" if o["expires_in_s"] is None else f"{o['expires_in_s']:.0f}s left"
+            ttl = "until released" if o["expires_in_s"] is None else f"{ages.format_age(o['expires_in_s'])} left"
             lines.append(f"  {o['job']}: {o['kind']} level {o['level']} by uid {o['set_by_uid']}, {ttl}"
                          + (f" ({o['reason']})" if o["reason"] else ""))
     if st["missing"]:
@@ -172,7 +180,8 @@ def format_explain(e: dict[str, Any]) -> str:
         lines += [f"  - {w}" for w in e["held"]]
     if e["decisions"]:
         lines.append("last decisions:")
-        lines += [f"  {d['seconds_ago']:>6.1f}s ago  {d['action']} {d['from']}->{d['to']} ({d['cause']}): {d['reason']}"
+        lines += [f"  {ages.format_age(d['seconds_ago']) + ' ago':>10}  {d['action']} {d['from']}->{d['to']} "
+                  f"({d['cause']}): {d['reason']}"
                   for d in e["decisions"]]
     else:
         lines.append("no decisions about it yet")
@@ -253,8 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description or help)
 
     def job_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("job", help="the job's id as `nodectl jobs` lists it, e.g. slurm:4242 (sim:hog on the "
-                                   "simulated node)")
+        p.add_argument("job", help="the job's id as `nodectl jobs` lists it, e.g. slurm:4242 (cgroup:hog in "
+                                   "`make demo`)")
 
     def reason_arg(p: argparse.ArgumentParser, what: str) -> None:
         p.add_argument("--reason", default="", help=f"why, for noded's log and `nodectl status` ({what})")
@@ -467,7 +476,10 @@ def _run(args) -> int:
         print(f"{result['job']}: " + ("labels forgotten" if result["labels_forgotten"] else "had no labels") + ", "
               + ("reservation released" if result["reservation_released"] else "had no reservation"))
     elif cmd == "release":
-        print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else "had no override"))
+        held = result.get("overrides", [])
+        print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else
+                                      "had no override; " + (f"overrides are on {', '.join(held)}" if held else
+                                                             "no job has one")))
         if result.get("not_saved"):
             print(f"nodectl: warning: in force, but not saved ({result['not_saved']}): a restart of noded before "
                   "its state directory is writable again would bring the override back", file=sys.stderr)

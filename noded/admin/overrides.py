@@ -17,6 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
+from ..ages import format_age
 from ..journal import log_change
 from ..securedir import SecureDir, StateWriteError
 from ..state import open_state_dir
@@ -99,9 +100,9 @@ class OverrideStore:
             items = {**self._items, override.job: override}
             self._save(items)
             self._items = items
-        log_change("override-set", override.job, level_to=override.level, severity=logging.WARNING,
+        log_change("override-set", override.job, level_to=override.level,
                    kind=override.kind, uid=override.set_by_uid,
-                   ttl="none" if override.expires is None else f"{override.expires - override.created:.0f}s",
+                   ttl="none" if override.expires is None else format_age(override.expires - override.created),
                    reason=override.reason or None)
 
     def clear(self, job: str, uid: int) -> tuple[bool, str | None]:
@@ -120,7 +121,7 @@ class OverrideStore:
                 except StateWriteError as e:
                     self._dirty, unsaved = True, str(e)
         if gone is not None:
-            log_change("override-cleared", job, severity=logging.WARNING, kind=gone.kind, uid=uid,
+            log_change("override-cleared", job, kind=gone.kind, uid=uid,
                        reason=f"not saved, in force until a restart: {unsaved}" if unsaved else None)
         return gone is not None, unsaved
 
@@ -151,5 +152,5 @@ class OverrideStore:
                     self._dirty = True
             items = dict(self._items)
         for job in expired:
-            log_change("override-expired", job, severity=logging.WARNING)
+            log_change("override-expired", job)
         return items

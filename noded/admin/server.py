@@ -4,7 +4,9 @@ or a member of the admin group) and refused otherwise. One JSON request line, on
 JSON reply line, then the connection closes.
 
 With ``reports_only`` it is the report socket training jobs use (mode 0666): it
-takes only ``report``, and only from a process of the job reported on.
+takes only ``report``, and only from a process of the job reported on, within a
+budget per uid and per job (``ReportBudget``): beyond it a report is dropped and
+counted, and a uid over its budget has its connections answered late and unread.
 
 The transport is noded.server.stream's bounded server: one thread, a deadline for
 the whole request and reply, a size limit, and caps on connections per endpoint and
@@ -26,7 +28,7 @@ from typing import Callable
 
 from ..daemon import Daemon
 from ..server.budget import ADMIN, REPORTS
-from ..ratelimit import RateLimitedLog
+from ..ratelimit import RateLimitedLog, TokenBuckets
 from ..server.stream import Limits, Peer, Protocol, StreamServer, unix_peer
 from .commands import AdminCommands
 from .protocol import RequestError, parse_request, reply_error, reply_ok
@@ -35,10 +37,13 @@ log = logging.getLogger(__name__)
 
 
 def peer_groups(pid: int) -> set[int]:
+    """The supplementary groups of a process, from /proc/PID/status read as bytes: its
+    Name: line is the process's own choice (prctl PR_SET_NAME), any bytes but NUL, and need
+    not be UTF-8 (the kernel escapes only its newlines and backslashes there)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
-                if line.startswith("Groups:"):
+                if line.startswith(b"Groups:"):
                     return {int(g) for g in line.split()[1:]}
     except (FileNotFoundError, ProcessLookupError):
         pass
@@ -86,13 +91,26 @@ def socket_path_problem(path: str) -> str | None:
     return f"a process listens on the socket {path}: it is not noded's to remove"
 
 
+class ReportBudget:
+    """Reports taken per second from one uid (SO_PEERCRED) and for one job; what is over
+    either is dropped, and counted by cause. A uid over its budget is told so before
+    its request is read: its connections are held unread until its next report would be
+    taken (see StreamServer), so a job sending back to back is paced, not served."""
+
+    def __init__(self, per_uid: float = 20, per_job: float = 10, clock: Callable[[], float] = time.monotonic):
+        self.per_uid = TokenBuckets(per_uid, clock)
+        self.per_job = TokenBuckets(per_job, clock)
+        self.dropped = {"uid": 0, "job": 0}  # reports dropped over the uid's budget, over the job's
+
+
 class AdminServer(Protocol):
     def __init__(self, path: str, daemon: Daemon, *, group: str | None,
                  timeout_s: float = 5.0, wall_clock: Callable[[], float] = time.time,
-                 reports_only: bool = False, limits: Limits | None = None):
+                 reports_only: bool = False, limits: Limits | None = None, budget: ReportBudget | None = None):
         # reports_only: the socket training jobs use (mode 0666): it takes only `report`,
         # and only from a process of the job reported on.
         self.reports_only = reports_only
+        self.budget = (budget or ReportBudget()) if reports_only else None
         self.path = path
         self.timeout_s = timeout_s
         self.wall_clock = wall_clock
@@ -182,6 +200,8 @@ class AdminServer(Protocol):
                 raise RequestError(f"this socket takes only 'report'; {command!r} goes to the admin socket")
             if self.reports_only and not self.authorised(peer.pid, peer.uid, peer.gid):
                 self.commands._check_reporter(args["job"], peer.pid)
+            if self.reports_only:  # after the check: no one spends another job's budget
+                self._within_job_budget(args["job"])
             return reply_ok(self.commands(command, args, peer))
         except RequestError as e:
             return reply_error(str(e))
@@ -190,6 +210,27 @@ class AdminServer(Protocol):
             # told, and nothing claims it worked.
             log.exception("admin: %s from uid %s failed", command, peer.uid)
             return reply_error(f"{command} failed: {e}")
+
+    def _within_job_budget(self, job: str) -> None:
+        if not self.budget.per_job.take(job):
+            self.budget.dropped["job"] += 1
+            self._log.log(logging.WARNING, "job-budget", "report: dropped a report for job %r: over its %g a second",
+                          job, self.budget.per_job.per_s)
+            raise RequestError(f"dropped: job {job!r} reports more than {self.budget.per_job.per_s:g} times a second")
+
+    def hold(self, peer: Peer) -> float:
+        if self.budget is None:
+            return 0.0
+        wait = self.budget.per_uid.wait(peer.uid)
+        if wait > 0:
+            self.budget.dropped["uid"] += 1
+            self._log.log(logging.WARNING, "uid-budget", "report: dropped a report from uid %d unread: over its "
+                          "%g a second", peer.uid, self.budget.per_uid.per_s)
+        return wait
+
+    def dropped(self, peer: Peer) -> bytes:
+        return reply_error(f"dropped unread: uid {peer.uid} sends more than {self.budget.per_uid.per_s:g} reports "
+                           "a second")
 
     def too_large(self, limit: int) -> bytes:
         return reply_error(f"request larger than {limit} bytes")

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
+from typing import Callable
+
+from .proccgroup import ProcCgroups
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 
@@ -142,14 +147,16 @@ def _has_magic(part: str) -> bool:
     return any(c in part for c in "*?[")
 
 
-def match_dirs(root: str, pattern: str) -> list[str]:
+def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | None = None) -> list[str]:
     """Directories below ``root`` matching a relative glob ``pattern``, component by
     component (fnmatch rules; ``*`` skips names starting with a dot, as glob does).
 
     Unlike ``glob.glob``, which turns every error into "no match", only a directory
     that vanished while we looked (a job ending) is passed over; any other error is
-    raised.
+    raised. ``subdirs(path)`` lists a directory's subdirectories, sorted (a
+    ``DirListings`` keeps them between calls); by default each is listed afresh.
     """
+    subdirs = subdirs or list_subdirs
     paths = [root]
     for part in pattern.split("/"):
         found: list[str] = []
@@ -163,16 +170,114 @@ def match_dirs(root: str, pattern: str) -> list[str]:
                     pass
                 continue
             try:
-                with os.scandir(base) as entries:
-                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                names = subdirs(base)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             hidden_ok = part.startswith(".")
             sep = "" if base.endswith("/") else "/"  # os.path.join's rule, without its cost per name
-            found += [f"{base}{sep}{n}" for n in sorted(names)
+            found += [f"{base}{sep}{n}" for n in names
                       if fnmatch.fnmatchcase(n, part) and (hidden_ok or not n.startswith("."))]
         paths = found
     return paths
+
+
+def list_subdirs(path: str) -> list[str]:
+    """The names of a directory's subdirectories, sorted."""
+    with os.scandir(path) as entries:
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+
+
+class DirListings:
+    """Directory listings kept from one scan to the next, each listed again only when
+    its directory changed, or ``relist_s`` after it was last listed.
+
+    What says a directory changed is its stat: the inode (a directory removed and made
+    again), the link count and the times. On cgroupfs (kernfs, v1 and v2) a directory's
+    link count is 2 + its subdirectories, refreshed at each stat, while its mtime and
+    ctime do NOT move when a child cgroup is made or removed (checked on this host's
+    v1 cpuset hierarchy): a create and a remove between two scans keep the count, so
+    a listing is redone every ``relist_s`` whatever its stat says. Noded's cost per scan
+    is then one stat per directory it walks, not one entry per cgroup users made.
+    """
+
+    def __init__(self, relist_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.relist_s = relist_s
+        self.clock = clock
+        self._kept: dict[str, tuple[tuple[int, int, int, int], float, list[str]]] = {}
+        self._seen: set[str] = set()
+        self.listed = 0  # directories listed afresh since the last begin()
+        self.changed = False  # some listing differs from what it was (since the last begin())
+
+    def begin(self) -> None:
+        """A scan starts: listings not asked for in it are forgotten at ``end()``."""
+        self._seen = set()
+        self.listed = 0
+        self.changed = False
+
+    def end(self) -> None:
+        if len(self._seen) != len(self._kept):
+            self.changed = True
+            self._kept = {p: v for p, v in self._kept.items() if p in self._seen}
+
+    def __call__(self, path: str) -> list[str]:
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        key = (st.st_ino, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns)
+        now = self.clock()
+        self._seen.add(path)
+        kept = self._kept.get(path)
+        if kept is not None and kept[0] == key and now - kept[1] < self.relist_s:
+            return kept[2]
+        names = list_subdirs(path)
+        self.listed += 1
+        if kept is None or kept[2] != names:
+            self.changed = True
+        self._kept[path] = (key, now, names)
+        return names
+
+
+class CgroupScanner:
+    """A source's job directories, scan after scan, listed lazily (``DirListings``),
+    with the owner (uid) of each: what it costs grows with what changed, not with how
+    many cgroups there are. ``scan()`` returns the same mapping while nothing changed."""
+
+    def __init__(self, source: "CgroupSource", relist_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.source = source
+        self.listings = DirListings(relist_s, clock)
+        self.generation = 0  # moves each time scan() finds something different
+        self._found: dict[str, str] = {}
+        self._owners: dict[str, int] = {}  # job directory -> its owner's uid
+
+    def scan(self) -> dict[str, str]:
+        """job id -> absolute job directory (as ``CgroupSource.scan``)."""
+        root = self.source.root
+        if not os.path.isdir(root):
+            raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", root)
+        self.listings.begin()
+        paths = [p for pattern in self.source.patterns for p in match_dirs(root, pattern, self.listings)]
+        self.listings.end()
+        if self.listings.changed or len(paths) != len(self._found):
+            found = {self.source.job_id(p[len(root):].lstrip("/")): p for p in paths}
+            if found != self._found:
+                self._found = found
+                self.generation += 1
+                present = set(found.values())
+                self._owners = {p: uid for p, uid in self._owners.items() if p in present}
+        return self._found
+
+    def owner(self, path: str) -> int:
+        """The uid owning a job directory (-1 where it is gone): whose directories they are,
+        so that one user's many cannot crowd out another's."""
+        uid = self._owners.get(path)
+        if uid is None:
+            try:
+                uid = os.stat(path).st_uid
+            except OSError:
+                uid = -1
+            self._owners[path] = uid
+        return uid
 
 
 def _vanished(e: OSError) -> bool:
@@ -180,11 +285,18 @@ def _vanished(e: OSError) -> bool:
     return e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESRCH)
 
 
-def read_procs(cgroup_dir: str) -> set[int]:
+class SubtreeTooLarge(OSError):
+    """A job's cgroup has more cgroups below it than discovery reads for one job."""
+
+
+def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
     """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike).
 
     A cgroup removed while we walk (the job ending) is passed over; any other error
     (EMFILE, EACCES, …) is raised, so a failed read is never mistaken for no processes.
+    With ``most``, SubtreeTooLarge (E2BIG) once more than ``most`` cgroups were read:
+    whoever owns a delegated subtree may make thousands, and they must not cost a
+    read each every tick.
     """
     # Every tick reads every job's cgroup, so this is lean: a directory is listed only
     # where it has subdirectories. A directory's link count is 2 + its subdirectories on
@@ -195,8 +307,12 @@ def read_procs(cgroup_dir: str) -> set[int]:
     # entries, one object each), and most jobs have none.
     pids: set[int] = set()
     todo = [cgroup_dir]
+    read = 0
     while todo:
         path = todo.pop()
+        read += 1
+        if most is not None and read > most:
+            raise SubtreeTooLarge(errno.E2BIG, f"more than {most} cgroups in it and below it", cgroup_dir)
         try:
             links = os.stat(path).st_nlink
         except OSError as e:
@@ -236,19 +352,15 @@ def _read_whole(path: str) -> bytes:
         os.close(fd)
 
 
+@functools.lru_cache(maxsize=16)
+def proc_cgroups(proc: str) -> ProcCgroups:
+    """The reader of processes' cgroups under a proc root: one per root, sharing the
+    kernel's list of hierarchies it read (the same for every process of the host)."""
+    return ProcCgroups(proc)
+
+
 def read_process_cgroups(proc: str, pid: int) -> dict[str, str]:
-    """Hierarchy (controller list, '' for v2) -> cgroup path of a process."""
-    try:
-        # A cgroup's name is bytes: decoded as os.listdir decodes paths, so a name that is
-        # not UTF-8 (anyone with a delegated subtree can make one) matches the directory
-        # it names instead of failing every discovery.
-        with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return {}
-    out = {}
-    for line in text.splitlines():
-        _hid, controllers, path = line.split(":", 2)
-        for c in controllers.split(",") if controllers else [""]:
-            out[c] = path
-    return out
+    """Hierarchy (controller list, '' for v2) -> cgroup path of a process ({} where it is
+    gone). Raises ProcCgroupError where its /proc/PID/cgroup cannot be read or is not the
+    kernel's grammar (a forged record in a cgroup name): such a process is no job's."""
+    return proc_cgroups(proc).of(pid)

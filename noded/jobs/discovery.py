@@ -6,17 +6,24 @@ import errno
 import logging
 import os
 import threading
+import time
+from typing import Callable
 
 from ..journal import printable
 from ..procstat import PPID, stat_fields
-from ..securedir import SecureDir
+from ..ratelimit import RateLimitedLog
+from ..securedir import SecureDir, StateWriteError
 from ..labelwords import REGISTRABLE
 from ..yamlsafe import read_yaml_file
-from .cgroups import CgroupSource, read_procs, read_process_cgroups
+from .cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
+from .proccgroup import ProcCgroupError
 from .kubepods import PodIdentities
 from .model import Job, JobMeta
+from .polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
 
 log = logging.getLogger(__name__)
+#: processes attributed to no job because their /proc/PID/cgroup was refused
+_UNATTRIBUTED = RateLimitedLog(log, interval_s=60.0)
 
 #: errors that say noded itself is short of something: every job's reading would fail alike
 NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -97,6 +104,9 @@ def parse_labels(path: str) -> dict[str, JobMeta]:
 
 #: where registered labels are kept in the state directory
 REGISTERED_FILE = "registered_labels.json"
+#: how long a job with registered labels may be missing from every source before they are
+#: forgotten (its Epilog missed noded): longer than a Prolog runs before the job's cgroup exists
+ABSENT_FORGET_S = 3600.0
 
 
 def parse_registered(raw: object, limit: int) -> dict[str, JobMeta]:
@@ -133,6 +143,7 @@ class RegisteredLabels:
         self.persist = persist and state is not None  # persist=False: a dry run writes nothing
         self._lock = threading.Lock()
         self._labels: dict[str, JobMeta] = {}
+        self._absent_since: dict[str, float] = {}  # job id -> when discovery first missed it
         self.notes: list[str] = []  # what was found corrupt at load, and where it went
         if state is not None:
             loaded, note = state.load_json(REGISTERED_FILE, "registered labels",
@@ -174,13 +185,50 @@ class RegisteredLabels:
         with self._lock:
             return dict(self._labels)
 
+    def forget_absent(self, present: set[str], now: float) -> list[str]:
+        """Forgets the jobs absent from ``present`` (every job directory the sources list,
+        and the registered process trees) for ``ABSENT_FORGET_S`` in a row: a job whose end
+        hook never reached noded (noded down during a Slurm Epilog) must not hold a place
+        under the cap for good. Absence is counted from this process's start; a write that
+        fails forgets nothing (it is tried again at the next discovery). The ids forgotten."""
+        with self._lock:
+            for job_id in self._labels.keys() - present:
+                self._absent_since.setdefault(job_id, now)
+            for job_id in list(self._absent_since):
+                if job_id in present or job_id not in self._labels:
+                    del self._absent_since[job_id]
+            gone = sorted(j for j, t in self._absent_since.items() if now - t >= ABSENT_FORGET_S)
+            if not gone:
+                return []
+            try:
+                self._keep({j: m for j, m in self._labels.items() if j not in gone})
+            except StateWriteError as e:
+                log.warning("registered labels of %d ended job(s) not forgotten: %s", len(gone), e)
+                return []
+            for job_id in gone:
+                del self._absent_since[job_id]
+        for job_id in gone:
+            log.info("job=%s registered labels forgotten: no cgroup of it for %.0f s (its end hook never "
+                     "reached noded)", printable(job_id), ABSENT_FORGET_S)
+        return gone
+
 
 class JobDiscovery:
-    """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process."""
+    """All jobs now: ``discover()`` polls; ``job_of_new_process`` answers for one new process.
+
+    Each source's directories are listed lazily and read within a budget per tick
+    (``max_polled``: noded.jobs.polling), so what discovery costs follows the jobs noded
+    acts on, not the number of cgroups users make."""
 
     def __init__(self, sources: list[CgroupSource], *, proc: str = "/proc", labels: LabelFile | None = None,
-                 registered_labels: RegisteredLabels | None = None):
+                 registered_labels: RegisteredLabels | None = None, max_polled: int = DEFAULT_MAX_POLLED,
+                 relist_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.sources = sources
+        self.clock = clock
+        self._polls = [SourcePoll(CgroupScanner(src, relist_s), max_polled) for src in sources]
+        self._woken: set[str] = set()  # job ids a process was just placed in: read at the next discovery
+        #: per source, what the last discovery read (noded_job_source_* metrics)
+        self.cost: tuple[SourceCost, ...] = ()
         self.proc = proc
         self.labels = labels or LabelFile(None)
         # A job in the label file takes its labels from there alone: the operator's word wins.
@@ -191,6 +239,8 @@ class JobDiscovery:
         self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
         #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
         self.unreadable: dict[str, str] = {}
+        #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
+        self.unattributed = 0
 
     def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
         """A process tree as a job (e.g. from a prolog or the admin socket)."""
@@ -217,26 +267,49 @@ class JobDiscovery:
         labels = self._all_labels()
         jobs: dict[str, Job] = {}
         unreadable: dict[str, str] = {}
+        with self._lock:
+            woken, self._woken = self._woken, set()
+        cost = []
+        listed: set[str] = set()  # every job directory the sources list now, read or not
         try:
-            for src in self.sources:
-                for job_id, path in src.scan().items():
+            for poll in self._polls:
+                src = poll.scanner.source
+                found = poll.scanner.scan()
+                listed.update(found)
+                chosen = poll.choose(found, woken)
+                for job_id in chosen:
+                    path = found[job_id]
                     try:
-                        pids = frozenset(read_procs(path))
+                        pids = frozenset(read_procs(path, most=poll.max_polled))
                     except OSError as e:
                         if e.errno in NODED_SHORT_OF:
                             raise
                         unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
-                        if (held := self._last.get(job_id)) is not None:
+                        held = self._last.get(job_id)
+                        if held is not None:
                             jobs[job_id] = held
+                        poll.read(job_id, held is not None)  # to the back of its line, as any read
                         continue
+                    poll.read(job_id, bool(pids))
                     if pids:
                         pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
                         jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+                read = set(chosen)
+                for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
+                    if job_id in found and job_id not in read:
+                        unreadable[job_id] = why
+                for job_id in poll.held(read):  # over the budget: not read this tick
+                    if (held := self._last.get(job_id)) is not None:
+                        jobs[job_id] = held
+                        if held.pod is not None:
+                            self._pods.identify(src.root, held.cgroup, held.pids)
+                cost.append(poll.cost(len(found), len(chosen)))
         finally:
             self._pods.forget_unseen()
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
         self.unreadable = unreadable
+        self.cost = tuple(cost)
         self._last = {j: job for j, job in jobs.items()}
         with self._lock:
             registered = dict(self._registered)
@@ -250,16 +323,28 @@ class JobDiscovery:
                     continue
                 meta = labels.get(job_id, meta)
                 jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
+        if self.sources:  # only a node that lists job directories can tell a job is gone
+            self.registered_labels.forget_absent(listed | jobs.keys(), self.clock())
         return jobs
 
     def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:
         """The job a just-exec'd process belongs to, from its cgroup (None: not a job's)."""
-        cgroups = read_process_cgroups(self.proc, pid)
+        try:
+            cgroups = read_process_cgroups(self.proc, pid)
+        except ProcCgroupError as e:
+            # its file is not the kernel's grammar (a forged record in a cgroup name) or
+            # cannot be read: no job's, never a guessed one's; an exec storm says it once a minute
+            self.unattributed += 1
+            _UNATTRIBUTED.log(logging.WARNING, "proc-cgroup", "pid=%d attributed to no job: %s", pid,
+                              printable(str(e)))
+            return None
         for src in self.sources:
             path = cgroups.get(src.hierarchy)
             rel = src.match(path) if path else None
             if rel:
                 job_id = src.job_id(rel)
+                with self._lock:
+                    self._woken.add(job_id)  # its directory is read at the next discovery, whatever the budget
                 prev = known.get(job_id)
                 pids = (prev.pids if prev else frozenset()) | {pid}
                 meta = prev.meta if prev else (self.labels.labels.get(job_id)

@@ -36,9 +36,16 @@ NONE = "none"  # no monitoring on this host
 
 @functools.lru_cache(maxsize=8192)  # asked for every job every tick; bounded, as jobs come and go
 def group_name(prefix: str, job_id: str) -> str:
-    """A stable, valid, collision-free resctrl directory name for a job id."""
+    """A stable, valid, collision-free resctrl directory name for a job id.
+
+    A job id holds a cgroup's name, any bytes but '/' and NUL: one that is not UTF-8
+    reaches Python as lone surrogates (os.fsdecode), and a registered id may hold any
+    code point. The digest is of the id's UTF-8 with surrogates passed through, which
+    every str has, which no two ids share, and which is the plain UTF-8 of any other id
+    (so the names of groups made by earlier runs are the same, across restarts too).
+    """
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:40]
-    digest = hashlib.sha1(job_id.encode()).hexdigest()[:8]
+    digest = hashlib.sha1(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{prefix}job-{safe}-{digest}"
 
 
@@ -61,6 +68,9 @@ class MonitorReport:
     groups: Mapping[str, MonGroup]  # job id -> its monitoring group, where it has one
     vanished: tuple[int, ...]  # processes that exited before they could be moved
     rmids_exhausted: bool
+    # job id -> why its group could not be brought in line this tick: the job is held
+    # (keeps the group it had, if any) and every other job went on
+    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 class JobMonitor:
@@ -77,6 +87,7 @@ class JobMonitor:
         # tick after tick, and building each one's objects anew was most of sync's time
         self._listed_at: dict[tuple[str, str], MonGroup] = {}
         self._listed_rc: Resctrl | None = None
+        self._failing: set[str] = set()  # jobs whose sync failed last time (said once, when it begins)
 
     def groups(self) -> dict[str, MonGroup]:
         """Each job's group as last listed (or made) by ``sync``."""
@@ -98,9 +109,10 @@ class JobMonitor:
                 self._jobs = {j: self._jobs.get(j, _Tracked()) for j in jobs}
             return MonitorReport(MappingProxyType({j: NONE for j in jobs}), MappingProxyType({}), (), False)
         vanished: list[int] = []
+        errors: dict[str, str] = {}
         with self._lock:
             self._in_our_ctrl_groups = frozenset().union(*view.ctrl_tasks.values())
-            names = {group_name(rc.prefix, j): j for j in jobs}
+            names = {group_name(rc.prefix, j): j for j in jobs}  # total: every str has a name
             listed: dict[str, MonGroup] = {}
             freed = False
             known_at = self._listed_at if self._listed_rc is rc else {}
@@ -115,28 +127,42 @@ class JobMonitor:
                     listed[job] = group
             self._jobs = {j: self._jobs.get(j) or _Tracked() for j in jobs}
             for job in jobs.values():
-                tracked = self._jobs[job.id]
-                group = listed.get(job.id)
-                if group is not None and tracked.group is None:
-                    tracked.group = group.path  # adopted (left by an earlier run, or made by us before)
-                if group is None:
-                    if tracked.group is not None:
-                        log.warning("job=%s group %s is gone; making it anew", job.id, tracked.group)
-                        tracked.group, tracked.retry_at = None, 0.0
-                        tracked.moved.clear()
-                    if freed or self.clock() >= tracked.retry_at:
-                        group = self._create(rc, job, tracked)
-                if group is not None:
-                    listed[job.id] = group
-                    tracked.group = group.path
-                    vanished += self._move(rc, job, tracked, group)
-                    if tracked.group is None:  # the group proved unusable while moving
-                        listed.pop(job.id)
+                try:
+                    vanished += self._sync_job(rc, job, listed, freed)
+                except Exception as e:  # noqa: BLE001 (one job's data must not stop every job's sync)
+                    errors[job.id] = f"{type(e).__name__}: {e}"
             self._groups = dict(listed)
+            for j in errors.keys() - self._failing:
+                log.error("job=%s monitoring group not synced, the job held as it was (said once): %s", j, errors[j])
+            self._failing = set(errors)
             report = MonitorReport(
                 MappingProxyType({j: OWN if j in listed else SHARED for j in jobs}),
-                MappingProxyType(dict(listed)), tuple(vanished), any(j not in listed for j in jobs))
+                MappingProxyType(dict(listed)), tuple(vanished), any(j not in listed for j in jobs),
+                MappingProxyType(errors))
         return report
+
+    def _sync_job(self, rc: Resctrl, job: Job, listed: dict[str, MonGroup], freed: bool) -> list[int]:
+        """One job's part of ``sync``: its group made where missing, its processes moved
+        (``listed`` gains or loses its group); the processes that vanished meanwhile."""
+        tracked = self._jobs[job.id]
+        group = listed.get(job.id)
+        if group is not None and tracked.group is None:
+            tracked.group = group.path  # adopted (left by an earlier run, or made by us before)
+        if group is None:
+            if tracked.group is not None:
+                log.warning("job=%s group %s is gone; making it anew", job.id, tracked.group)
+                tracked.group, tracked.retry_at = None, 0.0
+                tracked.moved.clear()
+            if freed or self.clock() >= tracked.retry_at:
+                group = self._create(rc, job, tracked)
+        vanished: list[int] = []
+        if group is not None:
+            listed[job.id] = group
+            tracked.group = group.path
+            vanished = self._move(rc, job, tracked, group)
+            if tracked.group is None:  # the group proved unusable while moving
+                listed.pop(job.id)
+        return vanished
 
     def add_process(self, job: Job, pid: int) -> None:
         """Place one new process at once (from the process-events connector), in the

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from ..ages import format_age
 from ..baselines import LEARNED, Known
 from ..config import ContentionConfig
 from ..sample import CPU, GPU, Sample
@@ -36,6 +37,10 @@ CONTENTION = "contention"
 CAP = "cap"
 OVERRIDE = "override"
 
+
+#: the note of a tick in contention in which no CPU job could be throttled one more step (a
+#: lasting state: noded.lasting logs its start and end)
+NOTHING_LEFT_TO_THROTTLE = "contention, but no CPU job left to throttle"
 
 @dataclass(frozen=True)
 class Throttle:
@@ -168,7 +173,7 @@ def decide(
     stepped = False
     missing_since = (state.missing_since if state.missing_since is not None else now) if share is None else None
     if share is None and now - missing_since >= config.missing_release_s:
-        note = f"fail safe: node bandwidth unknown for {now - missing_since:.0f}s, throttles released"
+        note = f"fail safe: node bandwidth unknown for {format_age(now - missing_since)}, throttles released"
         for job in [j for j, t in throttles.items() if t.cause != OVERRIDE]:
             set_level(job, 0, "inputs_missing", note)
     elif share is None:
@@ -187,7 +192,7 @@ def decide(
                       f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
             stepped = True
         else:
-            note = "contention, but no CPU job left to throttle"
+            note = NOTHING_LEFT_TO_THROTTLE
     elif triggered:
         note = "contention: waiting for the last step to settle"
 
@@ -224,7 +229,7 @@ def decide(
         if releasable:
             job = min(releasable, key=lambda j: (throttles[j].level, j))
             set_level(job, throttles[job].level - 1, "calm",
-                      f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {now - calm_since:.0f}s")
+                      f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {format_age(now - calm_since)}")
             last = now
 
     held = {j: held_because(j, t, share=share, triggered=triggered, slowed=tuple(slowed), calm_since=calm_since,
@@ -254,7 +259,7 @@ def held_because(job: str, throttle: Throttle, *, share: float | None, triggered
     out: list[str] = []
     if share is None:
         since = now - missing_since if missing_since is not None else 0.0
-        return (f"node bandwidth unknown for {since:.0f}s: nothing is released blind until "
+        return (f"node bandwidth unknown for {format_age(since)}: nothing is released blind until "
                 f"contention.missing_release_s ({c.missing_release_s:g}s), then every throttle is",)
     if triggered:
         out.append(f"contention goes on: node bandwidth {share:.0%} of peak >= threshold {c.threshold:.0%} and GPU "
@@ -263,7 +268,7 @@ def held_because(job: str, throttle: Throttle, *, share: float | None, triggered
         out.append(f"node bandwidth {share:.0%} of peak is not below the release threshold "
                    f"{c.release_threshold:.0%} (contention.release_threshold)")
     elif calm_since is not None and now - calm_since < c.hold_s:
-        out.append(f"node below the release threshold {c.release_threshold:.0%} for {now - calm_since:.1f}s of the "
+        out.append(f"node below the release threshold {c.release_threshold:.0%} for {format_age(now - calm_since)} of the "
                    f"{c.hold_s:g}s it must stay there (contention.hold_s)")
     own = [a for a in moved if a.job == job]
     if own:
@@ -272,7 +277,7 @@ def held_because(job: str, throttle: Throttle, *, share: float | None, triggered
     elif moved:
         out.append(f"{moved[0].job} was released one step this tick: one step per contention.hold_s ({c.hold_s:g}s)")
     elif last_step is not None and now - last_step < c.hold_s:
-        out.append(f"the last throttle step was {now - last_step:.1f}s ago; a release waits contention.hold_s "
+        out.append(f"the last throttle step was {format_age(now - last_step)} ago; a release waits contention.hold_s "
                    f"({c.hold_s:g}s) after any step")
     if c.cpu_job_cap_gbps is not None and bandwidth_bps is not None and bandwidth_bps > 0.5 * c.cpu_job_cap_gbps * GB:
         out.append(f"its own {bandwidth_bps / GB:.1f} GB/s is above half the per-job cap "

@@ -119,8 +119,9 @@ class BandwidthSampler:
             key = f"job:{job_id}"
             # when its group was made matters only to a new meter (asked once, not every tick)
             created_at = None if key in self._meters else self.monitor.created_at(job_id)
-            job_bps[job_id] = rates = self._rate(key, readings, domains, at, created_at)
+            rates = self._rate(key, readings, domains, at, created_at)
             _add_into(node, rates)
+            job_bps[job_id] = self._own_rate(rates, at, created_at)
         in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
         for job_id, g in groups.items():
             in_ctrl.setdefault(g.parent.path, []).append(job_id)
@@ -141,6 +142,18 @@ class BandwidthSampler:
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing))
+
+    def _own_rate(self, rates: dict[int, float | None], at: float, created_at: float | None) -> dict[int, float | None]:
+        """A job's rate as the job ran: a group made since the last read counted only since
+        its mkdir, so its share of the node's window (what the node sums) understates the
+        job by the time it did not count (a hog pushing 16 GB/s read as 0.1 GB/s, and named
+        so in its first throttle's reason); over the time it counted, it is the job's."""
+        if created_at is None or self._last_read is None or created_at <= self._last_read:
+            return rates
+        window, counted = at - self._last_read, at - created_at
+        if counted <= 0:
+            return dict.fromkeys(rates)  # made as it was read: nothing counted yet, no rate
+        return {d: None if r is None else r * window / counted for d, r in rates.items()}
 
     def _read(self, path: str, domains: tuple[int, ...]) -> tuple[MbmSample, float]:
         """A group's counters and when they were read. Each group's rate is taken over its

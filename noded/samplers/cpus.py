@@ -9,14 +9,18 @@ the originals it recorded, never from what it remembers having written.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
 from resctrl.cpulist import parse_cpu_list
 
+from ..jobs.discovery import NODED_SHORT_OF
 from ..jobs.model import Job
 from ..procstat import STARTTIME, stat_fields
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,16 +97,31 @@ def read_affinities(proc: str, pids: frozenset[int]) -> tuple[tuple[int, str, fr
 
 
 class CpuPlacementSampler:
+    """Each job's placement; a job whose own tree cannot be read (a delegated subtree its
+    owner shut noded out of: EACCES) is left out, its CPUs unknown this tick, and said
+    once: one tenant's cgroups must not blind noded to every job's CPUs. What says noded
+    itself is short (descriptors, memory) fails the sampler: every job would fail alike."""
+
     name = "cpus"
 
     def __init__(self, proc: str = "/proc"):
         self.proc = proc
+        self.unreadable: dict[str, str] = {}  # job id -> why its CPUs could not be read, last sample
 
     def sample(self, jobs: Mapping[str, Job]) -> dict[str, CpuPlacement]:
-        out = {}
+        out, unreadable = {}, {}
         for job_id, job in jobs.items():
-            if has_cpuset(job.cgroup):
-                out[job_id] = CpuPlacement(cpusets=read_cpusets(job.cgroup))
-            else:
-                out[job_id] = CpuPlacement(affinities=read_affinities(self.proc, job.pids))
+            try:
+                if has_cpuset(job.cgroup):
+                    out[job_id] = CpuPlacement(cpusets=read_cpusets(job.cgroup))
+                else:
+                    out[job_id] = CpuPlacement(affinities=read_affinities(self.proc, job.pids))
+            except OSError as e:
+                if e.errno in NODED_SHORT_OF:
+                    raise
+                unreadable[job_id] = f"{e.filename or job.cgroup}: {e.strerror or e}"
+        for job_id in unreadable.keys() - self.unreadable.keys():
+            log.warning("job=%s CPUs unreadable, unknown until they can be read (said once): %s", job_id,
+                        unreadable[job_id])
+        self.unreadable = unreadable
         return out

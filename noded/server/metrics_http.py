@@ -1,8 +1,10 @@
 """The metrics endpoint: just enough HTTP/1.1 to answer Prometheus, on the bounded server.
 
 ``GET /metrics`` renders the registry with prometheus_client's own encoders (the
-Accept header chooses text or OpenMetrics); ``GET /`` is a page linking to it; other
-paths are 404, other methods 405. Every answer closes the connection. Rendering
+Accept header chooses text or OpenMetrics); ``GET /healthz`` is 200 while the control
+loop is alive and 503 with the reason while it is stalled (noded.health: what a
+liveness probe asks, since a hung loop still serves /metrics); ``GET /`` is a page
+linking to both; other paths are 404, other methods 405. Every answer closes the connection. Rendering
 reads the collector, which reads the last tick's result: a scrape never touches
 hardware.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol as Interface
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -19,8 +22,16 @@ from .stream import Limits, ListenError, Peer, Protocol, StreamServer, listen_tc
 
 log = logging.getLogger(__name__)
 
+
+class Health(Interface):
+    """What /healthz asks (noded.health.Liveness)."""
+
+    def check(self) -> str | None: ...
+
+    def describe(self) -> str: ...
+
 _INDEX = (b"<html><head><title>noded</title></head><body><h1>noded</h1>"
-          b"<p><a href=\"/metrics\">Metrics</a></p></body></html>\n")
+          b"<p><a href=\"/metrics\">Metrics</a></p><p><a href=\"/healthz\">Health</a></p></body></html>\n")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -61,8 +72,12 @@ def parse_http_request(head: bytes) -> HttpRequest:
 
 
 class MetricsHttp(Protocol):
-    def __init__(self, registry: CollectorRegistry):
+    """``health``: why the loop is not alive, or None while it is (and ``describe`` then
+    says so in words); without it /healthz is 404."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health | None = None):
         self.registry = registry
+        self.health = health
 
     def framed(self, data: bytearray, new_from: int, eof: bool) -> bytes | None:
         start = max(0, new_from - 3)
@@ -77,13 +92,18 @@ class MetricsHttp(Protocol):
             req = parse_http_request(request)
         except HttpError as e:
             return http_response(400, f"{e}\n".encode())
-        if req.path not in ("/", "/metrics"):
+        if req.path not in ("/", "/metrics", "/healthz") or (req.path == "/healthz" and self.health is None):
             return http_response(404, b"not found: try /metrics\n")
         if req.method not in ("GET", "HEAD"):
             return http_response(405, b"only GET and HEAD\n", extra=(("Allow", "GET, HEAD"),))
         head = req.method == "HEAD"
         if req.path == "/":
             return http_response(200, _INDEX, "text/html; charset=utf-8", head=head)
+        if req.path == "/healthz":
+            why = self.health.check()
+            if why is not None:
+                return http_response(503, f"{why}\n".encode(), head=head)
+            return http_response(200, f"ok: {self.health.describe()}\n".encode(), head=head)
         try:
             encoder, content_type = choose_encoder(req.headers.get("accept", ""))
             body = encoder(self.registry)
@@ -105,13 +125,14 @@ class MetricsHttp(Protocol):
 class MetricsServer:
     """The metrics endpoint, listening; ``url`` says where."""
 
-    def __init__(self, registry: CollectorRegistry, address: str, port: int, limits: Limits):
+    def __init__(self, registry: CollectorRegistry, address: str, port: int, limits: Limits,
+                 health: Health | None = None):
         sock = listen_tcp(address, port, what="metrics")
         try:
             host, bound = sock.getsockname()[:2]
             self.port = bound
             self.url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/metrics"
-            self.server = StreamServer(sock, MetricsHttp(registry), name="metrics", limits=limits, peer_of=tcp_peer)
+            self.server = StreamServer(sock, MetricsHttp(registry, health), name="metrics", limits=limits, peer_of=tcp_peer)
         except BaseException:
             sock.close()
             raise

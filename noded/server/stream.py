@@ -10,6 +10,10 @@ client does may grow what the daemon holds or stall it:
 * a cap on open connections per endpoint and per peer (a Unix peer is its uid from
   SO_PEERCRED, a TCP peer its address); when one is reached the oldest connection of
   the peer holding the most is dropped to make room for the newcomer;
+* a peer over its budget (``Protocol.hold``: the report socket's rate per uid) has
+  its connection held unread for as long as its budget says, then answered with
+  ``Protocol.dropped``: its request is never read nor parsed, and a client that sends
+  back to back is paced to its budget instead of costing a core;
 * accept errors (EMFILE, ENFILE, ENOBUFS, ...) are logged, rate-limited, and retried
   with backoff: the accept loop never ends on an error; accepting is paced, so a
   connection storm cannot spin a core the control loop shares the GIL with;
@@ -23,6 +27,7 @@ handlers read the daemon's last result and never touch hardware, so they are qui
 from __future__ import annotations
 
 import errno
+import heapq
 import logging
 import selectors
 import socket
@@ -139,6 +144,15 @@ class Protocol:
         """Sent (if the socket takes it at once) to a connection dropped to make room."""
         return b""
 
+    def hold(self, peer: Peer) -> float:
+        """Seconds to hold a new connection of ``peer`` unread, then answer it with
+        ``dropped`` (0: serve it now). Asked once per connection, before anything is read."""
+        return 0.0
+
+    def dropped(self, peer: Peer) -> bytes:
+        """The answer to a connection held for ``hold``'s seconds: its request was not read."""
+        return b""
+
 
 class _Conn:
     __slots__ = ("sock", "peer", "deadline", "inbuf", "out", "sent", "refusal", "unread", "draining")
@@ -162,6 +176,7 @@ class Stats:
     timed_out: int = 0
     evicted: int = 0
     too_large: int = 0
+    dropped: int = 0  # held unread and answered with Protocol.dropped (a peer over its budget)
     accept_errors: int = 0
     open: int = 0
 
@@ -187,6 +202,7 @@ class StreamServer:
         # deadline_s for all): the front is the oldest and the first to expire.
         self._conns: OrderedDict[_Conn, None] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[_Conn, None]] = {}
+        self._held: list[tuple[float, int, _Conn]] = []  # (answer at, tie, connection): a heap
         self._stop = threading.Event()
         self._wake_r: socket.socket | None = None  # a socket pair that wakes the thread for stop()
         self._wake_w: socket.socket | None = None
@@ -259,6 +275,8 @@ class StreamServer:
             waits.append(next(iter(self._conns)).deadline - now)
         if self._resume_at is not None:
             waits.append(self._resume_at - now)
+        if self._held:
+            waits.append(self._held[0][0] - now)
         events = self._sel.select(max(0.0, min(waits)) if waits else None)
         # Clients first, new connections last: a request that has arrived is answered
         # before newcomers could push its connection out.
@@ -288,6 +306,7 @@ class StreamServer:
                                   exc_info=True)
                     self._close(conn)
         now = self.clock()
+        self._answer_held(now)
         while self._conns:
             conn = next(iter(self._conns))
             if conn.deadline > now:
@@ -350,12 +369,28 @@ class StreamServer:
         self._by_peer.setdefault(peer.key, OrderedDict())[conn] = None
         self.stats.open = len(self._conns)
         conn.refusal = self.protocol.refusal(peer)
+        hold = self.protocol.hold(peer)
+        if hold > 0:
+            # not registered for reading: what it sends stays in the kernel, unread
+            answer_at = self.clock() + min(hold, self.limits.deadline_s / 2)
+            heapq.heappush(self._held, (answer_at, id(conn), conn))
+            return
         self._sel.register(sock, selectors.EVENT_READ, conn)
         try:
             self._read(conn)  # a prompt client's request is usually here already: answer it now
         except Exception:
             self._log.log(logging.ERROR, "bug", "%s: error serving %s", self.name, peer.key, exc_info=True)
             self._close(conn)
+
+    def _answer_held(self, now: float) -> None:
+        while self._held and self._held[0][0] <= now:
+            _, _, conn = heapq.heappop(self._held)
+            if conn not in self._conns:
+                continue  # evicted or past its deadline meanwhile
+            self.stats.dropped += 1
+            conn.unread = True  # half-close and wait for the client's end: no reset to cost it the answer
+            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            self._reply(conn, self.protocol.dropped(conn.peer))
 
     def _make_room(self, key: str) -> None:
         # Why drop the oldest connection of the biggest holder rather than refuse the

@@ -1,11 +1,13 @@
 """Simulated GPUs: the model of each (``SimGpu``), published to every process's NVML.
 
 A host's processes see its GPUs through the driver's ``libnvidia-ml.so.1``; here they see
-these through the stand-in library (``native/nvml``), which reads what ``SimGpus.publish``
+these through the stand-in library (``nvml_native/``), which reads what ``SimGpus.publish``
 writes into shared memory (``nvml_shm``). The simulated node (or a test) changes the
 models, then publishes; a change is seen by NVML's callers once published. A compute mode
 is NVML's to set (root, through the library): ``compute_mode`` reads what is in force, and
-a mode set on a model here is published as if root had set it.
+a mode set on a model here is published as if root had set it. What monitoring tools read
+besides (temperature, power, clocks, ...) comes from each GPU's board (``boards.Board``),
+driven by the utilisation published.
 
 ``install`` makes this process's pynvml load the library as a host's pynvml loads the
 driver's, for a daemon running in the simulator's own process (``noded run --sim``) and
@@ -23,6 +25,7 @@ from typing import Callable, Iterator
 
 import pynvml
 
+from .boards import Board, board_spec
 from .nvml_lib import library_dir, library_path
 from .nvml_shm import CALLS, ENV, GpuState, NodeState, SharedGpus
 
@@ -77,6 +80,8 @@ class SimGpus:
     def __init__(self, path: str, gpus: list[SimGpu], *, wall_clock: Callable[[], float] = time.time,
                  variant: str = "current"):
         self.models = gpus
+        # each GPU's board: temperature, power, clocks as its model's follow its utilisation
+        self._boards = [Board(board_spec(g.name), i, wall_clock()) for i, g in enumerate(gpus)]
         self.variant = variant  # which build of the library other processes load (nvml_lib.VARIANTS)
         self.shared = SharedGpus(path)
         self.wall_clock = wall_clock  # NVML stamps its samples by the wall clock
@@ -122,7 +127,8 @@ class SimGpus:
             self._publish()
 
     def _publish(self) -> None:
-        now_us = int(self.wall_clock() * 1e6)
+        now_s = self.wall_clock()
+        now_us = int(now_s * 1e6)
         states = []
         for i, g in enumerate(self.models):
             if g.compute_mode != self._modes[i]:
@@ -136,6 +142,7 @@ class SimGpus:
             states.append(GpuState(
                 g.uuid, g.name, g.memory_total, util_gpu=g.util_gpu, util_memory=g.util_memory,
                 compute_capability=g.compute_capability, lost=g.lost,
+                telemetry=self._boards[i].step(g.util_gpu, g.util_memory, now_s),
                 processes=[(p.pid, p.used_memory) for p in g.processes.values()],
                 mps_server_pid=g.mps_server_pid, mps_clients=[(p.pid, p.used_memory) for p in g.mps_clients.values()],
                 faults={CALL_OF[fn]: code for fn, code in g.faults.items()},

@@ -4,7 +4,7 @@ bandwidth to GPU speed.
 
 Everything noded reads is real or emulated at the lowest boundary: jobs are real
 processes (PIDs, /proc, resctrl tasks), bandwidth comes from the emulator's MBM
-counters, GPU state from pynvml over the stand-in ``libnvidia-ml.so.1`` (``native/nvml``),
+counters, GPU state from pynvml over the stand-in ``libnvidia-ml.so.1`` (``noded/sim/nvml_native``),
 which reads what this node publishes in shared memory (``gpus.SimGpus``): any process
 given ``nvml_env`` sees the same GPUs. ``gpus`` is the node's model of each GPU
 (``gpus.SimGpu``); each ``step`` applies the scenario's due events, reads the

@@ -12,6 +12,7 @@ import time
 from .control import ControlServer, serve_in_thread
 from .kernel import ResctrlKernel
 from .profiles import PROFILES
+from .topology import SYSFS_CPU, TopologyError, has_l3_ids, read_host_topology
 
 log = logging.getLogger("resctrl.emulator")
 
@@ -21,6 +22,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 description="Mount a FUSE filesystem that behaves like the kernel's resctrl.")
     p.add_argument("mountpoint")
     p.add_argument("--profile", choices=sorted(PROFILES), default="intel")
+    p.add_argument("--topology", choices=("host", "profile"),
+                   help="L3 domains and their CPUs: 'host' reads this machine's "
+                        "(SYSFS/cpuN/cache/index3/id), as tools like pqos expect; 'profile' takes the "
+                        "profile's fixed ones (several domains, the same on every machine). "
+                        "Default: 'host' where sysfs names an L3 id, else 'profile'")
+    p.add_argument("--sysfs-cpu", default=SYSFS_CPU, metavar="SYSFS",
+                   help=f"where to read the host's topology (default {SYSFS_CPU})")
     p.add_argument("--control", metavar="SOCKET", help="Unix socket for the control API")
     p.add_argument("--mounts-file", metavar="FILE",
                    help="write this mount's /proc/mounts line (as the kernel would show it) to FILE")
@@ -41,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 2, got {v}")
     if not os.path.isdir(args.mountpoint):
         p.error(f"mountpoint {args.mountpoint!r} is not a directory")
+    if args.topology is None:
+        args.topology = "host" if has_l3_ids(args.sysfs_cpu) else "profile"
     return args
 
 
@@ -62,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.legacy_format:
         changes["legacy_format"] = True
     profile = profile.replace(**changes)
+    if args.topology == "host":
+        try:
+            host = read_host_topology(args.sysfs_cpu)
+        except TopologyError as e:
+            print(f"resctrl.emulator: --topology host: {e}", file=sys.stderr)
+            return 2
+        profile = profile.on_topology(host.domains, host.l3_bytes)
     kernel = ResctrlKernel(profile, proc=args.proc, clock=time.monotonic,
                            limbo_s=args.limbo_ms / 1000.0, tasks_write=args.tasks_write)
     mountpoint = os.path.abspath(args.mountpoint)

@@ -29,16 +29,11 @@ def _handle(kernel: ResctrlKernel, req: dict[str, Any]) -> dict[str, Any]:
         if op == "ping":
             return {"profile": kernel.profile.name}
         if op == "set_demand":
-            pid = int(req["pid"])
-            domains = [int(req["domain"])] if req.get("domain") is not None else kernel.profile.domains
-            bps = float(req["bytes_per_s"])
-            if bps < 0:
-                raise ValueError("bytes_per_s must be >= 0")
-            kernel.advance(kernel.clock())
-            for d in domains:
-                if d not in kernel.profile.domains:
-                    raise ValueError(f"no L3 domain {d}")
-                kernel.demand.setdefault(pid, {})[d] = bps
+            cpus = req.get("cpus")
+            kernel.set_demand(int(req["pid"]), float(req["bytes_per_s"]),
+                              int(req["domain"]) if req.get("domain") is not None else None,
+                              threads=int(req.get("threads") or 1),
+                              cpus=tuple(int(c) for c in cpus) if cpus is not None else None)
             return {}
         if op == "clear_demand":
             kernel.advance(kernel.clock())
@@ -176,8 +171,11 @@ class EmulatorControl:
     def ping(self) -> str:
         return self.request("ping")["profile"]
 
-    def set_demand(self, pid: int, bytes_per_s: float, domain: int | None = None) -> None:
-        self.request("set_demand", pid=pid, bytes_per_s=bytes_per_s, domain=domain)
+    def set_demand(self, pid: int, bytes_per_s: float, domain: int | None = None, *,
+                   threads: int = 1, cpus: list[int] | None = None) -> None:
+        """``pid`` moves ``bytes_per_s`` from now on, spread over ``threads`` busy threads
+        (one on each of ``cpus`` where given: SMT siblings share a core's MBA setting)."""
+        self.request("set_demand", pid=pid, bytes_per_s=bytes_per_s, domain=domain, threads=threads, cpus=cpus)
 
     def clear_demand(self, pid: int | None = None) -> None:
         self.request("clear_demand", pid=pid)

@@ -7,8 +7,11 @@ follow ``fs/resctrl/rdtgroup.c`` and ``ctrlmondata.c`` and the kernel's own docu
 (``Documentation/filesystems/resctrl.rst``); each rule names its kernel source in a comment.
 
 It also carries the bandwidth model: demand per task and domain (set from the
-control socket), capped by the task's control group's MB value and by the
-domain's peak, integrated into per-RMID byte counters whenever they are read.
+control socket), spread over the task's busy threads, capped by the task's control
+group's MB value as the profile's ``mba_model`` says (``mba.py`` has the hardware's rules
+and their sources) and by the domain's peak, integrated into per-RMID byte counters
+whenever they are read. Under mba_MBps the kernel's own controller runs once a second of
+the model's clock, as the kernel's MBM worker runs it.
 
 All methods are called with ``self.lock`` held by the caller (the FUSE layer and
 the control server both take it); the class itself is single-threaded.
@@ -27,14 +30,14 @@ from typing import Callable
 from ..cpulist import format_cpu_list as _format_cpu_list
 from ..cpulist import parse_cpu_list as _parse_cpu_list
 from ..cpulist import parse_cpu_mask as _parse_cpu_mask
-from . import procfs
+from . import mba, procfs
 from .profiles import MON_EVENTS, Profile
 
 CTRL = "ctrl_mon"
 MON = "mon"
 
 U32_MAX = 0xFFFFFFFF
-AMD_MB_UNIT_BYTES = 125_000_000  # 1/8 GB/s
+AMD_MB_UNIT_BYTES = mba.AMD_MB_UNIT_BYTES
 MIB = 1 << 20  # the kernel's "MBps" is MiB/s (mbm bytes >> 20)
 
 
@@ -43,6 +46,26 @@ class KernelError(OSError):
 
     def __init__(self, err: int):
         super().__init__(err, os.strerror(err))
+
+
+def kstrtoint(text: str) -> int | None:
+    """The kernel's kstrtoint(s, 0, &v): an optional sign, then hex after 0x, octal after a
+    leading 0, else decimal; one trailing newline; a 32-bit int. None where it fails."""
+    body = text[:-1] if text.endswith("\n") else text
+    negative = body.startswith("-")
+    if body[:1] in "+-" and body:
+        body = body[1:]
+    if body[:2].lower() == "0x":
+        digits, base = body[2:], 16
+    elif body.startswith("0"):
+        digits, base = body, 8
+    else:
+        digits, base = body, 10
+    allowed = "0123456789abcdef"[:base]
+    if not digits or any(c not in allowed for c in digits.lower()):
+        return None
+    value = -int(digits, base) if negative else int(digits, base)
+    return value if -(1 << 31) <= value < (1 << 31) else None
 
 
 @dataclass
@@ -56,6 +79,8 @@ class Group:
     ctrl: dict[str, dict[int, int]] = field(default_factory=dict)
     cpus: set[int] = field(default_factory=set)
     mon: dict[str, "Group"] = field(default_factory=dict)
+    # mba_MBps_event: the event the kernel's MBps controller steers this group by
+    mbps_event: str = "mbm_local_bytes"
 
     @property
     def ctrl_group(self) -> "Group":
@@ -110,8 +135,8 @@ class ResctrlKernel:
         self.lock = threading.RLock()
         self.last_cmd_status = ""
         self.online: list[int] = list(profile.domains)
-        ncpus = profile.cpus_per_domain * len(profile.domains)
-        self.all_cpus = set(range(ncpus))
+        self.all_cpus = set(profile.online_cpus)
+        self.nr_cpu_ids = max(self.all_cpus) + 1
         self.root = Group("", CTRL, 0, 0, ctrl=self._default_ctrl(), cpus=set(self.all_cpus))
         self.groups: dict[str, Group] = {}
         self.free_closids = list(range(1, profile.ctrl_closids))
@@ -121,6 +146,12 @@ class ResctrlKernel:
         self.counters: dict[tuple[int, int], Counter] = {}  # (rmid, domain)
         self.faults: dict[tuple[int | None, int | None, str | None], str] = {}
         self.demand: dict[int, dict[int, float]] = {}  # tid -> domain -> bytes/s
+        # tid -> (busy threads its demand is spread over, the CPUs they run on or None)
+        self.threads: dict[int, tuple[int, tuple[int, ...] | None]] = {}
+        # mba_MBps: (closid, domain) -> the percentage the kernel's controller has written
+        self.mbps_percent: dict[tuple[int, int], int] = {}
+        self._mbps_seen: dict[tuple[int, int], tuple[float, float]] = {}  # (rmid, domain) -> counts at its last run
+        self._next_mbps_run = clock() + mba.MBPS_INTERVAL_S
         self.peak: dict[int, float] = {d: profile.peak_bytes_per_s for d in profile.domains}
         self.last_advance = clock()
         self._active: dict[int, set[int]] = {}  # domain -> RMIDs with traffic at the last advance
@@ -190,6 +221,7 @@ class ResctrlKernel:
             if info is None or info.start != self.tasks[tid].start:
                 del self.tasks[tid]
                 self.demand.pop(tid, None)
+                self.threads.pop(tid, None)
 
     # --------------------------------------------------------------- path model
     def _group_at(self, parts: list[str]) -> tuple[Group, list[str]] | None:
@@ -240,7 +272,7 @@ class ResctrlKernel:
                     "cbm_mask": f"{(1 << p.cbm_len) - 1:x}\n",
                     "min_cbm_bits": f"{p.min_cbm_bits}\n",
                     "shareable_bits": "0\n",
-                    "sparse_masks": "0\n",
+                    "sparse_masks": f"{int(p.sparse_masks)}\n",
                 }
             tree[res] = d
         if p.has_mon:
@@ -333,12 +365,16 @@ class ResctrlKernel:
         if name == "size":
             return self._format_size(group)
         if name == "mba_MBps_event":
-            return "mbm_local_bytes\n"
+            return group.mbps_event + "\n"
         raise KernelError(errno.EINVAL)
 
     def _members(self, group: Group) -> list[int]:
         # rdtgroup_tasks_show: a CTRL_MON group lists every task with its CLOSID
         # (its MON groups' tasks included); a MON group lists tasks with its RMID.
+        # is_closid_match needs an allocation-capable host: on a monitoring-only one the
+        # default group's tasks file lists nothing.
+        if group.kind == CTRL and not self.profile.alloc_capable:
+            return []
         out = []
         for tid in procfs.all_thread_ids(self.proc):
             st = self.resolve_task(tid)
@@ -376,8 +412,8 @@ class ResctrlKernel:
             group, lambda res, v: f"{v if res == 'MB' else p.l3_bytes * bin(v).count('1') // p.cbm_len}")
 
     def _format_cpu_mask(self, cpus: set[int]) -> str:
-        # %*pb: zero-padded hex over all CPU ids, a comma between 32-bit words.
-        ncpus = len(self.all_cpus)
+        # %*pb: zero-padded hex over all CPU ids (nr_cpu_ids), a comma between 32-bit words.
+        ncpus = self.nr_cpu_ids
         value = sum(1 << c for c in cpus)
         digits = f"{value:0{(ncpus + 3) // 4}x}"
         words = []
@@ -407,45 +443,129 @@ class ResctrlKernel:
         c = self.counters.get((rmid, domain))
         return min(self.profile.l3_bytes, c.rate * 1e-3) if c else 0.0
 
+    def _ctrl_of_closid(self, closid: int) -> Group:
+        return self.root if closid == 0 else next(g for g in self.groups.values() if g.closid == closid)
+
     def _cap(self, closid: int, domain: int) -> float:
+        """The "group" model: one cap on the whole group's traffic."""
         if not self.profile.has_mb:
             return math.inf
-        group = self.root if closid == 0 else next(g for g in self.groups.values() if g.closid == closid)
-        value = group.ctrl["MB"][domain]
+        value = self._ctrl_of_closid(closid).ctrl["MB"][domain]
         if self.profile.mba_mbps:
-            # The kernel's software controller steers the percentage toward this
-            # target once a second; the model applies the target directly.
-            return value * MIB
+            return value * MIB  # an ideal controller: the target, applied exactly
         if self.profile.vendor == "amd":
             return value * AMD_MB_UNIT_BYTES
         return value / 100.0 * self.peak[domain]
 
+    def set_demand(self, tid: int, bytes_per_s: float, domain: int | None = None, *,
+                   threads: int = 1, cpus: tuple[int, ...] | None = None) -> None:
+        """What a task asks of memory from now on, spread evenly over ``threads`` busy
+        threads (one per CPU of ``cpus`` where given, which SMT sharing needs)."""
+        if bytes_per_s < 0:
+            raise ValueError("bytes_per_s must be >= 0")
+        if cpus is not None:
+            cpus = tuple(int(c) for c in cpus)
+            if not cpus:
+                raise ValueError("cpus must name at least one CPU")
+            threads = len(cpus)
+        if threads < 1:
+            raise ValueError("threads must be >= 1")
+        domains = [domain] if domain is not None else list(self.profile.domains)
+        for d in domains:
+            if d not in self.profile.domains:
+                raise ValueError(f"no L3 domain {d}")
+        self.advance(self.clock())
+        for d in domains:
+            self.demand.setdefault(tid, {})[d] = bytes_per_s
+        self.threads[tid] = (threads, cpus)
+
+    def mb_percent(self, closid: int, domain: int) -> int:
+        """The percentage an Intel part applies to a CLOSID now: under mba_MBps the one the
+        kernel's controller last wrote, else the schemata value through the part's table."""
+        if self.profile.mba_mbps:
+            return self.mbps_percent.get((closid, domain), mba.MAX_MBA_BW)
+        return mba.applied_percent(self.profile, self._ctrl_of_closid(closid).ctrl["MB"][domain])
+
+    def _thread_limit(self, closid: int, domain: int, cpu: int | None, busy_cpus: dict[int, int]) -> float:
+        """The "request" model: what one busy thread of a CLOSID may move."""
+        p = self.profile
+        if not p.has_mb:
+            return math.inf
+        if p.vendor == "amd":
+            return mba.amd_thread_limit(self._ctrl_of_closid(closid).ctrl["MB"][domain])
+        sibling = busy_cpus.get(mba.sibling_cpu(cpu)) if cpu is not None else None
+        percent = mba.core_setting(p.thread_throttle_mode, self.mb_percent(closid, domain), sibling)
+        return mba.thread_limit(p, percent)
+
+    def _granted(self, domain: int) -> list[tuple[int, float]]:
+        """(RMID, bytes/s) of every task with demand on a domain, before the domain's peak."""
+        busy: list[tuple[int, int, float, int | None]] = []  # rmid, closid, demand, cpu per thread
+        for tid, per_domain in list(self.demand.items()):
+            want = per_domain.get(domain, 0.0)
+            if want <= 0:
+                continue
+            st = self.resolve_task(tid)
+            if st is None:
+                continue
+            count, cpus = self.threads.get(tid, (1, None))
+            busy += [(st.rmid, st.closid, want / count, cpus[i] if cpus else None) for i in range(count)]
+        if self.profile.mba_model == "request":
+            busy_cpus = {cpu: self.mb_percent(closid, domain) for _, closid, _, cpu in busy
+                         if cpu is not None and self.profile.has_mb and self.profile.vendor != "amd"}
+            return [(rmid, min(want, self._thread_limit(closid, domain, cpu, busy_cpus)))
+                    for rmid, closid, want, cpu in busy]
+        want_of: dict[int, float] = {}
+        for _, closid, want, _ in busy:
+            want_of[closid] = want_of.get(closid, 0.0) + want
+        return [(rmid, want * min(1.0, self._cap(closid, domain) / want_of[closid]))
+                for rmid, closid, want, _ in busy]
+
     def advance(self, now: float) -> None:
-        """Integrate achieved bandwidth into the counters up to ``now``."""
+        """Integrate achieved bandwidth into the counters up to ``now``; under mba_MBps
+        (with the hardware's own rules), run the kernel's controller at each second passed."""
+        if self.profile.mba_mbps and self.profile.mba_model == "request":
+            while self._next_mbps_run <= now:
+                self._integrate(self._next_mbps_run)
+                self._run_mbps_controller()
+                self._next_mbps_run += mba.MBPS_INTERVAL_S
+        self._integrate(now)
+
+    def _run_mbps_controller(self) -> None:
+        # mbm_handle_overflow -> update_mba_bw for every control group, the default included
+        p = self.profile
+        for group in [self.root, *self.groups.values()]:
+            attr = "total" if group.mbps_event == "mbm_total_bytes" else "local"
+            for d in self.online:
+                moved = 0.0
+                for rmid in group.rmids():
+                    c = self.counters.get((rmid, d))
+                    if c is None:
+                        continue
+                    seen = self._mbps_seen.get((rmid, d), (0.0, 0.0))
+                    moved += max(0.0, getattr(c, attr) - (seen[0] if attr == "total" else seen[1]))
+                key = (group.closid, d)
+                current = self.mbps_percent.get(key, mba.MAX_MBA_BW)
+                self.mbps_percent[key] = mba.kernel_mbps_step(
+                    current, group.ctrl["MB"][d], moved / MIB / mba.MBPS_INTERVAL_S, p.mb_min, p.mb_gran)
+        self._mbps_seen = {k: (c.total, c.local) for k, c in self.counters.items()}
+
+    def rates_now(self, domain: int) -> dict[int, float]:
+        """RMID -> the bytes/s it moves on a domain at this moment (the domain's peak shared)."""
+        got = self._granted(domain)
+        node_total = sum(r for _, r in got)
+        squeeze = min(1.0, self.peak[domain] / node_total) if node_total > 0 else 1.0
+        rates: dict[int, float] = {}
+        for rmid, rate in got:
+            rates[rmid] = rates.get(rmid, 0.0) + rate * squeeze
+        return rates
+
+    def _integrate(self, now: float) -> None:
         dt = now - self.last_advance
         if dt <= 0:
             return
         self.last_advance = now
         for domain in self.online:
-            by_closid: dict[int, list[tuple[int, int, float]]] = {}
-            for tid, per_domain in list(self.demand.items()):
-                want = per_domain.get(domain, 0.0)
-                if want <= 0:
-                    continue
-                st = self.resolve_task(tid)
-                if st is None:
-                    continue
-                by_closid.setdefault(st.closid, []).append((tid, st.rmid, want))
-            got: list[tuple[int, float]] = []
-            for closid, entries in by_closid.items():
-                want_sum = sum(w for _, _, w in entries)
-                scale = min(1.0, self._cap(closid, domain) / want_sum)
-                got += [(rmid, w * scale) for _, rmid, w in entries]
-            node_total = sum(r for _, r in got)
-            squeeze = min(1.0, self.peak[domain] / node_total) if node_total > 0 else 1.0
-            rates: dict[int, float] = {}
-            for rmid, rate in got:
-                rates[rmid] = rates.get(rmid, 0.0) + rate * squeeze
+            rates = self.rates_now(domain)
             # Only counters with traffic now or before need touching (reads are hot).
             was_active = self._active.get(domain, set())
             for rmid in was_active | rates.keys():
@@ -487,8 +607,10 @@ class ResctrlKernel:
                 raise self._fail(errno.EINVAL, "Unknown or unsupported mode")
         elif name == "mba_MBps_event":
             self.last_cmd_status = ""
-            if data.decode(errors="replace").strip() not in ("mbm_local_bytes", "mbm_total_bytes"):
+            event = data.decode(errors="replace").strip()
+            if event not in ("mbm_local_bytes", "mbm_total_bytes") or event not in self.profile.mon_features:
                 raise KernelError(errno.EINVAL)
+            group.mbps_event = event
         return len(data)
 
     def _write_tasks(self, group: Group, data: bytes, caller_pid: int, caller_uid: int) -> None:
@@ -496,22 +618,23 @@ class ResctrlKernel:
         if self.tasks_write == "single":
             # Pre-6.7: kstrtoint(strstrip(buf)) before last_cmd_clear(), so a
             # parse error leaves the previous status in place.
-            try:
-                pid = int(text.strip(), 0)
-            except ValueError:
-                raise KernelError(errno.EINVAL) from None
-            if pid < 0:
+            pid = kstrtoint(text.strip())
+            if pid is None or pid < 0:
                 raise KernelError(errno.EINVAL)
             self.last_cmd_status = ""
             self._move_task(pid, group, caller_pid, caller_uid)
             return
         self.last_cmd_status = ""
-        for token in text.strip().split(","):
+        # rdtgroup_tasks_write (6.7+): take comma-separated tokens until the rest of the
+        # buffer is empty or starts with a newline, so "" and "5,\n" are fine, "5,,6" is not.
+        rest: str | None = text
+        while rest and rest[0] != "\n":
+            token, sep, after = rest.partition(",")
+            rest = after if sep else None
             token = token.strip()
-            try:
-                pid = int(token, 0)
-            except ValueError:
-                raise self._fail(errno.EINVAL, f"Task list parsing error pid {token}") from None
+            pid = kstrtoint(token)
+            if pid is None:
+                raise self._fail(errno.EINVAL, f"Task list parsing error pid {token}")
             if pid < 0:
                 raise self._fail(errno.EINVAL, f"Invalid pid {pid}")
             try:
@@ -576,12 +699,15 @@ class ResctrlKernel:
             staged[dom] = self._parse_mb(value) if res == "MB" else self._parse_cbm(value)
 
     def _parse_mb(self, text: str) -> int:
+        # bw_validate: kstrtou32(buf, 10) (an optional '+', ASCII digits, at most U32_MAX),
+        # then, under mba_MBps, any such value as it is.
         p = self.profile
-        if not text.isdigit():
+        digits = text[1:] if text.startswith("+") else text
+        if not digits or not all("0" <= c <= "9" for c in digits) or int(digits) > U32_MAX:
             raise self._fail(errno.EINVAL, f"Invalid MB value {text}")
-        bw = int(text)
+        bw = int(digits)
         if p.mba_mbps:
-            return bw & U32_MAX
+            return bw
         if bw < p.mb_min or bw > p.mb_max:
             raise self._fail(errno.EINVAL, f"MB value {bw} out of range [{p.mb_min},{p.mb_max}]")
         return -(-bw // p.mb_gran) * p.mb_gran  # roundup() to the granularity
@@ -595,13 +721,15 @@ class ResctrlKernel:
         full = (1 << p.cbm_len) - 1
         if (p.min_cbm_bits > 0 and val == 0) or val > full:
             raise self._fail(errno.EINVAL, "Mask out of range")
-        if val:
-            low = (val & -val).bit_length() - 1
-            run = val >> low
-            if run & (run + 1):
-                raise self._fail(errno.EINVAL, f"The mask {val:x} has non-consecutive 1-bits")
-            if bin(run).count("1") < p.min_cbm_bits:
-                raise self._fail(errno.EINVAL, f"Need at least {p.min_cbm_bits} bits in the mask")
+        # cbm_validate: gaps are refused unless the part has sparse bitmasks; the
+        # minimum counts the first run of ones only (zero_bit - first_bit).
+        low = (val & -val).bit_length() - 1 if val else p.cbm_len
+        run = val >> low if val else 0
+        first_run = (run & ~(run + 1)).bit_length()
+        if not p.sparse_masks and run & (run + 1):
+            raise self._fail(errno.EINVAL, f"The mask {val:x} has non-consecutive 1-bits")
+        if first_run < p.min_cbm_bits:
+            raise self._fail(errno.EINVAL, f"Need at least {p.min_cbm_bits} bits in the mask")
         return val
 
     def _write_cpus(self, group: Group, data: bytes, as_list: bool) -> None:
@@ -611,31 +739,47 @@ class ResctrlKernel:
             cpus = _parse_cpu_list(text) if as_list else _parse_cpu_mask(text)
         except ValueError:
             raise self._fail(errno.EINVAL, "Bad CPU list/mask") from None
+        if cpus and max(cpus) >= self.nr_cpu_ids:
+            # cpulist_parse/cpumask_parse refuse a CPU past nr_cpu_ids (ERANGE/EOVERFLOW)
+            raise self._fail(errno.EINVAL, "Bad CPU list/mask")
         if not cpus <= self.all_cpus:
             raise self._fail(errno.EINVAL, "Can only assign online CPUs")
         if group.kind == MON:
-            assert group.parent is not None
-            if not cpus <= group.parent.cpus:
-                raise self._fail(errno.EINVAL, "Can only add CPUs to mongroup that belong to parent")
-            for sibling in group.parent.mon.values():
-                if sibling is not group:
-                    sibling.cpus -= cpus
-            group.cpus = cpus
-            return
-        if group is self.root:
-            if self.root.cpus - cpus:
-                raise self._fail(errno.EINVAL, "Can't drop CPUs from default group")
-            return
+            self._cpus_mon_write(group, cpus)
+        else:
+            self._cpus_ctrl_write(group, cpus)
+
+    def _cpus_mon_write(self, group: Group, cpus: set[int]) -> None:
+        # cpus_mon_write: only the parent's CPUs; CPUs dropped go back to the parent (which
+        # still has them in its own mask); CPUs added leave the sibling MON groups.
+        parent = group.parent
+        assert parent is not None
+        if not cpus <= parent.cpus:
+            raise self._fail(errno.EINVAL, "Can only add CPUs to mongroup that belong to parent")
+        added = cpus - group.cpus
+        for sibling in parent.mon.values():
+            if sibling is not group:
+                sibling.cpus -= added
+        group.cpus = set(cpus)
+
+    def _cpus_ctrl_write(self, group: Group, cpus: set[int]) -> None:
+        # cpus_ctrl_write: CPUs dropped go to the default group (which can drop none);
+        # CPUs added leave whichever group had them, the default group included, and
+        # that group's MON groups (cpumask_rdtgrp_clear); then every MON group of this
+        # group loses all its CPUs, whatever the write changed ("a new parent mask").
         dropped = group.cpus - cpus
+        if dropped and group is self.root:
+            raise self._fail(errno.EINVAL, "Can't drop CPUs from default group")
         self.root.cpus |= dropped
+        added = cpus - group.cpus
         for other in [self.root, *self.groups.values()]:
-            if other is not group:
-                other.cpus -= cpus
+            if other is not group and other.cpus & added:
+                other.cpus -= added
                 for m in other.mon.values():
-                    m.cpus -= cpus
-        group.cpus = cpus
+                    m.cpus &= other.cpus
+        group.cpus = set(cpus)
         for m in group.mon.values():
-            m.cpus &= cpus
+            m.cpus = set()
 
     # ---------------------------------------------------------- mkdir / rmdir
     def _alloc_rmid(self) -> int:
@@ -708,6 +852,8 @@ class ResctrlKernel:
                 raise
             self._new_counters(rmid)
         self.groups[name] = Group(name, CTRL, closid, rmid, ctrl=self._default_ctrl())
+        for d in self.profile.domains:  # a CLOSID comes back unthrottled (the kernel resets its MSRs)
+            self.mbps_percent.pop((closid, d), None)
 
     def rmdir(self, parts: list[str]) -> None:
         self.advance(self.clock())  # its tasks move to the parent from now on
@@ -753,7 +899,8 @@ class ResctrlKernel:
             raise self._fail(errno.EPERM, "Destination must be a mon_groups subdirectory")
         if new[-1] in dst.mon:
             raise KernelError(errno.EEXIST)
-        if src.cpus:
+        if src.cpus and src.parent is not dst:
+            # its CPUs belong to its parent: renaming in place keeps them, moving cannot
             raise self._fail(errno.EPERM, "Cannot move a MON group that monitors CPUs")
         old_parent = src.parent
         assert old_parent is not None
@@ -769,8 +916,13 @@ class ResctrlKernel:
         if domain not in self.profile.domains:
             raise ValueError(f"no L3 domain {domain} in profile {self.profile.name}")
         self.advance(self.clock())
+        # A domain is offline when its last CPU is: its CPUs leave every group
+        # (resctrl_offline_cpu) and come back in the default group (resctrl_online_cpu).
+        cpus = self.profile.cpus_of_domains[domain]
         if online and domain not in self.online:
             self.online = sorted(self.online + [domain])
+            self.all_cpus |= cpus
+            self.root.cpus |= cpus
             for g in [self.root, *self.groups.values()]:
                 for res in g.ctrl:
                     g.ctrl[res][domain] = self._default_value(res)
@@ -779,6 +931,11 @@ class ResctrlKernel:
                     c.total = c.local = c.rate = 0.0
         elif not online and domain in self.online:
             self.online.remove(domain)
+            self.all_cpus -= cpus
+            for g in [self.root, *self.groups.values()]:
+                g.cpus -= cpus
+                for m in g.mon.values():
+                    m.cpus -= cpus
 
     def reset_counters(self, rmid: int | None, domain: int | None) -> None:
         self.advance(self.clock())

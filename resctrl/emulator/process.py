@@ -30,11 +30,18 @@ class MountedEmulator:
     """A mounted resctrl emulator in a child process, with its control client.
 
     ``with MountedEmulator("intel") as emu: emu.root, emu.control, emu.mounts_file``
+
+    ``topology``: "profile" (the default here) gives the profile's fixed L3 domains, the
+    same on every machine, which tests and the simulated node are written against;
+    "host" gives this machine's (what a tool that reads sysfs and CPUID, such as pqos,
+    expects); None leaves the choice to the emulator (host where sysfs names an L3 id).
     """
 
     def __init__(self, profile: str = "intel", *, workdir: str | None = None,
-                 extra_args: list[str] | None = None, start_timeout: float = 20.0):
+                 extra_args: list[str] | None = None, start_timeout: float = 20.0,
+                 topology: str | None = "profile"):
         self.profile = profile
+        self.topology = topology
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="resctrl-emu-")
         self.root = os.path.join(self.workdir, "resctrl")
@@ -50,7 +57,8 @@ class MountedEmulator:
         self._stderr = open(os.path.join(self.workdir, "emulator.log"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "resctrl.emulator", self.root, "--profile", self.profile,
-             "--control", self.control_path, "--mounts-file", self.mounts_file, *self.extra_args],
+             "--control", self.control_path, "--mounts-file", self.mounts_file,
+             *(["--topology", self.topology] if self.topology else []), *self.extra_args],
             stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr,
             # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
             # reaches only its parent, which stops it in order (stop()), never mid-teardown.

@@ -11,7 +11,10 @@ import os
 import pytest
 
 import slurm_cluster
+from slurm_cluster import CPUSET
 from slurm_node import SlurmNode, job_output, parse_exports, wait_for
+
+from conftest import noded_lock_holder
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fuse,
               pytest.mark.skipif(slurm_cluster.missing() is not None,
@@ -22,6 +25,9 @@ SLEEPER = "#!/bin/sh\nexec sleep 600\n"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
+    held = noded_lock_holder(CPUSET)  # noded here watches Slurm's whole hierarchy: no other noded on it
+    if held is not None:
+        pytest.skip(f"needs the host-wide noded lock: {held}")
     with SlurmNode(str(tmp_path_factory.mktemp("slurm-node"))) as n:
         yield n
         cluster = n.slurm

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import read_until
+from conftest import read_until, skip_if_another_noded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"
@@ -53,7 +53,18 @@ def start_daemon(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
     p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
                          env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return p, re.search(r"http://\S+", read_until(p.stdout, "http://", "the metrics URL", timeout=60)).group(0)
+    try:
+        url = read_until(p.stdout, "http://", "the metrics URL", timeout=60)
+    except AssertionError:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise
+        skip_if_another_noded(p.stderr.read())  # it refused to run beside another noded: say whose
+        raise
+    return p, re.search(r"http://\S+", url).group(0)
 
 
 @contextlib.contextmanager

@@ -2,12 +2,16 @@
  * A stand-in libnvidia-ml.so.1 for the simulated node: the entry points pynvml resolves
  * for every call noded makes, with NVML's return codes and nvmlErrorString texts, reading
  * the simulated GPUs from the shared memory file named by NODED_SIM_NVML (simnvml.h).
+ * This file: mapping the node, init, counts, handles, identity, utilisation, memory,
+ * per-process samples, compute modes. processes.c has the running-process queries,
+ * monitoring.c what monitoring tools read besides (temperature, power, clocks, ...).
  *
  * Where the real library differs from a naive fake, this one follows the real one:
  * per-process utilisation samples carry their own timestamps and NOT_FOUND means nothing
  * newer than the caller's last seen timestamp; setting a compute mode needs root; memory
- * used includes the driver's reservation. Built with -DSIMNVML_NO_V3 it is a driver that
- * predates the _v3 process queries (pynvml then raises NVMLLibraryMismatchError).
+ * used includes the driver's reservation (v1; v2 reports it apart). Built with
+ * -DSIMNVML_NO_V3 it is a driver that predates the _v3 process queries (pynvml then raises
+ * NVMLLibraryMismatchError).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,46 +26,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "simnvml.h"
 
-#define EXPORT __attribute__((visibility("default")))
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_NO_PERMISSION = 4,
-    NVML_ERROR_NOT_FOUND = 6,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9,
-    NVML_ERROR_GPU_IS_LOST = 15,
-    NVML_ERROR_UNKNOWN = 999,
-};
-
-/* the structures pynvml passes, as nvml.h defines them */
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId, computeInstanceId;
-} nvmlProcessInfo_t; /* the v2 layout; v3 is the same */
-typedef struct {
-    unsigned int pid;
-    unsigned long long timeStamp;
-    unsigned int smUtil, memUtil, encUtil, decUtil;
-} nvmlProcessUtilizationSample_t;
-
-struct simnvml_device { unsigned int index; };
-typedef struct simnvml_device *nvmlDevice_t;
+#include "internal.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_count;
-static struct simnvml_node *node; /* mapped at the first successful init, kept until exit */
+struct simnvml_node *node; /* mapped at the first successful init, kept until exit */
 static int writable;              /* mapped read-write: this process may set compute modes */
-static struct simnvml_device devices[SIMNVML_MAX_GPUS];
+struct simnvml_device devices[SIMNVML_MAX_GPUS];
 
 /* -- reading the node */
 
@@ -111,7 +84,7 @@ static int mapped(void)
 }
 
 /* A consistent copy of `len` bytes at `src` inside the published part (the seqlock). */
-static void snapshot(void *dst, const void *src, size_t len)
+void snapshot(void *dst, const void *src, size_t len)
 {
     for (;;) {
         uint32_t before = __atomic_load_n(&node->seq, __ATOMIC_ACQUIRE);
@@ -136,7 +109,7 @@ static void slow(uint32_t ms)
 }
 
 /* The node-wide fault of a call (after its delay); 0 when it may go on. */
-static nvmlReturn_t node_fault(enum simnvml_call call)
+nvmlReturn_t node_fault(enum simnvml_call call)
 {
     uint32_t fault[SIMNVML_CALLS], slow_ms[SIMNVML_CALLS];
     snapshot(fault, node->published.fault, sizeof fault);
@@ -145,7 +118,7 @@ static nvmlReturn_t node_fault(enum simnvml_call call)
     return (nvmlReturn_t)fault[call];
 }
 
-static nvmlReturn_t initialised(void)
+nvmlReturn_t initialised(void)
 {
     pthread_mutex_lock(&lock);
     int n = init_count;
@@ -154,7 +127,7 @@ static nvmlReturn_t initialised(void)
 }
 
 /* The GPU behind a handle, copied whole; its lost state and the call's faults applied. */
-static nvmlReturn_t gpu_of(nvmlDevice_t device, enum simnvml_call call, struct simnvml_gpu *out)
+nvmlReturn_t gpu_of(nvmlDevice_t device, enum simnvml_call call, struct simnvml_gpu *out)
 {
     nvmlReturn_t rc = initialised();
     if (rc)
@@ -172,7 +145,7 @@ static nvmlReturn_t gpu_of(nvmlDevice_t device, enum simnvml_call call, struct s
     return (nvmlReturn_t)out->fault[call];
 }
 
-static nvmlReturn_t copy_text(char *buf, unsigned int size, const char *text, size_t max)
+nvmlReturn_t copy_text(char *buf, unsigned int size, const char *text, size_t max)
 {
     size_t n = strnlen(text, max);
     if (!buf)
@@ -362,6 +335,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     return NVML_SUCCESS;
 }
 
+/* What the processes on the GPU hold (under MPS the clients' memory, the server's). */
+static unsigned long long used_by_processes(const struct simnvml_gpu *gpu)
+{
+    unsigned long long used = 0;
+    for (uint32_t i = 0; i < gpu->nprocs && i < SIMNVML_MAX_PROCS; i++)
+        used += gpu->procs[i].used_memory;
+    for (uint32_t i = 0; i < gpu->nmps && i < SIMNVML_MAX_PROCS; i++)
+        used += gpu->mps[i].used_memory;
+    return used;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     struct simnvml_gpu gpu;
@@ -370,11 +354,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
         return rc;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned long long used = gpu.memory_reserved;
-    for (uint32_t i = 0; i < gpu.nprocs && i < SIMNVML_MAX_PROCS; i++)
-        used += gpu.procs[i].used_memory;
-    for (uint32_t i = 0; i < gpu.nmps && i < SIMNVML_MAX_PROCS; i++)
-        used += gpu.mps[i].used_memory;
+    /* v1: used includes the driver's reservation */
+    unsigned long long used = gpu.memory_reserved + used_by_processes(&gpu);
     if (used > gpu.memory_total)
         used = gpu.memory_total;
     memory->total = gpu.memory_total;
@@ -383,72 +364,34 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     return NVML_SUCCESS;
 }
 
-/* NVML's two-call protocol: a short buffer answers INSUFFICIENT_SIZE with the count. */
-static nvmlReturn_t process_list(const struct simnvml_process *procs, uint32_t n, const struct simnvml_process *extra,
-                                 unsigned int *count, nvmlProcessInfo_t *infos)
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    if (!count)
+    if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned int total = n + (extra != NULL);
-    if (!infos || *count < total) {
-        *count = total;
-        return total == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
-    }
-    for (unsigned int i = 0; i < total; i++) {
-        const struct simnvml_process *p = i < n ? &procs[i] : extra;
-        infos[i].pid = p->pid;
-        infos[i].usedGpuMemory = p->used_memory;
-        infos[i].gpuInstanceId = 0xFFFFFFFFu;
-        infos[i].computeInstanceId = 0xFFFFFFFFu;
-    }
-    *count = total;
+    if (memory->version != NVML_MEMORY_V2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    struct simnvml_gpu gpu;
+    nvmlReturn_t rc = gpu_of(device, SIMNVML_MEMORY, &gpu);
+    if (rc)
+        return rc;
+    /* v2: the reservation on its own, used only what was allocated; free the same as v1's */
+    unsigned long long reserved = gpu.memory_reserved < gpu.memory_total ? gpu.memory_reserved : gpu.memory_total;
+    unsigned long long used = used_by_processes(&gpu);
+    if (used > gpu.memory_total - reserved)
+        used = gpu.memory_total - reserved;
+    memory->total = gpu.memory_total;
+    memory->reserved = reserved;
+    memory->used = used;
+    memory->free = gpu.memory_total - reserved - used;
     return NVML_SUCCESS;
 }
-
-static nvmlReturn_t compute_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos)
-{
-    struct simnvml_gpu gpu;
-    nvmlReturn_t rc = gpu_of(device, SIMNVML_PROCESSES, &gpu);
-    if (rc)
-        return rc;
-    uint32_t n = gpu.nprocs > SIMNVML_MAX_PROCS ? SIMNVML_MAX_PROCS : gpu.nprocs;
-    /* Under MPS the driver sees one server process, holding its clients' memory. */
-    struct simnvml_process server = {gpu.mps_server_pid, 0, 0};
-    for (uint32_t i = 0; i < gpu.nmps && i < SIMNVML_MAX_PROCS; i++)
-        server.used_memory += gpu.mps[i].used_memory;
-    return process_list(gpu.procs, n, gpu.mps_server_pid ? &server : NULL, count, infos);
-}
-
-static nvmlReturn_t mps_processes(nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_t *infos)
-{
-    struct simnvml_gpu gpu;
-    nvmlReturn_t rc = gpu_of(device, SIMNVML_MPS_PROCESSES, &gpu);
-    if (rc)
-        return rc;
-    return process_list(gpu.mps, gpu.nmps > SIMNVML_MAX_PROCS ? SIMNVML_MAX_PROCS : gpu.nmps, NULL, count, infos);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i)
-{
-    return compute_processes(d, c, i);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i)
-{
-    return mps_processes(d, c, i);
-}
-
-#ifndef SIMNVML_NO_V3
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i)
-{
-    return compute_processes(d, c, i);
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i)
-{
-    return mps_processes(d, c, i);
-}
-#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                                     unsigned int *processSamplesCount,
@@ -542,6 +485,8 @@ EXPORT unsigned int simnvml_layout(unsigned long long *out, unsigned int n)
         offsetof(struct simnvml_gpu, procs),
         offsetof(struct simnvml_gpu, samples),
         sizeof(struct simnvml_sample),
+        offsetof(struct simnvml_gpu, telemetry),
+        sizeof(struct simnvml_telemetry),
         SIMNVML_CALLS,
         SIMNVML_VERSION,
     };

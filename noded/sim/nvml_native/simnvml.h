@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define SIMNVML_MAGIC 0x4d49534445444f4eULL /* "NODEDSIM" little-endian */
-#define SIMNVML_VERSION 1u
+#define SIMNVML_VERSION 2u
 #define SIMNVML_MAX_GPUS 16
 #define SIMNVML_MAX_PROCS 64    /* per GPU: processes, or MPS clients (48 from Volta on) */
 #define SIMNVML_MAX_SAMPLES 256 /* per GPU: the driver's buffer of per-process samples */
@@ -39,6 +39,7 @@ enum simnvml_call {
     SIMNVML_SET_COMPUTE_MODE,
     SIMNVML_COMPUTE_CAPABILITY,
     SIMNVML_DRIVER_VERSION,
+    SIMNVML_TELEMETRY,       /* temperature, power, fan, clocks, PCIe, ECC, modes, codecs */
     SIMNVML_CALLS
 };
 
@@ -56,6 +57,38 @@ struct simnvml_sample {
     uint32_t pad;
 };
 
+/* What monitoring tools (nvidia-smi, gpustat, nvitop) read besides utilisation and memory:
+   the simulated node derives it from the model's specification and its utilisation. */
+#define SIMNVML_HAS_FAN (1u << 0)     /* a dedicated fan: data-centre boards are passively cooled */
+#define SIMNVML_HAS_MIG (1u << 1)     /* MIG mode can be queried (A100, H100) */
+
+
+struct simnvml_telemetry {
+    uint32_t supported;            /* SIMNVML_HAS_* */
+    uint32_t temperature_c;        /* GPU core sensor */
+    uint32_t fan_percent;
+    uint32_t power_mw;             /* board draw now */
+    uint32_t power_limit_mw;       /* enforced = management limit here */
+    uint32_t power_default_limit_mw;
+    uint32_t power_min_limit_mw, power_max_limit_mw;
+    uint32_t clock_mhz[4];         /* nvmlClockType_t: graphics, SM, memory, video */
+    uint32_t max_clock_mhz[4];
+    uint32_t pcie_gen, pcie_max_gen, pcie_width, pcie_max_width;
+    uint32_t pcie_tx_kbps, pcie_rx_kbps;
+    uint32_t ecc_enabled;
+    uint32_t persistence;          /* 1: enabled (nvidia-persistenced runs) */
+    uint32_t pstate;               /* 0 = P0 */
+    uint32_t encoder_util, decoder_util;
+    uint32_t pci_domain, pci_bus, pci_device;
+    uint32_t pci_device_id;        /* device << 16 | vendor 0x10de */
+    uint32_t pci_subsystem_id;
+    uint32_t nvlink_count;         /* 0: no NVLink */
+    uint32_t pad;
+    uint64_t bar1_total;
+    uint64_t energy_mj;            /* since the driver loaded */
+    char serial[32];
+};
+
 struct simnvml_gpu {
     char uuid[SIMNVML_TEXT];
     char name[SIMNVML_TEXT];
@@ -70,6 +103,7 @@ struct simnvml_gpu {
     uint32_t nmps;
     uint32_t nsamples;         /* samples[0..nsamples) oldest first */
     uint32_t pad;
+    struct simnvml_telemetry telemetry;
     uint32_t fault[SIMNVML_CALLS];   /* 0, or the return code the call fails with */
     uint32_t slow_ms[SIMNVML_CALLS]; /* the call takes this long first */
     struct simnvml_process procs[SIMNVML_MAX_PROCS];
@@ -81,6 +115,9 @@ struct simnvml_published {
     uint32_t driver_loaded;    /* 0: nvmlInit fails DRIVER_NOT_LOADED */
     uint32_t gpu_count;
     char driver_version[32];
+    char nvml_version[32];         /* "12.550.54.15": the CUDA major it ships with, then the driver's */
+    uint32_t cuda_driver_version;  /* 1000 * major + 10 * minor, as cudaDriverGetVersion: 12040 */
+    uint32_t pad;
     uint32_t fault[SIMNVML_CALLS];   /* node-wide faults (init, count, ...) */
     uint32_t slow_ms[SIMNVML_CALLS];
     struct simnvml_gpu gpus[SIMNVML_MAX_GPUS];
@@ -101,6 +138,6 @@ struct simnvml_node {
 };
 
 /* sizes and offsets, for the Python mirror's check: see simnvml_layout() */
-#define SIMNVML_LAYOUT_FIELDS 12
+#define SIMNVML_LAYOUT_FIELDS 14
 
 #endif

@@ -1,0 +1,145 @@
+"""One job held at a cap on a mounted resctrl: its own control group, its counters read on
+their own schedule (every ``period_s``, not at the daemon's tick), the controller's two
+values written within each period.
+
+The job gets a control group of its own (``<prefix>cap-<job>``), because a cap is per job
+and an MB value is per CLOSID. Where CLOSIDs run out (8 to 16 on common parts, one is the
+root's) a capped job cannot have one: ``OutOfClosidsError`` reaches the caller, who keeps
+the job in its level group (the eliminator's shared ``mba-<level>`` groups) and says so;
+jobs that share a CLOSID share one MB value, so their caps could only be met together
+(their sum), never each.
+
+Where resctrl is mounted with ``mba_MBps`` the kernel's own controller steers each group
+toward a MiB/s target: two controllers on one knob would fight, so the holder writes the
+cap as that target and leaves the steering to the kernel (``mode`` says which; the kernel's
+is the slow one: one 10 % step a second, by local traffic unless the group's
+``mba_MBps_event`` says total, so the holder sets that to total where it can).
+
+The MB value is the same on every domain; the cap is on the job's traffic summed over
+them (MBM counts each domain's L3; a job's threads may run on several).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError
+from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
+
+from .controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+KERNEL_MBPS = "kernel mba_MBps"
+NODED = "noded"
+
+
+def scale_of(rc: Resctrl) -> list[int]:
+    """The MB values this host takes, ascending (Intel percent steps, AMD's 1/8 GB/s units)."""
+    mb = rc.caps.mb
+    if mb is None:
+        raise ValueError(f"{rc.root}: this host has no memory bandwidth allocation: nothing can hold a cap")
+    limits = mb.limits
+    return list(range(limits.min_bandwidth, limits.max_bandwidth + 1, max(1, limits.bandwidth_gran)))
+
+
+class CapHolder:
+    """Holds the processes ``pids`` of ``job`` at ``cap_bps`` until ``stop()``."""
+
+    def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
+                 busy_threads: Callable[[], int] = lambda: 1, period_s: float = DEFAULT_PERIOD_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.rc = rc
+        self.job = job
+        self.cap = cap_bps
+        self.busy_threads = busy_threads
+        self.period = period_s
+        self.clock = clock
+        flavour = rc.caps.mb.limits.flavour if rc.caps.mb else None
+        self.mode = KERNEL_MBPS if flavour is MbFlavour.MBPS else NODED
+        self.scale = scale_of(rc) if self.mode == NODED else []
+        self.group: CtrlGroup = rc.ensure_ctrl_group(f"{rc.prefix}cap-{job}")
+        for pid in pids:
+            self.group.add_process(pid)
+        self.controller = CapController(
+            self.scale, cap_bps, absolute_unit_bytes=AMD_UNIT_BYTES if flavour is MbFlavour.AMD_UNITS else None
+        ) if self.mode == NODED else None
+        self.meter = BandwidthMeter(MBM_TOTAL)
+        self.held = Hold(self.scale[-1], self.scale[-1]) if self.scale else None
+        self.last_rate: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "CapHolder":
+        if self.mode == KERNEL_MBPS:
+            self._hand_to_kernel()
+            return self
+        self._thread = threading.Thread(target=self._loop, name=f"cap-{self.job}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _hand_to_kernel(self) -> None:
+        try:
+            with open(f"{self.group.path}/mba_MBps_event", "w") as f:
+                f.write("mbm_total_bytes\n")
+        except OSError as e:
+            log.info("cap %s: mba_MBps_event stays local (%s): the kernel caps local traffic only", self.job, e)
+        self.group.set_mb(max(1, int(self.cap / MIB)))
+        log.info("cap %s: %.2f GB/s held by the kernel's mba_MBps controller (one step a second), not noded's",
+                 self.job, self.cap / 1e9)
+
+    def set_cap(self, cap_bps: float) -> None:
+        self.cap = cap_bps
+        if self.controller is not None:
+            self.controller.set_cap(cap_bps)
+        else:
+            self.group.set_mb(max(1, int(cap_bps / MIB)))
+
+    def step(self) -> Hold | None:
+        """One period: measure what the job moved under the last hold, write the next."""
+        assert self.controller is not None and self.held is not None
+        now = self.clock()
+        rates = self.meter.update(read_mbm(self.group.path, (MBM_TOTAL,)), now)
+        if not rates or any(r is None for r in rates.values()):
+            return None  # a first reading or a reset: the next period measures
+        self.last_rate = sum(r for r in rates.values() if r is not None)
+        self.held = self.controller.update(self.last_rate, self.busy_threads(), self.held)
+        return self.held
+
+    def _loop(self) -> None:
+        try:
+            self._steer()
+        except (ResctrlError, OSError) as e:
+            # the group or the mount went away under us (an operator, an unmount): nothing to steer
+            log.warning("cap %s: stopped steering: %s", self.job, e)
+
+    def _steer(self) -> None:
+        start = self.clock()
+        k = 0
+        while not self._stop.is_set():
+            hold = self.step()
+            parts = hold.values if hold is not None else [(self.held.low, 1.0)]
+            offset = 0.0
+            for value, share in parts:
+                self.group.set_mb(value)
+                offset += share * self.period
+                if len(parts) > 1 and share < 1.0 and self._stop.wait(max(0.0, start + k * self.period + offset
+                                                                           - self.clock())):
+                    return
+            k += 1
+            # the next period starts on the schedule, not after this one's work
+            if self._stop.wait(max(0.0, start + k * self.period - self.clock())):
+                return
+
+    def stop(self) -> None:
+        """Stop steering and remove the group: the kernel puts the job's tasks back in the root."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.group.remove()
+        except GroupNotFoundError:
+            pass  # removed already: what stop() is for
