@@ -191,8 +191,9 @@ class RightsizeConfig:
     sources: tuple[str, ...] = ()
     #: job sources whose CPU jobs may borrow the GPU array's idle cores (taken back at once)
     lend_to: tuple[str, ...] = ()
-    #: coda (CODA's adaptive search) or synergy (Synergy's binary search down from the maximum)
-    method: str = "coda"
+    #: top (the whole share first, then the fewest cores within noise_margin of the best
+    #: measured), coda (CODA's adaptive search) or synergy (Synergy's binary search from the maximum)
+    method: str = "top"
     #: a step up is kept only for a gain above this share of the throughput
     noise_margin: float = 0.03
     #: a measurement ends once its interval's half-width is this share of the mean
@@ -378,7 +379,7 @@ _RULES: dict[str, Check] = {
     "resctrl.prefix": prefix_problem,
     "rightsize.sources": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
     "rightsize.lend_to": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
-    "rightsize.method": _must(lambda v: v in ("coda", "synergy"), "one of coda, synergy"),
+    "rightsize.method": _must(lambda v: v in ("top", "coda", "synergy"), "one of top, coda, synergy"),
     "rightsize.noise_margin": _must(lambda v: 0 < v <= 0.5, "a share above 0 and at most 0.5"),
     "rightsize.tolerance": _must(lambda v: 0 < v <= 0.5, "a share above 0 and at most 0.5"),
     "rightsize.max_window_s": _between(1, 3600, " seconds"),

@@ -118,11 +118,11 @@ def test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket(served, c
     loop.tick()
     assert len(node.jobs["g"]["cpus"]) == 3
     code, out, err = nodectl_run(s.path, "size", "g", "--reprobe", "--reason", "new data", capsys=capsys)
-    assert code == 0 and out.startswith("g is probed again from 3 cores (reason: new data); state probing")
+    assert code == 0 and out.startswith("g is probed again from 16 cores (reason: new data); state probing")
     assert rs.view().jobs["g"].state == PROBING
     code, out, err = nodectl_run(s.path, "--json", "size", "g", "--stop", capsys=capsys)
     got = json.loads(out)  # probing stopped: it keeps what it has
-    assert code == 0 and got["state"] == STOPPED and got["control"] == "stop" and got["cores"] == 3
+    assert code == 0 and got["state"] == STOPPED and got["control"] == "stop" and got["cores"] == 16
     assert rs.view().jobs["g"].state == STOPPED
     code, out, err = nodectl_run(s.path, "size", "g", "--reprobe", capsys=capsys)
     assert code == 0 and "(no reason given); state probing" in out

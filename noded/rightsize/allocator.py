@@ -1,4 +1,16 @@
-"""CODA's adaptive CPU allocator (Sec. V-B) as a pure state machine per GPU job.
+"""The CPU allocator of a GPU job as a pure state machine: the top search (the default,
+issue #23, ``topsearch``), CODA's adaptive allocator (Sec. V-B) and Synergy's search.
+
+**The top search** (``TOP``, ours). Measure the most cores the job may have (its
+``max_cores`` within the plan's ceiling), then bisect for the fewest cores within
+``noise_margin`` of the best measured, every decision re-derived from all points (see
+``topsearch``); N_start below (history, the model, the owner, the category and hints) only
+says where the bisection looks first, and a start from an answer measured before tries the
+core below it next: the top, the answer and its neighbour confirm it or overturn it. No
+floor phase: the answer is within the margin of the top, which is measured at the share or
+above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
+``DRIFT_WINDOWS`` windows in a row measure the job beyond the band in one direction, it is
+searched again from the top with nothing measured before kept (``drifted``).
 
 The allocator never measures and never writes a cpuset. It asks for a core count
 (``Probe``), is told the throughput the job reached there (a mean from ``signal.Window``),
@@ -90,12 +102,14 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from ..jobs.model import CATEGORIES
+from . import topsearch
 from .history import HistoryView
 from .signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
 
 CODA = "coda"
 SYNERGY = "synergy"
-METHODS = (CODA, SYNERGY)
+TOP = "top"  # ours (issue #23): the top first, then the fewest cores within the margin of it
+METHODS = (CODA, SYNERGY, TOP)
 
 #: CODA V-B1: the first job of a tenant starts here, cores per GPU.
 DEFAULT_START: Mapping[str, int] = MappingProxyType({"CV": 3, "NLP": 5, "Speech": 5})
@@ -113,6 +127,10 @@ FROM_CATEGORY = "category"  # the paper's default for the category, with hints
 FROM_DEFAULT = "default"  # no category, no history
 FROM_REPROBE = "reprobe"  # the cores the job had when the operator asked again
 FROM_LIMIT = "limit"  # the search resumed within a ceiling (``limit``)
+FROM_DRIFT = "drift"  # a sized job's throughput moved: searched again from its answer
+#: starts that are a measured answer of this job or model: the top search tries the one
+#: below next (TOP's neighbour rule)
+_ANSWERS = (FROM_HISTORY, FROM_HISTORY_SCALED, FROM_MODEL, FROM_REPROBE, FROM_DRIFT)
 
 # phases
 CONFIRM = "confirm"
@@ -122,10 +140,13 @@ UP = "up"
 AT_MAX = "at_max"  # Synergy: measuring the maximum
 HALVING = "halving"  # Synergy: the binary search
 FLOOR = "floor"  # measuring the GPU-proportional share once (the floor phase)
+AT_TOP = "at_top"  # TOP: measuring the most cores the job may have
+BISECT = "bisect"  # TOP: bisecting for the fewest cores within the margin of the top
+RECHECK = "recheck"  # TOP: a tie decided it: measured again
 SIZED = "sized"
 PINNED = "pinned"
 STOPPED = "stopped"
-PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING, FLOOR)
+PROBING = (CONFIRM, START, DOWN, UP, AT_MAX, HALVING, FLOOR, AT_TOP, BISECT, RECHECK)
 PHASES = (*PROBING, SIZED, PINNED, STOPPED)
 
 # why a Sized came out
@@ -156,8 +177,9 @@ class OutOfRange(SizingError, ValueError):
 
 @dataclass(frozen=True)
 class AllocatorConfig:
-    method: str = CODA
+    method: str = TOP
     noise_margin: float = 0.03  # a share of the throughput; keep above the signal's tolerance
+    rechecks: int = 2  # TOP: re-measurements of a tie per search
     fewer_if_equal: bool = True
     synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
     max_steps: int = 24  # measurements per search, whatever the curve does
@@ -171,6 +193,8 @@ class AllocatorConfig:
             raise ValueError("noise_margin and synergy_within must be in (0, 1)")
         if self.max_steps < 2:
             raise ValueError(f"max_steps must be >= 2, not {self.max_steps}")
+        if type(self.rechecks) is not int or self.rechecks < 0:
+            raise ValueError(f"rechecks must be a whole number >= 0, not {self.rechecks!r}")
 
 
 @dataclass(frozen=True)
@@ -261,6 +285,7 @@ class SizingState:
     step: int = 1  # cores per step of the search: one per GPU (``step_per_gpu``), else one
     share: int | None = None  # the GPU-proportional share (within max_cores): the floor phase
     ceiling: int | None = None  # the plan's limit (``limit``), below max_cores; None: none
+    widths: tuple[float, ...] = ()  # each point's window interval, relative half-width (TOP's noise)
 
     @property
     def steps(self) -> int:
@@ -272,11 +297,13 @@ class SizingState:
         return self.max_cores if self.ceiling is None else min(self.ceiling, self.max_cores)
 
     def value(self, cores: int) -> float | None:
-        return next((v for c, v in self.points if c == cores), None)
+        """The mean of the windows measured at ``cores`` (TOP measures a tie again)."""
+        values = [v for c, v in self.points if c == cores]
+        return math.fsum(values) / len(values) if values else None
 
     def within(self) -> tuple[tuple[int, float], ...]:
-        """The points measured within the bound."""
-        return tuple(p for p in self.points if p[0] <= self.bound)
+        """The points measured within the bound (one per core count: its mean)."""
+        return tuple((c, self.value(c)) for c in dict.fromkeys(c for c, _ in self.points) if c <= self.bound)
 
     def top(self) -> float:
         """The best throughput measured within the bound."""
@@ -286,21 +313,25 @@ class SizingState:
         """The Sized of an ended state. Raises SizingError while probing."""
         if self.phase in PROBING:
             raise SizingError(f"{self.job}: still probing ({self.phase})")
-        return Sized(self.job, self.cores, self.value(self.cores), tuple(sorted(self.points)), self.steps,
-                     self.reason or self.phase)
+        means = tuple(sorted((c, self.value(c)) for c in {c for c, _ in self.points}))
+        return Sized(self.job, self.cores, self.value(self.cores), means, self.steps, self.reason or self.phase)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "method": self.method, "max_cores": self.max_cores,
                 "start": {"cores": self.start.cores, "source": self.start.source, "expected": self.start.expected},
                 "phase": self.phase, "cores": self.cores, "points": [[c, v] for c, v in self.points],
                 "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason,
-                "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling}
+                "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling,
+                "widths": list(self.widths)}
 
     @classmethod
     def from_dict(cls, data: Any) -> "SizingState":
         """Raises ValueError on any other shape, or on a state the allocator could not reach."""
         keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason",
                 "gpus", "step", "share", "ceiling"}
+        if isinstance(data, dict) and "widths" not in data:
+            data = {**data, "widths": [topsearch.UNKNOWN_WIDTH] * len(data.get("points") or ())}  # saved before them
+        keys.add("widths")
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
         if not isinstance(data["job"], str) or not data["job"]:
@@ -326,8 +357,12 @@ class SizingState:
             if not _positive(v):
                 raise ValueError(f"points: not a positive throughput: {str(v)[:40]}")
             parsed.append((_whole(c, "points cores", 1, top), float(v)))
-        if len({c for c, _ in parsed}) != len(parsed):
+        if len({c for c, _ in parsed}) != len(parsed) and data["method"] != TOP:
             raise ValueError("points: a core count measured twice")
+        widths = data["widths"]
+        if not isinstance(widths, list) or len(widths) != len(parsed) or not all(
+                _is_width(w) for w in widths):
+            raise ValueError("widths: expected one relative half-width in 0..1 per point")
         kept = None if data["kept"] is None else _whole(data["kept"], "kept", 1, top)
         share = None if data["share"] is None else _whole(data["share"], "share", 1, top)
         ceiling = None if data["ceiling"] is None else _whole(data["ceiling"], "ceiling", 1, top - 1)
@@ -338,7 +373,15 @@ class SizingState:
                    Start(_whole(start["cores"], "start.cores", 1, top), start["source"], expected),
                    data["phase"], _whole(data["cores"], "cores", 1, top), tuple(parsed), kept,
                    _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"],
-                   gpus, data["step"], share, ceiling)
+                   gpus, data["step"], share, ceiling, tuple(float(w) for w in widths))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_width(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
 
 
 def _positive(value: Any) -> bool:
@@ -395,6 +438,9 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
         state = replace(state, start=start, cores=start.cores)
     if state.bound == 1:
         return _end(replace(state, cores=1), NO_CHOICE)
+    if config.method == TOP:
+        # the top first, whatever the start says: the start is where the bisection looks first
+        return _probe(replace(state, phase=AT_TOP), state.bound)
     if start.source == FROM_HISTORY and start.expected is not None:
         return _probe(replace(state, phase=CONFIRM), start.cores)
     if config.method == SYNERGY:
@@ -402,9 +448,11 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
     return _probe(state, start.cores)
 
 
-def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+def advance(state: SizingState, mean: float | None, config: AllocatorConfig,
+            width: float | None = None) -> tuple[Probe | Sized, SizingState]:
     """Take the mean measured at ``state.cores`` (None: the window saw no sample) and say what
-    next. Raises NotProbing when no measurement is awaited."""
+    next; ``width``: the window's interval, a relative half-width (None: unknown). Raises
+    NotProbing when no measurement is awaited."""
     if state.phase not in PROBING:
         raise NotProbing(f"{state.job}: not probing ({state.phase}); a measurement is not expected")
     if mean is None:
@@ -412,7 +460,9 @@ def advance(state: SizingState, mean: float | None, config: AllocatorConfig) -> 
         return _end(replace(state, cores=fallback), NO_SIGNAL)
     if not _positive(mean):
         raise SizingError(f"{state.job}: a throughput must be a positive number, not {mean!r:.40}")
-    state = replace(state, points=(*state.points, (state.cores, float(mean))))
+    known = width if width is not None and math.isfinite(width) else topsearch.UNKNOWN_WIDTH
+    state = replace(state, points=(*state.points, (state.cores, float(mean))),
+                    widths=(*state.widths, min(max(0.0, known), topsearch.UNKNOWN_WIDTH)))
     return _next(state, config)
 
 
@@ -467,6 +517,8 @@ class _Step:
 def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
     """After a point was added: the next probe, or the answer. A probe at a core count that
     was measured already (a failed confirmation's point) takes that value without asking."""
+    if state.method == TOP:
+        return _top(state, config)
     while True:
         if state.phase == FLOOR:
             decided = _floor(state)
@@ -487,6 +539,11 @@ def _next(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, S
 
 def _best_so_far(state: SizingState, config: AllocatorConfig) -> int:
     """What to keep when a search must end now: within the bound, or the bound itself."""
+    if state.method == TOP:
+        points = topsearch.points_of(state.points, state.bound)
+        if not points:
+            return min(state.start.cores, state.bound)
+        return topsearch.bracket(points, topsearch.top_of(points), config.noise_margin)[1]
     if state.phase == FLOOR or (state.method == CODA and state.kept is not None):
         if state.kept is not None and state.kept <= state.bound:
             return state.kept
@@ -545,6 +602,24 @@ def _confirm(state: SizingState, config: AllocatorConfig):
     if state.method == SYNERGY:
         return _Step(AT_MAX, state.bound, {"lo": 1, "hi": state.bound})
     return _coda_after_start(replace(state, kept=state.cores))
+
+
+def _top(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """TOP one decision at a time (``topsearch.decide``): every core count is decided against
+    the best measured, from all the points; a tie is measured again before it decides."""
+    start = state.start
+    hint = start.cores if start.source != FROM_DEFAULT and start.cores < state.bound else None
+    rechecked = len(state.points) - len({c for c, _ in state.points})
+    decision = topsearch.decide(state.points, state.widths, state.bound, config.noise_margin, hint,
+                                start.source in _ANSWERS, config.rechecks, state.step, rechecked)
+    if decision.answer:
+        cores = decision.cores
+        return _end(replace(state, cores=cores, kept=cores), _searched_reason(state, cores))
+    if state.steps >= config.max_steps:
+        return _end(replace(state, cores=_best_so_far(state, config)), STEP_LIMIT)
+    phase = RECHECK if decision.recheck else (AT_TOP if decision.cores == state.bound and
+                                              state.value(state.bound) is None else BISECT)
+    return _probe(replace(state, phase=phase), decision.cores)
 
 
 def _coda(state: SizingState, config: AllocatorConfig):
@@ -645,6 +720,8 @@ def limit(state: SizingState, cores: int, config: AllocatorConfig) -> tuple[Prob
 def _resume(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
     """A search cut by a ceiling, on again within it."""
     within = state.within()
+    if state.method == TOP:
+        return _top(replace(state, phase=BISECT), config)
     if state.method == SYNERGY:
         if not within:
             return _probe(replace(state, phase=AT_MAX, lo=1, hi=state.bound, kept=None), state.bound)
@@ -663,39 +740,125 @@ def _resume(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized,
 
 # -- a job's sizing with its signal window
 
+#: drift: a sized job's passive windows that must each measure it beyond the margin (and the
+#: noise seen at rest), in the same direction and in a row, before it is searched again
+DRIFT_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A sized job's passive measurement at its answer (drift, ours). ``reference``: the
+    throughput there, the mean of the ``k`` passive windows that stayed within the band
+    (with ``k`` 0, the search's own measurement, which only the first passive window replaces:
+    the search chose the answer by its windows, and a window that came out high would make
+    every later one look slow); ``n``/``m2``: the count and summed squared
+    relative distance from the reference of the windows that turned out to be noise (those
+    within the band, and strikes whose streak broke: a band that left them out would narrow
+    itself); ``strikes``: windows in a row beyond the band, ``sign`` their direction (+1
+    faster, -1 slower), ``pending`` their summed squared distance."""
+
+    reference: float
+    k: int = 0
+    n: int = 0
+    m2: float = 0.0
+    strikes: int = 0
+    sign: int = 0
+    pending: float = 0.0
+
+    def band(self, margin: float, error: float) -> float:
+        """How far (a share of the reference) a window may be off before it counts: the
+        margin, or the noise (the search's window error, the spread at rest) when wider."""
+        at_rest = math.sqrt(self.m2 / self.n) if self.n else 0.0
+        return max(margin, topsearch.Z * math.sqrt(2) * max(error, at_rest))
+
+    def seen(self, mean: float, margin: float, error: float) -> "Watch":
+        """The watch after a passive window measured ``mean``."""
+        if self.k == 0:
+            return Watch(mean, 1)
+        off = mean / self.reference - 1
+        if abs(off) <= self.band(margin, error):
+            k = self.k + 1
+            return Watch(self.reference + (mean - self.reference) / k, k, self.n + 1 + self.strikes,
+                         self.m2 + off * off + self.pending)
+        sign = 1 if off > 0 else -1
+        if sign == self.sign:
+            return replace(self, strikes=self.strikes + 1, pending=self.pending + off * off)
+        # a streak the other way broke: its windows were noise
+        return Watch(self.reference, self.k, self.n + self.strikes, self.m2 + self.pending, 1, sign, off * off)
+
+    @property
+    def drifted(self) -> bool:
+        return self.strikes >= DRIFT_WINDOWS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "k": self.k, "n": self.n, "m2": self.m2, "strikes": self.strikes,
+                "sign": self.sign, "pending": self.pending}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Watch":
+        """Raises ValueError on any other shape."""
+        keys = {"reference", "k", "n", "m2", "strikes", "sign", "pending"}
+        if not isinstance(data, dict) or set(data) != keys:
+            raise ValueError(f"a watch: expected {', '.join(sorted(keys))}")
+        counts = [data[key] for key in ("k", "n", "strikes")]
+        if not _positive(data["reference"]) or not all(type(c) is int and c >= 0 for c in counts) \
+                or data["sign"] not in (-1, 0, 1) \
+                or not all(_is_number(data[key]) and data[key] >= 0 for key in ("m2", "pending")):
+            raise ValueError("a watch: a value out of its range")
+        return cls(float(data["reference"]), data["k"], data["n"], float(data["m2"]), data["strikes"], data["sign"],
+                   float(data["pending"]))
+
 
 @dataclass(frozen=True)
 class JobSizing:
-    """A job's allocator state and the window measuring its current probe (None when no
-    probe is open). Feed it samples; it opens a window at each probe and closes it once the
-    signal is steady (or at the maximum window)."""
+    """A job's allocator state and the window measuring its current probe, or, once sized,
+    its passive window at the answer (``watch``); None when nothing is measured (pinned,
+    stopped). Feed it samples; it opens a window at each probe and closes it once the signal
+    is steady (or at the maximum window)."""
 
     spec: JobSpec
     state: SizingState
     window: Window | None = None
+    watch: Watch | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state.to_dict(), "window": self.window.to_dict() if self.window else None}
+        return {"state": self.state.to_dict(), "window": self.window.to_dict() if self.window else None,
+                "watch": self.watch.to_dict() if self.watch else None}
 
     @classmethod
     def from_dict(cls, spec: JobSpec, data: Any) -> "JobSizing":
         """The spec comes from the job as it is now; raises ValueError on any other shape."""
-        if not isinstance(data, dict) or set(data) != {"state", "window"}:
-            raise ValueError("a job's sizing: expected state and window")
+        if isinstance(data, dict) and "watch" not in data:
+            data = {**data, "watch": None}  # saved before drift was watched
+        if not isinstance(data, dict) or set(data) != {"state", "window", "watch"}:
+            raise ValueError("a job's sizing: expected state, window and watch")
         state = SizingState.from_dict(data["state"])
         window = None if data["window"] is None else Window.from_dict(data["window"])
+        watch = None if data["watch"] is None else Watch.from_dict(data["watch"])
         if state.job != spec.job or state.max_cores != spec.max_cores or state.gpus != spec.gpus:
             raise ValueError(f"the saved sizing is of {state.job} at {state.max_cores} cores on {state.gpus} GPUs, "
                              f"not this job's")
-        if window is not None and (window.kind != spec.signal or window.cores != state.cores
-                                   or state.phase not in PROBING):
+        if window is not None and (window.kind != spec.signal
+                                   or window.cores != state.cores
+                                   or (state.phase not in PROBING and (state.phase != SIZED or watch is None))):
             raise ValueError("the saved window does not belong to the saved probe")
-        return cls(spec, state, window)
+        if watch is not None and state.phase != SIZED:
+            raise ValueError("a watch belongs to a sized job")
+        return cls(spec, state, window, watch)
 
 
 def _with_window(spec: JobSpec, out: Probe | Sized, state: SizingState, now: float):
-    window = Window(spec.signal, out.cores, now) if isinstance(out, Probe) else None
-    return out, JobSizing(spec, state, window)
+    """A probe's window; a searched answer's passive window and its watch (drift)."""
+    if isinstance(out, Probe):
+        return out, JobSizing(spec, state, Window(spec.signal, out.cores, now))
+    if state.phase == SIZED and out.throughput is not None:
+        return out, JobSizing(spec, state, Window(spec.signal, out.cores, now), Watch(out.throughput))
+    return out, JobSizing(spec, state, None)
+
+
+def _error(state: SizingState) -> float:
+    """One window mean's relative error as the search saw it (its intervals, its rechecks)."""
+    return topsearch.window_error(state.points, state.widths)
 
 
 def begin_job(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
@@ -719,8 +882,32 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
     measured = window.result(now, config.signal)
     if measured is None:
         return None, replace(sizing, window=window), None
-    out, state = advance(sizing.state, measured.mean, config)
+    if sizing.watch is not None:
+        return (*_watched(sizing, measured, now, config), measured)
+    out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width)
     return (*_with_window(sizing.spec, out, state, now), measured)
+
+
+def _watched(sizing: JobSizing, measured: Measurement, now: float,
+             config: AllocatorConfig) -> tuple[Probe | None, JobSizing]:
+    """A sized job's passive window ended: the next one opens, unless the job's throughput
+    moved beyond the band DRIFT_WINDOWS windows in a row: then it is searched again from the
+    top, the points measured before the change forgotten (None: nothing to do)."""
+    state = sizing.state
+    if measured.mean is None:
+        return None, replace(sizing, window=Window(sizing.spec.signal, state.cores, now))
+    watch = sizing.watch.seen(measured.mean, config.noise_margin, _error(state))
+    if not watch.drifted:
+        return None, replace(sizing, window=Window(sizing.spec.signal, state.cores, now), watch=watch)
+    out, fresh = drifted(state, config)
+    return _with_window(sizing.spec, out, fresh, now)
+
+
+def drifted(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
+    """Search a sized job again: from the top, its answer where the bisection looks first,
+    nothing measured before kept (the job changed). Also when its labels or cgroup changed."""
+    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share)
+    return begin(spec, None, config, Start(min(state.cores, state.bound), FROM_DRIFT), state.ceiling)
 
 
 def pin_job(sizing: JobSizing, cores: int, phase: str = PINNED) -> tuple[Sized, JobSizing]:

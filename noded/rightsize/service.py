@@ -81,6 +81,11 @@ def allocator_config(config: RightsizeConfig) -> alloc.AllocatorConfig:
                                                      warmup_s=config.warmup_s))
 
 
+def _means(state: alloc.SizingState) -> tuple[tuple[int, float], ...]:
+    """Every core count measured, with the mean of its windows, in the order first measured."""
+    return tuple((c, state.value(c)) for c in dict.fromkeys(c for c, _ in state.points))
+
+
 def state_of(state: alloc.SizingState) -> str:
     if state.phase in alloc.PROBING:
         return PROBING
@@ -125,7 +130,7 @@ class JobSizingView:
     optimal: int | None
     start: int
     start_source: str
-    points: tuple[tuple[int, float], ...]  # (cores, throughput) in the order measured
+    points: tuple[tuple[int, float], ...]  # (cores, mean of its windows) in the order first measured
     window_samples: int  # in the open window (0 without one)
     window_open_s: float | None
     allocated: int | None
@@ -161,6 +166,15 @@ class _Job:
         self.remembered = False
         self.reports: list[tuple[float, float]] = []
         self.reported = False
+        self.identity: tuple = ()  # what the job was sized as (``identity``): a change searches again
+
+
+def identity(js, max_cores: int) -> tuple:
+    """What a job's sizing was for: its labels (model, batch size, category, hints), its
+    cgroup and its CPUs at start. Another job in all but name: searched again from the top."""
+    meta = js.meta
+    return (meta.model, meta.batch_size, meta.category, tuple(sorted(meta.hints().items())), js.cgroup, max_cores,
+            len(js.gpus))
 
 
 def job_owner(proc: str, pids: Iterable[int]) -> str | None:
@@ -243,6 +257,9 @@ class RightSizing:
                 if not own:
                     continue
                 r = self._jobs.get(job)
+                if r is not None and r.identity != identity(js, len(own)) and r.control is None:
+                    log.info("job=%s its labels, cgroup or CPUs changed: searched again from the top", job)
+                    r = None
                 if r is None:
                     r = self._begin(job, js, len(own), now, node_cpus, node_gpus)
                     if r is None:
@@ -277,6 +294,7 @@ class RightSizing:
         self._announce(job, None, out, sizing, f"begins: {max_cores} CPUs, {gpus} GPU{'s' * (gpus > 1)}, start "
                        f"{sizing.state.start.cores} from {sizing.state.start.source}")
         r = _Job(sizing, out)
+        r.identity = identity(js, max_cores)
         kept = self.controls.get(job) if self.controls is not None else None
         if kept is not None:  # an operator's pin or stop from before a restart holds again
             cores = min(kept.cores, max_cores)
@@ -317,6 +335,9 @@ class RightSizing:
         note = (f"measured {measured.mean:.4g} at {measured.cores} cores over {measured.elapsed_s:.1f}s "
                 f"({measured.samples} samples{'' if measured.steady else ', not steady'})"
                 if measured is not None and measured.mean is not None else "no sample in the window")
+        if isinstance(r.out, alloc.Sized) and isinstance(out, alloc.Probe):
+            note = f"its throughput moved beyond the margin ({note}): searched again from the top"
+            r.remembered = False  # the new answer is remembered in its turn
         self._announce(job, r.out, out, new, note)
         r.sizing, r.out = new, out
         self._maybe_remember(job, r)
@@ -482,7 +503,8 @@ class RightSizing:
                 jobs[job] = JobSizingView(
                     job, spec.owner, spec.model, spec.batch_size, spec.category, spec.gpus, spec.signal, st, s.phase,
                     s.reason, r.out.cores, s.max_cores, s.ceiling, r.out.cores if st in (SIZED, LIMITED) else None,
-                    s.start.cores, s.start.source, s.points, w.n if w is not None else 0,
+                    s.start.cores, s.start.source, _means(s),
+                    w.n if w is not None else 0,
                     None if w is None else max(0.0, self.clock() - w.opened_at), have.get(job),
                     planned.cpus if planned is not None else None, planned.note if planned is not None else None,
                     r.control, r.remembered)

@@ -284,7 +284,7 @@ def test_metrics_address_refuses_what_is_not_an_ip_literal(address):
     ("rightsize: {sources: [slurm, slurm]}", "rightsize.sources", "listed twice"),
     ("rightsize: {sources: [pbs]}", "rightsize.sources[0]", "one of slurm, kubernetes, systemd, cgroup, registered"),
     ("rightsize: {lend_to: [slurm, 3]}", "rightsize.lend_to[1]", "expected a string"),
-    ("rightsize: {method: oracle}", "rightsize.method", "one of coda, synergy"),
+    ("rightsize: {method: oracle}", "rightsize.method", "one of top, coda, synergy"),
     ("rightsize: {noise_margin: 0}", "rightsize.noise_margin", "above 0 and at most 0.5"),
     ("rightsize: {tolerance: 0.9}", "rightsize.tolerance", "above 0 and at most 0.5"),
     ("rightsize: {max_window_s: 1.0e+9}", "rightsize.max_window_s", "at most 3600"),

@@ -1,0 +1,189 @@
+"""The search that measures the top first: the fewest cores within the margin of the top.
+
+CODA's greedy walk compares each step with the last point kept, so any pause, dip or
+plateau in a job's curve ends it (issue #23). This search compares every point with the
+*top*: the best throughput measured, which it measures first, at the most cores the job may
+have (its share). Then it bisects 1..bound for the fewest cores whose throughput is within
+the margin of the top; a pause or a dip below the answer cannot stop it, because no
+decision compares two neighbours. Every decision is re-derived from all the points
+measured, so a point that beats the top (a curve that peaks and declines) makes it the new
+top and the classification of every point follows.
+
+**Within the margin** means: the point's measured mean is at least ``1 - margin`` of the
+top's measured mean, where a point measured more than once counts with the mean of its
+windows. **The noise in view**: a window's mean has an error the window itself reports
+(its confidence interval from the iteration jitter) and one it cannot see (a background
+load that comes and goes between windows). Both are estimated from the windows: the widest
+interval seen, and the spread of a core count measured twice. When the answer's distance
+from the margin lies inside the combined interval of the answer and the top (a *tie*),
+the one of the two with fewer windows (the top on equal terms) is measured again before
+the search ends, at most ``rechecks`` times per search; what the means say then decides.
+
+**Peaks.** A curve that falls past its best hides the best between measured points: where
+the point above the top falls from it by more than the margin, or the curve rose into the
+top by more than the margin, the gap above the top is halved; where the point above falls
+and the one below is within twice the margin, the gap below too (the wider first), until
+the top's neighbours are measured.
+
+Where to start: a remembered answer or a category's default (``hint``) is the first point
+tried after the top, and a remembered answer's neighbour below it the next: when the
+answer holds, three measurements confirm it, and each could have overturned it.
+
+Everything is pure: points in, a decision out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: an interval of this many standard errors either side (95 %)
+Z = 1.96
+#: a point outside the margin by at most this share of the top: the curve approaches the
+#: margin smoothly there, and a line through it and the point inside says where it crosses
+SMOOTH = 0.3
+#: a window whose interval is unknown (fewer than 2 samples) counts as this wide
+UNKNOWN_WIDTH = 0.5
+
+
+@dataclass(frozen=True)
+class Point:
+    """What is known at one core count: the mean of ``windows`` window means."""
+
+    cores: int
+    mean: float
+    windows: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Probe ``cores`` next (``answer`` False), or keep them (``answer`` True)."""
+
+    cores: int
+    answer: bool
+    recheck: bool = False  # the probe measures a core count again
+
+
+def points_of(measured: tuple[tuple[int, float], ...], bound: int) -> dict[int, Point]:
+    """Per core count within ``bound``: the mean of its windows."""
+    sums: dict[int, list[float]] = {}
+    for cores, value in measured:
+        if cores <= bound:
+            sums.setdefault(cores, []).append(value)
+    return {c: Point(c, math.fsum(v) / len(v), len(v)) for c, v in sums.items()}
+
+
+def window_error(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...]) -> float:
+    """One window mean's relative standard error: the larger of what the windows' own
+    intervals say (the widest) and the spread of core counts measured more than once."""
+    own = max((min(w, UNKNOWN_WIDTH) for w in widths), default=0.0) / Z
+    groups: dict[int, list[float]] = {}
+    for cores, value in measured:
+        groups.setdefault(cores, []).append(value)
+    squares, dof = 0.0, 0
+    for values in groups.values():
+        if len(values) > 1:
+            mean = math.fsum(values) / len(values)
+            squares += math.fsum((v / mean - 1) ** 2 for v in values)
+            dof += len(values) - 1
+    between = math.sqrt(squares / dof) if dof else 0.0
+    return max(own, between)
+
+
+def top_of(points: dict[int, Point]) -> Point:
+    """The best mean measured (the fewest cores on a tie)."""
+    return max(points.values(), key=lambda p: (p.mean, -p.cores))
+
+
+def within_margin(p: Point, top: Point, margin: float) -> bool:
+    return p.mean >= (1 - margin) * top.mean
+
+
+def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
+    """The point's distance from the margin is inside the two points' combined interval."""
+    if p.cores == top.cores:
+        return False
+    spread = Z * error * math.sqrt(1 / p.windows + 1 / top.windows)
+    return abs(p.mean / top.mean - (1 - margin)) <= spread
+
+
+def bracket(points: dict[int, Point], top: Point, margin: float) -> tuple[int, int]:
+    """(lo, hi): hi the fewest cores measured within the margin, lo one above the most
+    cores measured outside it below hi; the answer lies in lo..hi."""
+    hi = min(c for c, p in points.items() if within_margin(p, top, margin))
+    lo = 1 + max((c for c, p in points.items() if c < hi and not within_margin(p, top, margin)), default=0)
+    return lo, hi
+
+
+def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | None:
+    """Where a peak may hide beside the top. Above it, between the top and the next point
+    above, when that point falls from the top by more than the margin, or when the curve
+    rises into the top from the point below by more than the margin (it was still rising
+    there, and nothing measured above is higher). Below it too, between the top and the
+    point below, when the curve falls on the other side (a peak, not a step): the middle of
+    the wider of the two gaps, while there is one."""
+    above = min((c for c in points if c > top.cores), default=None)
+    below = max((c for c in points if c < top.cores), default=None)
+    falls = above is not None and not within_margin(points[above], top, margin)
+    rises = below is not None and not within_margin(points[below], top, margin)
+    gaps = []
+    if above is not None and above - top.cores >= 2 and (falls or rises):
+        gaps.append((above - top.cores, (top.cores + above) // 2))
+    if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
+        gaps.append((top.cores - below, (top.cores + below + 1) // 2))
+    return max(gaps)[1] if gaps else None
+
+
+def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int) -> int:
+    """The next core count to try in lo..hi-1: where the line between the point outside the
+    margin below (lo - 1) and the one inside (hi) crosses the margin, rounded up (a smooth
+    curve's answer in one or two tries), kept within the middle half of the range (a step
+    or a cliff still halves it); the middle without a point below."""
+    middle = (lo + hi) // 2
+    failed = points.get(lo - 1)
+    bar = (1 - margin) * top.mean
+    if failed is None or hi - lo < 3 or failed.mean < bar - SMOOTH * top.mean:
+        return middle  # far below the margin: a step or a cliff as likely as a slope
+    rise = points[hi].mean - failed.mean
+    if rise <= 0:
+        return middle
+    guess = math.ceil((lo - 1) + (bar - failed.mean) / rise * (hi - lo + 1))
+    quarter = (hi - lo) // 4
+    return min(max(guess, lo + quarter), hi - 1 - quarter)
+
+
+def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], bound: int, margin: float,
+           hint: int | None = None, neighbour: bool = False, rechecks: int = 2, step: int = 1,
+           rechecked: int = 0) -> Decision:
+    """The next probe or the answer. ``measured``: (cores, mean) in the order measured;
+    ``widths``: each window's relative half-width; ``bound``: the most cores now; ``hint``:
+    the first core count to try after the top; ``neighbour``: then its neighbour below
+    (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far."""
+    points = points_of(measured, bound)
+    if bound not in points:
+        return Decision(bound, False)
+    top = top_of(points)
+    error = window_error(measured, widths)
+    peak = past_the_peak(points, top, margin)
+    if peak is not None and neighbour and top.cores == hint:
+        # a remembered answer that is the top: a peak above it is looked for one step up only
+        # (the search that found it looked there); higher, the answer is overturned and searched
+        up = hint + step
+        peak = up if up < min((c for c in points if c > hint), default=bound + 1) and up not in points else None
+    if peak is not None:
+        return Decision(peak, False)
+    lo, hi = bracket(points, top, margin)
+    if lo < hi:
+        if hint is not None and lo <= hint < hi and hint not in points:
+            return Decision(hint, False)
+        below = hint - step if hint is not None else None
+        if neighbour and hint == hi and below is not None and lo <= below < hi and below not in points:
+            return Decision(below, False)
+        return Decision(split(points, top, margin, lo, hi), False)
+    # lo == hi: the answer, unless a tie decided it and a recheck is left
+    if rechecked < rechecks:
+        p = points[hi]
+        if is_tie(p, top, margin, error):
+            again = top if top.windows <= p.windows else p
+            return Decision(again.cores, False, recheck=True)
+    return Decision(hi, True)
