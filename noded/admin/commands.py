@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from ..actuators.cores import max_level as max_core_level
+from ..capping.units import format_bandwidth
 from ..control import ControlState
 from ..daemon import TickResult
 from ..journal import log_change
@@ -101,6 +102,8 @@ class AdminCommands:
             return self.label(args["job"], args["labels"], uid)
         if command == "forget":
             return self.forget(args["job"], uid)
+        if command == "cap":
+            return self.cap(args, uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
             return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved}
@@ -120,6 +123,35 @@ class AdminCommands:
         # What the operator needs to hear: where the job stands now, and what follows.
         return {**self._override_json(override), "level_now": last.levels.get(job, 0), "max_level": max_level,
                 "in_last_sample": job in last.sample.jobs}
+
+    def cap(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        """Hold a CPU job at a bandwidth (an override of kind cap: the level throttle leaves
+        the job alone while it holds), or release its cap. A cap replaces whatever override
+        the job had (one override a job); releasing touches only a cap."""
+        job = args["job"]
+        if args.get("release"):
+            held = self.store.active().get(job)
+            if held is not None and held.kind != "cap":
+                raise RequestError(f"job {job!r} holds a {held.kind} override, not a cap: `nodectl release {job}` "
+                                   "lifts it")
+            cleared, unsaved = self.store.clear(job, uid)
+            return {"job": job, "cap_released": cleared, "not_saved": unsaved}
+        last = self._known(job)
+        js = last.sample.jobs.get(job)
+        if js is not None and js.kind != "cpu":
+            raise RequestError(f"job {job!r} is a {js.kind} job: only CPU jobs are capped (GPU jobs are what the "
+                               "caps protect; a job of unknown kind may hold a GPU)")
+        if last.throttle_kind != "mba":
+            raise RequestError(f"this host throttles with {last.throttle_kind or 'nothing'}, not MBA: nothing here "
+                               "can hold a job at a bandwidth")
+        replaced = self.store.active().get(job)
+        now = self.wall_clock()
+        ttl = args.get("ttl_s")
+        override = Override(job, 0, uid, args.get("reason", ""), now, now + ttl if ttl else None, args["bytes_per_s"])
+        self.store.set(override)
+        return {**self._override_json(override), "replaced": replaced.kind if replaced is not None else None,
+                "bandwidth_bytes_per_s": js.bandwidth_bps if js is not None else None,
+                "in_last_sample": js is not None}
 
     def _registry(self):
         if self.registered_labels is None:
@@ -243,7 +275,7 @@ class AdminCommands:
         return min(max(1, math.ceil(math.log2(n / cores))), max_core_level(n))
 
     def _override_json(self, o: Override) -> dict[str, Any]:
-        return {"job": o.job, "kind": o.kind, "level": o.level, "set_by_uid": o.set_by_uid, "reason": o.reason,
+        return {"job": o.job, "kind": o.kind, "level": o.level, "cap_bytes_per_s": o.cap_bps, "set_by_uid": o.set_by_uid, "reason": o.reason,
                 "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock()),
                 "expires_at": o.expires}
 
@@ -287,7 +319,8 @@ class AdminCommands:
             why.append("marked exempt in its labels")
         o = self.store.active().get(job)
         if o is not None:
-            why.append(f"operator override ({o.kind}, level {o.level}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
+            held = f"cap {format_bandwidth(o.cap_bps)}" if o.cap_bps is not None else f"level {o.level}"
+            why.append(f"operator override ({o.kind}, {held}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
         paused = self.control.paused
         if paused:
             why.append(f"the eliminator is paused: {paused}")

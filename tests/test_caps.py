@@ -1,0 +1,137 @@
+"""Caps in GB/s as a control (issue #27, item 2): the unit as operators write it, caps as
+operator overrides that persist and expire, and `nodectl cap` through the admin socket."""
+
+import json
+import logging
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noded.admin import nodectl
+from noded.admin.overrides import Override, OverrideStore
+from test_admin import admin  # noqa: F401 (a fixture)
+from noded.capping.units import MAX_BYTES_PER_S, UNITS, BandwidthError, parse_bandwidth
+
+
+@pytest.mark.parametrize("text,bps", [
+    ("6GB/s", 6e9), ("6 GB/s", 6e9), ("6.5GB/s", 6.5e9), ("512MB/s", 512e6), ("1GiB/s", 2**30),
+    ("512MiB/s", 512 * 2**20), ("0.25GB/s", 0.25e9), ("10000GB/s", 1e13),
+])
+def test_a_bandwidth_in_each_unit(text, bps):
+    assert parse_bandwidth(text) == pytest.approx(bps)
+
+
+@pytest.mark.parametrize("text,said", [
+    ("6", "write a number and a unit"), ("6G", "unknown unit 'G'"), ("6gb/s", "unknown unit 'gb/s'"),
+    ("6Gbps", "unknown unit 'Gbps'"), ("6GB", "unknown unit 'GB'"), ("0GB/s", "more than 0"),
+    ("-6GB/s", "write a number and a unit"), ("6e9B/s", "write a number and a unit"), ("1e3GB/s", "write a number and a unit"),
+    ("nanGB/s", "write a number and a unit"), ("infGB/s", "write a number and a unit"), ("", "write a number"),
+    ("6  GB/s", "write a number and a unit"), ("10001GB/s", "at most 10 TB/s"), (".5GB/s", "write a number"),
+])
+def test_a_bad_bandwidth_says_what_is_wrong(text, said):
+    with pytest.raises(BandwidthError, match="bad bandwidth") as e:
+        parse_bandwidth(text)
+    assert said in str(e.value)
+
+
+@given(st.text(max_size=64))
+def test_any_text_is_a_bandwidth_in_range_or_a_bandwidth_error(text):
+    try:
+        bps = parse_bandwidth(text)
+    except BandwidthError as e:
+        assert str(e).startswith("bad bandwidth")
+        return
+    assert 0 < bps <= MAX_BYTES_PER_S and any(text.endswith(u) for u in UNITS)
+
+
+@given(st.decimals(min_value="0.001", max_value="9000", places=3), st.sampled_from(sorted(UNITS)))
+def test_every_legal_bandwidth_reads_back_as_written(number, unit):
+    assert parse_bandwidth(f"{number}{unit}") == pytest.approx(float(number) * UNITS[unit])
+
+
+class WallClock:
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_a_cap_persists_expires_and_older_files_still_load(tmp_path):
+    clock = WallClock()
+    store = OverrideStore(str(tmp_path), clock)
+    store.set(Override("a", 0, 0, "noisy", clock(), clock() + 60, 6e9))
+    again = OverrideStore(str(tmp_path), clock)  # the daemon restarted
+    assert again.active()["a"].cap_bps == 6e9 and again.active()["a"].kind == "cap"
+    clock.t += 61
+    assert again.active() == {}
+    # a file written before caps existed has no cap_bps: its overrides are levels, as they were
+    (tmp_path / "overrides.json").write_text(json.dumps({"b": {"job": "b", "level": 2, "set_by_uid": 0, "reason": "",
+                                                               "created": clock(), "expires": None}}))
+    old = OverrideStore(str(tmp_path), clock)
+    assert old.notes == [] and old.active()["b"].kind == "throttle" and old.active()["b"].cap_bps is None
+
+
+@pytest.mark.parametrize("cap,level", [(-1, 0), (0, 0), (1e14, 0), (6e9, 2), ("6GB/s", 0), (True, 0)])
+def test_a_cap_the_file_cannot_mean_is_moved_aside(tmp_path, cap, level):
+    clock = WallClock()
+    (tmp_path / "overrides.json").write_text(json.dumps({"a": {
+        "job": "a", "level": level, "set_by_uid": 0, "reason": "", "created": clock(), "expires": None,
+        "cap_bps": cap}}))
+    store = OverrideStore(str(tmp_path), clock)
+    assert store.active() == {} and "override 'a'" in store.notes[0]
+
+
+def ctl(server, *argv, capsys):
+    code = nodectl.main(["--socket", server.path, *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.fuse
+def test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it(admin, capsys, caplog):
+    h, server, clock = admin
+    h.until(lambda r: "sim:hog" in r.levels, 15, "the hog throttled")
+    with caplog.at_level(logging.WARNING, logger="noded.admin.overrides"):
+        code, out, err = ctl(server, "cap", "sim:hog", "6GB/s", "--ttl", "15m", "--reason", "noisy", capsys=capsys)
+    assert code == 0 and "sim:hog is capped at 6 GB/s until " in out and "(reason: noisy)" in out, err
+    assert any("override-set job=sim:hog level=0 kind=cap uid=0 cap_bps=6000000000" in r.message
+               for r in caplog.records)
+    # the cap owns the job: the level throttle leaves it alone
+    h.until(lambda r: "sim:hog" not in r.levels, 5, "the hog out of the levels")
+    code, out, _ = ctl(server, "status", capsys=capsys)
+    assert "sim:hog: cap cap 6 GB/s by uid 0, 900s left (noisy)" in out
+    code, out, _ = ctl(server, "explain", "sim:hog", capsys=capsys)
+    assert "operator override (cap, cap 6 GB/s) by uid 0: noisy" in out
+    code, out, _ = ctl(server, "cap", "sim:hog", "--release", capsys=capsys)
+    assert code == 0 and out == "sim:hog: cap released; the policy decides again\n"
+    code, out, _ = ctl(server, "cap", "sim:hog", "--release", capsys=capsys)
+    assert out == "sim:hog: had no cap\n"
+
+
+@pytest.mark.fuse
+def test_a_cap_is_refused_where_it_cannot_mean_anything(admin, capsys):
+    h, server, clock = admin
+    h.until(lambda r: {"sim:bert", "sim:hog"} <= set(r.sample.jobs), 15, "the jobs seen")
+    code, _, err = ctl(server, "cap", "sim:bert", "6GB/s", capsys=capsys)
+    assert code == 1 and "is a gpu job: only CPU jobs are capped" in err
+    code, _, err = ctl(server, "cap", "nope", "6GB/s", capsys=capsys)
+    assert code == 1 and "no job 'nope'" in err
+    assert ctl(server, "throttle", "sim:hog", "--level", "2", capsys=capsys)[0] == 0
+    code, _, err = ctl(server, "cap", "sim:hog", "--release", capsys=capsys)
+    assert code == 1 and "holds a throttle override, not a cap" in err
+    assert h.daemon.control.overrides.active()["sim:hog"].level == 2  # nothing half-applied
+
+
+@pytest.mark.parametrize("argv,said", [
+    (("cap", "j", "6gb/s"), "unknown unit 'gb/s'"),
+    (("cap", "j", "6"), "write a number and a unit"),
+    (("cap", "j"), "give a bandwidth (e.g. 6GB/s) or --release"),
+    (("cap", "j", "6GB/s", "--release"), "cap --release takes no bandwidth"),
+    (("cap", "j", "--release", "--ttl", "1m"), "cap --release takes no bandwidth"),
+])
+def test_a_bad_cap_command_line_is_refused_before_anything_is_sent(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        nodectl.main(["--socket", "/nonexistent/noded.sock", *argv])
+    assert e.value.code == 2 and said in capsys.readouterr().err
