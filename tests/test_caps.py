@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from noded.admin import nodectl
 from noded.admin.overrides import Override, OverrideStore
-from test_admin import admin  # noqa: F401 (a fixture)
+from test_admin import admin, scrape  # noqa: F401 (a fixture)
 from noded.capping.units import MAX_BYTES_PER_S, UNITS, BandwidthError, parse_bandwidth
 
 
@@ -98,12 +98,15 @@ def test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it(admin, ca
     assert code == 0 and "sim:hog is capped at 6 GB/s until " in out and "(reason: noisy)" in out, err
     assert any("override-set job=sim:hog level=0 kind=cap uid=0 cap_bps=6000000000" in r.message
                for r in caplog.records)
-    # the cap owns the job: the level throttle leaves it alone
-    h.until(lambda r: "sim:hog" not in r.levels, 5, "the hog out of the levels")
+    # the cap owns the job: the level throttle leaves it alone, a holder steers it
+    h.until(lambda r: "sim:hog" not in r.levels and r.caps.get("sim:hog") is not None
+            and r.caps["sim:hog"].mode == "noded", 5, "the hog out of the levels, its cap steered")
+    assert 'noded_job_bandwidth_cap_bytes_per_second{job_id="sim:hog",source="override"} 6e+09' in scrape(h)
     code, out, _ = ctl(server, "status", capsys=capsys)
     assert "sim:hog: cap cap 6 GB/s by uid 0, 900s left (noisy)" in out
     code, out, _ = ctl(server, "explain", "sim:hog", capsys=capsys)
     assert "operator override (cap, cap 6 GB/s) by uid 0: noisy" in out
+    assert "capped at 6 GB/s (override: an operator's cap (nodectl cap)); steered by noded" in out
     code, out, _ = ctl(server, "cap", "sim:hog", "--release", capsys=capsys)
     assert code == 0 and out == "sim:hog: cap released; the policy decides again\n"
     code, out, _ = ctl(server, "cap", "sim:hog", "--release", capsys=capsys)
@@ -135,3 +138,51 @@ def test_a_bad_cap_command_line_is_refused_before_anything_is_sent(argv, said, c
     with pytest.raises(SystemExit) as e:
         nodectl.main(["--socket", "/nonexistent/noded.sock", *argv])
     assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def group_bandwidth_over(rc, group: str, seconds: float) -> float:
+    """A control group's bytes/s over ``seconds``, from its counters as any reader sees them."""
+    import os
+    import time
+
+    def total() -> int:
+        mon = f"{rc.root}/{group}/mon_data"
+        return sum(int(open(f"{mon}/{d}/mbm_total_bytes").read()) for d in os.listdir(mon))
+    t0, b0 = time.monotonic(), total()
+    time.sleep(seconds)  # a measurement window, not a synchronisation
+    return (total() - b0) / (time.monotonic() - t0)
+
+
+@pytest.mark.fuse
+def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_after(tmp_path):
+    from conftest import wait_for
+    from test_eliminator import NLP_AND_HOG, Harness
+
+    h = Harness(tmp_path, NLP_AND_HOG, profile="intel-quantised", peak=1000)
+    try:
+        clock = WallClock()
+        h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
+        def hog(r):
+            return r.sample.jobs.get("sim:hog") and r.sample.jobs["sim:hog"].bandwidth_bps or 0
+
+        # its bandwidth over whole ticks (its first is a part of one)
+        free = hog(h.until(lambda r: sum(hog(x) > 0 for x in h.results) >= 3, 15, "the hog running"))
+        cap = 0.7 * free  # this profile's lowest value (10 %) leaves the hog half of what it moves free
+        store.set(Override("sim:hog", 0, 0, "test", clock(), None, cap))
+        r = h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5,
+                    "a holder steering the hog")
+        assert r.caps["sim:hog"].source == "override" and "sim:hog" not in r.levels
+        group = h.daemon.throttle.cap_name("sim:hog")
+        rc = h.rc()
+        assert group in [g.name for g in rc.list_ctrl_groups()]
+        wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
+                 what=f"the hog within 5 % of its cap {cap / 1e9:.2f} GB/s over a second (free: {free / 1e9:.2f})")
+        store.clear("sim:hog", 0)
+        h.until(lambda r: "sim:hog" not in r.caps and group not in [g.name for g in h.rc().list_ctrl_groups()], 5,
+                "the cap ended and its group removed")
+        store.set(Override("sim:hog", 0, 0, "again", clock(), None, cap))
+        h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped again")
+        h.daemon.shutdown()  # noded stops: no cap group of its left behind, no holder steering
+        assert group not in [g.name for g in h.rc().list_ctrl_groups()] and not h.daemon.caps.holders
+    finally:
+        h.stop()

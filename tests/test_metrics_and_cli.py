@@ -22,6 +22,7 @@ from resctrl import MbFlavour
 from noded.colocation.view import ColocationView
 from noded.config import Config
 from noded.control import ControlState
+from noded.capping.service import CapState
 from noded.daemon import MemoryView, TickResult
 from noded.jobs.model import JobMeta
 from noded.metrics import make_registry
@@ -79,7 +80,9 @@ def fixed_daemon():
                         Config(peak_gbps_per_domain=10), 1, MappingProxyType({}),
                         ColocationView(MappingProxyType({"admit": 2, "refuse": 1}),
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
-                        control.snapshot(), stats.snapshot(), rightsize, cpus, memory)
+                        control.snapshot(), stats.snapshot(), rightsize, cpus, memory,
+                        MappingProxyType({"sim:hog": CapState(6e9, "override", "an operator's cap", "noded", 6.1e9,
+                                                              "30..40 (20 % at 40)")}))
     return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
                            extra_info={"throttle": "mba", "dry_run": "false"})
 
@@ -110,6 +113,8 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_job_cpus{job_id="sim:bert",role="gpu"} 2.0' in text
     assert 'noded_job_sizing_state{job_id="sim:bert",state="sized"} 1.0' in text
     assert 'noded_job_memory_soft_limit_bytes{job_id="sim:bert"} 3.221225472e+09' in text
+    assert 'noded_job_bandwidth_cap_bytes_per_second{job_id="sim:hog",source="override"} 6e+09' in text
+    assert 'noded_job_cap_measured_bytes_per_second{job_id="sim:hog",mode="noded"} 6.1e+09' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

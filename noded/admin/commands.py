@@ -321,6 +321,9 @@ class AdminCommands:
         if o is not None:
             held = f"cap {format_bandwidth(o.cap_bps)}" if o.cap_bps is not None else f"level {o.level}"
             why.append(f"operator override ({o.kind}, {held}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
+        cap = r.caps.get(job)
+        if cap is not None:
+            why.append(_cap_why(cap))
         paused = self.control.paused
         if paused:
             why.append(f"the eliminator is paused: {paused}")
@@ -331,7 +334,8 @@ class AdminCommands:
         if js.kind == "unknown":
             why.append("kind unknown: some GPU's processes could not be read this tick, and this job was never seen "
                        "on a GPU: it may hold one, so it is not throttled (see `nodectl status` for what is missing)")
-        elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None:
+        elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None \
+                and cap is None:
             why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
@@ -367,6 +371,11 @@ class AdminCommands:
             "sizing": sizing, "borrowed_cpus": borrowed,
             # right-sizing's memory (None where rightsize.memory is off or the job is not sized)
             "memory": memory,
+            # a bandwidth cap: its value, where it comes from, the holder's state (None: not capped)
+            "cap": None if cap is None else {
+                "bytes_per_s": cap.cap_bps, "source": cap.source, "why": cap.why, "mode": cap.mode,
+                "measured_bytes_per_s": cap.measured_bps, "held": cap.held, "unreachable": cap.unreachable,
+                "note": cap.note},
             # a Kubernetes pod's UID, QoS class, cgroup driver and containers (None: not a pod)
             "pod": js.pod.as_dict() if js.pod else None,
         }
@@ -384,6 +393,21 @@ class AdminCommands:
                     f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
         return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
                f"({c.settle_s:g}s)"
+
+
+def _cap_why(c) -> str:
+    """A capped job in words: the cap, its source, and what steers it now."""
+    text = f"capped at {format_bandwidth(c.cap_bps)} ({c.source}: {c.why})"
+    if c.mode is None:
+        return text + f"; not steered yet: {c.note or 'its holder starts next tick'}"
+    text += f"; steered by {c.mode}"
+    if c.measured_bps is not None:
+        text += f", {format_bandwidth(c.measured_bps)} over its last period"
+    if c.held is not None:
+        text += f", MB value {c.held}"
+    if c.unreachable:
+        text += "; below what MBA's lowest value lets it move: only fewer cores could meet it"
+    return text
 
 
 def _labels_json(meta) -> dict[str, Any]:
