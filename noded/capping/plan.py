@@ -14,7 +14,7 @@ A cap comes from one of three sources, the first that applies winning:
   than ``L`` it is the job's cap (and its source).
 
 A capped job's measured bandwidth says nothing of what it would use uncapped: a job at
-``SATURATED`` of its cap or above counts as wanting without bound, so a reserve's caps are
+``SATURATED`` (half) of its cap or above counts as wanting without bound, so a reserve's caps are
 not lifted the tick after they bite (and put back the tick after that). Jobs noded may not
 cap (exempt, held at a level by an operator, of unknown kind) are not capped, and what
 they move is set aside from what the capped jobs share.
@@ -31,8 +31,11 @@ OVERRIDE, SOURCE, RESERVE = "override", "source default", "reserve"
 #: a reserve never holds a job below this (MBA's lowest value passes more than nothing,
 #: and a job held at nothing is a job stopped, which is not the reserve's to decide)
 MIN_RESERVE_CAP_BPS = 0.25e9
-#: a job at this share of its cap or above is taken to want more than its cap
-SATURATED = 0.95
+#: a job at this share of its cap or above is taken to want more than its cap: well below
+#: 1, since a tick's reading mixes periods before and after the cap bit, and a holder
+#: steering between two MB values dips below its cap for a period now and then; a job
+#: using less than half its cap is plainly not held by it
+SATURATED = 0.5
 
 
 @dataclass(frozen=True)
