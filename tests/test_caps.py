@@ -3,6 +3,7 @@ operator overrides that persist and expire, and `nodectl cap` through the admin 
 
 import json
 import logging
+import re
 
 import pytest
 from hypothesis import given
@@ -104,6 +105,7 @@ def test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it(admin, ca
     assert 'noded_job_bandwidth_cap_bytes_per_second{job_id="sim:hog",source="override"} 6e+09' in scrape(h)
     code, out, _ = ctl(server, "status", capsys=capsys)
     assert "sim:hog: cap cap 6 GB/s by uid 0, 900s left (noisy)" in out
+    assert re.search(r"^sim:hog +cpu .* cap 6\.0 GB/s, override$", out, re.M), out
     code, out, _ = ctl(server, "explain", "sim:hog", capsys=capsys)
     assert "operator override (cap, cap 6 GB/s) by uid 0: noisy" in out
     assert "capped at 6 GB/s (override: an operator's cap (nodectl cap)); steered by noded" in out
@@ -212,5 +214,34 @@ def test_with_a_reserve_the_gpu_job_runs_at_solo_speed_beside_a_hog(tmp_path):
         assert sum((x.sample.jobs["sim:bert"].gpu_util or 0) for x in h.results[-20:]) / 20 >= 0.95 * solo
         assert all("sim:hog" in x.caps for x in h.results[-20:]) and not any(a.kind == "throttle"
                                                                               for a in h.actions())
+    finally:
+        h.stop()
+
+
+@pytest.mark.fuse
+def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_start(tmp_path):
+    """As after a SIGKILL: no shutdown ran, the cap group stays in the kernel; the next
+    noded's start removes it with every group of noded's, and caps the job anew."""
+    from test_eliminator import NLP_AND_HOG, Harness
+
+    from noded.app import build_daemon
+
+    h = Harness(tmp_path, NLP_AND_HOG)
+    try:
+        clock = WallClock()
+        h.daemon.control.overrides = OverrideStore(h.config.state_dir, clock)
+        h.until(lambda r: "sim:hog" in r.sample.jobs, 15, "the hog running")
+        h.daemon.control.overrides.set(Override("sim:hog", 0, 0, "", clock(), None, 6e9))
+        h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped")
+        group = h.daemon.throttle.cap_name("sim:hog")
+        h.daemon.caps.stop_all()  # its thread ends with the process; nothing else of a stop runs
+        assert group in [g.name for g in h.rc().list_ctrl_groups()]
+        again = build_daemon(h.config, discovery=h.sim.discovery)
+        assert group not in [g.name for g in h.rc().list_ctrl_groups()]
+        assert any("resctrl groups left by an earlier run" in n for n in again.notes), again.notes
+        h.daemon = again.daemon  # the override is in the state directory: the new daemon caps it anew
+        h.daemon.control.overrides = OverrideStore(h.config.state_dir, clock)
+        h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped anew")
+        assert group in [g.name for g in h.rc().list_ctrl_groups()]
     finally:
         h.stop()

@@ -300,6 +300,7 @@ class AdminCommands:
         out["gpus"] = [{"gpu": g.index, "uuid": g.uuid, "util": g.util_gpu, "error": g.error} for g in s.gpus]
         out["jobs"] = [{"job": j.id, "kind": j.kind, "bandwidth_bytes_per_s": j.bandwidth_bps, "gpu_util": j.gpu_util,
                         "level": r.levels.get(j.id, 0), "override": j.id in overrides, "exempt": j.meta.exempt,
+                        "cap_bytes_per_s": r.caps[j.id].cap_bps if j.id in r.caps else None,
                         "monitoring": j.monitoring, "pod": j.pod.as_dict() if j.pod else None}
                        for j in sorted(s.jobs.values(), key=lambda j: j.id)]
         out["missing"] = list(s.missing)

@@ -148,7 +148,9 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
     rows = [("JOB", "KIND", "GB/s", "GPU", "LEVEL", "NOTE")]
     for j in jobs:
         pod = j.get("pod")
-        note = ", ".join(n for n, on in (("override", j["override"]), ("exempt", j["exempt"]),
+        cap = j.get("cap_bytes_per_s")
+        note = ", ".join(n for n, on in ((f"cap {_gbps(cap)} GB/s", cap), ("override", j["override"]),
+                                         ("exempt", j["exempt"]),
                                          (f"monitoring {j['monitoring']}", j["monitoring"] != "own"),
                                          (f"pod {pod['qos']}" if pod else "", pod)) if on)
         rows.append((j["job"], j["kind"], _gbps(j["bandwidth_bytes_per_s"]),
