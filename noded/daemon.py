@@ -18,9 +18,9 @@ from .actuators.cpusets import CpuSetResult
 from .actuators.memsoft import MemoryResult
 from .actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
-from .capping.service import GB, CapService, CapState
+from .capping.service import CapService, CapState
 from .colocation.view import ColocationView
-from .config import Config
+from .config import GB, Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
 from .policy.contention import Decision, PolicyState, decide

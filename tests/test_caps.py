@@ -8,10 +8,10 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_admin import admin, scrape  # noqa: F401 (a fixture)
 
 from noded.admin import nodectl
 from noded.admin.overrides import Override, OverrideStore
-from test_admin import admin, scrape  # noqa: F401 (a fixture)
 from noded.capping.units import MAX_BYTES_PER_S, UNITS, BandwidthError, parse_bandwidth
 
 
@@ -26,7 +26,8 @@ def test_a_bandwidth_in_each_unit(text, bps):
 @pytest.mark.parametrize("text,said", [
     ("6", "write a number and a unit"), ("6G", "unknown unit 'G'"), ("6gb/s", "unknown unit 'gb/s'"),
     ("6Gbps", "unknown unit 'Gbps'"), ("6GB", "unknown unit 'GB'"), ("0GB/s", "more than 0"),
-    ("-6GB/s", "write a number and a unit"), ("6e9B/s", "write a number and a unit"), ("1e3GB/s", "write a number and a unit"),
+    ("-6GB/s", "write a number and a unit"), ("6e9B/s", "write a number and a unit"),
+    ("1e3GB/s", "write a number and a unit"),
     ("nanGB/s", "write a number and a unit"), ("infGB/s", "write a number and a unit"), ("", "write a number"),
     ("6  GB/s", "write a number and a unit"), ("10001GB/s", "at most 10 TB/s"), (".5GB/s", "write a number"),
 ])
@@ -103,6 +104,7 @@ def test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it(admin, ca
     h.until(lambda r: "sim:hog" not in r.levels and r.caps.get("sim:hog") is not None
             and r.caps["sim:hog"].mode == "noded", 5, "the hog out of the levels, its cap steered")
     assert 'noded_job_bandwidth_cap_bytes_per_second{job_id="sim:hog",source="override"} 6e+09' in scrape(h)
+    assert any(a.job == "sim:hog" and a.kind == "release" and a.cause == "capped" for a in h.actions())
     code, out, _ = ctl(server, "status", capsys=capsys)
     assert "sim:hog: cap cap 6 GB/s by uid 0, 900s left (noisy)" in out
     assert re.search(r"^sim:hog +cpu .* cap 6\.0 GB/s, override$", out, re.M), out

@@ -50,8 +50,10 @@ class MbaThrottle(LevelThrottle):
         self.session = session
         self.levels = levels
         self.peak = peak_bytes_per_domain
-        self._broken: dict[int | tuple[int, str], str] = {}  # level (or (CAPPED, job)) -> why its control group cannot be used this tick
-        self._prepared: dict[int | tuple[int, str], str] = {}  # level (or (CAPPED, job)) -> what was written this tick to make its group ready
+        # level, or (CAPPED, job) for a cap's group -> why its control group cannot be used this tick
+        self._broken: dict[int | tuple[int, str], str] = {}
+        # the same keys -> what was written this tick to make its group ready
+        self._prepared: dict[int | tuple[int, str], str] = {}
 
     @property
     def max_level(self) -> int:

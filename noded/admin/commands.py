@@ -275,7 +275,8 @@ class AdminCommands:
         return min(max(1, math.ceil(math.log2(n / cores))), max_core_level(n))
 
     def _override_json(self, o: Override) -> dict[str, Any]:
-        return {"job": o.job, "kind": o.kind, "level": o.level, "cap_bytes_per_s": o.cap_bps, "set_by_uid": o.set_by_uid, "reason": o.reason,
+        return {"job": o.job, "kind": o.kind, "level": o.level, "cap_bytes_per_s": o.cap_bps,
+                "set_by_uid": o.set_by_uid, "reason": o.reason,
                 "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock()),
                 "expires_at": o.expires}
 

@@ -23,7 +23,6 @@ from .holder import CapHolder
 from .plan import OVERRIDE, Cap, plan_caps
 
 log = logging.getLogger(__name__)
-GB = 1e9
 #: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says
 #: a change of more than this share (the holder follows every one)
 JOURNAL_STEP = 0.05

@@ -61,7 +61,7 @@ class Action:
     from_level: int
     to_level: int
     reason: str
-    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended | inputs_missing
+    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended | inputs_missing | capped
 
     @property
     def kind(self) -> str:
