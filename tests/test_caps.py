@@ -47,6 +47,17 @@ def test_any_text_is_a_bandwidth_in_range_or_a_bandwidth_error(text):
     assert 0 < bps <= MAX_BYTES_PER_S and any(text.endswith(u) for u in UNITS)
 
 
+@given(st.binary(max_size=64))
+def test_any_bytes_on_the_command_line_are_a_bandwidth_or_a_bandwidth_error(raw):
+    import os
+
+    text = os.fsdecode(raw)  # argv as Python gives it: bytes not UTF-8 as lone surrogates
+    try:
+        assert 0 < parse_bandwidth(text) <= MAX_BYTES_PER_S
+    except BandwidthError as e:
+        assert str(e).startswith("bad bandwidth") and str(e).encode("utf-8", "backslashreplace")
+
+
 @given(st.decimals(min_value="0.001", max_value="9000", places=3), st.sampled_from(sorted(UNITS)))
 def test_every_legal_bandwidth_reads_back_as_written(number, unit):
     assert parse_bandwidth(f"{number}{unit}") == pytest.approx(float(number) * UNITS[unit])
