@@ -138,7 +138,7 @@ class Daemon:
         self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
         # bandwidth caps (noded.capping.service), where the throttle is MBA's
         self.caps = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) \
-            if throttle is not None and throttle.kind == "mba" else None
+            if getattr(throttle, "holds_caps", False) else None
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)

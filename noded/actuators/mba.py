@@ -43,6 +43,7 @@ def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
 
 class MbaThrottle(LevelThrottle):
     kind = "mba"
+    holds_caps = True
 
     def __init__(self, session: ResctrlSession, levels: tuple[float, ...], peak_bytes_per_domain: float,
                  *, dry_run: bool = False):

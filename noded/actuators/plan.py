@@ -69,6 +69,8 @@ class LevelThrottle:
     """Base of the throttles: ``apply`` runs the plan through ``_set_level``."""
 
     kind = "none"
+    #: whether it can place a job in a cap group of its own (``CAPPED``): MBA's alone
+    holds_caps = False
 
     def __init__(self, *, dry_run: bool = False):
         self.dry_run = dry_run
