@@ -86,6 +86,8 @@ class JobSourceConfig:
     kind: str
     root: str = "/sys/fs/cgroup"
     patterns: tuple[str, ...] = ()
+    #: every CPU job of this source is held at this bandwidth (GB/s; null: no default cap)
+    cap_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class ContentionConfig:
     baseline_alpha: float = 0.2
     #: any CPU job above this bandwidth is throttled regardless (GB/s; null: no cap)
     cpu_job_cap_gbps: float | None = None
+    #: bandwidth kept free for GPU jobs while one runs (GB/s, node-wide): CPU jobs are
+    #: capped to share what the peak leaves (null: no reserve, levels step as before)
+    gpu_reserve_gbps: float | None = None
     #: MBA throttle levels as shares of unthrottled bandwidth, mildest first
     mba_levels: tuple[float, ...] = (0.8, 0.6, 0.4, 0.2, 0.1)
     #: "mba", "cores", or "auto" (MBA where the host has it, else halve cores)
@@ -359,6 +364,8 @@ _RULES: dict[str, Check] = {
     "contention.gpu_drop_margin": _must(lambda v: 0 < v < 1, "a share in (0, 1)"),
     "contention.baseline_alpha": _between(0, 1, above=True),
     "contention.cpu_job_cap_gbps": _between(0, 10_000, " GB/s", above=True, nullable="for no cap"),
+    "contention.gpu_reserve_gbps": _between(0, 10_000, " GB/s", above=True, nullable="for no reserve"),
+    "jobs.sources.cap_gbps": _between(0, 10_000, " GB/s", above=True, nullable="for no default cap"),
     "contention.mba_levels": _must(lambda v: 1 <= len(v) <= 16 and all(a > b for a, b in zip(v, v[1:])),
                                    "1 to 16 shares, mildest (largest) first, each smaller than the one before"),
     "contention.method": _must(lambda v: v in ("auto", "mba", "cores"), "one of auto, mba, cores"),
@@ -530,6 +537,25 @@ def _failed(keys: tuple[str, ...], failed: set[str]) -> bool:
     return any(f == k or f.startswith((f"{k}.", f"{k}[")) for k in keys for f in failed)
 
 
+def _check_caps(config: Config, where: str, doc: Document, failed: set[str]) -> list[ConfigError]:
+    """Caps in GB/s are held with MBA (a control group a job): a host told to throttle by
+    halving cores has nothing to hold them with; a source kind has one default cap (a job
+    knows its source by kind). The reserve is node-wide, and the domains are counted only
+    at start: what it leaves is said at run time (``nodectl explain``)."""
+    errors, c = [], config.contention
+    capped = [(f"jobs.sources[{i}].cap_gbps", s) for i, s in enumerate(config.jobs.sources) if s.cap_gbps is not None]
+    keys = [k for k, _ in capped] + (["contention.gpu_reserve_gbps"] if c.gpu_reserve_gbps is not None else [])
+    if keys and c.method == "cores" and "contention.method" not in failed:
+        errors.append(ConfigError(where, keys[0], doc.line_of(keys[0]), "a cap in GB/s is held with MBA, and "
+                                  "contention.method is cores: set method to auto or mba, or leave the caps null"))
+    by_kind: dict[str, float] = {}
+    for key, src in capped:
+        if by_kind.setdefault(src.kind, src.cap_gbps) != src.cap_gbps:
+            errors.append(ConfigError(where, key, doc.line_of(key), f"another {src.kind} source caps at "
+                                      f"{by_kind[src.kind]:g} GB/s: a source kind has one default cap"))
+    return errors
+
+
 def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) -> list[ConfigError]:
     """What no single key shows: relations between keys, and paths made from several.
     A relation is checked only where each of its keys was right on its own (``failed``:
@@ -546,6 +572,7 @@ def _check_whole(config: Config, where: str, doc: Document, failed: set[str]) ->
             key = f"jobs.sources[{i}].patterns"
             errors.append(ConfigError(where, key, doc.line_of(key), f"a {src.kind} source needs explicit patterns "
                                                                      "(noded never guesses which units are jobs)"))
+    errors += _check_caps(config, where, doc, failed)
     r = config.rightsize
     if not _failed(("rightsize.noise_margin", "rightsize.tolerance"), failed) and r.tolerance >= r.noise_margin:
         errors.append(ConfigError(where, "rightsize.tolerance", doc.line_of("rightsize.tolerance"),

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from .actuators.cpusets import CpuSetResult
 from .actuators.memsoft import MemoryResult
-from .actuators.plan import UNKNOWN, Applied, ApplyResult
+from .actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
 from .baselines import LEARNED, BaselineStore
+from .capping.service import CapService, CapState
 from .colocation.view import ColocationView
-from .config import Config
+from .config import GB, Config
 from .control import ControlSnapshot, ControlState
 from .journal import NOTICE, log_change
 from .health import Liveness
@@ -92,6 +93,8 @@ class TickResult:
     cpus: CpuSetResult | None = None  # the one owner of every job's CPUs applied this tick's plan (right-sizing)
     memory: MemoryView | None = None  # None: right-sizing's memory is off (rightsize.memory.cache_gb null)
     watching: tuple[Watch, ...] = ()  # what noded watches (jobs, gpus, resctrl), or why not
+    # capped jobs after this tick: the cap, where it comes from, what its holder measured and holds
+    caps: Mapping[str, CapState] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,9 @@ class Daemon:
         self.state_failed_writes: Callable[[], int] | None = None
         self._state_failures_seen = 0
         self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
+        # bandwidth caps (noded.capping.service), where the throttle is MBA's
+        self.caps = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) \
+            if getattr(throttle, "holds_caps", False) else None
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
         self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
@@ -319,8 +325,10 @@ class Daemon:
             if unwritable:
                 limits = limits_while_unwritable(limits, in_force)
             store = self.control.overrides
-            overrides = {j: o.level for j, o in store.active().items()} if store else {}
+            active = store.active() if store else {}
+            overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
             paused = self.control.paused
+            caps = self._plan_caps(sample, active, in_force, unwritable, paused)
             if paused:
                 # Paused: nothing is throttled automatically (the policy still learns its
                 # baselines); only what operators set explicitly holds.
@@ -331,7 +339,8 @@ class Daemon:
             known = self.baselines.known(metas) if self.baselines else MappingProxyType({})
             decision, self.state = decide(sample, self.state, self.config.contention,
                                           self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
-                                          self.throttle.level_share if self.throttle else (lambda level: 1.0), known)
+                                          self.throttle.level_share if self.throttle else (lambda level: 1.0), known,
+                                          frozenset(caps))
             if decision.note == NOTHING_LEFT_TO_THROTTLE:
                 stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
                          f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
@@ -351,11 +360,19 @@ class Daemon:
             plan = None
             if self.rightsize is not None:
                 plan, rightsize = self._rightsize(sample, decision, t0)
+            # where each job's tasks go: its level's group, or its cap's own (decided here, once)
+            places = {**decision.levels, **{j: CAPPED for j in caps}}
+            if self.caps is not None:
+                self.caps.before_apply(caps)
             if plan is not None:
-                result, cpus = self._apply_plan(plan, decision.levels, in_force, sample)
+                result, cpus = self._apply_plan(plan, places, in_force, sample)
             else:
-                result = self.throttle.apply(decision.levels, sample) if self.throttle else \
+                result = self.throttle.apply(places, sample) if self.throttle else \
                     ApplyResult((), MappingProxyType({}))
+            if self.caps is not None:
+                failed = {a.job for a in result.failed} | set(result.job_errors)
+                self.caps.after_apply(caps, lambda j: j not in failed and (
+                    in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
             if self.memory is not None and self.rightsize is not None:
                 memory = self._memory(sample)
             if self.colocation is not None:
@@ -390,7 +407,8 @@ class Daemon:
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
                             self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory,
-                            watching(sample, self.config))
+                            watching(sample, self.config),
+                            self.caps.view() if self.caps is not None else MappingProxyType({}))
         self.last = result
         self.totals = result.totals
         # a state away for less than hold_s has not ended (contention flickers around its thresholds)
@@ -404,6 +422,21 @@ class Daemon:
         if stuck:
             states["contention_nothing_left_to_throttle"] = stuck
         return states
+
+    def _plan_caps(self, sample: Sample, active: Mapping, in_force: Mapping[str, int | None],
+                   unwritable: str | None, paused: str | None) -> dict:
+        """This tick's caps (noded.capping.plan). Paused: operators' caps only. State
+        directory unwritable: no new cap, as no new level (those in force hold)."""
+        if self.caps is None:
+            return {}
+        c = self.config
+        caps = self.caps.plan(sample, active, {s.kind: s.cap_gbps * GB for s in c.jobs.sources
+                                                if s.cap_gbps is not None},
+                              None if c.contention.gpu_reserve_gbps is None else c.contention.gpu_reserve_gbps * GB,
+                              c.peak_bytes_per_domain, automatic=not paused)
+        if unwritable:
+            caps = {j: cap for j, cap in caps.items() if in_force.get(j) == CAPPED}
+        return caps
 
     def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
         """Jobs held this tick by an error of their own (the others went on): counted by
@@ -463,6 +496,11 @@ class Daemon:
         if self.baselines is not None and self.last is not None and self.last.sample.jobs_known:
             metas = {j: js.meta for j, js in self.last.sample.jobs.items() if js.kind == GPU}
             self.baselines.update(self.state.baselines, self.state.baseline_sources, metas, force=True)
+        if self.caps is not None:
+            try:
+                self.caps.stop_all()  # their groups go with the levels' next
+            except Exception:
+                log.exception("stopping the caps' holders at shutdown failed")
         if self.throttle is not None:
             try:
                 left = self.throttle.release_all()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import platform
 from importlib import metadata
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
@@ -39,7 +39,7 @@ K = TypeVar("K")
 ACTIONS: tuple[tuple[str, str], ...] = (
     ("throttle", "contention"), ("throttle", "cap"), ("throttle", "override"),
     ("release", "calm"), ("release", "override"), ("release", "override_ended"), ("release", "gpu_job"),
-    ("release", "exempt"), ("release", "inputs_missing"),
+    ("release", "exempt"), ("release", "inputs_missing"), ("release", "capped"),
 )
 #: results of a co-location admission (colocation.service)
 ADMISSION_RESULTS = ("admit", "refuse")
@@ -302,6 +302,7 @@ class NodedCollector:
         yield level
         yield mon
         yield jutil
+        yield from _cap_metrics(r)
         known = GaugeMetricFamily("noded_job_gpu_baseline_known",
                                   "1 when a GPU job's uncontended utilisation is known (its slowdown can be seen)",
                                   labels=["job_id"])
@@ -488,3 +489,24 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     registry.register(TenantBudgetCollector(daemon))
     ProcessCollector(registry=registry)
     return registry
+
+
+def _cap_metrics(r) -> Iterator[GaugeMetricFamily]:
+    """Capped jobs (noded.capping): each one's cap and where it comes from, and what its
+    holder measured over its last period (sub-second, between the ticks' readings)."""
+    cap = GaugeMetricFamily("noded_job_bandwidth_cap_bytes_per_second", "A CPU job's bandwidth cap, by where it "
+                            "comes from (override: nodectl cap; source default: jobs.sources[].cap_gbps; reserve: "
+                            "contention.gpu_reserve_gbps)", labels=["job_id", "source"])
+    measured = GaugeMetricFamily("noded_job_cap_measured_bytes_per_second", "A capped job's bandwidth over its "
+                                 "holder's last period, by who steers it (noded, or kernel mba_MBps)",
+                                 labels=["job_id", "mode"])
+    unreachable = GaugeMetricFamily("noded_job_cap_unreachable", "1 when a job's cap is below what MBA's lowest "
+                                    "value lets it move (only fewer cores could meet it)", labels=["job_id"])
+    for job_id, c in sorted(r.caps.items()):
+        cap.add_metric([job_id, c.source], c.cap_bps)
+        if c.measured_bps is not None:
+            measured.add_metric([job_id, c.mode or "none"], c.measured_bps)
+        unreachable.add_metric([job_id], 1.0 if c.unreachable else 0.0)
+    yield cap
+    yield measured
+    yield unreachable

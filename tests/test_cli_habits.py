@@ -43,7 +43,7 @@ COMMANDS = {"status": [], "jobs": [], "throttle": ["sim:hog", "--level", "2"], "
             "exempt": ["sim:hog"], "pause": [], "resume": [], "explain": ["sim:hog"],
             "admit": ["--job", "slurm:1", "--model", "ResNet-50", "--batch-size", "64"], "model": ["fit"],
             "top": [], "size": ["sim:a", "--cores", "2"], "label": ["slurm:1", "model=BiDAF"],
-            "forget": ["slurm:1"]}
+            "forget": ["slurm:1"], "cap": ["sim:hog", "6GB/s", "--ttl", "15m"]}
 GLOBAL = ["--json", "--socket", "/x/noded.sock", "--timeout", "3s"]
 
 

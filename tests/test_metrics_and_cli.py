@@ -23,6 +23,7 @@ from resctrl import MbFlavour
 from noded.colocation.view import ColocationView
 from noded.config import Config
 from noded.control import ControlState
+from noded.capping.service import CapState
 from noded.daemon import MemoryView, TickResult
 from noded.jobs.model import JobMeta
 from noded.metrics import make_registry
@@ -82,7 +83,9 @@ def fixed_daemon():
                                        MappingProxyType({"GPU-5e3a0000": 2}), "ok", "ΣC rule", 1),
                         control.snapshot(), stats.snapshot(), rightsize, cpus, memory,
                         (Watch("jobs", True, "2 jobs from sim"), Watch("gpus", True, "1 GPUs through NVML"),
-                         Watch("resctrl", False, "resctrl unavailable")))
+                         Watch("resctrl", False, "resctrl unavailable")),
+                        MappingProxyType({"sim:hog": CapState(6e9, "override", "an operator's cap", "noded", 6.1e9,
+                                                              "30..40 (20 % at 40)")}))
     return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
                            extra_info={"throttle": "mba", "dry_run": "false"},
                            liveness=SimpleNamespace(last_round_wall=1_700_000_000.5))
@@ -116,6 +119,8 @@ def test_exposition_matches_the_golden_file():
     assert 'noded_job_memory_soft_limit_bytes{job_id="sim:bert"} 3.221225472e+09' in text
     assert "noded_last_tick_timestamp_seconds 1.7000000005e+09" in text
     assert 'noded_watching{what="jobs"} 1.0' in text and 'noded_watching{what="resctrl"} 0.0' in text
+    assert 'noded_job_bandwidth_cap_bytes_per_second{job_id="sim:hog",source="override"} 6e+09' in text
+    assert 'noded_job_cap_measured_bytes_per_second{job_id="sim:hog",mode="noded"} 6.1e+09' in text
     if os.environ.get("NODED_UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
             f.write(shape(text))

@@ -25,7 +25,7 @@ from ..jobs.monitoring import group_name, mon_group_at
 from ..journal import log_change
 from ..sample import Sample
 from ..samplers.resctrl import ResctrlSession
-from .plan import UNKNOWN, UNSETTLED, LevelThrottle
+from .plan import CAPPED, UNKNOWN, UNSETTLED, LevelThrottle
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -43,6 +43,7 @@ def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
 
 class MbaThrottle(LevelThrottle):
     kind = "mba"
+    holds_caps = True
 
     def __init__(self, session: ResctrlSession, levels: tuple[float, ...], peak_bytes_per_domain: float,
                  *, dry_run: bool = False):
@@ -50,8 +51,10 @@ class MbaThrottle(LevelThrottle):
         self.session = session
         self.levels = levels
         self.peak = peak_bytes_per_domain
-        self._broken: dict[int, str] = {}  # level -> why its control group cannot be used this tick
-        self._prepared: dict[int, str] = {}  # level -> what was written this tick to make its group ready
+        # level, or (CAPPED, job) for a cap's group -> why its control group cannot be used this tick
+        self._broken: dict[int | tuple[int, str], str] = {}
+        # the same keys -> what was written this tick to make its group ready
+        self._prepared: dict[int | tuple[int, str], str] = {}
 
     @property
     def max_level(self) -> int:
@@ -66,6 +69,13 @@ class MbaThrottle(LevelThrottle):
 
     def ctrl_name(self, level: int) -> str:
         return f"{self.session.prefix}mba-{level}"
+
+    def cap_name(self, job: str) -> str:
+        """The control group of a capped job's own (one CLOSID a capped job: noded.capping)."""
+        return group_name(f"{self.session.prefix}cap-", job)
+
+    def is_cap_group(self, ctrl: str) -> bool:
+        return ctrl.startswith(f"{self.session.prefix}cap-job-")
 
     def level_of(self, ctrl: str) -> int | None:
         """The level a control group of ours stands for, or None for any other name."""
@@ -84,7 +94,9 @@ class MbaThrottle(LevelThrottle):
             # is, and any task of it found elsewhere makes it unsettled.
             names = set(js.ctrl_groups) | ({js.mon_parent} if js.mon_parent else set())
             levels = {self.level_of(n) for n in names}
-            if js.mon_parent == "" and names:
+            if names == {self.cap_name(job)}:
+                out[job] = CAPPED  # wholly in its own cap group (anywhere else of ours: unsettled)
+            elif js.mon_parent == "" and names:
                 out[job] = UNSETTLED  # its group is at the root, some of its tasks in a level
             elif not levels:
                 out[job] = 0
@@ -109,7 +121,9 @@ class MbaThrottle(LevelThrottle):
         if rc is None:
             return
         view = sample.resctrl.groups
-        for level in sorted({lvl for job, lvl in wanted.items() if lvl and job in sample.jobs}):
+        for job in sorted(j for j, lvl in wanted.items() if lvl == CAPPED and j in sample.jobs):
+            self._prepare_cap_group(rc, job, view)
+        for level in sorted({lvl for job, lvl in wanted.items() if lvl > 0 and job in sample.jobs}):
             name = self.ctrl_name(level)
             value = mb_value(self.levels[level - 1], rc, self.peak)
             seen = view.ctrl_mb.get(name) if name in view.ctrl_tasks else None
@@ -129,16 +143,36 @@ class MbaThrottle(LevelThrottle):
                 continue
             log.info("mba wrote: %s", what)
 
+    def _prepare_cap_group(self, rc: Resctrl, job: str, view) -> None:
+        """A capped job's own control group, made where missing at the top MB value: the
+        job's CapHolder steers it down from there (its first period measures it)."""
+        name = self.cap_name(job)
+        if name in view.ctrl_tasks:
+            return
+        value = rc.caps.mb.limits.max_bandwidth
+        what = f"mkdir {name}; schemata MB={value} on every domain (its cap's holder steers it)"
+        self._prepared[CAPPED, job] = what
+        if self.dry_run:
+            return
+        try:
+            rc.ensure_ctrl_group(name).set_mb(value)
+        except (ResctrlError, OSError) as e:
+            self._broken[CAPPED, job] = f"{what}: {e}"
+            log.warning("cap group of %s unusable this tick: %s: %s", job, what, e)
+            return
+        log.info("mba wrote: %s", what)
+
     def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
         rc = self._rc(sample)
         if rc is None:
             raise ResctrlError("throttle", self.session.root, None, "resctrl with MBA is not mounted now")
-        if level in self._broken:
-            raise ResctrlError("throttle", self.ctrl_name(level), None, self._broken[level])
-        if level in self._prepared:
-            writes.append(self._prepared.pop(level))
-        target = CtrlGroup(rc, self.ctrl_name(level), os.path.join(rc.root, self.ctrl_name(level))) if level \
-            else rc.root_group()
+        key = (CAPPED, job) if level == CAPPED else level
+        name = self.cap_name(job) if level == CAPPED else self.ctrl_name(level)
+        if key in self._broken:
+            raise ResctrlError("throttle", name, None, self._broken[key])
+        if key in self._prepared:
+            writes.append(self._prepared.pop(key))
+        target = CtrlGroup(rc, name, os.path.join(rc.root, name)) if level else rc.root_group()
         js = sample.jobs[job]
         view = sample.resctrl.groups
         if js.mon_parent is not None:
@@ -165,10 +199,11 @@ class MbaThrottle(LevelThrottle):
         rc = self._rc(sample)
         if rc is None or self.dry_run:
             return
-        keep = {self.ctrl_name(lvl) for job, lvl in wanted.items() if lvl and job in sample.jobs}
+        keep = {self.cap_name(job) if lvl == CAPPED else self.ctrl_name(lvl) for job, lvl in wanted.items()
+                if lvl and job in sample.jobs}
         for name in sorted(set(sample.resctrl.groups.ctrl_tasks) - keep):
-            if self.level_of(name) is None:
-                continue  # ours by prefix but not a level (a newer noded's?): left alone
+            if self.level_of(name) is None and not self.is_cap_group(name):
+                continue  # ours by prefix but not a level or a cap (a newer noded's?): left alone
             self._remove_if_unused(rc, name)
 
     def _remove_if_unused(self, rc: Resctrl, name: str) -> bool:
@@ -183,18 +218,19 @@ class MbaThrottle(LevelThrottle):
             log.warning("removing %s failed (retried next tick): %s", name, e)
             self._housekeeping_failure("remove")
             return False
-        log_change("group-removed", None, throttle="mba", group=name, reason="no job at that level")
+        log_change("group-removed", None, throttle="mba", group=name,
+                   reason="no job capped there" if self.is_cap_group(name) else "no job at that level")
         return True
 
     def release_all(self) -> list[str]:
-        """Remove every level's control group: the kernel moves their tasks back to the
+        """Remove every level's control group and every cap's: the kernel moves their tasks back to the
         root and frees the monitoring groups inside (the job monitor removes the rest).
         Returns what could not be removed."""
         rc = self.session.refresh()
         if rc is None or not rc.caps.alloc_capable or self.dry_run:
             return []
         try:
-            names = sorted(n for n in os.listdir(rc.root) if self.level_of(n) is not None)
+            names = sorted(n for n in os.listdir(rc.root) if self.level_of(n) is not None or self.is_cap_group(n))
         except OSError as e:
             log.warning("listing control groups at stop failed: %s", e)
             return [rc.root]

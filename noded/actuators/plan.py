@@ -26,6 +26,9 @@ UNKNOWN = None
 #: levels_in_force() for a job in a state that is no level (tasks spread over several
 #: of noded's groups, say): any wanted level differs from it, so it is put right
 UNSETTLED = -1
+#: a job's wanted and in-force "level" while a bandwidth cap owns it: in its own cap group
+#: (noded.capping), at no level (MBA only: a core-halving throttle has no cap groups)
+CAPPED = -2
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class LevelThrottle:
     """Base of the throttles: ``apply`` runs the plan through ``_set_level``."""
 
     kind = "none"
+    #: whether it can place a job in a cap group of its own (``CAPPED``): MBA's alone
+    holds_caps = False
 
     def __init__(self, *, dry_run: bool = False):
         self.dry_run = dry_run
@@ -114,13 +119,16 @@ class LevelThrottle:
         self._after(levels, sample)
         shown = self._dry_run_news(out) if self.dry_run else out
         for a in shown:
-            was = None if a.from_level == UNSETTLED else a.from_level
+            was = None if a.from_level == UNSETTLED else max(a.from_level, 0) if a.from_level is not None else None
+            group = "cap" if CAPPED in (a.level, a.from_level) else None  # to or from a cap's own group
             if a.error:
-                log_change("apply-failed", a.job, level_from=was, level_to=a.level, severity=logging.WARNING,
-                           throttle=self.kind, reason=a.error + (f" (after: {'; '.join(a.writes)})" if a.writes else ""))
+                log_change("apply-failed", a.job, level_from=was, level_to=max(a.level, 0), severity=logging.WARNING,
+                           throttle=self.kind, group=group,
+                           reason=a.error + (f" (after: {'; '.join(a.writes)})" if a.writes else ""))
             else:
-                log_change("dry-run" if self.dry_run else "applied", a.job, level_from=was, level_to=a.level,
-                           throttle=self.kind, reason=("would write " if self.dry_run else "") + "; ".join(a.writes))
+                log_change("dry-run" if self.dry_run else "applied", a.job, level_from=was, level_to=max(a.level, 0),
+                           throttle=self.kind, group=group,
+                           reason=("would write " if self.dry_run else "") + "; ".join(a.writes))
         return ApplyResult(tuple(shown), MappingProxyType({j: lvl for j, lvl in after.items() if lvl > 0}),
                            tuple(a for a in out if a.error), tuple(self._housekeeping_failed),
                            MappingProxyType(job_errors))

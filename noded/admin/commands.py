@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from ..actuators.cores import max_level as max_core_level
+from ..capping.units import format_bandwidth
 from ..control import ControlState
 from ..daemon import TickResult
 from ..journal import log_change
@@ -101,6 +102,8 @@ class AdminCommands:
             return self.label(args["job"], args["labels"], uid)
         if command == "forget":
             return self.forget(args["job"], uid)
+        if command == "cap":
+            return self.cap(args, uid)
         if command == "release":
             cleared, unsaved = self.store.clear(args["job"], uid)
             # the jobs that hold one still: what a release of the wrong id would have wanted
@@ -122,6 +125,35 @@ class AdminCommands:
         # What the operator needs to hear: where the job stands now, and what follows.
         return {**self._override_json(override), "level_now": last.levels.get(job, 0), "max_level": max_level,
                 "in_last_sample": job in last.sample.jobs}
+
+    def cap(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        """Hold a CPU job at a bandwidth (an override of kind cap: the level throttle leaves
+        the job alone while it holds), or release its cap. A cap replaces whatever override
+        the job had (one override a job); releasing touches only a cap."""
+        job = args["job"]
+        if args.get("release"):
+            held = self.store.active().get(job)
+            if held is not None and held.kind != "cap":
+                raise RequestError(f"job {job!r} holds a {held.kind} override, not a cap: `nodectl release {job}` "
+                                   "lifts it")
+            cleared, unsaved = self.store.clear(job, uid)
+            return {"job": job, "cap_released": cleared, "not_saved": unsaved}
+        last = self._known(job)
+        js = last.sample.jobs.get(job)
+        if js is not None and js.kind != "cpu":
+            raise RequestError(f"job {job!r} is a {js.kind} job: only CPU jobs are capped (GPU jobs are what the "
+                               "caps protect; a job of unknown kind may hold a GPU)")
+        if last.throttle_kind != "mba":
+            raise RequestError(f"this host throttles with {last.throttle_kind or 'nothing'}, not MBA: nothing here "
+                               "can hold a job at a bandwidth")
+        replaced = self.store.active().get(job)
+        now = self.wall_clock()
+        ttl = args.get("ttl_s")
+        override = Override(job, 0, uid, args.get("reason", ""), now, now + ttl if ttl else None, args["bytes_per_s"])
+        self.store.set(override)
+        return {**self._override_json(override), "replaced": replaced.kind if replaced is not None else None,
+                "bandwidth_bytes_per_s": js.bandwidth_bps if js is not None else None,
+                "in_last_sample": js is not None}
 
     def _registry(self):
         if self.registered_labels is None:
@@ -254,7 +286,8 @@ class AdminCommands:
         return min(max(1, math.ceil(math.log2(n / cores))), max_core_level(n))
 
     def _override_json(self, o: Override) -> dict[str, Any]:
-        return {"job": o.job, "kind": o.kind, "level": o.level, "set_by_uid": o.set_by_uid, "reason": o.reason,
+        return {"job": o.job, "kind": o.kind, "level": o.level, "cap_bytes_per_s": o.cap_bps,
+                "set_by_uid": o.set_by_uid, "reason": o.reason,
                 "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock()),
                 "expires_at": o.expires}
 
@@ -279,6 +312,7 @@ class AdminCommands:
         out["gpus"] = [{"gpu": g.index, "uuid": g.uuid, "util": g.util_gpu, "error": g.error} for g in s.gpus]
         out["jobs"] = [{"job": j.id, "kind": j.kind, "bandwidth_bytes_per_s": j.bandwidth_bps, "gpu_util": j.gpu_util,
                         "level": r.levels.get(j.id, 0), "override": j.id in overrides, "exempt": j.meta.exempt,
+                        "cap_bytes_per_s": r.caps[j.id].cap_bps if j.id in r.caps else None,
                         "monitoring": j.monitoring, "pod": j.pod.as_dict() if j.pod else None}
                        for j in sorted(s.jobs.values(), key=lambda j: j.id)]
         out["missing"] = list(s.missing)
@@ -300,7 +334,11 @@ class AdminCommands:
             why.append("marked exempt in its labels")
         o = self.store.active().get(job)
         if o is not None:
-            why.append(f"operator override ({o.kind}, level {o.level}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
+            held = f"cap {format_bandwidth(o.cap_bps)}" if o.cap_bps is not None else f"level {o.level}"
+            why.append(f"operator override ({o.kind}, {held}) by uid {o.set_by_uid}: {o.reason or 'no reason'}")
+        cap = r.caps.get(job)
+        if cap is not None:
+            why.append(_cap_why(cap))
         paused = self.control.paused
         if paused:
             why.append(f"the eliminator is paused: {paused}")
@@ -311,7 +349,8 @@ class AdminCommands:
         if js.kind == "unknown":
             why.append("kind unknown: some GPU's processes could not be read this tick, and this job was never seen "
                        "on a GPU: it may hold one, so it is not throttled (see `nodectl status` for what is missing)")
-        elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None:
+        elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None \
+                and cap is None:
             why.append(self._not_throttled(job, r))
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
@@ -347,6 +386,11 @@ class AdminCommands:
             "sizing": sizing, "borrowed_cpus": borrowed,
             # right-sizing's memory (None where rightsize.memory is off or the job is not sized)
             "memory": memory,
+            # a bandwidth cap: its value, where it comes from, the holder's state (None: not capped)
+            "cap": None if cap is None else {
+                "bytes_per_s": cap.cap_bps, "source": cap.source, "why": cap.why, "mode": cap.mode,
+                "measured_bytes_per_s": cap.measured_bps, "held": cap.held, "unreachable": cap.unreachable,
+                "note": cap.note},
             # a Kubernetes pod's UID, QoS class, cgroup driver and containers (None: not a pod)
             "pod": js.pod.as_dict() if js.pod else None,
         }
@@ -364,6 +408,21 @@ class AdminCommands:
                     f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
         return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
                f"({c.settle_s:g}s)"
+
+
+def _cap_why(c) -> str:
+    """A capped job in words: the cap, its source, and what steers it now."""
+    text = f"capped at {format_bandwidth(c.cap_bps)} ({c.source}: {c.why})"
+    if c.mode is None:
+        return text + f"; not steered yet: {c.note or 'its holder starts next tick'}"
+    text += f"; steered by {c.mode}"
+    if c.measured_bps is not None:
+        text += f", {format_bandwidth(c.measured_bps)} over its last period"
+    if c.held is not None:
+        text += f", MB value {c.held}"
+    if c.unreachable:
+        text += "; below what MBA's lowest value lets it move: only fewer cores could meet it"
+    return text
 
 
 def _labels_json(meta) -> dict[str, Any]:

@@ -143,7 +143,8 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append("overrides:")
         for o in st["overrides"]:
             ttl = "until released" if o["expires_in_s"] is None else f"{ages.format_age(o['expires_in_s'])} left"
-            lines.append(f"  {o['job']}: {o['kind']} level {o['level']} by uid {o['set_by_uid']}, {ttl}"
+            held = f"{o['cap_bytes_per_s'] / GB:.3g} GB/s" if o.get("cap_bytes_per_s") else f"level {o['level']}"
+            lines.append(f"  {o['job']}: {o['kind']} {held} by uid {o['set_by_uid']}, {ttl}"
                          + (f" ({o['reason']})" if o["reason"] else ""))
     if st["missing"]:
         lines.append("")
@@ -155,7 +156,9 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
     rows = [("JOB", "KIND", "GB/s", "GPU", "LEVEL", "NOTE")]
     for j in jobs:
         pod = j.get("pod")
-        note = ", ".join(n for n, on in (("override", j["override"]), ("exempt", j["exempt"]),
+        cap = j.get("cap_bytes_per_s")
+        note = ", ".join(n for n, on in ((f"cap {_gbps(cap)} GB/s", cap), ("override", j["override"]),
+                                         ("exempt", j["exempt"]),
                                          (f"monitoring {j['monitoring']}", j["monitoring"] != "own"),
                                          (f"pod {pod['qos']}" if pod else "", pod)) if on)
         rows.append((j["job"], j["kind"], _gbps(j["bandwidth_bytes_per_s"]),
@@ -282,6 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
                    help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
     reason_arg(p, "default: none")
+    p = cmd("cap", "hold a CPU job at a bandwidth, e.g. 6GB/s (an override), or --release it",
+            description="Hold a CPU job's memory bandwidth at a cap: noded gives it a control group of its own and "
+                        "steers its MBA value every 100 ms (or hands the cap to the kernel's mba_MBps where "
+                        "resctrl is mounted so). The throttle's levels leave a capped job alone. Units, spelled "
+                        "exactly: GB/s and MB/s (decimal), GiB/s and MiB/s (binary), e.g. 6GB/s, 6.5GB/s, 512MiB/s.")
+    job_arg(p)
+    p.add_argument("bandwidth", nargs="?", type=_bandwidth_arg, help="the cap, e.g. 6GB/s")
+    p.add_argument("--release", action="store_true", help="lift the job's cap")
+    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
+                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
+    reason_arg(p, "default: none")
     p = cmd("release", "drop the override on a job; the policy decides again")
     job_arg(p)
     p = cmd("exempt", "never throttle a job (an override)")
@@ -343,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     went away (nodectl jobs | head)."""
     try:
         try:
-            args = build_parser().parse_args(argv)
+            ap = build_parser()
+            args = ap.parse_args(argv)
+            if args.command == "cap" and _cap_usage(args):
+                ap.error(_cap_usage(args))  # a bad command line (exit 2), before anything is sent
         except SystemExit:
             sys.stdout.flush()  # --help, --version: written here, into a pipe that may be closed
             raise
@@ -402,6 +419,31 @@ def _when(expires_in_s: float | None) -> str:
     return f"until {time.strftime(fmt, time.localtime(at))}"
 
 
+def _bandwidth_arg(text: str) -> float:
+    from ..capping.units import BandwidthError, parse_bandwidth
+
+    try:
+        return parse_bandwidth(text)
+    except BandwidthError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def format_cap(r: dict[str, Any]) -> str:
+    """What a `nodectl cap` did, in words."""
+    if "cap_released" in r:
+        return f"{r['job']}: " + ("cap released; the policy decides again" if r["cap_released"] else "had no cap") \
+            + "\n"
+    why = f"reason: {r['reason']}" if r["reason"] else "no reason given"
+    head = f"{r['job']} is capped at {r['cap_bytes_per_s'] / GB:.3g} GB/s {_when(r['expires_in_s'])} ({why})"
+    if not r["in_last_sample"]:
+        then = "it was not among noded's jobs at the last tick: the cap holds once it is"
+    else:
+        then = f"it moved {_gbps(r['bandwidth_bytes_per_s'])} GB/s at the last tick"
+    if r.get("replaced"):
+        then += f"; this replaces its {r['replaced']} override"
+    return f"{head}; {then}\n"
+
+
 def format_override(command: str, r: dict[str, Any]) -> str:
     """What a throttle or exempt did, in words."""
     job, level, now = r["job"], r["level"], r["level_now"]
@@ -416,6 +458,26 @@ def format_override(command: str, r: dict[str, Any]) -> str:
     if not r["in_last_sample"]:
         then = "it was not among noded's jobs at the last tick: the override holds once it is"
     return f"{head}; {then}\n"
+
+
+def _cap_usage(args) -> str | None:
+    """What is wrong with a `nodectl cap` command line, or None."""
+    if args.release:
+        if args.bandwidth is not None or args.ttl is not None or args.reason:
+            return "cap --release takes no bandwidth, --ttl or --reason"
+    elif args.bandwidth is None:
+        return "cap: give a bandwidth (e.g. 6GB/s) or --release"
+    return None
+
+
+def _cap_args(args) -> dict[str, Any]:
+    """A cap's request (the command line is checked already: ``_cap_usage``)."""
+    if args.release:
+        return {"release": True}
+    out: dict[str, Any] = {"bytes_per_s": args.bandwidth, "reason": args.reason}
+    if args.ttl is not None:
+        out["ttl_s"] = args.ttl
+    return out
 
 
 def _run(args) -> int:
@@ -434,7 +496,7 @@ def _run(args) -> int:
                   f"{m['mean_abs_error']:.3f}")
         return 0
     call_args: dict[str, Any] = {}
-    if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget"):
+    if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget", "cap"):
         call_args["job"] = args.job
     if cmd == "label":
         from ..labelwords import LabelWordError, parse_label_words
@@ -455,6 +517,8 @@ def _run(args) -> int:
         call_args["reason"] = args.reason
     if cmd == "pause":
         call_args["reason"] = args.reason
+    if cmd == "cap":
+        call_args.update(_cap_args(args))
     result = request(path, cmd, call_args, timeout=args.timeout)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
@@ -470,6 +534,8 @@ def _run(args) -> int:
         sys.stdout.write(format_override(cmd, result))
     elif cmd == "size":
         sys.stdout.write(format_size(result))
+    elif cmd == "cap":
+        sys.stdout.write(format_cap(result))
     elif cmd == "label":
         print(f"{result['job']}: " + " ".join(f"{k}={v}" for k, v in sorted(result["labels"].items())))
     elif cmd == "forget":

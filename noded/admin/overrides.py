@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 from ..ages import format_age
+from ..capping.units import MAX_BYTES_PER_S
 from ..journal import log_change
 from ..securedir import SecureDir, StateWriteError
 from ..state import open_state_dir
@@ -33,14 +34,21 @@ class Override:
     reason: str
     created: float  # wall clock
     expires: float | None  # wall clock, None = until released
+    # A cap (bytes a second) owns the job's bandwidth: the level throttle leaves it alone
+    # (level is 0) and a CapHolder holds it there. None: a level override.
+    cap_bps: float | None = None
 
     @property
     def kind(self) -> str:
+        if self.cap_bps is not None:
+            return "cap"
         return "exempt" if self.level == 0 else "throttle"
 
 
 FILE = "overrides.json"
 _FIELDS = tuple(f.name for f in fields(Override))
+#: fields a file written before caps existed lacks (read as their defaults)
+_OPTIONAL = {"cap_bps"}
 MAX_LEVEL = 64  # no throttle has more levels than CPUs have halvings
 
 
@@ -52,7 +60,7 @@ def _number(job: str, name: str, value: Any) -> float:
 
 def parse_override(job: str, v: Any) -> Override:
     """One entry of overrides.json; raises ValueError naming the job and the field."""
-    if not isinstance(v, dict) or set(v) != set(_FIELDS):
+    if not isinstance(v, dict) or not set(_FIELDS) - _OPTIONAL <= set(v) <= set(_FIELDS):
         found = sorted(v) if isinstance(v, dict) else type(v).__name__
         raise ValueError(f"override {job[:100]!r}: expected the keys {list(_FIELDS)}, found {str(found)[:200]}")
     if v["job"] != job:
@@ -63,7 +71,14 @@ def parse_override(job: str, v: Any) -> Override:
     if not isinstance(v["reason"], str):
         raise ValueError(f"override {job[:100]!r}: reason must be a string")
     expires = None if v["expires"] is None else _number(job, "expires", v["expires"])
-    return Override(job, v["level"], v["set_by_uid"], v["reason"], _number(job, "created", v["created"]), expires)
+    cap = v.get("cap_bps")
+    if cap is not None:
+        cap = _number(job, "cap_bps", cap)
+        if not 0 < cap <= MAX_BYTES_PER_S or v["level"] != 0:
+            raise ValueError(f"override {job[:100]!r}: cap_bps must be in (0, {MAX_BYTES_PER_S:g}] bytes a second, "
+                             f"with level 0, got {cap:g} at level {v['level']}")
+    return Override(job, v["level"], v["set_by_uid"], v["reason"], _number(job, "created", v["created"]), expires,
+                    cap)
 
 
 def parse_overrides(data: Any) -> dict[str, Override]:
@@ -102,6 +117,7 @@ class OverrideStore:
             self._items = items
         log_change("override-set", override.job, level_to=override.level,
                    kind=override.kind, uid=override.set_by_uid,
+                   cap_bps=None if override.cap_bps is None else round(override.cap_bps),
                    ttl="none" if override.expires is None else format_age(override.expires - override.created),
                    reason=override.reason or None)
 

@@ -94,6 +94,15 @@ def _uid(v: Any) -> int:
     return v
 
 
+def _bytes_per_s(v: Any) -> float:
+    from ..capping.units import MAX_BYTES_PER_S
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_BYTES_PER_S:
+        raise RequestError(f"bytes_per_s must be a number of bytes a second in (0, {MAX_BYTES_PER_S:g}], "
+                           f"got {str(v)[:40]}")
+    return float(v)
+
+
 def _reason(v: Any) -> str:
     if not isinstance(v, str) or len(v) > 500:
         raise RequestError("reason must be a string of at most 500 characters")
@@ -133,6 +142,9 @@ COMMANDS: dict[str, dict[str, tuple[bool, Any]]] = {
     "throttle": {"job": (True, _job), "level": (False, _level), "cores": (False, _cores),
                  "ttl_s": (False, _ttl), "reason": (False, _reason)},
     "release": {"job": (True, _job)},
+    # hold a job at a bandwidth (bytes a second; nodectl reads 6GB/s), or release its cap
+    "cap": {"job": (True, _job), "bytes_per_s": (False, _bytes_per_s), "release": (False, _flag("release")),
+            "ttl_s": (False, _ttl), "reason": (False, _reason)},
     "exempt": {"job": (True, _job), "ttl_s": (False, _ttl), "reason": (False, _reason)},
     "pause": {"reason": (False, _reason)},
     "resume": {},
@@ -236,6 +248,10 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
             raise RequestError(f"{command}: missing argument {name!r}")
     if command == "throttle" and ("level" in out) == ("cores" in out):
         raise RequestError("throttle: give exactly one of level or cores")
+    if command == "cap" and ("bytes_per_s" in out) == ("release" in out):
+        raise RequestError("cap: give exactly one of bytes_per_s or release")
+    if command == "cap" and "release" in out and ("ttl_s" in out or "reason" in out):
+        raise RequestError("cap: release takes no ttl_s or reason")
     if command == "size" and sum(k in out for k in ("cores", "stop", "reprobe")) != 1:
         raise RequestError("size: give exactly one of cores, stop or reprobe")
     return command, out

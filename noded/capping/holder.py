@@ -51,7 +51,7 @@ class CapHolder:
 
     def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
                  busy_threads: Callable[[], int] = lambda: 1, period_s: float = DEFAULT_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None):
         self.rc = rc
         self.job = job
         self.cap = cap_bps
@@ -61,7 +61,9 @@ class CapHolder:
         flavour = rc.caps.mb.limits.flavour if rc.caps.mb else None
         self.mode = KERNEL_MBPS if flavour is MbFlavour.MBPS else NODED
         self.scale = scale_of(rc) if self.mode == NODED else []
-        self.group: CtrlGroup = rc.ensure_ctrl_group(f"{rc.prefix}cap-{job}")
+        # group_name: where its caller moved the job already (the daemon's throttle: one
+        # writer of where a job is); else the holder makes the group and moves ``pids``
+        self.group: CtrlGroup = rc.ensure_ctrl_group(group_name or f"{rc.prefix}cap-{job}")
         for pid in pids:
             self.group.add_process(pid)
         self.controller = CapController(
@@ -134,11 +136,15 @@ class CapHolder:
             if self._stop.wait(max(0.0, start + k * self.period - self.clock())):
                 return
 
-    def stop(self) -> None:
-        """Stop steering and remove the group: the kernel puts the job's tasks back in the root."""
+    def stop(self, *, remove: bool = True) -> None:
+        """Stop steering and remove the group: the kernel puts the job's tasks back in the root.
+        ``remove=False``: the group is its caller's to empty and remove (the daemon moves the
+        job to its level first, so its monitoring group is not freed with the group)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if not remove:
+            return
         try:
             self.group.remove()
         except GroupNotFoundError:

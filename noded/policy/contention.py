@@ -66,7 +66,7 @@ class Action:
     from_level: int
     to_level: int
     reason: str
-    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended | inputs_missing
+    cause: str  # contention | cap | override | calm | gpu_job | exempt | override_ended | inputs_missing | capped
 
     @property
     def kind(self) -> str:
@@ -103,7 +103,10 @@ def decide(
     overrides: Mapping[str, int] = MappingProxyType({}),
     level_share: Callable[[int], float] = lambda level: 0.5 ** level,
     known: Mapping[str, Known] = MappingProxyType({}),
+    capped: frozenset[str] = frozenset(),
 ) -> tuple[Decision, PolicyState]:
+    """``capped``: jobs held at a bandwidth cap (noded.capping.plan): the cap owns them, so
+    the levels leave them alone (a level they held is released, at once)."""
     jobs = sample.jobs
     share = node_share(sample, peak_bytes_per_domain)
     throttles = {j: t for j, t in state.throttles.items() if j in jobs}
@@ -127,6 +130,8 @@ def decide(
         if job_id in overrides:
             set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
                       f"operator override to level {overrides[job_id]}")
+        elif job_id in capped and job_id in throttles:
+            set_level(job_id, 0, "capped", "held at a bandwidth cap instead of a level")
         elif js.kind == GPU and job_id in throttles:
             set_level(job_id, 0, "gpu_job", "is a GPU job: never throttled")
         elif js.meta.exempt and job_id in throttles:
@@ -164,7 +169,7 @@ def decide(
     def throttleable(job_id: str) -> bool:
         js = jobs[job_id]
         level = throttles[job_id].level if job_id in throttles else 0
-        return (js.kind == CPU and not js.meta.exempt and job_id not in overrides
+        return (js.kind == CPU and not js.meta.exempt and job_id not in overrides and job_id not in capped
                 and js.bandwidth_bps is not None and level < max_levels.get(job_id, 0))
 
     triggered = share is not None and share >= config.threshold and bool(slowed)

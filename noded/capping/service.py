@@ -1,0 +1,120 @@
+"""The daemon's caps: which job is capped at what (``plan``: noded.capping.plan), and a
+``CapHolder`` steering each capped job's own control group.
+
+One writer a knob: where a job's tasks are (a level group or its cap group) is the
+throttle's to write (``MbaThrottle``, told ``CAPPED`` for a capped job); the MB value of a
+cap group is its holder's. A holder starts once its job is in its cap group and stops,
+leaving the group to the throttle, when the cap ends or the job does; the throttle then
+moves the job out (to the level the policy gives it) and removes the group it no longer
+needs. At stop every cap group goes with the level groups (``release_all``); after a
+SIGKILL the next start removes them with every group of noded's (``remove_orphans``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from ..journal import log_change
+from ..sample import Sample
+from .holder import CapHolder
+from .plan import OVERRIDE, Cap, plan_caps
+
+log = logging.getLogger(__name__)
+#: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says
+#: a change of more than this share (the holder follows every one)
+JOURNAL_STEP = 0.05
+
+
+@dataclass(frozen=True)
+class CapState:
+    """One capped job, for explain and the metrics."""
+
+    cap_bps: float
+    source: str
+    why: str
+    mode: str | None  # "noded" (its controller) or "kernel mba_MBps"; None: no holder yet
+    measured_bps: float | None  # the holder's last period
+    held: str | None  # the MB values held last ("70" or "70..80 (40 % at 80)")
+    unreachable: bool = False
+    note: str | None = None  # why no holder steers it (yet)
+
+
+class CapService:
+    def __init__(self, rc: Callable[[], object], cap_group: Callable[[str], str], *, dry_run: bool = False):
+        self.rc = rc  # the mount now (None while it is not)
+        self.cap_group = cap_group  # job -> the name of its cap group (the throttle's)
+        self.dry_run = dry_run
+        self.holders: dict[str, CapHolder] = {}
+        self.caps: dict[str, Cap] = {}
+        self.notes: dict[str, str] = {}
+
+    def plan(self, sample: Sample, overrides: Mapping, source_caps: Mapping[str, float], reserve_bps: float | None,
+             peak_bytes_per_domain: float, automatic: bool = True) -> dict[str, Cap]:
+        """This tick's caps. ``automatic=False`` (paused): only operators' caps."""
+        override_caps = {j: o.cap_bps for j, o in overrides.items() if o.cap_bps is not None}
+        level_owned = frozenset(j for j, o in overrides.items() if o.cap_bps is None)
+        domains = len(sample.node_bandwidth_bps)
+        peak = peak_bytes_per_domain * domains if domains else None
+        caps = plan_caps(sample.jobs, override_caps, level_owned, source_caps if automatic else {},
+                         reserve_bps if automatic else None, peak, {j: c.bps for j, c in self.caps.items()})
+        return caps if automatic else {j: c for j, c in caps.items() if c.source == OVERRIDE}
+
+    def before_apply(self, caps: Mapping[str, Cap]) -> None:
+        """Stop the holders of jobs no longer capped: the throttle moves them out next."""
+        for job in sorted(set(self.holders) - set(caps)):
+            self.holders.pop(job).stop(remove=False)
+        for job in sorted(set(self.caps) - set(caps)):
+            was = self.caps.pop(job)
+            log_change("cap-ended", job, cap_bps=round(was.bps), source=was.source,
+                       reason="the job is at a level again" if job not in caps else None)
+        self.notes = {j: n for j, n in self.notes.items() if j in caps}
+
+    def after_apply(self, caps: Mapping[str, Cap], in_cap_group: Callable[[str], bool]) -> None:
+        """Start or retarget each capped job's holder, once the job is in its cap group."""
+        for job, cap in sorted(caps.items()):
+            before = self.caps.get(job)
+            if before is None or before.source != cap.source or abs(before.bps - cap.bps) > JOURNAL_STEP * before.bps:
+                log_change("cap-set" if before is None else "cap-changed", job, cap_bps=round(cap.bps),
+                           source=cap.source, reason=cap.why)
+            self.caps[job] = cap
+            holder = self.holders.get(job)
+            if holder is not None:
+                if holder.cap != cap.bps:
+                    holder.set_cap(cap.bps)
+                continue
+            if self.dry_run:
+                self.notes[job] = "dry run: no holder steers it"
+                continue
+            if not in_cap_group(job):
+                self.notes[job] = "not in its cap group yet (the move failed, or CLOSIDs ran out: see the log)"
+                continue
+            rc = self.rc()
+            if rc is None:
+                self.notes[job] = "resctrl is not mounted now"
+                continue
+            try:
+                self.holders[job] = CapHolder(rc, job, [], cap.bps, group_name=self.cap_group(job)).start()
+            except Exception as e:  # noqa: BLE001 (one job's holder must not stop the tick)
+                self.notes[job] = f"no holder: {type(e).__name__}: {e}"
+                log.warning("cap %s: no holder this tick (tried again next tick): %s", job, e)
+                continue
+            self.notes.pop(job, None)
+
+    def view(self) -> Mapping[str, CapState]:
+        out = {}
+        for job, cap in self.caps.items():
+            h = self.holders.get(job)
+            hold = h.held if h is not None else None
+            held = None if hold is None else (str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else
+                                              f"{hold.low}..{hold.high} ({hold.high_share:.0%} at {hold.high})")
+            out[job] = CapState(cap.bps, cap.source, cap.why, h.mode if h is not None else None,
+                                h.last_rate if h is not None else None, held,
+                                bool(hold is not None and hold.unreachable), self.notes.get(job))
+        return MappingProxyType(out)
+
+    def stop_all(self) -> None:
+        for job in sorted(self.holders):
+            self.holders.pop(job).stop(remove=False)  # the throttle's release_all removes the groups

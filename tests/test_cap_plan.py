@@ -1,0 +1,83 @@
+"""Which job is capped at what (issue #27, item 2): the reserve's arithmetic, where a cap
+comes from, and the config keys that ask for them."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noded.capping.plan import MIN_RESERVE_CAP_BPS, OVERRIDE, RESERVE, SOURCE, plan_caps, reserve_share
+from noded.config import ConfigError, parse_config
+from noded.jobs.model import JobMeta
+from noded.sample import CPU, GPU, JobSample
+
+GB = 1e9
+
+
+def job(name, kind=CPU, gbps=None, source="slurm", exempt=False):
+    return JobSample(name, source, frozenset(), JobMeta(exempt=exempt), kind, (), None,
+                     None if gbps is None else gbps * GB, "own")
+
+
+def test_light_jobs_keep_what_they_use_and_the_heavy_ones_share_the_rest_equally():
+    assert reserve_share({"a": 2 * GB, "b": 30 * GB, "c": 30 * GB}, 20 * GB) == pytest.approx(9 * GB)
+    assert reserve_share({"a": 2 * GB, "b": 3 * GB}, 20 * GB) is None  # all fit: no cap
+    assert reserve_share({"a": 2 * GB, "b": None}, 20 * GB) == pytest.approx(18 * GB)  # None: wants without bound
+    assert reserve_share({"a": 5 * GB, "b": 5 * GB}, -3 * GB) == 0.0  # nothing left
+
+
+@given(st.dictionaries(st.text(max_size=3), st.one_of(st.none(), st.floats(0, 1e11)), min_size=1, max_size=8),
+       st.floats(0, 1e11))
+def test_the_water_level_shares_exactly_the_budget(demands, budget):
+    level = reserve_share(demands, budget)
+    if level is None:
+        assert None not in demands.values() and sum(demands.values()) <= budget
+    else:
+        assert sum(level if d is None else min(d, level) for d in demands.values()) == pytest.approx(budget, rel=1e-9,
+                                                                                                     abs=1)
+
+
+def test_the_reserve_holds_cpu_jobs_to_what_leaves_it_free():
+    jobs = {"gpu": job("gpu", GPU, 8), "hog": job("hog", gbps=40), "light": job("light", gbps=2),
+            "exempt": job("exempt", gbps=5, exempt=True)}
+    caps = plan_caps(jobs, {}, frozenset(), {}, 20 * GB, 60 * GB, {})
+    # 60 peak - 20 reserve - 8 GPU - 5 exempt = 27 for the two: light keeps 2, hog gets 25
+    assert set(caps) == {"hog", "light"} and caps["hog"].source == RESERVE
+    assert caps["hog"].bps == pytest.approx(25 * GB) and caps["light"].bps == pytest.approx(25 * GB)
+    assert "20 GB/s kept for GPU jobs" in caps["hog"].why
+    assert plan_caps({k: v for k, v in jobs.items() if k != "gpu"}, {}, frozenset(), {}, 20 * GB, 60 * GB, {}) == {}
+    # held at its cap, the hog's 25 GB/s says nothing of what it wants: the cap stays
+    held = {**jobs, "hog": job("hog", gbps=24.9)}
+    assert plan_caps(held, {}, frozenset(), {}, 20 * GB, 60 * GB, {"hog": 25 * GB, "light": 25 * GB})["hog"].bps \
+        == pytest.approx(25 * GB)
+
+
+def test_an_override_wins_a_source_default_applies_and_the_lower_cap_holds():
+    jobs = {"gpu": job("gpu", GPU, 10), "a": job("a", gbps=30), "b": job("b", gbps=30, source="systemd"),
+            "c": job("c", gbps=30), "lvl": job("lvl", gbps=3)}
+    caps = plan_caps(jobs, {"a": 6 * GB}, frozenset({"lvl"}), {"systemd": 4 * GB}, None, 60 * GB, {})
+    assert (caps["a"].bps, caps["a"].source) == (6 * GB, OVERRIDE) and (caps["b"].bps, caps["b"].source) == \
+        (4 * GB, SOURCE) and "c" not in caps and "lvl" not in caps
+    # with a reserve: 60 - 20 - 10 GPU - 6 override - 3 held at a level = 21 for b and c; b's default is lower
+    caps = plan_caps(jobs, {"a": 6 * GB}, frozenset({"lvl"}), {"systemd": 4 * GB}, 20 * GB, 60 * GB, {})
+    assert caps["b"].source == SOURCE and caps["c"].source == RESERVE and caps["c"].bps == pytest.approx(17 * GB)
+    # nothing left: a floor, not a stop
+    caps = plan_caps(jobs, {}, frozenset(), {}, 59 * GB, 60 * GB, {})
+    assert caps["c"].bps == MIN_RESERVE_CAP_BPS
+
+
+def test_the_caps_config_keys_are_read_and_checked():
+    c = parse_config("jobs:\n  sources:\n    - {kind: slurm, cap_gbps: 6}\ncontention:\n  gpu_reserve_gbps: 20\n")
+    assert c.jobs.sources[0].cap_gbps == 6 and c.contention.gpu_reserve_gbps == 20
+
+
+@pytest.mark.parametrize("text,key,said", [
+    ("contention:\n  gpu_reserve_gbps: 0\n", "contention.gpu_reserve_gbps", "GB/s"),
+    ("contention:\n  gpu_reserve_gbps: 20\n  method: cores\n", "contention.gpu_reserve_gbps", "held with MBA"),
+    ("jobs:\n  sources:\n    - {kind: slurm, cap_gbps: -1}\n", "jobs.sources[0].cap_gbps", "GB/s"),
+    ("jobs:\n  sources:\n    - {kind: slurm, cap_gbps: 6}\n    - {kind: slurm, root: /x, cap_gbps: 7}\n",
+     "jobs.sources[1].cap_gbps", "another slurm source caps at 6 GB/s"),
+])
+def test_a_bad_cap_key_is_refused_naming_it(text, key, said):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text)
+    assert any(p.key == key and said in p.reason for p in e.value.problems), str(e.value)
