@@ -458,18 +458,15 @@ class TenantBudgetCollector:
         if costs:  # from the first discovery on
             yield from map(_text_labels, (dirs, polled, capped))
         events = getattr(telemetry, "events", None)
-        seen = CounterMetricFamily("noded_process_events", "Exec events read from the kernel's connector")
-        seen.add_metric([], events.events if events is not None else 0)
-        yield seen
-        dropped = CounterMetricFamily("noded_process_events_dropped", "Exec events over their uid's budget "
-                                      "(jobs.exec_events_per_uid): left to the next tick's discovery")
-        dropped.add_metric([], events.dropped if events is not None else 0)
-        yield dropped
-        refused = CounterMetricFamily("noded_process_events_unattributed", "New processes placed in no job because "
-                                      "their /proc/PID/cgroup is not the kernel's grammar (a forged record in a "
-                                      "cgroup name) or could not be read")
-        refused.add_metric([], getattr(discovery, "unattributed", 0))
-        yield refused
+        # unlabelled counters: client_python's value= adds their one sample
+        yield CounterMetricFamily("noded_process_events", "Exec events read from the kernel's connector",
+                                  value=events.events if events is not None else 0)
+        yield CounterMetricFamily("noded_process_events_dropped", "Exec events over their uid's budget "
+                                  "(jobs.exec_events_per_uid): left to the next tick's discovery",
+                                  value=events.dropped if events is not None else 0)
+        yield CounterMetricFamily("noded_process_events_unattributed", "New processes placed in no job because "
+                                  "their /proc/PID/cgroup is not the kernel's grammar (a forged record in a "
+                                  "cgroup name) or could not be read", value=getattr(discovery, "unattributed", 0))
         budget = getattr(self.daemon, "report_budget", None)
         reports = CounterMetricFamily("noded_reports_dropped", "Reports dropped on the report socket: over the "
                                       "sender's uid's budget (unread) or the job's (admin.reports_per_*)",
