@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable
 
-from .manager import MpsControl, MpsError, MpsStopping
+from mps.manager import MpsControl, MpsError, MpsStopping
 
 log = logging.getLogger(__name__)
 

@@ -14,22 +14,22 @@ from resctrl import Resctrl
 
 from mps.manager import COMPUTE_MODE, ComputeModes, NvmlTimeout, call_within
 
-from .actuators.cores import CoreHalving
-from .actuators.mba import MbaThrottle
-from .actuators.memsoft import MemorySoftLimits
-from .baselines import BaselineStore
-from .config import Config
-from .daemon import Daemon
-from .jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile, RegisteredLabels
-from .metrics import make_registry
-from .samplers.cpus import CpuPlacementSampler
-from .samplers.nvml import NvmlSampler
-from .samplers.resctrl import ResctrlSession
-from .server.budget import METRICS
-from .server.metrics_http import MetricsServer
-from .securedir import DirectoryMissing, SecureDir
-from .state import OriginalValues
-from .telemetry import Telemetry
+from noded.actuators.cores import CoreHalving
+from noded.actuators.mba import MbaThrottle
+from noded.actuators.memsoft import MemorySoftLimits
+from noded.baselines import BaselineStore
+from noded.config import Config
+from noded.daemon import Daemon
+from noded.jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile, RegisteredLabels
+from noded.metrics import make_registry
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.nvml import NvmlSampler
+from noded.samplers.resctrl import ResctrlSession
+from noded.server.budget import METRICS
+from noded.server.metrics_http import MetricsServer
+from noded.securedir import DirectoryMissing, SecureDir
+from noded.state import OriginalValues
+from noded.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         daemon.state_probe = originals.probe
         daemon.state_failed_writes = lambda: state.failed_writes
     if rightsize:
-        from .rightsize.controls import SizeControls
-        from .rightsize.history import SizingHistory
-        from .rightsize.service import RightSizing
+        from noded.rightsize.controls import SizeControls
+        from noded.rightsize.history import SizingHistory
+        from noded.rightsize.service import RightSizing
 
         history = SizingHistory(state, persist=not dry_run)
         notes += history.notes
@@ -140,7 +140,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     if config.colocation.enabled and dry_run:
         notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
     elif config.colocation.enabled:
-        from .colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
+        from noded.colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
 
         daemon.colocation = build_colocation(config, clock, originals)
     for n in notes:

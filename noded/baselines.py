@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from .jobs.model import JobMeta
-from .securedir import SecureDir, StateWriteError
+from noded.jobs.model import JobMeta
+from noded.securedir import SecureDir, StateWriteError
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from .calibration import Calibration, calibration_path, write_calibration
-from .securedir import SecureDir, SecureDirError, StateWriteError
+from noded.calibration import Calibration, calibration_path, write_calibration
+from noded.securedir import SecureDir, SecureDirError, StateWriteError
 
 GB = 1e9
 #: triad: two arrays read, one written, 8 bytes each (STREAM's count)

@@ -18,8 +18,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from .config import DEFAULT_PEAK_GBPS, Config
-from .securedir import ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
+from noded.config import DEFAULT_PEAK_GBPS, Config
+from noded.securedir import ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
 
 FILE = "calibration.json"
 

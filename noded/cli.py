@@ -13,7 +13,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     """noded; a reader of its output that goes away ends it quietly (141), as Ctrl-C does
     (130) where the command does not handle it itself (``run`` stops cleanly on it)."""
-    from .cliopts import EXIT_INTERRUPTED, broken_pipe
+    from noded.cliopts import EXIT_INTERRUPTED, broken_pipe
 
     try:
         try:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """noded's command line (also what its completion and man page are made from: noded.clidoc)."""
-    from .cliopts import HelpFormatter, option_parents, subparsers
+    from noded.cliopts import HelpFormatter, option_parents, subparsers
 
     top, common = option_parents("noded", lambda parser, default: None)
     parser = argparse.ArgumentParser(prog="noded", description="Node-level contention and co-location daemon.",
@@ -104,14 +104,14 @@ def _main(argv: list[str] | None) -> int:
             cal.error(f"--threads must be at least 1, got {args.threads}")
         import shlex
 
-        from .calibrate import main as calibrate
+        from noded.calibrate import main as calibrate
 
         shown = sys.argv[1:] if argv is None else argv
         return calibrate(args.state_dir, args.seconds, args.size, args.threads,
                          " ".join(["noded", *map(shlex.quote, shown)]))
     if args.command == "run" and args.sim:
-        from .sim.scenario import ScenarioError, load_scenario
-        from .sim.with_daemon import run_with_sim_node
+        from noded.sim.scenario import ScenarioError, load_scenario
+        from noded.sim.with_daemon import run_with_sim_node
 
         try:
             duration = args.duration or load_scenario(args.sim).duration_s
@@ -122,17 +122,17 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "run":
         # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
         # never kills noded half-started (see noded.signals).
-        from .sdnotify import SystemdNotifier
-        from .signals import Signals
+        from noded.sdnotify import SystemdNotifier
+        from noded.signals import Signals
 
         signals = Signals().install()
         SystemdNotifier().status("starting")
-        from .runner import main_run
+        from noded.runner import main_run
 
         return main_run(args, signals)
     if args.command in ("sim", "sim-node"):
-        from .journal import configure_logging
-        from .sim.scenario import ScenarioError, load_scenario
+        from noded.journal import configure_logging
+        from noded.sim.scenario import ScenarioError, load_scenario
 
         configure_logging(args.verbose)
         try:
@@ -140,7 +140,7 @@ def _main(argv: list[str] | None) -> int:
         except (OSError, ScenarioError) as e:
             print(f"noded {args.command}: {e}", file=sys.stderr)
             return 2
-        from .sim.nvml_lib import BuildError, library_dir
+        from noded.sim.nvml_lib import BuildError, library_dir
 
         try:  # the node's GPUs need the stand-in NVML library: built (once) before anything starts
             library_dir(scenario.node.nvml)
@@ -148,16 +148,16 @@ def _main(argv: list[str] | None) -> int:
             print(f"noded {args.command}: {e}", file=sys.stderr)
             return 2
         if args.command == "sim":
-            from .sim.run import run_scenario
+            from noded.sim.run import run_scenario
 
             return run_scenario(scenario)
-        from .sim.sim_node import run_sim_node
+        from noded.sim.sim_node import run_sim_node
 
         return run_sim_node(scenario, args.config, args.workdir, hold=args.hold, watch=args.watch)
     if args.command == "tour":
         from resctrl.emulator.profiles import PROFILES
 
-        from .tour import run_tour
+        from noded.tour import run_tour
 
         if args.profile not in PROFILES:
             tour.error(f"--profile must be one of {', '.join(sorted(PROFILES))}, not {args.profile!r}")
@@ -169,7 +169,7 @@ def _main(argv: list[str] | None) -> int:
 
 def _duration(text: str) -> float:
     """A duration in noded's one syntax (noded.ages), more than 0."""
-    from .ages import DurationError, parse_duration
+    from noded.ages import DurationError, parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -184,8 +184,8 @@ def check_config(path: str) -> int:
     """Validate a config, and what ``noded run`` checks on this host at start, by the
     same code (noded.hostcheck.start_check). Errors go to stderr as FILE:LINE: KEY:
     REASON (exit 1); what run starts without, as FILE:LINE: KEY: warning: ... (exit 0)."""
-    from .config import Config, ConfigError, EmptyConfig, load_config
-    from .journal import printable
+    from noded.config import Config, ConfigError, EmptyConfig, load_config
+    from noded.journal import printable
 
     notes = []
     try:
@@ -196,12 +196,12 @@ def check_config(path: str) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
-    from .hostcheck import start_check
+    from noded.hostcheck import start_check
 
     check = start_check(config)
     doc = None
     if check.problems or check.warnings:
-        from .yamlsafe import YamlError, read_yaml_file
+        from noded.yamlsafe import YamlError, read_yaml_file
 
         try:
             doc = read_yaml_file(path)  # read and parsed once already: the lines of the keys

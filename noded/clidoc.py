@@ -193,8 +193,8 @@ def man_page(p: Program, section: str = "1", date: str | None = None) -> str:
 
 
 def programs() -> list[Program]:
-    from .admin.nodectl import build_parser as nodectl_parser
-    from .cli import build_parser as noded_parser
+    from noded.admin.nodectl import build_parser as nodectl_parser
+    from noded.cli import build_parser as noded_parser
 
     return [program(noded_parser()), program(nodectl_parser())]
 

@@ -19,9 +19,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .jobs.cgroups import KINDS, check_pattern
-from .journal import printable
-from .yamlsafe import Document, YamlError, parse_yaml, read_regular_file
+from noded.jobs.cgroups import KINDS, check_pattern
+from noded.journal import printable
+from noded.yamlsafe import Document, YamlError, parse_yaml, read_regular_file
 
 GB = 1e9
 #: where a job can come from: a cgroup source's kind, or a process tree registered with noded

@@ -26,8 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import Config
-from .lockfile import DEFAULT_LOCK_DIR
+from noded.config import Config
+from noded.lockfile import DEFAULT_LOCK_DIR
 
 #: noded makes it, writes it, and may remove it
 MADE = "made"

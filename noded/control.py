@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
-from .admin.overrides import Override, OverrideStore
-from .policy.contention import Action
+from noded.admin.overrides import Override, OverrideStore
+from noded.policy.contention import Action
 
 #: decisions kept per job for `nodectl explain`
 HISTORY = 10

@@ -14,28 +14,28 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
-from .actuators.cpusets import CpuSetResult
-from .actuators.memsoft import MemoryResult
-from .actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
-from .baselines import LEARNED, BaselineStore
-from .capping.service import CapService, CapState
-from .colocation.view import ColocationView
-from .config import GB, Config
-from .control import ControlSnapshot, ControlState
-from .journal import NOTICE, log_change
-from .health import Liveness
-from .lasting import LastingStates
-from .policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
-from .ratelimit import RateLimitedLog
-from .rightsize.cpuplan import CpuPlan, PlanError
-from .rightsize.service import RightsizeView
-from .sample import GPU, Sample
-from .telemetry import Telemetry
-from .tickstats import TickStats, Totals
-from .watching import Watch, watching
+from noded.actuators.cpusets import CpuSetResult
+from noded.actuators.memsoft import MemoryResult
+from noded.actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
+from noded.baselines import LEARNED, BaselineStore
+from noded.capping.service import CapService, CapState
+from noded.colocation.view import ColocationView
+from noded.config import GB, Config
+from noded.control import ControlSnapshot, ControlState
+from noded.journal import NOTICE, log_change
+from noded.health import Liveness
+from noded.lasting import LastingStates
+from noded.policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
+from noded.ratelimit import RateLimitedLog
+from noded.rightsize.cpuplan import CpuPlan, PlanError
+from noded.rightsize.service import RightsizeView
+from noded.sample import GPU, Sample
+from noded.telemetry import Telemetry
+from noded.tickstats import TickStats, Totals
+from noded.watching import Watch, watching
 
 if TYPE_CHECKING:  # the split needs numba: loaded only where memory is sized
-    from .rightsize.memsplit import MemorySplit
+    from noded.rightsize.memsplit import MemorySplit
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +258,8 @@ class Daemon:
         sized jobs that declare a cache curve, each carried out as a soft limit on its memory
         cgroup; limits no longer wished for are put back. A job whose cgroup could not be read
         this tick keeps what it has (an error is not "no limit")."""
-        from .rightsize.memsplit import GIB, CacheJob, cache_curve, soft_limit_bytes, split_memory
-        from .rightsize.split import SplitError
+        from noded.rightsize.memsplit import GIB, CacheJob, cache_curve, soft_limit_bytes, split_memory
+        from noded.rightsize.split import SplitError
 
         cfg = self.config.rightsize.memory
         # every GPU job of an enabled source, whether or not its CPUs could be read this tick

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .ages import format_age
+from noded.ages import format_age
 
 #: rounds a loop may miss before it counts as stalled
 STALE_PERIODS = 10

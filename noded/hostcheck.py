@@ -27,8 +27,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .config import Config
-from .securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
+from noded.config import Config
+from noded.securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
 
 CGROUP_FILESYSTEMS = ("cgroup", "cgroup2")
 #: filesystems whose directories and files are the kernel's: noded makes nothing of its own there
@@ -82,7 +82,7 @@ def _directory(path: str, mode: int, what: str) -> str | None:
 def start_check(config: Config) -> StartCheck:
     """What `noded run` would refuse at start with ``config`` on this host, and what it
     would start without; creates and changes nothing."""
-    from .lockfile import instance_holder
+    from noded.lockfile import instance_holder
 
     check = StartCheck()
     out = check.problems
@@ -122,7 +122,7 @@ def start_check(config: Config) -> StartCheck:
 def source_warnings(config: Config) -> list[tuple[str, str]]:
     """A config that names no job source starts and watches nothing: said at start and by
     check-config, and after that by ``nodectl status`` and ``noded_watching{what="jobs"}``."""
-    from .watching import no_job_source
+    from noded.watching import no_job_source
 
     why = no_job_source(config)
     return [("jobs.sources", why)] if why else []
@@ -133,8 +133,8 @@ def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, st
     another (noded.configpaths), nothing noded makes is inside the resctrl mount, a job
     source's cgroup root or a kernel filesystem, and (with ``sockets``) a socket's path
     holds nothing noded would have to remove but a stale socket."""
-    from .admin.server import socket_path_problem
-    from .configpaths import MADE, named_paths, overlap_problems
+    from noded.admin.server import socket_path_problem
+    from noded.configpaths import MADE, named_paths, overlap_problems
 
     paths = named_paths(config)
     out = overlap_problems(paths, os.path.realpath)
@@ -162,7 +162,7 @@ def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, st
 def listener_problems(config: Config) -> list[tuple[str, str]]:
     """Whether the metrics listener can bind: bound here, as run binds it, and closed
     (port 0 too: the address must still be this host's)."""
-    from .server.stream import ListenError, listen_tcp
+    from noded.server.stream import ListenError, listen_tcp
 
     try:
         listen_tcp(config.metrics.address, config.metrics.port, what="metrics").close()
@@ -175,7 +175,7 @@ def calibration_problems(config: Config) -> list[tuple[str, str]]:
     """The calibration run reads for its node peak (where the config gives none)."""
     if config.peak_gbps_per_domain is not None:
         return []
-    from .calibration import CalibrationError, read_calibration
+    from noded.calibration import CalibrationError, read_calibration
 
     try:
         read_calibration(config.state_dir)
@@ -192,7 +192,7 @@ def colocation_problems(config: Config) -> list[tuple[str, str]]:
         return []
     out = []
     if cc.profiles:
-        from .colocation.profiles import ProfileError, load_profiles
+        from noded.colocation.profiles import ProfileError, load_profiles
 
         try:
             load_profiles(cc.profiles)
@@ -212,7 +212,7 @@ def pipe_dir_problem(config: Config) -> str | None:
     or the one an earlier run made (as recorded in the state directory)."""
     from mps.manager import made_dir_key, pipe_dir_problem as problem
 
-    from .state import FILE as ORIGINALS
+    from noded.state import FILE as ORIGINALS
 
     path = config.mps_pipe_dir
     if not os.path.lexists(path):
@@ -244,14 +244,14 @@ def file_warnings(config: Config) -> list[tuple[str, str]]:
     file, and the co-location model (admissions decided by the ΣC rule instead)."""
     out = []
     if config.jobs.labels and os.path.lexists(config.jobs.labels):
-        from .jobs.discovery import parse_labels
+        from noded.jobs.discovery import parse_labels
 
         try:
             parse_labels(config.jobs.labels)
         except (OSError, ValueError) as e:
             out.append(("jobs.labels", f"{e} (noded runs without these labels until the file is fixed)"))
     if config.colocation.enabled:
-        from .colocation.outcomes import MODEL_FILE, ModelError, read_model
+        from noded.colocation.outcomes import MODEL_FILE, ModelError, read_model
 
         try:
             read_model(os.path.join(config.state_dir, MODEL_FILE))

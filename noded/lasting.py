@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .journal import log_state
+from noded.journal import log_state
 
 
 class LastingStates:

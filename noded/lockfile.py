@@ -23,7 +23,7 @@ import hashlib
 import os
 import stat
 
-from .securedir import SecureDir, SecureDirError
+from noded.securedir import SecureDir, SecureDirError
 
 #: Under /run, which only root may write: no other user can plant a file there before
 #: noded first starts (in the world-writable /run/lock anyone could, and keep noded out).

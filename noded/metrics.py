@@ -27,11 +27,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
                                     InfoMetricFamily)
 from prometheus_client.utils import floatToGoString
 
-from .control import ControlSnapshot
-from .daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
-from .daemon import Daemon, TickResult
-from .rightsize.service import STATES as SIZING_STATES
-from .tickstats import BUCKETS, Histogram, Totals
+from noded.control import ControlSnapshot
+from noded.daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
+from noded.daemon import Daemon, TickResult
+from noded.rightsize.service import STATES as SIZING_STATES
+from noded.tickstats import BUCKETS, Histogram, Totals
 
 K = TypeVar("K")
 

@@ -18,21 +18,21 @@ from contextlib import ExitStack
 
 from mps.manager import MpsError
 
-from .admin.overrides import OverrideStore
-from .admin.server import AdminServer, ReportBudget
-from .app import build_daemon, serve_metrics
-from .calibration import CalibrationError, with_node_peak
-from .cliopts import say
-from .config import Config, ConfigError, EmptyConfig, load_config
-from .daemon import TickFailure, TickResult
-from .hostcheck import start_check
-from .journal import configure_logging
-from .lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
-from .sdnotify import SystemdNotifier
-from .signals import Signals
-from .securedir import SecureDir, SecureDirError, StateReadError
-from .server.budget import DescriptorBudgetError, ensure_descriptor_budget
-from .server.stream import ListenError
+from noded.admin.overrides import OverrideStore
+from noded.admin.server import AdminServer, ReportBudget
+from noded.app import build_daemon, serve_metrics
+from noded.calibration import CalibrationError, with_node_peak
+from noded.cliopts import say
+from noded.config import Config, ConfigError, EmptyConfig, load_config
+from noded.daemon import TickFailure, TickResult
+from noded.hostcheck import start_check
+from noded.journal import configure_logging
+from noded.lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
+from noded.sdnotify import SystemdNotifier
+from noded.signals import Signals
+from noded.securedir import SecureDir, SecureDirError, StateReadError
+from noded.server.budget import DescriptorBudgetError, ensure_descriptor_budget
+from noded.server.stream import ListenError
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from .jobs.kubepods import PodIdentity
-from .jobs.model import Job, JobMeta
-from .jobs.monitoring import MonitorReport
-from .samplers import SamplerStatus
-from .samplers.bandwidth import BandwidthSample
-from .samplers.cpus import CpuPlacement
-from .samplers.resctrl import ResctrlFacts
-from .samplers.nvml import GpuSample, NvmlSample
+from noded.jobs.kubepods import PodIdentity
+from noded.jobs.model import Job, JobMeta
+from noded.jobs.monitoring import MonitorReport
+from noded.samplers import SamplerStatus
+from noded.samplers.bandwidth import BandwidthSample
+from noded.samplers.cpus import CpuPlacement
+from noded.samplers.resctrl import ResctrlFacts
+from noded.samplers.nvml import GpuSample, NvmlSample
 
 GPU = "gpu"
 CPU = "cpu"

@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Mapping
 
-from .journal import printable
+from noded.journal import printable
 
 
 class SystemdNotifier:

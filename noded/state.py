@@ -18,7 +18,7 @@ import re
 import threading
 from typing import Any
 
-from .securedir import (ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError,  # noqa: F401 (re-exported)
+from noded.securedir import (ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError,  # noqa: F401 (re-exported)
                         StateReadError, StateWriteError)
 
 log = logging.getLogger(__name__)

@@ -19,16 +19,16 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from .jobs.discovery import JobDiscovery
-from .jobs.model import Job
-from .jobs.monitoring import JobMonitor
-from .jobs.procevents import DEFAULT_PER_UID, ProcessEvents
-from .sample import GPU, Sample, build_sample
-from .samplers import SamplerStatus, run_sampler
-from .samplers.bandwidth import BandwidthSampler
-from .samplers.cpus import CpuPlacementSampler
-from .samplers.nvml import NvmlSampler
-from .samplers.resctrl import ResctrlSession, read_facts
+from noded.jobs.discovery import JobDiscovery
+from noded.jobs.model import Job
+from noded.jobs.monitoring import JobMonitor
+from noded.jobs.procevents import DEFAULT_PER_UID, ProcessEvents
+from noded.sample import GPU, Sample, build_sample
+from noded.samplers import SamplerStatus, run_sampler
+from noded.samplers.bandwidth import BandwidthSampler
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.nvml import NvmlSampler
+from noded.samplers.resctrl import ResctrlSession, read_facts
 
 log = logging.getLogger(__name__)
 

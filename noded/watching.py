@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config
-from .sample import Sample
+from noded.config import Config
+from noded.sample import Sample
 
 #: what noded watches, in the order it is shown
 WHAT = ("jobs", "gpus", "resctrl")

@@ -35,7 +35,7 @@ from yaml.events import AliasEvent, MappingStartEvent, ScalarEvent, SequenceStar
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
-from .journal import printable
+from noded.journal import printable
 
 try:
     from yaml.cyaml import CParser

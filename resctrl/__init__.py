@@ -5,7 +5,7 @@ its name (read_*, write_*, create_*, add_*, remove). Errors are typed and carry
 the kernel's own ``info/last_cmd_status`` text.
 """
 
-from .errors import (
+from resctrl.errors import (
     ForeignGroupError,
     GroupNotFoundError,
     NoSuchTaskError,
@@ -18,11 +18,11 @@ from .errors import (
     TaskMoveError,
     UnsupportedError,
 )
-from .groups import DEFAULT_PREFIX, DEFAULT_ROOT, CtrlGroup, Group, MonGroup, Resctrl, TaskMoveResult
-from .info import CacheInfo, Capabilities, MbInfo, MonInfo, read_capabilities
-from .mbm import BandwidthMeter, CounterReading, MbmSample, parse_counter, rate_between, read_mbm
-from .mounts import Mount, find_resctrl_mount, parse_mounts
-from .schemata import (
+from resctrl.groups import DEFAULT_PREFIX, DEFAULT_ROOT, CtrlGroup, Group, MonGroup, Resctrl, TaskMoveResult
+from resctrl.info import CacheInfo, Capabilities, MbInfo, MonInfo, read_capabilities
+from resctrl.mbm import BandwidthMeter, CounterReading, MbmSample, parse_counter, rate_between, read_mbm
+from resctrl.mounts import Mount, find_resctrl_mount, parse_mounts
+from resctrl.schemata import (
     MbFlavour,
     MbLimits,
     SchemataParseError,

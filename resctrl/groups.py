@@ -15,17 +15,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
-from .errors import (
+from resctrl.errors import (
     ForeignGroupError,
     NoSuchTaskError,
     ResctrlError,
     UnsupportedError,
     classify,
 )
-from .info import Capabilities, read_capabilities
-from .mbm import MBM_LOCAL, MBM_TOTAL, MbmSample, read_mbm
-from .mounts import find_resctrl_mount
-from .schemata import MB, MbFlavour, Schemata, changed_values, format_schemata, normalize_mb, parse_schemata
+from resctrl.info import Capabilities, read_capabilities
+from resctrl.mbm import MBM_LOCAL, MBM_TOTAL, MbmSample, read_mbm
+from resctrl.mounts import find_resctrl_mount
+from resctrl.schemata import MB, MbFlavour, Schemata, changed_values, format_schemata, normalize_mb, parse_schemata
 
 DEFAULT_ROOT = "/sys/fs/resctrl"
 DEFAULT_PREFIX = "noded-"

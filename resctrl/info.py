@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import NotMountedError, ResctrlError
-from .schemata import MB, MbFlavour, MbLimits, parse_schemata
+from resctrl.errors import NotMountedError, ResctrlError
+from resctrl.schemata import MB, MbFlavour, MbLimits, parse_schemata
 
 AMD_MB_MAX = 2048
 PERCENT_MB_MAX = 100

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import NotMountedError
+from resctrl.errors import NotMountedError
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 

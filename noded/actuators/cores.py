@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..sample import CPU, Sample
-from ..state import OriginalValues
-from .cpusets import (CpuSetOwner, affinity_job_key, affinity_key, cpuset_key, kept_cpus,  # noqa: F401 (re-exported)
+from noded.sample import CPU, Sample
+from noded.state import OriginalValues
+from noded.actuators.cpusets import (CpuSetOwner, affinity_job_key, affinity_key, cpuset_key, kept_cpus,  # noqa: F401 (re-exported)
                       max_level, read_cpuset, set_affinity, write_cpuset)
-from .plan import UNKNOWN, UNSETTLED, LevelThrottle
+from noded.actuators.plan import UNKNOWN, UNSETTLED, LevelThrottle
 
 # After kept_cpus is defined here: cpuplan imports it from this module.
-from ..rightsize import cpuplan  # noqa: E402,I001
+from noded.rightsize import cpuplan  # noqa: E402,I001
 
 
 def consistent_levels(original: list[int], now: frozenset[int]) -> list[int]:

@@ -48,13 +48,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
-from ..jobs.cgroups import read_procs
-from ..jobs.discovery import descendants, read_ppids
-from ..journal import log_change
-from ..procstat import STARTTIME, stat_fields
-from ..sample import JobSample, Sample
-from ..securedir import SecureDir
-from ..state import OriginalValues, StateWriteError
+from noded.jobs.cgroups import read_procs
+from noded.jobs.discovery import descendants, read_ppids
+from noded.journal import log_change
+from noded.procstat import STARTTIME, stat_fields
+from noded.sample import JobSample, Sample
+from noded.securedir import SecureDir
+from noded.state import OriginalValues, StateWriteError
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from typing import Mapping
 
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError, normalize_mb
 
-from ..jobs.monitoring import group_name, mon_group_at
-from ..journal import log_change
-from ..sample import Sample
-from ..samplers.resctrl import ResctrlSession
-from .plan import CAPPED, UNKNOWN, UNSETTLED, LevelThrottle
+from noded.jobs.monitoring import group_name, mon_group_at
+from noded.journal import log_change
+from noded.sample import Sample
+from noded.samplers.resctrl import ResctrlSession
+from noded.actuators.plan import CAPPED, UNKNOWN, UNSETTLED, LevelThrottle
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20

@@ -48,12 +48,12 @@ from typing import Any, Mapping
 
 from resctrl.mounts import parse_mounts
 
-from ..jobs.cgroups import read_process_cgroups
-from ..jobs.proccgroup import ProcCgroupError
-from ..journal import log_change
-from ..sample import JobSample
-from ..securedir import SecureDir
-from ..state import OriginalValues, StateWriteError
+from noded.jobs.cgroups import read_process_cgroups
+from noded.jobs.proccgroup import ProcCgroupError
+from noded.journal import log_change
+from noded.sample import JobSample
+from noded.securedir import SecureDir
+from noded.state import OriginalValues, StateWriteError
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Mapping
 
 from resctrl import ResctrlError
 
-from ..journal import log_change
-from ..sample import Sample
-from ..state import StateWriteError
+from noded.journal import log_change
+from noded.sample import Sample
+from noded.state import StateWriteError
 
 log = logging.getLogger(__name__)
 

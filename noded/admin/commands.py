@@ -14,14 +14,14 @@ import math
 import time
 from typing import Any, Callable
 
-from ..actuators.cores import max_level as max_core_level
-from ..capping.units import format_bandwidth
-from ..control import ControlState
-from ..daemon import TickResult
-from ..journal import log_change
-from ..server.stream import Peer
-from .overrides import Override, OverrideStore
-from .protocol import RequestError
+from noded.actuators.cores import max_level as max_core_level
+from noded.capping.units import format_bandwidth
+from noded.control import ControlState
+from noded.daemon import TickResult
+from noded.journal import log_change
+from noded.server.stream import Peer
+from noded.admin.overrides import Override, OverrideStore
+from noded.admin.protocol import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class AdminCommands:
     def size(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
         """An operator's control of a GPU job's right-sizing: pin its cores, stop probing it,
         or search again."""
-        from ..rightsize.service import NotSized
+        from noded.rightsize.service import NotSized
 
         service = self.rightsize
         if service is None:
@@ -252,8 +252,8 @@ class AdminCommands:
         raise RequestError("this host has no throttle (neither MBA nor CPU placement): no job can be held at a level")
 
     def admit(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
-        from ..colocation.admission import TRANSIENT_REFUSALS
-        from ..colocation.profiles import JobProfile
+        from noded.colocation.admission import TRANSIENT_REFUSALS
+        from noded.colocation.profiles import JobProfile
 
         service = self.colocation
         if service is None:
@@ -462,7 +462,7 @@ def _memory_json(job: str, m) -> dict[str, Any]:
 
 def _sizing_json(v) -> dict[str, Any]:
     """A sized GPU job's sizing, for ``explain``: the curve measured and why its size."""
-    from ..rightsize.service import LIMITED, PINNED, PROBING, STOPPED
+    from noded.rightsize.service import LIMITED, PINNED, PROBING, STOPPED
 
     c = v.control
     if v.state == PROBING:

@@ -11,11 +11,11 @@ import sys
 import time
 from typing import Any
 
-from .. import ages
-from ..cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
-from ..journal import printable
-from ..server.client import NotThePeer, ReplyTooLarge, request_line
-from .protocol import VERSION, encode
+from noded import ages
+from noded.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
+from noded.journal import printable
+from noded.server.client import NotThePeer, ReplyTooLarge, request_line
+from noded.admin.protocol import VERSION, encode
 
 DEFAULT_SOCKET = "/run/noded/noded.sock"
 GB = 1e9
@@ -420,7 +420,7 @@ def _when(expires_in_s: float | None) -> str:
 
 
 def _bandwidth_arg(text: str) -> float:
-    from ..capping.units import BandwidthError, parse_bandwidth
+    from noded.capping.units import BandwidthError, parse_bandwidth
 
     try:
         return parse_bandwidth(text)
@@ -499,7 +499,7 @@ def _run(args) -> int:
     if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget", "cap"):
         call_args["job"] = args.job
     if cmd == "label":
-        from ..labelwords import LabelWordError, parse_label_words
+        from noded.labelwords import LabelWordError, parse_label_words
 
         try:
             call_args["labels"] = parse_label_words(args.labels)
@@ -558,7 +558,7 @@ ADMIT_REFUSED = 3  # exit status of `nodectl admit` when the job is refused
 
 
 def _admit(args) -> int:
-    from ..colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
+    from noded.colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
 
     call: dict[str, Any] = {"job": args.job, "model": args.model, "batch_size": args.batch_size, "gpu": args.gpu}
     if args.uid is not None:

@@ -17,11 +17,11 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-from ..ages import format_age
-from ..capping.units import MAX_BYTES_PER_S
-from ..journal import log_change
-from ..securedir import SecureDir, StateWriteError
-from ..state import open_state_dir
+from noded.ages import format_age
+from noded.capping.units import MAX_BYTES_PER_S
+from noded.journal import log_change
+from noded.securedir import SecureDir, StateWriteError
+from noded.state import open_state_dir
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ def _gpu(v: Any) -> str:
 
 
 def _profile(v: Any) -> dict | None:
-    from ..colocation.profiles import check_profile_numbers
+    from noded.colocation.profiles import check_profile_numbers
 
     if v is None:
         return None
@@ -95,7 +95,7 @@ def _uid(v: Any) -> int:
 
 
 def _bytes_per_s(v: Any) -> float:
-    from ..capping.units import MAX_BYTES_PER_S
+    from noded.capping.units import MAX_BYTES_PER_S
 
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_BYTES_PER_S:
         raise RequestError(f"bytes_per_s must be a number of bytes a second in (0, {MAX_BYTES_PER_S:g}], "

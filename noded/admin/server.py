@@ -26,12 +26,12 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from ..daemon import Daemon
-from ..server.budget import ADMIN, REPORTS
-from ..ratelimit import RateLimitedLog, TokenBuckets
-from ..server.stream import Limits, Peer, Protocol, StreamServer, unix_peer
-from .commands import AdminCommands
-from .protocol import RequestError, parse_request, reply_error, reply_ok
+from noded.daemon import Daemon
+from noded.server.budget import ADMIN, REPORTS
+from noded.ratelimit import RateLimitedLog, TokenBuckets
+from noded.server.stream import Limits, Peer, Protocol, StreamServer, unix_peer
+from noded.admin.commands import AdminCommands
+from noded.admin.protocol import RequestError, parse_request, reply_error, reply_ok
 
 log = logging.getLogger(__name__)
 

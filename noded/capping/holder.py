@@ -29,7 +29,7 @@ from typing import Callable
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
-from .controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
+from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from ..journal import log_change
-from ..sample import Sample
-from .holder import CapHolder
-from .plan import OVERRIDE, Cap, plan_caps
+from noded.journal import log_change
+from noded.sample import Sample
+from noded.capping.holder import CapHolder
+from noded.capping.plan import OVERRIDE, Cap, plan_caps
 
 log = logging.getLogger(__name__)
 #: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sample import Sample
-from . import kernels
-from .profiles import JobProfile
+from noded.sample import Sample
+from noded.colocation import kernels
+from noded.colocation.profiles import JobProfile
 
 
 @dataclass(frozen=True)

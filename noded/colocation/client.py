@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..server.client import request_line
+from noded.server.client import request_line
 
 DEFAULT_SOCKET = "/run/noded/report.sock"
 

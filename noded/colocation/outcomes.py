@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ratelimit import RateLimitedLog
-from . import kernels
+from noded.ratelimit import RateLimitedLog
+from noded.colocation import kernels
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from typing import Callable
 
 from mps.supervisor import MpsSupervisor
 
-from ..journal import log_change
-from ..sample import Sample
-from .admission import ColocationRule, Decision, Reservation, decide, gpu_loads
-from .outcomes import ModelError, Outcomes
-from .view import ColocationView
-from .profiles import JobProfile, ProfileError
+from noded.journal import log_change
+from noded.sample import Sample
+from noded.colocation.admission import ColocationRule, Decision, Reservation, decide, gpu_loads
+from noded.colocation.outcomes import ModelError, Outcomes
+from noded.colocation.view import ColocationView
+from noded.colocation.profiles import JobProfile, ProfileError
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Colocation:
 
     def start(self) -> "Colocation":
         """Compile the kernels, start supervising MPS (in its own thread; returns at once)."""
-        from . import kernels
+        from noded.colocation import kernels
 
         kernels.warm_up()
         if self.mps is not None:

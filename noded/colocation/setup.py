@@ -17,11 +17,11 @@ from mps.manager import (ComputeModes, MpsControl, MpsDefaults, MpsError, Record
                          max_clients_per_device)
 from mps.supervisor import MpsSupervisor
 
-from ..config import Config
-from .admission import ColocationRule, pinned_mem_limit
-from .outcomes import Outcomes
-from .profiles import load_profiles
-from .service import Colocation
+from noded.config import Config
+from noded.colocation.admission import ColocationRule, pinned_mem_limit
+from noded.colocation.outcomes import Outcomes
+from noded.colocation.profiles import load_profiles
+from noded.colocation.service import Colocation
 
 log = logging.getLogger(__name__)
 

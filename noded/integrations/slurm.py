@@ -49,8 +49,8 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
-from ..admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
-from ..labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
+from noded.admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
+from noded.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
 
 ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}
 #: what a transient refusal (MPS starting, noded's first sample) comes to once retry_s is spent

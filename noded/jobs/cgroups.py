@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .proccgroup import ProcCgroups
+from noded.jobs.proccgroup import ProcCgroups
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 

@@ -9,17 +9,17 @@ import threading
 import time
 from typing import Callable
 
-from ..journal import printable
-from ..procstat import PPID, stat_fields
-from ..ratelimit import RateLimitedLog
-from ..securedir import SecureDir, StateWriteError
-from ..labelwords import REGISTRABLE
-from ..yamlsafe import read_yaml_file
-from .cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
-from .proccgroup import ProcCgroupError
-from .kubepods import PodIdentities
-from .model import Job, JobMeta
-from .polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
+from noded.journal import printable
+from noded.procstat import PPID, stat_fields
+from noded.ratelimit import RateLimitedLog
+from noded.securedir import SecureDir, StateWriteError
+from noded.labelwords import REGISTRABLE
+from noded.yamlsafe import read_yaml_file
+from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
+from noded.jobs.proccgroup import ProcCgroupError
+from noded.jobs.kubepods import PodIdentities
+from noded.jobs.model import Job, JobMeta
+from noded.jobs.polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
 
 log = logging.getLogger(__name__)
 #: processes attributed to no job because their /proc/PID/cgroup was refused

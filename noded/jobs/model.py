@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .kubepods import PodIdentity
+from noded.jobs.kubepods import PodIdentity
 
 CATEGORIES = ("CV", "NLP", "Speech")
 

@@ -24,8 +24,8 @@ from typing import Callable, Mapping
 
 from resctrl import CtrlGroup, GroupNotFoundError, MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError
 
-from ..samplers.resctrl import GroupsView, ResctrlSession
-from .model import Job
+from noded.samplers.resctrl import GroupsView, ResctrlSession
+from noded.jobs.model import Job
 
 log = logging.getLogger(__name__)
 

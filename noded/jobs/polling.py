@@ -26,7 +26,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .cgroups import CgroupScanner
+from noded.jobs.cgroups import CgroupScanner
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from ..ages import format_age
-from ..baselines import LEARNED, Known
-from ..config import ContentionConfig
-from ..sample import CPU, GPU, Sample
+from noded.ages import format_age
+from noded.baselines import LEARNED, Known
+from noded.config import ContentionConfig
+from noded.sample import CPU, GPU, Sample
 
 GB = 1e9
 CONTENTION = "contention"

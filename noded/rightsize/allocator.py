@@ -101,10 +101,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from ..jobs.model import CATEGORIES
-from . import topsearch
-from .history import HistoryView
-from .signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
+from noded.jobs.model import CATEGORIES
+from noded.rightsize import topsearch
+from noded.rightsize.history import HistoryView
+from noded.rightsize.signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
 
 CODA = "coda"
 SYNERGY = "synergy"

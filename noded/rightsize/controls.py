@@ -16,8 +16,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from ..securedir import SecureDir
-from ..state import StateWriteError
+from noded.securedir import SecureDir
+from noded.state import StateWriteError
 
 FILE = "size_controls.json"
 KINDS = ("pin", "stop")

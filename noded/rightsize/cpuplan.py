@@ -50,11 +50,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from ..actuators.cores import kept_cpus
-from .history import HistoryView
+from noded.actuators.cores import kept_cpus
+from noded.rightsize.history import HistoryView
 
 if TYPE_CHECKING:
-    from .allocator import Probe, Sized
+    from noded.rightsize.allocator import Probe, Sized
 
 GPU = "gpu"
 CPU = "cpu"
@@ -120,8 +120,8 @@ class GpuJob:
                        current: Iterable[int] = ()) -> "GpuJob":
         """From the allocator's last request for the job: a Probe's cores are probing, a
         Sized's are sized (pinned when the operator pinned them); None: no target yet."""
-        from .allocator import PINNED as PINNED_REASON
-        from .allocator import Probe
+        from noded.rightsize.allocator import PINNED as PINNED_REASON
+        from noded.rightsize.allocator import Probe
         if out is None:
             return cls(job, gpus, None, None, frozenset(current))
         if isinstance(out, Probe):

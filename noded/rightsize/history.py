@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..jobs.model import CATEGORIES
-from ..securedir import SecureDir
-from .signal import KINDS
+from noded.jobs.model import CATEGORIES
+from noded.securedir import SecureDir
+from noded.rightsize.signal import KINDS
 
 if TYPE_CHECKING:
-    from .allocator import JobSpec, Sized
+    from noded.rightsize.allocator import JobSpec, Sized
 
 FILE = "rightsize.json"
 VERSION = 1

@@ -33,9 +33,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..actuators.memsoft import QUANTUM  # noqa: F401 (re-exported: the only values the actuator writes)
-from .curves import CacheCurve
-from .split import JobCurve, SplitError, normalised_progress, proportional_share, solve_split
+from noded.actuators.memsoft import QUANTUM  # noqa: F401 (re-exported: the only values the actuator writes)
+from noded.rightsize.curves import CacheCurve
+from noded.rightsize.split import JobCurve, SplitError, normalised_progress, proportional_share, solve_split
 
 GIB = 1 << 30
 #: the most a job's declared curve may promise over its GPU-proportional share's throughput

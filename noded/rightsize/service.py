@@ -45,15 +45,15 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
-from ..config import RightsizeConfig
-from ..journal import log_change
-from ..sample import CPU, GPU, Sample
-from ..state import StateWriteError
-from . import allocator as alloc
-from . import cpuplan
-from .controls import SizeControls, StoredControl
-from .history import SizingHistory
-from .signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window
+from noded.config import RightsizeConfig
+from noded.journal import log_change
+from noded.sample import CPU, GPU, Sample
+from noded.state import StateWriteError
+from noded.rightsize import allocator as alloc
+from noded.rightsize import cpuplan
+from noded.rightsize.controls import SizeControls, StoredControl
+from noded.rightsize.history import SizingHistory
+from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Mapping
 
 from resctrl.cpulist import parse_cpu_list
 
-from ..jobs.discovery import NODED_SHORT_OF
-from ..jobs.model import Job
-from ..procstat import STARTTIME, stat_fields
+from noded.jobs.discovery import NODED_SHORT_OF
+from noded.jobs.model import Job
+from noded.procstat import STARTTIME, stat_fields
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Callable
 
 import pynvml
 
-from .deadline import DeadlineWorker, StillRunning
+from noded.samplers.deadline import DeadlineWorker, StillRunning
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
-from .stream import Limits
+from noded.server.stream import Limits
 
 #: the admin socket (root and the admin group): nodectl calls, a few at a time
 ADMIN = Limits(deadline_s=5.0, max_request_bytes=64 * 1024, max_connections=64, max_per_peer=16)

@@ -18,7 +18,7 @@ from typing import Protocol as Interface
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from .stream import Limits, ListenError, Peer, Protocol, StreamServer, listen_tcp, tcp_peer
+from noded.server.stream import Limits, ListenError, Peer, Protocol, StreamServer, listen_tcp, tcp_peer
 
 log = logging.getLogger(__name__)
 

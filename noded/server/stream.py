@@ -38,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from ..ratelimit import RateLimitedLog
+from noded.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

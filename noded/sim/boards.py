@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .nvml_shm import TelemetryState
+from noded.sim.nvml_shm import TelemetryState
 
 #: seconds for the temperature to cover 63 % of a step (a heatsink's order of magnitude)
 THERMAL_TIME_CONSTANT_S = 20.0

@@ -25,9 +25,9 @@ from typing import Callable, Iterator
 
 import pynvml
 
-from .boards import Board, board_spec
-from .nvml_lib import library_dir, library_path
-from .nvml_shm import CALLS, ENV, GpuState, NodeState, SharedGpus
+from noded.sim.boards import Board, board_spec
+from noded.sim.nvml_lib import library_dir, library_path
+from noded.sim.nvml_shm import CALLS, ENV, GpuState, NodeState, SharedGpus
 
 #: a C entry point -> the call its faults are injected into (``SimGpu.faults`` is keyed by the former)
 CALL_OF = {fn: call for call, fns in CALLS for fn in fns}

@@ -36,15 +36,15 @@ from typing import Callable
 from resctrl import Resctrl
 from resctrl.emulator import MountedEmulator
 
-from ..config import Config
-from ..jobs.discovery import JobDiscovery
-from ..jobs.model import JobMeta
-from ..rightsize.curves import MODEL_CURVES
-from .gpus import SimGpus, SimProcess, make_gpus
-from .mps_standin import _IMPORT_ROOT, write_launcher
-from .reporter import write_state
-from .scenario import JobSpec, Scenario
-from .workload import GB, MODELS, gpu_utilisation
+from noded.config import Config
+from noded.jobs.discovery import JobDiscovery
+from noded.jobs.model import JobMeta
+from noded.rightsize.curves import MODEL_CURVES
+from noded.sim.gpus import SimGpus, SimProcess, make_gpus
+from noded.sim.mps_standin import _IMPORT_ROOT, write_launcher
+from noded.sim.reporter import write_state
+from noded.sim.scenario import JobSpec, Scenario
+from noded.sim.workload import GB, MODELS, gpu_utilisation
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ class SimNode:
             for gpu in self.gpus:
                 gpu.lost = bool(args["nvml_lost"])
         elif "nvml_call" in args:
-            from .gpus import CALL_OF
+            from noded.sim.gpus import CALL_OF
 
             fault = args["nvml_call"]
             functions = [fn for fn, call in CALL_OF.items() if call == fault["call"]]

@@ -23,8 +23,8 @@ import random
 import sys
 import threading
 
-from ..colocation.client import report_iteration
-from ..rightsize.curves import MODEL_CURVES
+from noded.colocation.client import report_iteration
+from noded.rightsize.curves import MODEL_CURVES
 
 #: how often a reporter looks again for a state file not written yet
 POLL_S = 0.05

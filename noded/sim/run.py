@@ -7,12 +7,12 @@ import sys
 import threading
 import time
 
-from ..jobs.monitoring import JobMonitor
-from ..samplers.nvml import NvmlSampler
-from ..samplers.resctrl import ResctrlSession
-from ..telemetry import Telemetry
-from .node import SimNode
-from .scenario import Scenario
+from noded.jobs.monitoring import JobMonitor
+from noded.samplers.nvml import NvmlSampler
+from noded.samplers.resctrl import ResctrlSession
+from noded.telemetry import Telemetry
+from noded.sim.node import SimNode
+from noded.sim.scenario import Scenario
 
 GB = 1e9
 

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 
 from resctrl.emulator.profiles import PROFILES
 
-from ..yamlsafe import YamlError, parse_yaml, read_regular_file
-from .workload import CPU_JOBS, MODELS
+from noded.yamlsafe import YamlError, parse_yaml, read_regular_file
+from noded.sim.workload import CPU_JOBS, MODELS
 
 
 #: the most CPUs a simulated host may have (``node.cpus``)
@@ -132,7 +132,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
     node_d = data.get("node", {})
     _keys(node_d, f"{name}: node", set(), {"profile", "gpus", "peak_gbps", "cpus", "nvml"})
     node = NodeSpec(**node_d)
-    from .nvml_lib import VARIANTS
+    from noded.sim.nvml_lib import VARIANTS
 
     if node.nvml not in VARIANTS:
         raise ScenarioError(f"{name}: node.nvml {node.nvml!r} is not one of {', '.join(VARIANTS)}")
@@ -229,7 +229,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
 
 
 def _nvml_call(fault, gpus: int, where: str) -> None:
-    from .nvml_shm import CALL_INDEX
+    from noded.sim.nvml_shm import CALL_INDEX
 
     if not isinstance(fault, dict) or not set(fault) <= {"call", "code", "slow_ms", "gpu"} or "call" not in fault \
             or ("code" in fault) == ("slow_ms" in fault):

@@ -28,11 +28,11 @@ import threading
 
 import yaml
 
-from ..config import ConfigError, parse_config
-from ..yamlsafe import YamlError, read_yaml_file
-from .mps_standin import write_launcher
-from .node import SimNode, SimState
-from .scenario import Scenario, ScenarioError, parse_scenario
+from noded.config import ConfigError, parse_config
+from noded.yamlsafe import YamlError, read_yaml_file
+from noded.sim.mps_standin import write_launcher
+from noded.sim.node import SimNode, SimState
+from noded.sim.scenario import Scenario, ScenarioError, parse_scenario
 
 LABELS = "labels.yaml"
 CONFIG = "noded.yaml"

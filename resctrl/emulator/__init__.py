@@ -5,8 +5,8 @@ its hardware side (bandwidth demand, faults) through ``EmulatorControl``.
 ``MountedEmulator`` starts one as a child process and waits until it is mounted.
 """
 
-from .control import ControlError, EmulatorControl
-from .process import EmulatorStartError, MountedEmulator
-from .profiles import PROFILES, Profile
+from resctrl.emulator.control import ControlError, EmulatorControl
+from resctrl.emulator.process import EmulatorStartError, MountedEmulator
+from resctrl.emulator.profiles import PROFILES, Profile
 
 __all__ = ["ControlError", "EmulatorControl", "EmulatorStartError", "MountedEmulator", "PROFILES", "Profile"]

@@ -9,10 +9,10 @@ import sys
 import threading
 import time
 
-from .control import ControlServer, serve_in_thread
-from .kernel import ResctrlKernel
-from .profiles import PROFILES
-from .topology import SYSFS_CPU, TopologyError, has_l3_ids, read_host_topology
+from resctrl.emulator.control import ControlServer, serve_in_thread
+from resctrl.emulator.kernel import ResctrlKernel
+from resctrl.emulator.profiles import PROFILES
+from resctrl.emulator.topology import SYSFS_CPU, TopologyError, has_l3_ids, read_host_topology
 
 log = logging.getLogger("resctrl.emulator")
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import mfusepy  # imported here so --help works where libfuse3 is missing
 
-    from .fuse_ops import ENTRY_TIMEOUT_S, ResctrlOperations
+    from resctrl.emulator.fuse_ops import ENTRY_TIMEOUT_S, ResctrlOperations
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(name)s: %(message)s")

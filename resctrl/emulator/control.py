@@ -14,7 +14,7 @@ import socketserver
 import threading
 from typing import Any, Callable
 
-from .kernel import ResctrlKernel
+from resctrl.emulator.kernel import ResctrlKernel
 
 EVENTS_STATES = ("Unavailable", "Error", "Unassigned")
 

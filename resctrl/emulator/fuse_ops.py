@@ -30,7 +30,7 @@ from typing import Callable
 
 import mfusepy
 
-from .kernel import KernelError, ResctrlKernel
+from resctrl.emulator.kernel import KernelError, ResctrlKernel
 
 #: how long the kernel may keep the emulator's entries and attributes (see above)
 ENTRY_TIMEOUT_S = 10.0

@@ -27,11 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..cpulist import format_cpu_list as _format_cpu_list
-from ..cpulist import parse_cpu_list as _parse_cpu_list
-from ..cpulist import parse_cpu_mask as _parse_cpu_mask
-from . import mba, procfs
-from .profiles import MON_EVENTS, Profile
+from resctrl.cpulist import format_cpu_list as _format_cpu_list
+from resctrl.cpulist import parse_cpu_list as _parse_cpu_list
+from resctrl.cpulist import parse_cpu_mask as _parse_cpu_mask
+from resctrl.emulator import mba, procfs
+from resctrl.emulator.profiles import MON_EVENTS, Profile
 
 CTRL = "ctrl_mon"
 MON = "mon"

@@ -38,7 +38,7 @@ them for profiles whose ``mba_model`` is ``"request"``; the fidelity tests
 
 from __future__ import annotations
 
-from .profiles import Profile
+from resctrl.emulator.profiles import Profile
 
 AMD_MB_UNIT_BYTES = 125_000_000  # 1/8 GB/s
 MAX_MBA_BW = 100  # the kernel's MAX_MBA_BW: percent, unthrottled

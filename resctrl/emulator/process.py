@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from .control import EmulatorControl
+from resctrl.emulator.control import EmulatorControl
 
 
 class EmulatorStartError(RuntimeError):

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..cpulist import parse_cpu_list
+from resctrl.cpulist import parse_cpu_list
 
 SYSFS_CPU = "/sys/devices/system/cpu"
 
