@@ -10,7 +10,7 @@ NPM_STAMP := tests/kubernetes/node_modules/.installed
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
-# node's stand-in libnvidia-ml.so.1 (noded/sim/nvml_native); Slurm (munge, slurmctld, slurmd, its
+# node's stand-in libnvidia-ml.so.1 (sim/nodesim/nvml_native); Slurm (munge, slurmctld, slurmd, its
 # client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
 # Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
 # resctrl emulator with it (tests/test_pqos.py).
@@ -43,14 +43,14 @@ $(NPM_STAMP): tests/kubernetes/package.json tests/kubernetes/package-lock.json |
 	npm ci --prefix tests/kubernetes --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sim/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]' -e ./sim
 	touch $@
 
 # The stand-in NVML library, both builds, into build/nvml/ (again when its source changes).
 nvml: $(STAMP)
-	$(PY) -m noded.sim.nvml_lib >/dev/null
+	$(PY) -m nodesim.nvml_lib >/dev/null
 
 deps: system-deps $(STAMP) nvml
 
@@ -80,10 +80,10 @@ bench: deps bench-deps
 	$(PY) -m bench.report
 
 # Shell completion (bash, zsh) and man pages, made from the commands' own parsers
-# (noded.clidoc), into build/cli to look at; `make install` writes them where the shells and
+# (noded.commands.clidoc), into build/cli to look at; `make install` writes them where the shells and
 # man look.
 cli-docs: $(STAMP)
-	$(PY) -m noded.clidoc build/cli
+	$(PY) -m noded.commands.clidoc build/cli
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli tests/kubernetes/node_modules
@@ -116,7 +116,7 @@ install:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
-	$(DESTDIR)$(APPDIR)/bin/python -m noded.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
+	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
 	install -m 0644 README.md LICENSE systemd/remote-scrape.conf docs/runbook.md $(DESTDIR)$(DOCDIR)/
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml

@@ -1,7 +1,7 @@
 """Core searches on curves nobody tuned them to, and on the catalogue's paper shapes.
 
 **Generated curves (the default, issue #23).** ``--curves`` curves drawn by
-``noded.rightsize.curvegen`` (every class in turn: stairs, dips, plateaus, cliffs, slow
+``nodesim.curvegen`` (every class in turn: stairs, dips, plateaus, cliffs, slow
 slopes, linear, peaks, flat, mixtures, CODA's knee), each on 8 and 16 cores and at a window
 noise of 0, 3 and 8 % (the largest error of one measurement window's mean; per-iteration
 jitter of 1-5 % on top), driven through ``begin_job``/``feed`` as the daemon drives them,
@@ -51,7 +51,7 @@ import sys
 from dataclasses import asdict
 
 from noded.rightsize.allocator import (CODA, SYNERGY, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed)
-from noded.rightsize import curvegen
+from nodesim import curvegen
 from noded.rightsize.curves import BENCH_CURVES, MODEL_CURVES, CoreCurve
 from noded.rightsize.history import HistoryView, Remembered
 

@@ -4,7 +4,7 @@
 
 Runs the resctrl emulator's kernel in process with a clock of its own (10 ms steps), so a
 run of 24 simulated seconds takes a fraction of a real one and every figure is the same on
-every machine. Profiles: the emulator's MBA as hardware applies it (resctrl/emulator/mba.py):
+every machine. Profiles: the emulator's MBA as hardware applies it (sim/nodesim/resctrl_emulator/mba.py):
 ``intel-linear``, ``intel-quantised`` (Skylake), ``intel-per-thread``, ``amd``. One job
 per run, in its own control group, with 1, 4 or 16 busy threads each asking 14 GB/s (a
 STREAM-like thread; one core passes at most 17.7), on a domain with room for all of it.
@@ -37,8 +37,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from noded.capping.controller import AMD_UNIT_BYTES, CapController, Hold, KernelStyleController
-from resctrl.emulator.kernel import ResctrlKernel
-from resctrl.emulator.profiles import PROFILES
+from nodesim.resctrl_emulator.kernel import ResctrlKernel
+from nodesim.resctrl_emulator.profiles import PROFILES
 
 GB = 1e9
 TICK_S = 0.01

@@ -63,7 +63,7 @@ from resctrl.mbm import MBM_TOTAL, STATES, MbmReader
 from bench.simnode import (CLK_TCK, REPO, DaemonProcess, Lines, count_series, cpu_seconds, metric, node_and_daemon,
                            stop, tree_cpu_seconds, tree_delta)
 
-#: light GPU models (0.5-2 GB/s each in noded.sim.workload): 50 of them are ~58 GB/s
+#: light GPU models (0.5-2 GB/s each in nodesim.workload): 50 of them are ~58 GB/s
 MODELS = ["BiDAF", "Transformer", "DeepSpeech", "VGG16"]
 PEAK_GBPS = 100  # per L3 domain (2 in the intel profile): the node runs at about a third
 WARMUP_TICKS = 3
@@ -108,7 +108,7 @@ def node_parts(node_pid: int, readings: dict[int, float]) -> dict[str, list[int]
                 cmd = f.read()
         except OSError:
             cmd = b""
-        parts["emulator" if b"resctrl.emulator" in cmd else "jobs and others"].append(pid)
+        parts["emulator" if b"nodesim.resctrl_emulator" in cmd else "jobs and others"].append(pid)
     return parts
 
 

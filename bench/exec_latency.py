@@ -20,9 +20,9 @@ import uuid
 
 from noded.jobs import CgroupSource, JobDiscovery, JobMonitor
 from noded.samplers.resctrl import ResctrlSession
-from noded.telemetry import Telemetry
+from noded.samplers.telemetry import Telemetry
 from resctrl import Resctrl
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 
 CPUSET = "/sys/fs/cgroup/cpuset"
 

@@ -14,7 +14,7 @@ import statistics
 import time
 
 from resctrl import Resctrl
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 from resctrl.info import read_domains
 from resctrl.mbm import MBM_LOCAL, MBM_TOTAL, MbmReader
 

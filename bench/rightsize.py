@@ -55,8 +55,8 @@ from noded.rightsize.cpuplan import CpuJob, GpuJob, NodeView, PlanConfig, plan, 
 from noded.rightsize.curves import MODEL_CURVES
 from noded.rightsize.history import SizingHistory
 from noded.rightsize.split import JobCurve, proportional_share, solve_split
-from noded.securedir import SecureDir
-from noded.sim.workload import MODELS
+from noded.stores.securedir import SecureDir
+from nodesim.workload import MODELS
 
 GPUS = 8
 #: CODA's abstract: its GPU utilisation gain, cluster-wide, from all three of its parts

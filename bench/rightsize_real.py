@@ -61,11 +61,11 @@ from noded.admin.server import AdminServer
 from noded.config import (Config, ContentionConfig, JobsConfig, JobSourceConfig, MetricsConfig, ResctrlConfig,
                           RightsizeConfig)
 from noded.jobs.discovery import descendants, read_ppids
-from noded.journal import CHANGES
-from noded.procstat import stat_fields
-from noded.sim.gpus import SimGpus, SimProcess, make_gpus
+from noded.util.journal import CHANGES
+from noded.util.procstat import stat_fields
+from nodesim.gpus import SimGpus, SimProcess, make_gpus
 from resctrl.cpulist import format_cpu_list
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 
 #: the victim's samples per iteration: about 0.1 s of one worker's work on this machine
 BATCH = 8192

@@ -6,11 +6,11 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-from noded.app import build_daemon
+from noded.commands.wiring import build_daemon
 from noded.config import Config, ContentionConfig, MetricsConfig, ResctrlConfig
-from noded.daemon import Daemon
-from noded.sim.node import SimNode
-from noded.sim.scenario import parse_scenario
+from noded.loop.daemon import Daemon
+from nodesim.node import SimNode
+from nodesim.scenario import parse_scenario
 
 #: the simulated node advances this often, in its own thread, whatever the tick
 STEP_S = 0.05

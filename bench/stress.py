@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from bench.jsonlines import emit, reporter, stop_on_signals
-from noded.calibrate import SCALAR, _stream_store, _triad  # one triad: what `noded calibrate` measures
+from noded.commands.calibrate import SCALAR, _stream_store, _triad  # one triad: what `noded calibrate` measures
 
 GB = 1e9
 BYTES_PER_ELEMENT = {"copy": 16, "scale": 16, "add": 24, "triad": 24}

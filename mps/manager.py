@@ -273,7 +273,7 @@ def pipe_dir_problem(path: str, recorded: bool) -> str | None:
 
 
 class Recorder(Protocol):
-    """Where original values are recorded durably before they change (noded.state.OriginalValues)."""
+    """Where original values are recorded durably before they change (noded.stores.originals.OriginalValues)."""
 
     def record(self, key: str, value: Any) -> None: ...
 

@@ -1,5 +1,5 @@
 import sys
 
-from noded.cli import main
+from noded.commands.cli import main
 
 sys.exit(main())

@@ -1,6 +1,6 @@
 """noded's configuration: YAML -> frozen dataclasses, validated at load.
 
-The file is untrusted input (read through noded.yamlsafe: bounded, UTF-8, no aliases,
+The file is untrusted input (read through noded.util.yamlsafe: bounded, UTF-8, no aliases,
 no duplicate keys). Every key is known (an unknown one is an error, not ignored), every
 value has a type and a range (numbers finite and bounded, paths absolute and
 normalised), and anything ``noded run`` would refuse at start is refused here, so
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from noded.jobs.cgroups import KINDS, check_pattern
-from noded.journal import printable
-from noded.yamlsafe import Document, YamlError, parse_yaml, read_regular_file
+from noded.util.journal import printable
+from noded.util.yamlsafe import Document, YamlError, parse_yaml, read_regular_file
 
 GB = 1e9
 #: where a job can come from: a cgroup source's kind, or a process tree registered with noded
@@ -228,7 +228,7 @@ class MetricsConfig:
 class Config:
     tick_s: float = 1.0
     #: the node's peak memory bandwidth per L3 domain, GB/s; None: the calibration in
-    #: state_dir (noded.calibration), else DEFAULT_PEAK_GBPS
+    #: state_dir (noded.stores.calibration), else DEFAULT_PEAK_GBPS
     peak_gbps_per_domain: float | None = None
     state_dir: str = "/var/lib/noded"
     #: pid file (one noded per host) and, later, the admin socket
@@ -244,7 +244,7 @@ class Config:
 
     @property
     def peak_bytes_per_domain(self) -> float:
-        """Settled by noded.calibration.with_node_peak at start; the default stands in before that."""
+        """Settled by noded.stores.calibration.with_node_peak at start; the default stands in before that."""
         peak = self.peak_gbps_per_domain if self.peak_gbps_per_domain is not None else DEFAULT_PEAK_GBPS
         return peak * GB
 

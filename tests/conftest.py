@@ -9,7 +9,7 @@ import pytest
 
 from bench.timing import wait_for  # noqa: F401 (the tests import it from here)
 from resctrl import Resctrl
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 
 FUSE_MISSING = None
 if not os.path.exists("/dev/fuse"):
@@ -23,7 +23,7 @@ def noded_lock_holder(*paths: str) -> str | None:
     config) could not run now: the host-wide lock's own message, naming the other noded's
     pid; None where nothing holds it. Asked as noded asks (a non-blocking flock, let go at
     once), so that a test that needs the lock skips at once instead of failing its start."""
-    from noded.lockfile import AlreadyRunning, HostLock
+    from noded.stores.lockfile import AlreadyRunning, HostLock
 
     try:
         HostLock.for_filesystems(list(paths)).acquire().release()
@@ -122,7 +122,7 @@ def read_until(stream, text, what, timeout=30.0):
 def sim_gpus(tmp_path):
     """Two simulated GPUs that this process's pynvml sees through the stand-in library, for
     the length of a test (``publish`` after changing them; ``compute_mode(i)`` is NVML's)."""
-    from noded.sim.gpus import SimGpus, make_gpus
+    from nodesim.gpus import SimGpus, make_gpus
 
     gpus = SimGpus(str(tmp_path / "nvml.shm"), make_gpus(2))
     gpus.install()
@@ -228,7 +228,7 @@ def v1_cpuset():
 
 @pytest.fixture
 def root_logging():
-    """For a test that configures the root logger (noded.journal.configure_logging): puts
+    """For a test that configures the root logger (noded.util.journal.configure_logging): puts
     its level and handlers back afterwards."""
     import logging
 
@@ -249,9 +249,9 @@ def admin_socket(tmp_path):
     service given; stopped after the test."""
     from types import SimpleNamespace
 
-    from noded.admin.overrides import OverrideStore
+    from noded.loop.overrides import OverrideStore
     from noded.admin.server import AdminServer
-    from noded.control import ControlState
+    from noded.loop.control import ControlState
 
     servers = []
 

@@ -5,8 +5,8 @@ import os
 import shutil
 import tempfile
 
-from noded.procstat import PPID, stat_fields
-from noded.sim.mps_standin import write_launcher
+from noded.util.procstat import PPID, stat_fields
+from nodesim.mps_standin import write_launcher
 
 # The stand-in is no installed command: one launcher for the whole session, in a
 # directory of its own that goes when the session ends.

@@ -21,8 +21,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from resctrl.emulator import MountedEmulator
-from resctrl.emulator.topology import has_l3_ids
+from nodesim.resctrl_emulator import MountedEmulator
+from nodesim.resctrl_emulator.topology import has_l3_ids
 
 PQOS = shutil.which("pqos") or shutil.which("pqos", path="/usr/sbin:/sbin")
 

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import unix_exchange
 from noded.admin import nodectl
-from noded.journal import NOTICE
-from noded.admin.overrides import Override, OverrideStore
+from noded.util.journal import NOTICE
+from noded.loop.overrides import Override, OverrideStore
 from noded.admin.protocol import MAX_REQUEST_BYTES
 from noded.admin.server import AdminServer
 
@@ -103,7 +103,7 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
 def scrape(h):
     from prometheus_client import generate_latest
 
-    from noded.metrics import make_registry
+    from noded.loop.metrics import make_registry
 
     return generate_latest(make_registry(h.daemon)).decode()
 

@@ -14,7 +14,7 @@ from noded.colocation.admission import ColocationRule
 from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
 from noded.jobs.model import JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.nvml import GpuSample
 
 from conftest import wait_for
@@ -32,7 +32,7 @@ ResNet-50: {256: {C: 38.0e6, M: 30.0e6, window_us: 1.0e6}}
 def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
     from test_eliminator import Harness
 
-    from noded.admin.overrides import OverrideStore
+    from noded.loop.overrides import OverrideStore
     from noded.admin.server import AdminServer
     from noded.colocation.setup import build_colocation
 

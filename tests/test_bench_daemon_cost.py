@@ -12,8 +12,8 @@ import pytest
 from bench.bare_tick import mbm_files
 from bench.daemon_cost import MirrorSampler, mirror_resctrl
 from bench.simnode import REPO
-from noded.sim.nvml_lib import library_dir
-from noded.sim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
+from nodesim.nvml_lib import library_dir
+from nodesim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
 from resctrl.mbm import parse_counter
 
 pytestmark = pytest.mark.fuse

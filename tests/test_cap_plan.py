@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from noded.capping.plan import MIN_RESERVE_CAP_BPS, OVERRIDE, RESERVE, SOURCE, plan_caps, reserve_share
 from noded.config import ConfigError, parse_config
 from noded.jobs.model import JobMeta
-from noded.sample import CPU, GPU, JobSample
+from noded.samplers.sample import CPU, GPU, JobSample
 
 GB = 1e9
 

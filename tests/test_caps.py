@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_admin import admin, scrape  # noqa: F401 (a fixture)
 
 from noded.admin import nodectl
-from noded.admin.overrides import Override, OverrideStore
+from noded.loop.overrides import Override, OverrideStore
 from noded.capping.units import MAX_BYTES_PER_S, UNITS, BandwidthError, parse_bandwidth
 
 
@@ -106,7 +106,7 @@ def ctl(server, *argv, capsys):
 def test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it(admin, capsys, caplog):
     h, server, clock = admin
     h.until(lambda r: "sim:hog" in r.levels, 15, "the hog throttled")
-    with caplog.at_level(logging.INFO, logger="noded.admin.overrides"):  # overrides are logged at notice
+    with caplog.at_level(logging.INFO, logger="noded.loop.overrides"):  # overrides are logged at notice
         code, out, err = ctl(server, "cap", "sim:hog", "6GB/s", "--ttl", "15m", "--reason", "noisy", capsys=capsys)
     assert code == 0 and "sim:hog is capped at 6 GB/s until " in out and "(reason: noisy)" in out, err
     assert any("override-set job=sim:hog level=0 kind=cap uid=0 cap_bps=6000000000" in r.message
@@ -209,7 +209,7 @@ def test_with_a_reserve_the_gpu_job_runs_at_solo_speed_beside_a_hog(tmp_path):
     at 0.87 of solo once in nine; a reserve holds the hog to what keeps it free instead."""
     from test_eliminator import NLP_AND_HOG, Harness
 
-    from noded.sim.workload import MODELS
+    from nodesim.workload import MODELS
 
     peak = 8  # GB/s a domain; two domains
     h = Harness(tmp_path, NLP_AND_HOG, peak=peak, gpu_reserve_gbps=0.45 * 2 * peak)
@@ -237,7 +237,7 @@ def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_
     noded's start removes it with every group of noded's, and caps the job anew."""
     from test_eliminator import NLP_AND_HOG, Harness
 
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
 
     h = Harness(tmp_path, NLP_AND_HOG)
     try:

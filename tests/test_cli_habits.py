@@ -23,15 +23,15 @@ from hypothesis import strategies as st
 from conftest import nodectl_run, read_until, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
-from noded.admin.overrides import OverrideStore
+from noded.loop.overrides import OverrideStore
 from noded.admin.protocol import RequestError
-from noded.cliopts import EXIT_BROKEN_PIPE
+from noded.commands.cliopts import EXIT_BROKEN_PIPE
 from noded.config import Config, ConfigError, ContentionConfig, parse_config
-from noded.control import ControlState
-from noded.daemon import TickResult
+from noded.loop.control import ControlState
+from noded.loop.daemon import TickResult
 from noded.jobs.model import JobMeta
 from noded.policy.contention import OVERRIDE, Action, Decision, PolicyState, Throttle, decide, held_because
-from noded.sample import CPU, GPU, JobSample, Sample
+from noded.samplers.sample import CPU, GPU, JobSample, Sample
 
 GB = 1e9
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,8 +75,8 @@ class Parsed(Exception):
 
 
 def noded_parser(monkeypatch):
-    """noded's parser as noded.cli builds it: caught at parse_args."""
-    from noded import cli
+    """noded's parser as noded.commands.cli builds it: caught at parse_args."""
+    from noded.commands import cli
 
     def catch(self, args=None, namespace=None):
         raise Parsed(self)
@@ -464,9 +464,9 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
         read_until(p.stdout, "noded: metrics at http://127.0.0.1:", "the metrics URL first", timeout=60)
         read_until(p.stdout, "hog[cpu]", "the hog running", timeout=60)
         # the simulated node and the daemon are processes of their own, below the command
-        (emulator,) = wait_for(lambda: [c for c in descendants(p.pid) if b"resctrl.emulator" in cmdline(c)],
+        (emulator,) = wait_for(lambda: [c for c in descendants(p.pid) if b"nodesim.resctrl_emulator" in cmdline(c)],
                                what="the emulator, below the simulated node")
-        mount = cmdline(emulator)[cmdline(emulator).index(b"resctrl.emulator") + 1].decode()
+        mount = cmdline(emulator)[cmdline(emulator).index(b"nodesim.resctrl_emulator") + 1].decode()
         below = [c for c in descendants(p.pid) if c != emulator]
         assert mounted(mount) and len(below) >= 4  # node, daemon and the jobs at least
         os.killpg(p.pid, signal.SIGINT)
@@ -548,7 +548,7 @@ def test_ages_in_explain_and_status_print_as_kubectl_prints_them():
 
 
 def test_noded_run_duration_takes_nodectls_syntax_and_refuses_anything_else():
-    from noded.cli import _duration
+    from noded.commands.cli import _duration
 
     assert _duration("15m") == 900 and _duration("90") == 90 and _duration("0.5s") == 0.5
     p = subprocess.run([sys.executable, "-m", "noded", "run", "--duration", "15 minutes"], capture_output=True,
@@ -569,3 +569,13 @@ def test_release_of_a_job_without_an_override_names_the_jobs_that_have_one(serve
     ctl(served.path, "release", "sim:bert", capsys=capsys)
     code, out, _ = ctl(served.path, "release", "sim:bert", capsys=capsys)
     assert out == "sim:bert: had no override; no job has one\n"
+
+
+def test_sim_commands_on_a_host_without_the_simulated_node_say_what_to_install():
+    """The simulated node is its own distribution: where it is not installed (a GPU host),
+    `noded tour` (and sim, sim-node, run --sim) says so in one line and exits 2, no traceback."""
+    code = ("import sys; sys.modules['nodesim'] = None\n"  # as if noded-sim were not installed
+            "from noded.commands.cli import main; sys.exit(main(['tour']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert "noded-sim" in out.stderr and "Traceback" not in out.stderr, out.stderr

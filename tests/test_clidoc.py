@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from noded.admin.nodectl import build_parser as nodectl_parser
-from noded.cli import build_parser as noded_parser
-from noded.clidoc import write_all
+from noded.commands.cli import build_parser as noded_parser
+from noded.commands.clidoc import write_all
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -11,9 +11,9 @@ import pytest
 
 from noded.actuators.cores import CoreHalving, kept_cpus, max_level
 from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from conftest import read_until
 from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner, cpuset_steps, derived
 from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list
 
 REPO = Path(__file__).resolve().parent.parent
@@ -193,9 +193,9 @@ import sys, time
 from types import MappingProxyType
 from noded.actuators.cpusets import CpuSetOwner
 from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 
 state, job_id, cgroup, pid, wanted = sys.argv[1:]
 job = Job(job_id, "slurm", frozenset({int(pid)}), cgroup if cgroup != "-" else None)

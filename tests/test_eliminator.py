@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from noded.app import build_daemon
+from noded.commands.wiring import build_daemon
 from noded.config import Config, ContentionConfig, MetricsConfig, ResctrlConfig
-from noded.sim.node import SimNode
-from noded.sim.scenario import parse_scenario
-from noded.sim.workload import MODELS
-from resctrl.emulator import MountedEmulator
+from nodesim.node import SimNode
+from nodesim.scenario import parse_scenario
+from nodesim.workload import MODELS
+from nodesim.resctrl_emulator import MountedEmulator
 
 pytestmark = pytest.mark.fuse
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import wait_for
 from resctrl.cpulist import format_cpu_list
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 
 pytestmark = pytest.mark.fuse
 
@@ -458,7 +458,7 @@ def test_host_topology_gives_the_domains_and_cpus_sysfs_names(emulator, tmp_path
 
 
 def test_host_topology_is_the_default_where_sysfs_names_an_l3(tmp_path):
-    from resctrl.emulator.topology import has_l3_ids, read_host_topology
+    from nodesim.resctrl_emulator.topology import has_l3_ids, read_host_topology
 
     with MountedEmulator("intel", workdir=str(tmp_path / "emu"), topology=None) as emu:
         domains = ok("ls mon_data", emu.root).split()
@@ -474,12 +474,12 @@ def test_host_topology_is_the_default_where_sysfs_names_an_l3(tmp_path):
 def test_host_topology_that_sysfs_does_not_give_is_refused_before_mounting(tmp_path):
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "resctrl.emulator", str(tmp_path), "--topology", "host",
+    p = subprocess.run([sys.executable, "-m", "nodesim.resctrl_emulator", str(tmp_path), "--topology", "host",
                         "--sysfs-cpu", str(tmp_path / "nothing")], capture_output=True, text=True)
     assert p.returncode == 2 and f"--topology host: {tmp_path}/nothing" in p.stderr, p.stderr
     assert not os.path.ismount(tmp_path)
     sysfs = fake_sysfs_cpu(tmp_path / "cpu", {0: 0}, online="0-1")  # cpu1 has no cache directory
-    p = subprocess.run([sys.executable, "-m", "resctrl.emulator", str(tmp_path), "--topology", "host",
+    p = subprocess.run([sys.executable, "-m", "nodesim.resctrl_emulator", str(tmp_path), "--topology", "host",
                         "--sysfs-cpu", str(sysfs)], capture_output=True, text=True)
     assert p.returncode == 2 and "cpu1/cache: no level 3 cache with an id" in p.stderr, p.stderr
 
@@ -587,7 +587,7 @@ def test_signals_unmount_cleanly(emulator, sig):
 def test_bad_arguments_are_refused_before_mounting(tmp_path):
     import sys
 
-    run = lambda *a: subprocess.run([sys.executable, "-m", "resctrl.emulator", *a], capture_output=True, text=True)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "nodesim.resctrl_emulator", *a], capture_output=True, text=True)
     p = run(str(tmp_path / "missing"))
     assert p.returncode == 2 and "is not a directory" in p.stderr
     p = run(str(tmp_path), "--num-rmids", "1")

@@ -7,8 +7,8 @@ import errno
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resctrl.emulator.kernel import KernelError, ResctrlKernel, kstrtoint
-from resctrl.emulator.profiles import PROFILES
+from nodesim.resctrl_emulator.kernel import KernelError, ResctrlKernel, kstrtoint
+from nodesim.resctrl_emulator.profiles import PROFILES
 
 
 def kernel(profile="intel", **kw):

@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from noded.admin import nodectl
-from noded.admin.overrides import Override, OverrideStore
+from noded.loop.overrides import Override, OverrideStore
 from noded.config import Config
-from noded.daemon import TickResult
+from noded.loop.daemon import TickResult
 from noded.jobs.discovery import RegisteredLabels
 from noded.jobs.model import JobMeta
 from noded.jobs.monitoring import group_name
-from noded.journal import LineHandler, _UNPRINTABLE, encode_native, printable
-from noded.metrics import NodedCollector
+from noded.util.journal import LineHandler, _UNPRINTABLE, encode_native, printable
+from noded.loop.metrics import NodedCollector
 from noded.policy.contention import Decision
-from noded.sample import CPU, JobSample, Sample
-from noded.securedir import SecureDir
+from noded.samplers.sample import CPU, JobSample, Sample
+from noded.stores.securedir import SecureDir
 
 #: a cgroup's name: any byte but '/' and NUL, 1..255 of them
 NAME = st.binary(min_size=1, max_size=255).filter(lambda b: b"/" not in b and b"\0" not in b)

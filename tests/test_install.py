@@ -140,13 +140,13 @@ def test_make_install_remote_scrape_refuses_anything_but_networks(tmp_path, prom
 def test_the_console_scripts_are_noded_and_nodectl_only():
     scripts = {e.name: e.value for e in importlib.metadata.distribution("noded").entry_points
                if e.group == "console_scripts"}
-    assert scripts == {"noded": "noded.cli:main", "nodectl": "noded.admin.nodectl:main"}
+    assert scripts == {"noded": "noded.commands.cli:main", "nodectl": "noded.admin.nodectl:main"}
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         assert tomllib.load(f)["project"]["scripts"] == scripts  # the installed metadata is current
 
 
 def test_the_mps_stand_in_is_found_through_a_launcher_not_on_path(tmp_path):
-    from noded.sim.mps_standin import LAUNCHER, write_launcher
+    from nodesim.mps_standin import LAUNCHER, write_launcher
 
     assert shutil.which(LAUNCHER) is None
     path = write_launcher(str(tmp_path))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import NotifySocket, read_until
-from noded.journal import (CHANGES, NOTICE, JournalHandler, LineHandler, configure_logging, encode_native,
+from noded.util.journal import (CHANGES, NOTICE, JournalHandler, LineHandler, configure_logging, encode_native,
                            log_change, syslog_priority)
 
 
@@ -156,17 +156,17 @@ def test_off_the_journal_lines_carry_their_priority_and_changes_show_at_the_defa
     out = io.StringIO()
     handler = configure_logging(False, stream=out, env={})
     assert isinstance(handler, LineHandler) and handler.prefix  # not a terminal: <N> lines
-    logging.getLogger("noded.daemon").info("not at the default level")
-    logging.getLogger("noded.daemon").warning("two\nlines")
+    logging.getLogger("noded.loop.daemon").info("not at the default level")
+    logging.getLogger("noded.loop.daemon").warning("two\nlines")
     log_change("release", "sim:hog", level_from=1, level_to=0, cause="calm", reason="node at 40% of peak")
     log_change("apply-failed", "sim:hog", level_from=1, level_to=0, severity=logging.WARNING, throttle="mba",
                reason="write error")
-    assert out.getvalue() == ("<4>noded.daemon: two\n<4>lines\n"
+    assert out.getvalue() == ("<4>noded.loop.daemon: two\n<4>lines\n"
                               "<5>noded.changes: release job=sim:hog level=1->0 cause=calm: node at 40% of peak\n"
                               "<4>noded.changes: apply-failed job=sim:hog level=1->0 throttle=mba: write error\n")
     configure_logging(True, stream=out, env={})  # replaces the first: one line per record still
-    logging.getLogger("noded.daemon").info("now shown")
-    assert out.getvalue().endswith("<6>noded.daemon: now shown\n") and out.getvalue().count("now shown") == 1
+    logging.getLogger("noded.loop.daemon").info("now shown")
+    assert out.getvalue().endswith("<6>noded.loop.daemon: now shown\n") and out.getvalue().count("now shown") == 1
 
 
 def test_on_a_terminal_lines_are_plain(root_logging):
@@ -273,8 +273,8 @@ def test_sighup_is_reloading_then_ready_whether_applied_or_refused(tmp_path):
         cfg = tmp_path / "noded.yaml"
         good = cfg.read_bytes()
         for tail, status, log_line in [
-                (b"contention: {threshold: 0.8}\n", "config reloaded", "<4>noded.daemon: config reloaded"),
-                (b"contention: {treshold: 0.8}\n", "config reload refused", "<3>noded.runner: config reload refused")]:
+                (b"contention: {threshold: 0.8}\n", "config reloaded", "<4>noded.loop.daemon: config reloaded"),
+                (b"contention: {treshold: 0.8}\n", "config reload refused", "<3>noded.commands.run: config reload refused")]:
             cfg.write_bytes(good + tail)
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
             p.send_signal(signal.SIGHUP)

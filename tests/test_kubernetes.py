@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from noded.hostcheck import CGROUP_FILESYSTEMS, filesystem_type
+from noded.commands.hostcheck import CGROUP_FILESYSTEMS, filesystem_type
 
 from noded.config import load_config
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from conftest import nodectl_run
 from noded.jobs import JobDiscovery, JobMeta, LabelFile, RegisteredLabels
-from noded.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
+from noded.jobs.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
                                    parse_label_words)
-from noded.labelwords import REGISTRABLE
-from noded.securedir import SecureDir, StateWriteError
+from noded.jobs.labelwords import REGISTRABLE
+from noded.stores.securedir import SecureDir, StateWriteError
 
 # -- words
 
@@ -116,9 +116,9 @@ def test_the_registry_refuses_whole_and_is_bounded():
 
 @pytest.fixture
 def labelled_socket(tmp_path):
-    from noded.admin.overrides import OverrideStore
+    from noded.loop.overrides import OverrideStore
     from noded.admin.server import AdminServer
-    from noded.control import ControlState
+    from noded.loop.control import ControlState
 
     registry = RegisteredLabels()
     daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), lambda: 0.0),
@@ -211,7 +211,7 @@ def test_a_registered_labels_file_that_cannot_be_trusted_is_moved_aside_and_node
 
 def test_forget_releases_the_reservation_even_when_the_labels_cannot_be_written(tmpfs):
     from noded.admin.commands import AdminCommands
-    from noded.control import ControlState
+    from noded.loop.control import ControlState
 
     mnt = tmpfs()
     registry = RegisteredLabels(state=SecureDir(str(mnt), mode=0o700))

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import wait_for
-from noded.ages import format_age, parse_duration
-from noded.app import serve_metrics
+from noded.util.ages import format_age, parse_duration
+from noded.commands.wiring import serve_metrics
 from noded.config import Config
-from noded.daemon import Daemon
-from noded.health import MIN_STALE_S
-from noded.sample import Sample
+from noded.loop.daemon import Daemon
+from noded.loop.health import MIN_STALE_S
+from noded.samplers.sample import Sample
 from noded.samplers import SamplerStatus
 from test_metrics import parse
 

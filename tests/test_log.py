@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from noded.admin.overrides import Override, OverrideStore
+from noded.loop.overrides import Override, OverrideStore
 from noded.samplers.bandwidth import BandwidthSampler
 from resctrl.mbm import MBM_TOTAL, CounterReading
-from noded.journal import NOTICE
+from noded.util.journal import NOTICE
 from test_eliminator import NLP_AND_HOG, Harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

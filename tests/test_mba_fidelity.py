@@ -1,6 +1,6 @@
 """The emulator's MBA against the hardware's and the kernel's own rules (issue #27, item 1).
 
-Each test names the source of the rule it checks (see resctrl/emulator/mba.py): the
+Each test names the source of the rule it checks (see sim/nodesim/resctrl_emulator/mba.py): the
 kernel's resctrl documentation, the thread_throttle_mode patches, fs/resctrl/monitor.c
 update_mba_bw, and what intel-cmt-cat's users measured. The kernel model is driven in
 process with a clock of the test's own, so seconds of the kernel's controller pass at once;
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resctrl.emulator.kernel import MIB, ResctrlKernel
-from resctrl.emulator.mba import kernel_mbps_step
-from resctrl.emulator.profiles import PROFILES
+from nodesim.resctrl_emulator.kernel import MIB, ResctrlKernel
+from nodesim.resctrl_emulator.mba import kernel_mbps_step
+from nodesim.resctrl_emulator.profiles import PROFILES
 
 GB = 1e9
 

@@ -15,18 +15,18 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_for
-from noded.admin.overrides import Override
+from noded.loop.overrides import Override
 from noded.colocation.admission import ColocationRule
 from noded.colocation.service import Colocation
 from noded.config import Config
-from noded.control import ControlState
-from noded.daemon import Daemon, TickResult
+from noded.loop.control import ControlState
+from noded.loop.daemon import Daemon, TickResult
 from noded.jobs.model import JobMeta
-from noded.health import Liveness
-from noded.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, JOB_ERROR_STAGES, SAMPLERS, STAGES,
+from noded.loop.health import Liveness
+from noded.loop.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, JOB_ERROR_STAGES, SAMPLERS, STAGES,
                            NodedCollector, make_registry)
 from noded.policy.contention import Decision
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuSample
 from noded.server.budget import METRICS
@@ -322,5 +322,5 @@ def literal_args(path, func, index):
 def test_every_cause_and_sampler_in_the_code_has_its_counters_from_the_start():
     causes = literal_args("noded.policy.contention", "set_level", 2)
     assert causes and causes <= {cause for _, cause in ACTIONS}, causes
-    samplers = literal_args("noded.telemetry", "run", 0)
+    samplers = literal_args("noded.samplers.telemetry", "run", 0)
     assert samplers and samplers == set(SAMPLERS), samplers

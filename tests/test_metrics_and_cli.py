@@ -14,27 +14,27 @@ import pytest
 from conftest import wait_for
 from prometheus_client import generate_latest
 
-from noded.watching import Watch
+from noded.loop.watching import Watch
 from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.memsoft import MemoryCgroup, MemoryResult
 from noded.actuators.plan import Applied
-from noded.admin.overrides import Override
+from noded.loop.overrides import Override
 from resctrl import MbFlavour
 from noded.colocation.view import ColocationView
 from noded.config import Config
-from noded.control import ControlState
+from noded.loop.control import ControlState
 from noded.capping.service import CapState
-from noded.daemon import MemoryView, TickResult
+from noded.loop.daemon import MemoryView, TickResult
 from noded.jobs.model import JobMeta
-from noded.metrics import make_registry
+from noded.loop.metrics import make_registry
 from noded.policy.contention import Action, Decision
 from noded.rightsize.memsplit import MemorySplit
 from noded.rightsize.service import JobSizingView, RightsizeView
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuProcess, GpuSample
 from noded.samplers.resctrl import GroupsView, ResctrlFacts
-from noded.tickstats import TickStats
+from noded.loop.tickstats import TickStats
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "metrics.txt")
 

@@ -16,7 +16,7 @@ from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTime
     max_clients_per_device
 from mps.supervisor import MpsSupervisor
 from mps_support import STANDIN, control_log, gone, processes_serving
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 
 
 @pytest.fixture

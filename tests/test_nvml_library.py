@@ -16,8 +16,8 @@ import time
 import pynvml
 import pytest
 
-from noded.sim.nvml_lib import library_dir, library_path
-from noded.sim.nvml_shm import ENV, GpuState, NodeState, SharedGpus, check_layout
+from nodesim.nvml_lib import library_dir, library_path
+from nodesim.nvml_shm import ENV, GpuState, NodeState, SharedGpus, check_layout
 
 UUID0 = "GPU-5e3a0000-6f1c-4b2e-9d7a-c0ffee000000"
 UUID1 = "GPU-5e3a0001-6f1c-4b2e-9d7a-c0ffee000001"

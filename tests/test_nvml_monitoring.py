@@ -2,7 +2,7 @@
 #24, item 3): the running-process queries in every form pynvml and nvitop try, and
 temperature, power, fan, clocks, PCIe, ECC, persistence, performance state, versions, as
 NVIDIA documents them or NOT_SUPPORTED where a real board of the model would say so. The
-values follow the simulation (noded.sim.boards): power rises with utilisation between idle
+values follow the simulation (nodesim.boards): power rises with utilisation between idle
 and the limit, temperature follows with the heatsink's lag."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from noded.sim.boards import BOARDS, THERMAL_TIME_CONSTANT_S, Board, board_spec
-from noded.sim.gpus import SimGpus, make_gpus
-from noded.sim.nvml_shm import GpuState, NodeState, Node, SharedGpus
+from nodesim.boards import BOARDS, THERMAL_TIME_CONSTANT_S, Board, board_spec
+from nodesim.gpus import SimGpus, make_gpus
+from nodesim.nvml_shm import GpuState, NodeState, Node, SharedGpus
 
 from test_nvml_library import UUID0, UUID1, GIB, in_process
 

@@ -7,13 +7,13 @@ import ctypes.util
 import pynvml
 import pytest
 
-from noded.sample import CPU, GPU, UNKNOWN, build_sample
+from noded.samplers.sample import CPU, GPU, UNKNOWN, build_sample
 from noded.samplers import SamplerStatus
 from noded.samplers.nvml import NvmlSampler
 from noded.jobs.model import Job
-from noded.sim import gpus as simgpus
-from noded.sim.nvml_lib import library_path
-from noded.sim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
+from nodesim import gpus as simgpus
+from nodesim.nvml_lib import library_path
+from nodesim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
 
 GIB = 1 << 30
 T0 = 1_700_000_000.0  # the wall clock the samples are stamped by

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from noded.config import ContentionConfig
 from noded.jobs.model import JobMeta
 from noded.policy.contention import PolicyState, decide
-from noded.sample import CPU, GPU, JobSample, Sample
+from noded.samplers.sample import CPU, GPU, JobSample, Sample
 
 GB = 1e9
 PEAK = 10 * GB

@@ -16,8 +16,8 @@ import pytest
 
 from pqos_support import PQOS_MISSING, PqosHarness, host_profile
 from resctrl.cpulist import parse_cpu_list
-from resctrl.emulator import MountedEmulator
-from resctrl.emulator.topology import read_host_topology
+from nodesim.resctrl_emulator import MountedEmulator
+from nodesim.resctrl_emulator.topology import read_host_topology
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(PQOS_MISSING is not None, reason=PQOS_MISSING or "")]
 

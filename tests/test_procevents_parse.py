@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from noded.jobs.procevents import PROC_EVENT_EXEC, exec_pids
-from noded.ratelimit import TokenBuckets
+from noded.util.ratelimit import TokenBuckets
 
 PROC_EVENT_FORK = 0x00000001
 u32 = st.integers(0, 2**32 - 1)

@@ -17,8 +17,8 @@ from noded.rightsize.allocator import (CODA, SYNERGY, AllocatorConfig, HintError
 from noded.rightsize.curves import BENCH_CURVES, CATEGORY_CACHE, CATEGORY_CURVES, MODEL_CURVES, curve_for
 from noded.rightsize.history import FILE, HistoryView, Remembered, SizingHistory, parse_history
 from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window, t_quantile
-from noded.securedir import SecureDir
-from noded.sim.workload import MODELS
+from noded.stores.securedir import SecureDir
+from nodesim.workload import MODELS
 
 CODA_CFG = AllocatorConfig(method=CODA)
 SYNERGY_CFG = AllocatorConfig(method=SYNERGY)

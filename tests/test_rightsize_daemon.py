@@ -16,8 +16,8 @@ from noded.config import Config, MetricsConfig, RightsizeConfig
 from noded.rightsize import allocator as alloc
 from noded.rightsize import cpuplan
 from noded.rightsize.curves import MODEL_CURVES
-from noded.sim.node import SimNode
-from noded.sim.scenario import parse_scenario
+from nodesim.node import SimNode
+from nodesim.scenario import parse_scenario
 
 REAL = sorted(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(REAL) != 2, reason="the expectations are for a host of 2 CPUs")
@@ -48,7 +48,7 @@ class Clock:
 def node(request):
     """The simulated node's host has MBA (auto: the throttle is MBA, the owner of CPUs only
     sizes and lends), or noded is told to halve cores (the plan holds the levels too)."""
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
     from noded.config import ContentionConfig
 
     clock = Clock()

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from noded.actuators.memsoft import (MemoryCgroupError, MemorySoftLimits, find_memory_cgroup, parse_memory_stat)
 from noded.jobs.model import JobMeta
 from noded.rightsize.memsplit import QUANTUM, CacheJob, cache_curve, soft_limit_bytes, split_memory
-from noded.sample import GPU, JobSample, Sample
+from noded.samplers.sample import GPU, JobSample, Sample
 from noded.samplers.cpus import CpuPlacement
-from noded.state import OriginalValues, parse_originals
+from noded.stores.originals import OriginalValues, parse_originals
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
 V1_CPUSET = "/sys/fs/cgroup/cpuset"
@@ -200,8 +200,8 @@ def test_after_sigkill_the_next_start_puts_the_original_back(v1_job):
         import os, signal
         from noded.actuators.memsoft import MemorySoftLimits
         from noded.jobs.model import JobMeta
-        from noded.sample import JobSample
-        from noded.state import OriginalValues
+        from noded.samplers.sample import JobSample
+        from noded.stores.originals import OriginalValues
         js = JobSample("slurm:1", "slurm", frozenset([{v1_job.pid}]), JobMeta(), "gpu", (), None, None, "none",
                        cgroup={v1_job.cs!r})
         owner = MemorySoftLimits(OriginalValues({str(v1_job.state)!r}))
@@ -211,7 +211,7 @@ def test_after_sigkill_the_next_start_puts_the_original_back(v1_job):
     done = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == -signal.SIGKILL
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == str(3 * QUANTUM)
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
     from noded.config import Config
 
     built = build_daemon(Config(state_dir=str(v1_job.state), runtime_dir=str(v1_job.state / "run"), nvml=False))
@@ -272,9 +272,9 @@ def _sample(jobs):
 def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
     from prometheus_client.core import Metric
 
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
     from noded.config import Config, RightsizeConfig, RightsizeMemoryConfig
-    from noded.metrics import NodedCollector
+    from noded.loop.metrics import NodedCollector
 
     config = Config(state_dir=str(v1_job.state), runtime_dir=str(v1_job.state / "run"), nvml=False,
                     rightsize=RightsizeConfig(sources=("slurm",),

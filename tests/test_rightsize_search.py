@@ -4,7 +4,7 @@ with the noise in view, history as a start only, and drift.
 
 Every job here is driven through ``begin_job``/``feed`` as the daemon drives it (and as
 ``bench.allocator_search`` does), with iteration times from a curve of
-``noded.rightsize.curvegen``."""
+``nodesim.curvegen``."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noded.rightsize import curvegen
+from nodesim import curvegen
 from noded.rightsize import allocator as al
 from noded.rightsize.allocator import AllocatorConfig, JobSizing, JobSpec, Probe, Sized, begin_job, feed
-from noded.rightsize.curvegen import GeneratedCurve
+from nodesim.curvegen import GeneratedCurve
 from noded.rightsize.history import HistoryView, Remembered
 
 CONFIG = AllocatorConfig()  # the default: the top search

@@ -18,10 +18,10 @@ from noded.rightsize import cpuplan
 from noded.rightsize.history import SizingHistory
 from noded.rightsize.service import (LIMITED, PINNED, PROBING, SIZED, STOPPED, NotSized, RightSizing, job_owner)
 from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME
-from noded.sample import CPU, GPU, JobSample, Sample
+from noded.samplers.sample import CPU, GPU, JobSample, Sample
 from noded.samplers.cpus import CpuPlacement
 from noded.samplers.nvml import GpuSample
-from noded.securedir import SecureDir
+from noded.stores.securedir import SecureDir
 
 CONFIG = RightsizeConfig(sources=("registered",), lend_to=("registered",), warmup_s=0.0, max_window_s=60.0)
 ME = os.getpid()
@@ -289,7 +289,7 @@ def test_a_pin_and_a_stop_hold_again_after_a_restart_and_a_reprobe_or_the_jobs_e
 
 def test_a_pin_that_cannot_be_kept_is_refused_and_changes_nothing(tmp_path, history, tmpfs):
     from noded.rightsize.controls import SizeControls
-    from noded.state import StateWriteError
+    from noded.stores.originals import StateWriteError
 
     where = tmpfs(name="controls")
     controls = SizeControls(SecureDir(str(where)))

@@ -14,15 +14,15 @@ import pytest
 from prometheus_client import generate_latest
 
 from conftest import nodectl_run
-from noded.health import Liveness
+from noded.loop.health import Liveness
 from noded.actuators.cpusets import CpuSetResult
 from noded.config import Config, RightsizeConfig
-from noded.daemon import TickResult
-from noded.tickstats import Totals
-from noded.metrics import make_registry
+from noded.loop.daemon import TickResult
+from noded.loop.tickstats import Totals
+from noded.loop.metrics import make_registry
 from noded.policy.contention import Decision
 from noded.rightsize.service import PINNED, PROBING, SIZED, STOPPED, RightSizing
-from noded.sample import CPU
+from noded.samplers.sample import CPU
 from test_rightsize_daemon import affinity, needs_two_cpus, node, run  # noqa: F401 (node: the fixture)
 from test_rightsize_service import Loop, Node, sized
 
@@ -187,7 +187,7 @@ def test_the_simulated_nodes_daemon_exports_its_sizing_and_takes_a_pin(node, tmp
     assert value(text, "noded_rightsize_sized_total") >= 1 and value(text, "noded_rightsize_probes_total") >= 2
     os.chmod(tmp_path, 0o755)
     if daemon.control.overrides is None:  # built without an admin socket: explain reads the overrides
-        from noded.admin.overrides import OverrideStore
+        from noded.loop.overrides import OverrideStore
 
         daemon.control.overrides = OverrideStore(str(tmp_path / "state"), lambda: 1_700_000_000.0)
     server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2).start()

@@ -2,7 +2,7 @@
 
 from noded.jobs.model import Job
 from noded.jobs.monitoring import MonitorReport
-from noded.sample import CPU, GPU, build_sample
+from noded.samplers.sample import CPU, GPU, build_sample
 from noded.samplers import SamplerStatus
 from noded.samplers.bandwidth import BandwidthSample
 from noded.samplers.nvml import GpuProcess, GpuSample, NvmlSample

@@ -10,10 +10,10 @@ import pytest
 
 from bench.scenario.contention import describe_actions, table
 from bench.scenario.cpuset_node import CpusetNode, find_cpuset_root
-from noded.calibration import read_calibration, with_node_peak
+from noded.stores.calibration import read_calibration, with_node_peak
 from noded.config import Config
-from noded.sim.node import SimNode
-from noded.sim.scenario import ScenarioError, parse_scenario
+from nodesim.node import SimNode
+from nodesim.scenario import ScenarioError, parse_scenario
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.fuse

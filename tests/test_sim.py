@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import wait_for
-from noded.sim.scenario import ScenarioError, parse_scenario
-from noded.sim.workload import MODELS, contention, gpu_utilisation
+from nodesim.scenario import ScenarioError, parse_scenario
+from nodesim.workload import MODELS, contention, gpu_utilisation
 
 BASE = "duration_s: 5\nnode: {gpus: 2}\nevents:\n"
 
@@ -91,8 +91,8 @@ def test_models_behave_as_coda_reports():
 
 @pytest.mark.fuse
 def test_a_hog_slows_an_nlp_job_on_the_simulated_node_and_it_recovers_when_the_hog_stops():
-    from noded.sim.node import SimNode
-    from noded.sim.run import build_telemetry
+    from nodesim.node import SimNode
+    from nodesim.run import build_telemetry
 
     scenario = parse_scenario(
         "seed: 1\nduration_s: 60\nnode: {gpus: 2, peak_gbps: 8}\nevents:\n"
@@ -130,8 +130,8 @@ def test_noded_sim_refuses_a_bad_scenario(tmp_path):
 def test_adopted_processes_are_modelled_and_never_stopped(sleeper):
     """A job manager's processes (a one-host Slurm's jobs) adopted by the node: a CPU job's
     demand follows its CPUs, a GPU job's utilisation the contention; released, they run on."""
-    from noded.sim.node import SimNode
-    from noded.sim.scenario import JobSpec
+    from nodesim.node import SimNode
+    from nodesim.scenario import JobSpec
 
     scenario = parse_scenario("seed: 1\nduration_s: 60\nnode: {gpus: 1, peak_gbps: 8}\nevents: []\n", "inline")
     hog, gpu = sleeper(), sleeper()

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import wait_for
 from noded.rightsize.curves import MODEL_CURVES
-from noded.sim import reporter
-from noded.sim.node import SimNode
-from noded.sim.scenario import ScenarioError, load_scenario, parse_scenario
-from noded.sim.workload import MODELS
+from nodesim import reporter
+from nodesim.node import SimNode
+from nodesim.scenario import ScenarioError, load_scenario, parse_scenario
+from nodesim.workload import MODELS
 
 SCENARIOS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios")
 REAL = sorted(os.sched_getaffinity(0))
@@ -108,7 +108,7 @@ def _util_at(sim, sim_id="a"):
 @needs_two_cpus
 def test_a_gpu_job_slimmed_through_its_affinity_runs_slower_on_its_curve_and_recovers():
     """noded slims a job without a cpuset of its own through the affinity of its threads."""
-    from noded.sim.run import build_telemetry
+    from nodesim.run import build_telemetry
 
     with SimNode(parse_scenario(ALEXNET % ", cpu_curve: true", "inline")) as sim:
         telemetry = build_telemetry(sim, process_events=False)
@@ -168,7 +168,7 @@ def test_jobs_without_the_curve_run_as_before():
 @pytest.mark.timeout(120)
 def test_a_reporting_job_reports_the_curves_iteration_times_to_noded(tmp_path):
     from noded.admin.server import AdminServer
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
     from noded.colocation.admission import ColocationRule
     from noded.colocation.outcomes import Outcomes
     from noded.colocation.service import Colocation

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from conftest import wait_for
 from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, write_env
-from noded.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
+from noded.jobs.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOKS = os.path.join(REPO, "integrations", "slurm")

@@ -15,8 +15,8 @@ from conftest import wait_for
 from noded.jobs import Job, JobDiscovery, JobMonitor
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_groups
-from noded.sim.gpus import SimGpus, SimProcess, make_gpus
-from noded.telemetry import Telemetry
+from nodesim.gpus import SimGpus, SimProcess, make_gpus
+from noded.samplers.telemetry import Telemetry
 
 pytestmark = pytest.mark.fuse
 

@@ -13,11 +13,11 @@ import urllib.request
 
 from conftest import read_until
 from noded.config import Config, JobSourceConfig
-from noded.hostcheck import start_check
-from noded.lasting import LastingStates
-from noded.sample import build_sample
+from noded.commands.hostcheck import start_check
+from noded.loop.lasting import LastingStates
+from noded.samplers.sample import build_sample
 from noded.samplers.nvml import NvmlSample
-from noded.watching import watching
+from noded.loop.watching import watching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,7 +10,7 @@
 peak, without and with noded, on this machine's real cpusets (core halving; on a host
 with RDT, its resctrl and MBA) and on the simulated node (MBA); it prints a table and writes contention.json and
 contention.png in ``--out``. ``calibrate`` measures the peak (all CPUs, triad) and
-writes it where noded reads it: the product's ``noded calibrate`` (``noded.calibrate``),
+writes it where noded reads it: the product's ``noded calibrate`` (``noded.commands.calibrate``),
 recorded with this command line. Progress goes to stderr.
 """
 
@@ -22,7 +22,7 @@ import os
 import shlex
 import sys
 
-from noded.calibration import CalibrationError, read_calibration
+from noded.stores.calibration import CalibrationError, read_calibration
 
 from .contention import SHARES, run_matrix, table
 
@@ -69,7 +69,7 @@ def node_peak(args, progress: Progress) -> float:
         progress.line(f"peak: {cal.peak_gbps_per_domain * cal.domains:.1f} GB/s from {args.state_dir}/calibration.json "
                       f"({cal.measured_at})")
         return cal.peak_gbps_per_domain * cal.domains
-    from noded.calibrate import measure_peak_gbps
+    from noded.commands.calibrate import measure_peak_gbps
 
     peak = measure_peak_gbps(5, 256, progress=lambda done, total: progress("measuring the peak", done, total))
     progress.line(f"peak: {peak:.1f} GB/s measured now (no calibration in {args.state_dir})")
@@ -134,7 +134,7 @@ def contention(args, progress: Progress) -> int:
 
 
 def calibrate(args, progress: Progress) -> int:
-    from noded.calibrate import calibrate as run
+    from noded.commands.calibrate import calibrate as run
 
     cal, path = run(args.state_dir, args.command, args.seconds, args.size,
                     progress=lambda done, total: progress("calibrate: triad on all CPUs", done, total))

@@ -28,8 +28,8 @@ import uuid
 
 from noded.samplers.cpus import read_cpuset_file
 from noded.config import Config, JobsConfig, JobSourceConfig, ResctrlConfig
-from noded.sim.gpus import SimGpus, SimProcess, make_gpus
-from resctrl.emulator import MountedEmulator
+from nodesim.gpus import SimGpus, SimProcess, make_gpus
+from nodesim.resctrl_emulator import MountedEmulator
 
 from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
 from .procs import ReportingProcess

@@ -24,7 +24,7 @@ from typing import Mapping
 import yaml
 
 from bench.simnode import DaemonProcess, cpu_seconds, tail
-from noded.app import build_daemon
+from noded.commands.wiring import build_daemon
 from noded.config import Config, ContentionConfig
 from noded.jobs.discovery import JobDiscovery
 
@@ -32,7 +32,7 @@ from noded.jobs.discovery import JobDiscovery
 #: dozen seconds shows noded settle: the same on every node.
 SCENARIO_CONTENTION = ContentionConfig(hold_s=4.0, settle_s=1.0)
 
-#: a decision's journal line (noded.journal.log_change): "throttle job=cgroup:stressor level=0->1 cause=contention: …"
+#: a decision's journal line (noded.util.journal.log_change): "throttle job=cgroup:stressor level=0->1 cause=contention: …"
 _ACTION = re.compile(r"noded\.changes: (throttle|release) job=(\S+) level=(\d+)->(\d+) cause=(\S+?)(?:: (.*))?$")
 _METHOD = re.compile(r'^noded_job_throttle_level\{[^}]*method="([^"]+)"', re.M)
 

@@ -1,5 +1,5 @@
 """The contention scenario on the simulated node: the resctrl emulator with MBA, the
-fake NVML, and the workload model of ``noded.sim.workload`` (CODA's findings) setting
+fake NVML, and the workload model of ``nodesim.workload`` (CODA's findings) setting
 the victim's GPU utilisation from the bandwidth the emulator grants. The victim is
 the CODA model of its shape (decode: AlexNet, tokenise: Transformer) and its process
 is the real victim workload; the stressor is a CPU job demanding a share of the peak. Each
@@ -18,9 +18,9 @@ import json
 import os
 
 from noded.config import Config
-from noded.sim.node import SimNode
-from noded.sim.scenario import Event, JobSpec, NodeSpec, Scenario
-from noded.sim.sim_node import LABELS, daemon_config, find_cpuset_root, write_labels
+from nodesim.node import SimNode
+from nodesim.scenario import Event, JobSpec, NodeSpec, Scenario
+from nodesim.sim_node import LABELS, daemon_config, find_cpuset_root, write_labels
 
 from .noded_run import SCENARIO_CONTENTION, NodedRun, outcome
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from noded.sample import CPU, Sample
-from noded.state import OriginalValues
+from noded.samplers.sample import CPU, Sample
+from noded.stores.originals import OriginalValues
 from noded.actuators.cpusets import (CpuSetOwner, affinity_job_key, affinity_key, cpuset_key, kept_cpus,  # noqa: F401 (re-exported)
                       max_level, read_cpuset, set_affinity, write_cpuset)
 from noded.actuators.plan import UNKNOWN, UNSETTLED, LevelThrottle

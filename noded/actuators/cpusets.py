@@ -50,11 +50,11 @@ from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 from noded.jobs.cgroups import read_procs
 from noded.jobs.discovery import descendants, read_ppids
-from noded.journal import log_change
-from noded.procstat import STARTTIME, stat_fields
-from noded.sample import JobSample, Sample
-from noded.securedir import SecureDir
-from noded.state import OriginalValues, StateWriteError
+from noded.util.journal import log_change
+from noded.util.procstat import STARTTIME, stat_fields
+from noded.samplers.sample import JobSample, Sample
+from noded.stores.securedir import SecureDir
+from noded.stores.originals import OriginalValues, StateWriteError
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def cpuset_steps(tree: Sequence[tuple[CpuSet, CpuSet, int | None]]) -> list[tupl
     return steps
 
 
-# -- the records' keys (the format of originals.json: noded.state.parse_originals)
+# -- the records' keys (the format of originals.json: noded.stores.originals.parse_originals)
 
 
 def cpuset_key(path: str) -> str:

@@ -22,8 +22,8 @@ from typing import Mapping
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError, normalize_mb
 
 from noded.jobs.monitoring import group_name, mon_group_at
-from noded.journal import log_change
-from noded.sample import Sample
+from noded.util.journal import log_change
+from noded.samplers.sample import Sample
 from noded.samplers.resctrl import ResctrlSession
 from noded.actuators.plan import CAPPED, UNKNOWN, UNSETTLED, LevelThrottle
 

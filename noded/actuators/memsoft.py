@@ -50,10 +50,10 @@ from resctrl.mounts import parse_mounts
 
 from noded.jobs.cgroups import read_process_cgroups
 from noded.jobs.proccgroup import ProcCgroupError
-from noded.journal import log_change
-from noded.sample import JobSample
-from noded.securedir import SecureDir
-from noded.state import OriginalValues, StateWriteError
+from noded.util.journal import log_change
+from noded.samplers.sample import JobSample
+from noded.stores.securedir import SecureDir
+from noded.stores.originals import OriginalValues, StateWriteError
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Mapping
 
 from resctrl import ResctrlError
 
-from noded.journal import log_change
-from noded.sample import Sample
-from noded.state import StateWriteError
+from noded.util.journal import log_change
+from noded.samplers.sample import Sample
+from noded.stores.originals import StateWriteError
 
 log = logging.getLogger(__name__)
 

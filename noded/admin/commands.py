@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from noded.actuators.cores import max_level as max_core_level
 from noded.capping.units import format_bandwidth
-from noded.control import ControlState
-from noded.daemon import TickResult
-from noded.journal import log_change
+from noded.loop.control import ControlState
+from noded.loop.daemon import TickResult
+from noded.util.journal import log_change
 from noded.server.stream import Peer
-from noded.admin.overrides import Override, OverrideStore
+from noded.loop.overrides import Override, OverrideStore
 from noded.admin.protocol import RequestError
 
 log = logging.getLogger(__name__)

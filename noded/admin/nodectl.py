@@ -11,9 +11,9 @@ import sys
 import time
 from typing import Any
 
-from noded import ages
-from noded.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
-from noded.journal import printable
+from noded.util import ages
+from noded.commands.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
+from noded.util.journal import printable
 from noded.server.client import NotThePeer, ReplyTooLarge, request_line
 from noded.admin.protocol import VERSION, encode
 
@@ -86,7 +86,7 @@ def shown(value: Any) -> Any:
 
 
 def parse_duration(text: str) -> float:
-    """'90', '30s', '15m', '2h', '1d' -> seconds (noded.ages: the syntax everywhere)."""
+    """'90', '30s', '15m', '2h', '1d' -> seconds (noded.util.ages: the syntax everywhere)."""
     try:
         return ages.parse_duration(text)
     except ages.DurationError as e:
@@ -499,7 +499,7 @@ def _run(args) -> int:
     if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget", "cap"):
         call_args["job"] = args.job
     if cmd == "label":
-        from noded.labelwords import LabelWordError, parse_label_words
+        from noded.jobs.labelwords import LabelWordError, parse_label_words
 
         try:
             call_args["labels"] = parse_label_words(args.labels)

@@ -26,9 +26,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from noded.daemon import Daemon
+from noded.loop.daemon import Daemon
 from noded.server.budget import ADMIN, REPORTS
-from noded.ratelimit import RateLimitedLog, TokenBuckets
+from noded.util.ratelimit import RateLimitedLog, TokenBuckets
 from noded.server.stream import Limits, Peer, Protocol, StreamServer, unix_peer
 from noded.admin.commands import AdminCommands
 from noded.admin.protocol import RequestError, parse_request, reply_error, reply_ok

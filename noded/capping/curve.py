@@ -2,7 +2,7 @@
 
 MBA's value is a request to the hardware, not a bandwidth: the same value gives a job
 bandwidth in proportion to its busy threads (a limit on each core's requests), parts apply
-coarser steps than they accept, and the scale bends (resctrl/emulator/mba.py has the
+coarser steps than they accept, and the scale bends (sim/nodesim/resctrl_emulator/mba.py has the
 rules and their sources). So the controller keeps, per number of busy threads, the
 bandwidth it last measured at each value it held for a whole period, and reads the curve
 through them as a monotone function: a larger value never predicts less bandwidth.

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from noded.journal import log_change
-from noded.sample import Sample
+from noded.util.journal import log_change
+from noded.samplers.sample import Sample
 from noded.capping.holder import CapHolder
 from noded.capping.plan import OVERRIDE, Cap, plan_caps
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from noded.sample import Sample
+from noded.samplers.sample import Sample
 from noded.colocation import kernels
 from noded.colocation.profiles import JobProfile
 

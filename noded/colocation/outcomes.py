@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from noded.ratelimit import RateLimitedLog
+from noded.util.ratelimit import RateLimitedLog
 from noded.colocation import kernels
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from noded.yamlsafe import YamlError, read_yaml_file
+from noded.util.yamlsafe import YamlError, read_yaml_file
 
 #: The ncu metric names accepted, and how their units convert to µs / %.
 NCU_DURATION = "gpu__time_duration.sum"

@@ -22,8 +22,8 @@ from typing import Callable
 
 from mps.supervisor import MpsSupervisor
 
-from noded.journal import log_change
-from noded.sample import Sample
+from noded.util.journal import log_change
+from noded.samplers.sample import Sample
 from noded.colocation.admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from noded.colocation.outcomes import ModelError, Outcomes
 from noded.colocation.view import ColocationView

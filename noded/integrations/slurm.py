@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from noded.admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
-from noded.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
+from noded.jobs.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
 
 ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}
 #: what a transient refusal (MPS starting, noded's first sample) comes to once retry_s is spent

@@ -301,7 +301,7 @@ def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
     # Every tick reads every job's cgroup, so this is lean: a directory is listed only
     # where it has subdirectories. A directory's link count is 2 + its subdirectories on
     # cgroupfs (kernfs, v1 and v2), refreshed at each stat; job sources are refused on any
-    # other filesystem (noded.hostcheck), so a count that some filesystems fix at 2 never
+    # other filesystem (noded.commands.hostcheck), so a count that some filesystems fix at 2 never
     # hides a child here (tests lay out v2 trees on tmpfs, which keeps the count too).
     # Listing a cgroup directory costs more than reading its cgroup.procs (tens of
     # entries, one object each), and most jobs have none.

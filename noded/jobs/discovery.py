@@ -9,12 +9,12 @@ import threading
 import time
 from typing import Callable
 
-from noded.journal import printable
-from noded.procstat import PPID, stat_fields
-from noded.ratelimit import RateLimitedLog
-from noded.securedir import SecureDir, StateWriteError
-from noded.labelwords import REGISTRABLE
-from noded.yamlsafe import read_yaml_file
+from noded.util.journal import printable
+from noded.util.procstat import PPID, stat_fields
+from noded.util.ratelimit import RateLimitedLog
+from noded.stores.securedir import SecureDir, StateWriteError
+from noded.jobs.labelwords import REGISTRABLE
+from noded.util.yamlsafe import read_yaml_file
 from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
 from noded.jobs.proccgroup import ProcCgroupError
 from noded.jobs.kubepods import PodIdentities

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable
 
-from noded.ratelimit import RateLimitedLog, TokenBuckets
+from noded.util.ratelimit import RateLimitedLog, TokenBuckets
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from noded.ages import format_age
-from noded.baselines import LEARNED, Known
+from noded.util.ages import format_age
+from noded.stores.baselines import LEARNED, Known
 from noded.config import ContentionConfig
-from noded.sample import CPU, GPU, Sample
+from noded.samplers.sample import CPU, GPU, Sample
 
 GB = 1e9
 CONTENTION = "contention"
@@ -39,7 +39,7 @@ OVERRIDE = "override"
 
 
 #: the note of a tick in contention in which no CPU job could be throttled one more step (a
-#: lasting state: noded.lasting logs its start and end)
+#: lasting state: noded.loop.lasting logs its start and end)
 NOTHING_LEFT_TO_THROTTLE = "contention, but no CPU job left to throttle"
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from noded.securedir import SecureDir
-from noded.state import StateWriteError
+from noded.stores.securedir import SecureDir
+from noded.stores.originals import StateWriteError
 
 FILE = "size_controls.json"
 KINDS = ("pin", "stop")

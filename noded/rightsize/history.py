@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from noded.jobs.model import CATEGORIES
-from noded.securedir import SecureDir
+from noded.stores.securedir import SecureDir
 from noded.rightsize.signal import KINDS
 
 if TYPE_CHECKING:

@@ -46,9 +46,9 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
 from noded.config import RightsizeConfig
-from noded.journal import log_change
-from noded.sample import CPU, GPU, Sample
-from noded.state import StateWriteError
+from noded.util.journal import log_change
+from noded.samplers.sample import CPU, GPU, Sample
+from noded.stores.originals import StateWriteError
 from noded.rightsize import allocator as alloc
 from noded.rightsize import cpuplan
 from noded.rightsize.controls import SizeControls, StoredControl

@@ -18,7 +18,7 @@ from resctrl.cpulist import parse_cpu_list
 
 from noded.jobs.discovery import NODED_SHORT_OF
 from noded.jobs.model import Job
-from noded.procstat import STARTTIME, stat_fields
+from noded.util.procstat import STARTTIME, stat_fields
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 ``GET /metrics`` renders the registry with prometheus_client's own encoders (the
 Accept header chooses text or OpenMetrics); ``GET /healthz`` is 200 while the control
-loop is alive and 503 with the reason while it is stalled (noded.health: what a
+loop is alive and 503 with the reason while it is stalled (noded.loop.health: what a
 liveness probe asks, since a hung loop still serves /metrics); ``GET /`` is a page
 linking to both; other paths are 404, other methods 405. Every answer closes the connection. Rendering
 reads the collector, which reads the last tick's result: a scrape never touches
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class Health(Interface):
-    """What /healthz asks (noded.health.Liveness)."""
+    """What /healthz asks (noded.loop.health.Liveness)."""
 
     def check(self) -> str | None: ...
 

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from noded.ratelimit import RateLimitedLog
+from noded.util.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from noded.colocation.outcomes import Outcomes
 from noded.colocation.profiles import JobProfile, ProfileError, load_profiles, parse_ncu_csv
 from noded.colocation.service import Colocation
 from noded.jobs.model import JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.nvml import GpuSample
 
 NAN_COEF = np.full(kernels.N_FEATURES, np.nan)
@@ -285,7 +285,7 @@ def test_a_model_fitted_before_a_restart_decides_after_it(tmp_path):
     from mps_support import STANDIN, processes_serving
     from test_eliminator import Harness
 
-    from noded.app import build_daemon
+    from noded.commands.wiring import build_daemon
     from noded.config import ColocationConfig, MpsConfig
 
     h = Harness(tmp_path, "  []", gpus=1)

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from noded.baselines import parse_baselines
-from noded.metrics import make_registry
+from noded.stores.baselines import parse_baselines
+from noded.loop.metrics import make_registry
 from test_eliminator import Harness
 
 pytestmark = pytest.mark.fuse

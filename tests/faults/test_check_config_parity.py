@@ -4,7 +4,7 @@ Seen before: check-config passed six configs that run then refused or crashed on
 metrics port in use, an address not this host's, a state_dir inside the resctrl mount,
 which also left a ``noded-state`` control group behind, a calibration with peak null, a
 co-location model nested 50 000 deep, a RecursionError traceback at start, co-location
-on a host with no NVML library). Both now call noded.hostcheck.start_check; each problem
+on a host with no NVML library). Both now call noded.commands.hostcheck.start_check; each problem
 is a FILE:LINE: KEY: REASON line naming what is wrong. Beside them: an empty noded.yaml
 on SIGHUP was taken for every default (tick, caps and the peak reset), and
 ``noded_state_writable`` stayed 1 for seconds while writes failed.
@@ -28,8 +28,8 @@ from prometheus_client import generate_latest
 from conftest import NotifySocket
 from noded.colocation.outcomes import MODEL_FILE, ModelError, Outcomes, read_model
 from noded.config import EmptyConfig, load_config
-from noded.metrics import make_registry
-from noded.securedir import StateWriteError
+from noded.loop.metrics import make_registry
+from noded.stores.securedir import StateWriteError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: a TEST-NET-1 address (RFC 5737): never one of this host's
@@ -71,7 +71,7 @@ def without_nvml_env() -> dict[str, str]:
 
 
 def with_standin_nvml_env() -> dict[str, str]:
-    from noded.sim.nvml_lib import library_dir
+    from nodesim.nvml_lib import library_dir
 
     return {**without_nvml_env(), "LD_LIBRARY_PATH": library_dir("current")}
 

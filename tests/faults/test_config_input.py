@@ -25,13 +25,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from noded import yamlsafe
+from noded.util import yamlsafe
 from noded.colocation.profiles import ProfileError, load_profiles
 from noded.config import Config, ConfigError, load_config, parse_config, path_problem
 from noded.jobs.cgroups import CgroupSource, check_pattern
 from noded.jobs.discovery import LabelFile
-from noded.sim.scenario import ScenarioError, load_scenario, parse_scenario
-from noded.yamlsafe import YamlError, parse_yaml, read_yaml_file
+from nodesim.scenario import ScenarioError, load_scenario, parse_scenario
+from noded.util.yamlsafe import YamlError, parse_yaml, read_yaml_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATIENT = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -440,14 +440,14 @@ def test_the_daemons_commands_load_no_emulator_or_simulation_code(argv):
     code = ("import runpy, sys\n"
             f"sys.argv = ['noded', *{argv!r}]\n"
             "try:\n    runpy.run_module('noded', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "import noded.runner, noded.app\n"  # what `run` imports once it starts
+            "import noded.commands.run, noded.commands.wiring\n"  # what `run` imports once it starts
             "print('MODULES', ' '.join(sorted(sys.modules)))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     lines = [line for line in p.stdout.splitlines() if line.startswith("MODULES ")]
     assert p.returncode == 0 and lines, p.stdout + p.stderr
     loaded = lines[0].split()[1:]
     assert "noded.config" in loaded
-    assert [m for m in loaded if m.startswith(("resctrl.emulator", "noded.sim"))] == []
+    assert [m for m in loaded if m.startswith(("nodesim.resctrl_emulator", "nodesim"))] == []
 
 
 # ------------------------------------------------------------- properties

@@ -7,7 +7,7 @@ socket's path became the 0666 report socket. check-config passed all four. Now n
 removes only what it made (the pipe directory recorded in its state before it is made,
 a socket only where no process listens on it, and at stop only the one it bound), and
 every path key is checked against the others and the kernel's trees by one function
-(noded.hostcheck, for check-config and run alike).
+(noded.commands.hostcheck, for check-config and run alike).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from mps_support import STANDIN, processes_serving
 from noded import config as config_module
 from noded.admin.server import AdminServer, SocketPathError
 from noded.config import Config, parse_config
-from noded.configpaths import named_paths, overlap_problems
-from noded.state import OriginalValues
+from noded.commands.configpaths import named_paths, overlap_problems
+from noded.stores.originals import OriginalValues
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"

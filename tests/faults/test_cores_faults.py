@@ -9,7 +9,7 @@ import pytest
 from conftest import wait_for
 from noded.actuators.cores import CoreHalving
 from noded.jobs.model import Job
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list
 from test_cores import ForkOnRequest, observe
 

@@ -14,7 +14,7 @@ import pytest
 
 from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner
 from noded.jobs.model import Job
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list
 from test_cpusets import observe
 
@@ -49,9 +49,9 @@ import os, sys, json, subprocess
 from types import MappingProxyType
 from noded.actuators.cpusets import CpuSetOwner
 from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
+from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 
 state, job_id, cgroup, pids, wishes, at, action = sys.argv[1:]
 count = 0

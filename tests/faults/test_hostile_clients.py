@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from conftest import unix_exchange, wait_for
 from noded.admin import nodectl
-from noded.admin.overrides import OverrideStore
+from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer
 from noded.config import Config
-from noded.daemon import Daemon
+from noded.loop.daemon import Daemon
 from noded.server.budget import (ADMIN, CONTROL_PLANE_DESCRIPTORS, LOOP_MINIMUM, LOOP_RESERVE, METRICS, REPORTS,
                                  UNIT_LIMIT_NOFILE)
 from noded.server.metrics_http import MetricsHttp, MetricsServer, parse_http_request, HttpError

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import CPUSET, nodectl_run, wait_for
 from noded.admin.server import peer_groups
-from noded.hostcheck import filesystem_type
+from noded.commands.hostcheck import filesystem_type
 from noded.jobs import CgroupSource, JobDiscovery
 from noded.samplers.resctrl import ResctrlSession
 from resctrl import NotMountedError

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noded.lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused, lock_name
-from noded.securedir import UnsafeDirectory
+from noded.stores.lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused, lock_name
+from noded.stores.securedir import UnsafeDirectory
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts, chown to another user")
 
 HOLDER = """
 import sys
-from noded.lockfile import HostLock
+from noded.stores.lockfile import HostLock
 lock = HostLock(sys.argv[2:], lock_dir=sys.argv[1]).acquire()
 print("locked", flush=True)
 sys.stdin.read()  # hold until the test closes stdin (or kills this process)

@@ -21,10 +21,10 @@ import pytest
 from noded.actuators.memsoft import QUANTUM, WRITTEN_FILE, MemorySoftLimits, parse_written
 from noded.jobs.model import JobMeta
 from noded.rightsize.memsplit import CacheJob, cache_curve, split_memory
-from noded.sample import GPU, JobSample
+from noded.samplers.sample import GPU, JobSample
 from noded.samplers.cpus import CpuPlacement
-from noded.securedir import SecureDir
-from noded.state import OriginalValues, StateWriteError, parse_originals
+from noded.stores.securedir import SecureDir
+from noded.stores.originals import OriginalValues, StateWriteError, parse_originals
 
 REPO = Path(__file__).resolve().parents[2]
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -194,7 +194,7 @@ def test_a_hostile_memory_record_is_moved_aside_at_start(tmp_path, originals, wr
 RESTORE = """
 import sys
 from noded.actuators.memsoft import MemorySoftLimits
-from noded.state import OriginalValues
+from noded.stores.originals import OriginalValues
 owner = MemorySoftLimits(OriginalValues(sys.argv[1]), mounts=sys.argv[2])
 print(owner.release_all())
 """
@@ -315,8 +315,8 @@ KILLED_AT = """
 import os, sys, json
 from noded.actuators.memsoft import MemorySoftLimits
 from noded.jobs.model import JobMeta
-from noded.sample import JobSample
-from noded.state import OriginalValues
+from noded.samplers.sample import JobSample
+from noded.stores.originals import OriginalValues
 
 state, cgroup, pid, wishes, at = sys.argv[1:]
 count = 0

@@ -19,7 +19,7 @@ from mps_support import STANDIN, control_log, gone, processes_serving, zombie_ch
 from noded.colocation.admission import ColocationRule
 from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
-from noded.sample import Sample
+from noded.samplers.sample import Sample
 from noded.samplers.nvml import GpuSample
 
 #: The daemon's loop runs every tick_s (1 s by default, 100 ms at the fastest); the
@@ -212,7 +212,7 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
 
 
 def test_compute_modes_are_recorded_before_they_change_and_restored_after_a_crash(tmp_path, gpus):
-    from noded.state import OriginalValues
+    from noded.stores.originals import OriginalValues
 
     originals = OriginalValues(str(tmp_path / "state"))
     modes = ComputeModes([gpus[1].uuid], originals)

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 from noded.jobs.monitoring import group_name
 from noded.samplers.resctrl import read_groups
-from resctrl.emulator import MountedEmulator
+from nodesim.resctrl_emulator import MountedEmulator
 from test_eliminator import NLP_AND_HOG, harness  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.fuse

@@ -25,12 +25,12 @@ from conftest import nodectl_run
 
 from noded.admin import nodectl
 from noded.config import Config, ConfigError, parse_config
-from noded.daemon import TickResult
+from noded.loop.daemon import TickResult
 from noded.jobs.model import JobMeta
-from noded.journal import JournalHandler, LineHandler, configure_logging, log_change, printable
+from noded.util.journal import JournalHandler, LineHandler, configure_logging, log_change, printable
 from noded.policy.contention import Decision
-from noded.sample import CPU, JobSample, Sample
-from noded.sdnotify import SystemdNotifier
+from noded.samplers.sample import CPU, JobSample, Sample
+from noded.commands.sdnotify import SystemdNotifier
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GB = 1e9
@@ -61,7 +61,7 @@ def test_a_hostile_value_in_a_logged_line_cannot_forge_a_line_or_drive_a_termina
     try:
         raise ValueError(HOSTILE)
     except ValueError:
-        logging.getLogger("noded.daemon").exception("tick failed")
+        logging.getLogger("noded.loop.daemon").exception("tick failed")
     text = out.getvalue()
     assert_lines_clean(text, priorities={3, 4})
     # NUL, journald's other line end: none, so "<0>forged" stays inside a <4> or <3> line
@@ -277,7 +277,7 @@ def test_a_job_id_that_is_not_utf8_does_not_fail_the_scrape():
     which the exposition cannot encode; every series but that label must still be served."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from noded.metrics import NodedCollector
+    from noded.loop.metrics import NodedCollector
 
     odd = "cgroup:user.slice/\udcff"
     jobs = [job(odd, 7 * GB), job("slurm:1")]

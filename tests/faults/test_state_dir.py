@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from noded.admin.overrides import Override, OverrideStore
-from noded.calibration import Calibration, CalibrationError, read_calibration, write_calibration
-from noded.lockfile import InstanceLock, LockFileRefused
-from noded.securedir import MAX_FILE_BYTES, SecureDir, StateWriteError, UnsafeDirectory
-from noded.state import OriginalValues, read_json_object, write_json_atomically
+from noded.loop.overrides import Override, OverrideStore
+from noded.stores.calibration import Calibration, CalibrationError, read_calibration, write_calibration
+from noded.stores.lockfile import InstanceLock, LockFileRefused
+from noded.stores.securedir import MAX_FILE_BYTES, SecureDir, StateWriteError, UnsafeDirectory
+from noded.stores.originals import OriginalValues, read_json_object, write_json_atomically
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts, chown to another user")
@@ -444,7 +444,7 @@ def test_an_original_that_cannot_be_forgotten_is_counted_as_a_failed_record(tmpf
 
     from noded.actuators.cores import CoreHalving
     from noded.jobs.model import Job, JobMeta
-    from noded.sample import JobSample, Sample
+    from noded.samplers.sample import JobSample, Sample
     from noded.samplers.cpus import CpuPlacementSampler
 
     def observe(*jobs):

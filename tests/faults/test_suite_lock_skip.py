@@ -16,7 +16,7 @@ from conftest import noded_lock_holder, skip_if_another_noded
 
 HOLDER = """
 import sys
-from noded.lockfile import HostLock
+from noded.stores.lockfile import HostLock
 lock = HostLock.for_filesystems(sys.argv[1:]).acquire()  # as a noded on that subtree holds it
 print("locked", flush=True)
 sys.stdin.read()

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import wait_for
 from noded.admin.server import AdminServer, ReportBudget
-from noded.control import ControlState
+from noded.loop.control import ControlState
 from noded.jobs import CgroupSource, JobDiscovery, ProcessEvents
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the flood as another user")

@@ -14,15 +14,15 @@ from prometheus_client import generate_latest
 
 from conftest import NotifySocket, wait_for
 from noded.actuators.plan import LevelThrottle
-from noded.admin.overrides import Override, OverrideStore
+from noded.loop.overrides import Override, OverrideStore
 from noded.config import Config
-from noded.daemon import Daemon
+from noded.loop.daemon import Daemon
 from noded.jobs.model import JobMeta
-from noded.metrics import make_registry
-from noded import runner
-from noded.sample import CPU, JobSample, Sample
+from noded.loop.metrics import make_registry
+from noded.commands import run as runner
+from noded.samplers.sample import CPU, JobSample, Sample
 from noded.samplers import SamplerStatus
-from noded.sdnotify import SystemdNotifier
+from noded.commands.sdnotify import SystemdNotifier
 from test_metrics import parse, value
 
 
@@ -152,7 +152,7 @@ def test_a_job_whose_change_fails_alone_is_held_counted_and_said_once_and_the_ot
     daemon.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
     for job in ("cgroup:bad\udcff", "cgroup:good"):
         daemon.control.overrides.set(Override(job, 2, 0, "test", time.time(), None))
-    with caplog.at_level(logging.ERROR, logger="noded.daemon"):
+    with caplog.at_level(logging.ERROR, logger="noded.loop.daemon"):
         results = [daemon.tick() for _ in range(3)]  # before the fix: the first raised KeyError
     assert throttle.levels == {"cgroup:good": 2}
     assert all(r.levels.get("cgroup:bad\udcff", 0) == 0 for r in results)  # held where it was
@@ -170,7 +170,7 @@ CPUS_SCRIPT = """
 import json, sys
 from noded.jobs.model import Job
 from noded.samplers.cpus import CpuPlacementSampler
-from noded.sample import build_sample
+from noded.samplers.sample import build_sample
 jobs = {j: Job(j, "cgroup", frozenset(), path) for j, path in json.loads(sys.argv[1]).items()}
 sampler = CpuPlacementSampler()
 placed = sampler.sample(jobs)

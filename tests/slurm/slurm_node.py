@@ -1,7 +1,7 @@
 """A one-host Slurm beside a simulated GPU node and noded, as a site runs them: what the
 end-to-end Slurm tests and the Slurm benchmark share.
 
-* the simulated node (``noded.sim.node.SimNode``, in this process, stepped by a thread):
+* the simulated node (``nodesim.node.SimNode``, in this process, stepped by a thread):
   the resctrl emulator (no MBA: noded throttles by halving a job's CPUs), one GPU behind
   the stand-in NVML library, the MPS stand-in; a Slurm job's process is *adopted* by it
   (``adopt``) so that its bandwidth (a CPU job's) or its GPU and the utilisation
@@ -61,8 +61,8 @@ class SlurmNode:
         ``timed_prolog``: the Prolog's wrapper records each run's wall time in
         ``prolog_timings`` (job id, mode, ns), and runs the hook only while ``prolog_mode``
         is not "off" (``set_prolog_mode``): a benchmark's baseline on the same Slurm."""
-        from noded.sim.node import SimNode
-        from noded.sim.scenario import NodeSpec, Scenario
+        from nodesim.node import SimNode
+        from nodesim.scenario import NodeSpec, Scenario
 
         self.dir = workdir
         os.chmod(workdir, 0o755)
@@ -105,7 +105,7 @@ class SlurmNode:
                 self.sim.step()
 
     def config(self) -> dict:
-        from noded.sim.mps_standin import write_launcher
+        from nodesim.mps_standin import write_launcher
 
         with open(os.path.join(self.dir, "profiles.yaml"), "w") as f:
             f.write(PROFILES)
@@ -227,7 +227,7 @@ class SlurmNode:
     def adopt(self, sim_id: str, job_id: str, **spec) -> int:
         """Slurm job ``job_id``'s process (once it runs) modelled by the simulated node as
         ``JobSpec(sim_id, **spec)``; its pid."""
-        from noded.sim.scenario import JobSpec
+        from nodesim.scenario import JobSpec
 
         pid = min(wait_for(lambda: self.job_pids(job_id), 30, what=f"a process in Slurm job {job_id}"))
         with self.lock:

@@ -157,10 +157,10 @@ def value(text: str, pattern: str) -> float | None:
 
 
 def shared_node(env: dict[str, str]):
-    """The simulated node as the stand-in NVML library reads it now (noded.sim.nvml_shm.Node)."""
+    """The simulated node as the stand-in NVML library reads it now (nodesim.nvml_shm.Node)."""
     import ctypes
 
-    from noded.sim.nvml_shm import Node
+    from nodesim.nvml_shm import Node
 
     with open(env["NODED_SIM_NVML"], "rb") as f:
         return Node.from_buffer_copy(f.read(ctypes.sizeof(Node)))
@@ -174,6 +174,6 @@ def compute_modes(env: dict[str, str]) -> list[int]:
 
 def slow_ms(env: dict[str, str], call: str, gpu: int = 0) -> int:
     """How long ``call`` on ``gpu`` is made to take now (an injected fault in force: 0, none)."""
-    from noded.sim.nvml_shm import CALL_INDEX
+    from nodesim.nvml_shm import CALL_INDEX
 
     return shared_node(env).published.gpus[gpu].slow_ms[CALL_INDEX[call]]

@@ -74,6 +74,6 @@ def test_a_killed_simulated_node_leaves_nothing_running_or_mounted(tmp_path):
     wait_for(lambda: not any(env["NODED_SIM_RESCTRL"] in line for line in open("/proc/mounts")), timeout=15,
              what="the emulator unmounted")
     # a dying process cannot remove its cgroups: the next simulated node does
-    from noded.sim.sim_node import remove_stale_cgroups
+    from nodesim.sim_node import remove_stale_cgroups
 
     assert env["NODED_SIM_CGROUP"] in remove_stale_cgroups(CPUSET) and leftovers(env) == []

@@ -33,12 +33,15 @@ def installed(tmp_path_factory):
     source = tmp / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", "build", ".venv", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "node_modules"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(tmp)],
-                           env=outside_checkout(tmp), capture_output=True, text=True, timeout=300)
+    # the product and the simulated node are two wheels: a host installs only the first
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), str(source / "sim"), "--no-deps",
+                            "-q", "-w", str(tmp)], env=outside_checkout(tmp), capture_output=True, text=True,
+                           timeout=300)
     if built.returncode != 0 and "matching distribution" in built.stderr:
         pytest.skip(f"pip cannot fetch the build backend (no package index?): {built.stderr.strip()[-300:]}")
     assert built.returncode == 0, built.stderr
-    (wheel,) = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+    (wheel,) = [f for f in os.listdir(tmp) if f.startswith("noded-") and f.endswith(".whl")]
+    (sim_wheel,) = [f for f in os.listdir(tmp) if f.startswith("noded_sim-") and f.endswith(".whl")]
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = str(venv / "bin" / "python")
@@ -47,9 +50,22 @@ def installed(tmp_path_factory):
     with open(os.path.join(site, "test-dependencies.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")  # the dependencies, not noded: only its wheel
     subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q",
-                    str(tmp / wheel)], env=outside_checkout(tmp), check=True, timeout=120)
+                    str(tmp / wheel), str(tmp / sim_wheel)], env=outside_checkout(tmp), check=True, timeout=120)
     assert os.path.exists(venv / "bin" / "noded")
-    return {"wheel": str(tmp / wheel), "noded": str(venv / "bin" / "noded"), "dir": tmp}
+    return {"wheel": str(tmp / wheel), "sim_wheel": str(tmp / sim_wheel), "noded": str(venv / "bin" / "noded"),
+            "dir": tmp}
+
+
+def test_the_product_wheel_carries_no_simulation_and_no_fuse(installed):
+    """A GPU host installs noded's wheel alone: no simulated node, no resctrl emulator, no
+    mfusepy; the simulation is its own wheel."""
+    with zipfile.ZipFile(installed["wheel"]) as whl:
+        names = whl.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in whl.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
+    assert not [n for n in names if n.startswith("nodesim/") or "emulator" in n], names
+    assert not [r for r in requires if "fuse" in r.lower()], requires
+
 
 
 def outside_checkout(tmp_path, **extra) -> dict[str, str]:
@@ -63,10 +79,10 @@ def scenario_here(tmp_path) -> tuple[str, str]:
     return str(tmp_path / "contention.yaml"), str(tmp_path / "demo-config.yaml")
 
 
-def test_the_wheel_carries_the_stand_in_librarys_source(installed):
-    names = zipfile.ZipFile(installed["wheel"]).namelist()
+def test_the_sim_wheel_carries_the_stand_in_librarys_source(installed):
+    names = zipfile.ZipFile(installed["sim_wheel"]).namelist()
     for source in ("simnvml.c", "processes.c", "monitoring.c", "simnvml.h", "internal.h"):
-        assert f"noded/sim/nvml_native/{source}" in names
+        assert f"nodesim/nvml_native/{source}" in names
 
 
 def test_an_installed_noded_run_sim_builds_the_library_at_first_use_and_ticks(installed, tmp_path):

@@ -1,0 +1,156 @@
+"""Putting a daemon together from a Config, and running it with its metrics server."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from resctrl import Resctrl
+
+from mps.manager import COMPUTE_MODE, ComputeModes, NvmlTimeout, call_within
+
+from noded.actuators.cores import CoreHalving
+from noded.actuators.mba import MbaThrottle
+from noded.actuators.memsoft import MemorySoftLimits
+from noded.stores.baselines import BaselineStore
+from noded.config import Config
+from noded.loop.daemon import Daemon
+from noded.jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile, RegisteredLabels
+from noded.loop.metrics import make_registry
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.nvml import NvmlSampler
+from noded.samplers.resctrl import ResctrlSession
+from noded.server.budget import METRICS
+from noded.server.metrics_http import MetricsServer
+from noded.stores.securedir import DirectoryMissing, SecureDir
+from noded.stores.originals import OriginalValues
+from noded.samplers.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Built:
+    daemon: Daemon
+    resctrl: Resctrl | None
+    state: SecureDir  # the state directory, checked and open
+    notes: list[str] = field(default_factory=list)
+
+
+def open_state(path: str, dry_run: bool) -> SecureDir:
+    """The state directory; a dry run creates nothing, so where it does not exist yet
+    it reads an empty one (a temporary directory, removed at exit)."""
+    if not dry_run:
+        return SecureDir(path, mode=0o700)
+    try:
+        return SecureDir(path, create=False)
+    except DirectoryMissing:
+        scratch = tempfile.mkdtemp(prefix="noded-dry-run-")
+        atexit.register(shutil.rmtree, scratch, True)
+        log.warning("dry run: %s does not exist; reading an empty state directory instead", path)
+        return SecureDir(scratch, create=False)
+
+
+def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscovery | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> Built:
+    """The daemon for ``config``, with what a crash left behind put right first
+    (unless ``dry_run``). The caller holds the host lock (noded.stores.lockfile.HostLock)."""
+    notes: list[str] = []
+    session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
+    rc = session.refresh()
+    if rc is None:
+        notes.append(f"resctrl unavailable ({session.unavailable}): no bandwidth monitoring, no MBA until it is "
+                     "mounted (noded looks every tick)")
+    state = open_state(config.state_dir, dry_run)
+    originals = OriginalValues(state)
+    baselines = BaselineStore(state, clock, persist=not dry_run)
+    notes += originals.notes + baselines.notes
+    cores = CoreHalving(originals, dry_run=dry_run)
+    notes += cores.owner.notes  # cpus_written.json found corrupt and moved aside
+    memory = MemorySoftLimits(originals, dry_run=dry_run)
+    notes += memory.notes
+    if not dry_run:
+        restored = cores.restore_all()  # a crash left these changed
+        put_back, not_put_back = memory.restore_recorded()  # whether or not memory is sized now: an earlier run's
+        restored += put_back
+        if not_put_back:
+            notes.append(f"could not restore {len(not_put_back)} soft memory limits changed before a crash (kept "
+                         f"recorded, tried again at stop): {'; '.join(not_put_back)}")
+        if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
+            try:  # a driver that hangs must not hold the start
+                restored += call_within(config.colocation.mps.nvml_timeout_s,
+                                        "putting back the compute modes an earlier run recorded",
+                                        lambda cancelled: ComputeModes.restore_recorded(originals, cancelled))
+            except NvmlTimeout as e:
+                notes.append(f"{e}: their records are kept, for the stop or the next start to put them back")
+        if restored:
+            notes.append(f"restored {len(restored)} values changed before a crash: {'; '.join(restored)}")
+        if rc is not None:
+            removed = rc.remove_orphans()
+            if removed:
+                notes.append(f"removed {len(removed)} resctrl groups left by an earlier run")
+    if discovery is None:
+        sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
+        registered = RegisteredLabels(state=state, persist=not dry_run)
+        notes += registered.notes
+        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered,
+                                 max_polled=config.jobs.max_polled_per_source)
+    monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
+    # The tick waits for NVML at most half a tick (a hung driver must not stop it)
+    nvml = NvmlSampler(deadline_s=max(0.1, config.tick_s / 2)) if config.nvml else None
+    method = config.contention.method
+    throttle: MbaThrottle | CoreHalving | None = None
+    if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:
+        throttle = MbaThrottle(session, config.contention.mba_levels, config.peak_bytes_per_domain, dry_run=dry_run)
+    elif method == "mba":
+        notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
+    else:
+        throttle = cores
+    rightsize = config.rightsize.enabled
+    # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
+    telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
+                          exec_events_per_uid=config.jobs.exec_events_per_uid,
+                          cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
+    daemon = Daemon(config, telemetry, throttle, clock=clock,
+                    extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    # the labels job managers' hooks register: admin state, as the overrides are
+    daemon.control.registered_labels = telemetry.discovery.registered_labels
+    daemon.baselines = baselines
+    if not dry_run:
+        daemon.state_probe = originals.probe
+        daemon.state_failed_writes = lambda: state.failed_writes
+    if rightsize:
+        from noded.rightsize.controls import SizeControls
+        from noded.rightsize.history import SizingHistory
+        from noded.rightsize.service import RightSizing
+
+        history = SizingHistory(state, persist=not dry_run)
+        notes += history.notes
+        controls = SizeControls(state, persist=not dry_run)
+        notes += controls.notes
+        daemon.rightsize = RightSizing(config.rightsize, history, clock=clock, controls=controls)
+        daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs, whatever throttles bandwidth
+        if config.rightsize.memory.cache_gb is not None:
+            daemon.memory = memory
+    if config.colocation.enabled and dry_run:
+        notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
+    elif config.colocation.enabled:
+        from noded.colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
+
+        daemon.colocation = build_colocation(config, clock, originals)
+    for n in notes:
+        log.warning(n)
+    return Built(daemon, rc, state, notes)
+
+
+def serve_metrics(daemon: Daemon, address: str, port: int):
+    """Start the metrics endpoint (bounded: see noded.server.stream); returns (server, url).
+    The server's ``shutdown()`` (or ``stop()``) closes it. A port in use or an address
+    that is not this host's raises noded.server.stream.ListenError with a message to print."""
+    server = MetricsServer(make_registry(daemon), address, port, METRICS, health=daemon.liveness).start()
+    return server, server.url
