@@ -18,7 +18,8 @@ import threading
 import time
 import uuid
 
-from noded.jobs import CgroupSource, JobDiscovery, JobMonitor
+from noded.jobs import CgroupSource, JobDiscovery
+from noded.samplers.mongroups import JobMonitor
 from noded.samplers.resctrl import ResctrlSession
 from noded.samplers.telemetry import Telemetry
 from resctrl import Resctrl

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noded.stores.calibration import Calibration, CalibrationError, read_calibration, with_node_peak, write_calibration
+from noded.commands.wiring import with_node_peak
+from noded.stores.calibration import Calibration, CalibrationError, read_calibration, write_calibration
 from noded.config import DEFAULT_PEAK_GBPS, Config, parse_config
 from tests.test_lifecycle import cpu_only_config
 

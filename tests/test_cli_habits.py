@@ -25,7 +25,7 @@ from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
 from noded.loop.overrides import OverrideStore
 from noded.admin.protocol import RequestError
-from noded.commands.cliopts import EXIT_BROKEN_PIPE
+from noded.util.cliopts import EXIT_BROKEN_PIPE
 from noded.config import Config, ConfigError, ContentionConfig, parse_config
 from noded.loop.control import ControlState
 from noded.loop.daemon import TickResult

@@ -28,7 +28,7 @@ from noded.config import Config
 from noded.loop.daemon import TickResult
 from noded.jobs.discovery import RegisteredLabels
 from noded.jobs.model import JobMeta
-from noded.jobs.monitoring import group_name
+from noded.samplers.mongroups import group_name
 from noded.util.journal import LineHandler, _UNPRINTABLE, encode_native, printable
 from noded.loop.metrics import NodedCollector
 from noded.policy.contention import Decision

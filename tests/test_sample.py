@@ -1,7 +1,7 @@
 """build_sample joins jobs, GPUs and bandwidth into per-job facts (pure)."""
 
 from noded.jobs.model import Job
-from noded.jobs.monitoring import MonitorReport
+from noded.samplers.mongroups import MonitorReport
 from noded.samplers.sample import CPU, GPU, build_sample
 from noded.samplers import SamplerStatus
 from noded.samplers.bandwidth import BandwidthSample

@@ -3,14 +3,18 @@ cpusets and on the simulated node, calibrate, and what they leave behind (nothin
 
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from bench.scenario.contention import describe_actions, table
 from bench.scenario.cpuset_node import CpusetNode, find_cpuset_root
-from noded.stores.calibration import read_calibration, with_node_peak
+from noded.commands.wiring import with_node_peak
+from noded.stores.calibration import read_calibration
 from noded.config import Config
 from nodesim.node import SimNode
 from nodesim.scenario import ScenarioError, parse_scenario
@@ -52,8 +56,9 @@ def leftovers_of(node: CpusetNode) -> list[str]:
 @pytest.mark.timeout(300)
 def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing(tmp_path):
     out = tmp_path / "results"
-    scratch = tmp_path / "scratch"  # the run's temporary directories, so its mounts are told from others'
-    scratch.mkdir()
+    # the run's temporary directories, so its mounts are told from others': short, since the
+    # emulator's control socket lies below it and AF_UNIX paths end at 107 bytes
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="noded-scn-"))
     cgroups_before = bench_cgroups()
     p = subprocess.run([sys.executable, "-m", "bench.scenario", "contention", "--nodes", "cpusets,sim", "--shares",
                         "100", "--seconds", "2", "--warmup", "1", "--peak-gbps", "5", "--out", str(out)],
@@ -72,6 +77,7 @@ def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing
     assert "this machine (real cpusets, core halving)" in p.stdout and "simulated node" in p.stdout
     assert "[3/3] sim: stressor 100%, noded on" in p.stderr  # progress, one line per step off a terminal
     assert mounts_under(str(scratch)) == [] and bench_cgroups() - cgroups_before == set()
+    shutil.rmtree(scratch)
 
 
 @needs_cpusets

@@ -12,7 +12,8 @@ import tracemalloc
 import pytest
 
 from conftest import wait_for
-from noded.jobs import Job, JobDiscovery, JobMonitor
+from noded.jobs import Job, JobDiscovery
+from noded.samplers.mongroups import JobMonitor
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_groups
 from nodesim.gpus import SimGpus, SimProcess, make_gpus
@@ -68,7 +69,7 @@ def test_out_of_rmids_falls_back_to_shared_monitoring_without_a_retry_storm(node
     emu, rc, monitor = node("--num-rmids", "3", "--limbo-ms", "0")  # two groups besides the root
     p = [sleeper() for _ in range(3)]
     jobs = {f"j{i}": job(f"j{i}", p[i].pid) for i in range(3)}
-    with caplog.at_level(logging.WARNING, logger="noded.jobs.monitoring"):
+    with caplog.at_level(logging.WARNING, logger="noded.samplers.mongroups"):
         for _ in range(5):
             report = sync(monitor, jobs)
     assert sorted(report.monitoring.values()) == ["own", "own", "shared"] and report.rmids_exhausted

@@ -49,6 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 from noded.jobs.cgroups import read_procs
+from noded.rightsize.cpuplan import kept_cpus  # noqa: F401 (re-exported: halving is the plan's arithmetic)
 from noded.jobs.discovery import descendants, read_ppids
 from noded.util.journal import log_change
 from noded.util.procstat import STARTTIME, stat_fields
@@ -68,12 +69,6 @@ CpuSet = frozenset  # of CPU ids
 
 
 # -- pure: halving levels, what a child gets, the order of cpuset writes
-
-
-def kept_cpus(original: Sequence[int], level: int) -> list[int]:
-    """The CPUs a job keeps at a contention level: halved per level, never below one."""
-    cpus = sorted(original)
-    return cpus[: max(1, len(cpus) >> level)]
 
 
 def max_level(ncpus: int) -> int:

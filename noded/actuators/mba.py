@@ -21,7 +21,7 @@ from typing import Mapping
 
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError, normalize_mb
 
-from noded.jobs.monitoring import group_name, mon_group_at
+from noded.samplers.mongroups import group_name, mon_group_at
 from noded.util.journal import log_change
 from noded.samplers.sample import Sample
 from noded.samplers.resctrl import ResctrlSession

@@ -50,6 +50,7 @@ from resctrl.mounts import parse_mounts
 
 from noded.jobs.cgroups import read_process_cgroups
 from noded.jobs.proccgroup import ProcCgroupError
+from noded.rightsize.memquantum import QUANTUM
 from noded.util.journal import log_change
 from noded.samplers.sample import JobSample
 from noded.stores.securedir import SecureDir
@@ -63,9 +64,6 @@ V2_FILE = "memory.high"
 WRITTEN_FILE = "memory_written.json"
 _MAX_VALUES = 2  # the value in force (when noded's) and the one about to be written
 _MAX_STAT = 1 << 16  # memory.stat is a few hundred bytes; never read more
-#: soft limits are written in steps of this many bytes (the only values noded writes), so that
-#: process memory that moves a little does not rewrite (and durably record) a limit every tick
-QUANTUM = 256 << 20
 _DECIMAL = re.compile(r"[1-9][0-9]{0,19}")
 CGROUP_FSTYPES = ("cgroup", "cgroup2")
 

@@ -13,7 +13,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     """noded; a reader of its output that goes away ends it quietly (141), as Ctrl-C does
     (130) where the command does not handle it itself (``run`` stops cleanly on it)."""
-    from noded.commands.cliopts import EXIT_INTERRUPTED, broken_pipe
+    from noded.util.cliopts import EXIT_INTERRUPTED, broken_pipe
 
     try:
         try:
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """noded's command line (also what its completion and man page are made from: noded.commands.clidoc)."""
-    from noded.commands.cliopts import HelpFormatter, option_parents, subparsers
+    from noded.util.cliopts import HelpFormatter, option_parents, subparsers
 
     top, common = option_parents("noded", lambda parser, default: None)
     parser = argparse.ArgumentParser(prog="noded", description="Node-level contention and co-location daemon.",

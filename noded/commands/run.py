@@ -20,9 +20,9 @@ from mps.manager import MpsError
 
 from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer, ReportBudget
-from noded.commands.wiring import build_daemon, serve_metrics
-from noded.stores.calibration import CalibrationError, with_node_peak
-from noded.commands.cliopts import say
+from noded.commands.wiring import build_daemon, serve_metrics, with_node_peak
+from noded.stores.calibration import CalibrationError
+from noded.util.cliopts import say
 from noded.config import Config, ConfigError, EmptyConfig, load_config
 from noded.loop.daemon import TickFailure, TickResult
 from noded.commands.hostcheck import start_check

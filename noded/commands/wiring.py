@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -17,16 +18,18 @@ from mps.manager import COMPUTE_MODE, ComputeModes, NvmlTimeout, call_within
 from noded.actuators.cores import CoreHalving
 from noded.actuators.mba import MbaThrottle
 from noded.actuators.memsoft import MemorySoftLimits
-from noded.stores.baselines import BaselineStore
-from noded.config import Config
+from noded.policy.baselines import BaselineStore
+from noded.config import DEFAULT_PEAK_GBPS, Config
 from noded.loop.daemon import Daemon
-from noded.jobs import CgroupSource, JobDiscovery, JobMonitor, LabelFile, RegisteredLabels
+from noded.jobs import CgroupSource, JobDiscovery, LabelFile, RegisteredLabels
+from noded.samplers.mongroups import JobMonitor
 from noded.loop.metrics import make_registry
 from noded.samplers.cpus import CpuPlacementSampler
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession
 from noded.server.budget import METRICS
 from noded.server.metrics_http import MetricsServer
+from noded.stores.calibration import calibration_path, read_calibration
 from noded.stores.securedir import DirectoryMissing, SecureDir
 from noded.stores.originals import OriginalValues
 from noded.samplers.telemetry import Telemetry
@@ -154,3 +157,16 @@ def serve_metrics(daemon: Daemon, address: str, port: int):
     that is not this host's raises noded.server.stream.ListenError with a message to print."""
     server = MetricsServer(make_registry(daemon), address, port, METRICS, health=daemon.liveness).start()
     return server, server.url
+
+
+def with_node_peak(config: Config) -> tuple[Config, str]:
+    """The config with its node peak settled, and where that peak came from."""
+    if config.peak_gbps_per_domain is not None:
+        return config, "from the config"
+    cal = read_calibration(config.state_dir)
+    if cal is None:
+        return (dataclasses.replace(config, peak_gbps_per_domain=DEFAULT_PEAK_GBPS),
+                f"a default: no peak_gbps_per_domain in the config and no {calibration_path(config.state_dir)}; "
+                f"run `noded calibrate`")
+    return (dataclasses.replace(config, peak_gbps_per_domain=cal.peak_gbps_per_domain),
+            f"measured {cal.measured_at} by `{cal.command}`, {calibration_path(config.state_dir)}")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.memsoft import MemoryResult
 from noded.actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
-from noded.stores.baselines import LEARNED, BaselineStore
+from noded.policy.baselines import LEARNED, BaselineStore
 from noded.capping.service import CapService, CapState
 from noded.colocation.view import ColocationView
 from noded.config import GB, Config

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from noded.util.ages import format_age
-from noded.stores.baselines import LEARNED, Known
+from noded.policy.baselines import LEARNED, Known
 from noded.config import ContentionConfig
 from noded.samplers.sample import CPU, GPU, Sample
 

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from noded.actuators.memsoft import QUANTUM  # noqa: F401 (re-exported: the only values the actuator writes)
+from noded.rightsize.memquantum import QUANTUM  # noqa: F401 (re-exported)
 from noded.rightsize.curves import CacheCurve
 from noded.rightsize.split import JobCurve, SplitError, normalised_progress, proportional_share, solve_split
 

@@ -21,7 +21,7 @@ from resctrl import BandwidthMeter, CounterReading, MonGroup, Resctrl
 from resctrl.info import read_domains
 from resctrl.mbm import MBM_TOTAL, MbmReader, MbmSample
 
-from noded.jobs.monitoring import JobMonitor
+from noded.samplers.mongroups import JobMonitor
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from noded.jobs.kubepods import PodIdentity
 from noded.jobs.model import Job, JobMeta
-from noded.jobs.monitoring import MonitorReport
+from noded.samplers.mongroups import MonitorReport
 from noded.samplers import SamplerStatus
 from noded.samplers.bandwidth import BandwidthSample
 from noded.samplers.cpus import CpuPlacement

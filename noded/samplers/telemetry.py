@@ -21,7 +21,7 @@ from typing import Callable
 
 from noded.jobs.discovery import JobDiscovery
 from noded.jobs.model import Job
-from noded.jobs.monitoring import JobMonitor
+from noded.samplers.mongroups import JobMonitor
 from noded.jobs.procevents import DEFAULT_PER_UID, ProcessEvents
 from noded.samplers.sample import GPU, Sample, build_sample
 from noded.samplers import SamplerStatus, run_sampler

@@ -18,7 +18,6 @@ import math
 import os
 from dataclasses import dataclass
 
-from noded.config import DEFAULT_PEAK_GBPS, Config
 from noded.stores.securedir import ABSENT, DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
 
 FILE = "calibration.json"
@@ -85,16 +84,3 @@ def write_calibration(state_dir: str | SecureDir, calibration: Calibration) -> s
         with SecureDir(state_dir, mode=0o700) as d:
             d.write_json(FILE, dataclasses.asdict(calibration))
     return calibration_path(_state_path(state_dir))
-
-
-def with_node_peak(config: Config) -> tuple[Config, str]:
-    """The config with its node peak settled, and where that peak came from."""
-    if config.peak_gbps_per_domain is not None:
-        return config, "from the config"
-    cal = read_calibration(config.state_dir)
-    if cal is None:
-        return (dataclasses.replace(config, peak_gbps_per_domain=DEFAULT_PEAK_GBPS),
-                f"a default: no peak_gbps_per_domain in the config and no {calibration_path(config.state_dir)}; "
-                f"run `noded calibrate`")
-    return (dataclasses.replace(config, peak_gbps_per_domain=cal.peak_gbps_per_domain),
-            f"measured {cal.measured_at} by `{cal.command}`, {calibration_path(config.state_dir)}")

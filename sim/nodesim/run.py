@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from noded.jobs.monitoring import JobMonitor
+from noded.samplers.mongroups import JobMonitor
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession
 from noded.samplers.telemetry import Telemetry

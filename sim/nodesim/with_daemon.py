@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from noded.commands.cliopts import say
+from noded.util.cliopts import say
 
 #: how long each child gets to stop on SIGTERM before it is killed
 STOP_TIMEOUT_S = 60.0

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from noded.stores.baselines import parse_baselines
+from noded.policy.baselines import parse_baselines
 from noded.loop.metrics import make_registry
 from test_eliminator import Harness
 

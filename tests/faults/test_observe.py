@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from conftest import wait_for
-from noded.jobs.monitoring import group_name
+from noded.samplers.mongroups import group_name
 from noded.samplers.resctrl import read_groups
 from nodesim.resctrl_emulator import MountedEmulator
 from test_eliminator import NLP_AND_HOG, harness  # noqa: F401 (a fixture)
