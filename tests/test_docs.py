@@ -5,6 +5,7 @@ monitoring/ ships; and docs/metrics.md names every one of them. Each checker is 
 on a stale name, so a check that stopped seeing anything would fail too."""
 
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import os
@@ -252,11 +253,24 @@ def command_problems(text: str) -> list[str]:
 # -- metrics, recording rules, alerts -----------------------------------------------------
 
 
+@functools.cache
+def exporter_source() -> str:
+    """The source of every module of noded's package (metric families are made in the
+    exporter and may be made beside it), wherever the package's modules live."""
+    package = os.path.dirname(inspect.getsourcefile(make_registry))
+    while os.path.exists(os.path.join(os.path.dirname(package), "__init__.py")):
+        package = os.path.dirname(package)
+    texts = []
+    for dirpath, _, files in os.walk(package):
+        texts += [read(os.path.join(dirpath, f)) for f in sorted(files) if f.endswith(".py")]
+    return "\n".join(texts)
+
+
 def exported_families() -> set[str]:
     """The families noded exports, as a reader names them: from the exporter's own source
     (a counter with _total, info with _info, a histogram by its base name) and the golden
     exposition (client_python's process_* series)."""
-    source = read(inspect.getsourcefile(make_registry))
+    source = exporter_source()
     out = set()
     for kind, name in re.findall(r"(\w*)MetricFamily\(\s*\"(noded_\w+)\"", source):
         out.add({"Counter": f"{name}_total", "Info": f"{name}_info"}.get(kind, name))
@@ -269,7 +283,7 @@ def exported_families() -> set[str]:
 
 
 def histogram_families() -> set[str]:
-    return set(re.findall(r"_histogram\(\s*\"(noded_\w+)\"", read(inspect.getsourcefile(make_registry))))
+    return set(re.findall(r"_histogram\(\s*\"(noded_\w+)\"", exporter_source()))
 
 
 def rules() -> tuple[set[str], set[str]]:
