@@ -144,12 +144,18 @@ def _is_module(name: str) -> bool:
         return False
 
 
+def _is_python(name: str) -> bool:
+    """A module, or a name in one (`resctrl.emulator.MountedEmulator`)."""
+    segments = name.split(".")
+    return any(_is_module(".".join(segments[:n])) for n in range(2, len(segments) + 1))
+
+
 def key_problem(key: str) -> str | None:
     """Why a dotted name that starts with a config section is not a config key (None: it is,
     or it is not meant as one: a Python module such as ``resctrl.emulator``)."""
     normal = re.sub(r"\[[^\]]*\]", "[]", key)
     first = normal.split(".", 1)[0].removesuffix("[]")
-    if first not in SECTIONS or normal.rsplit(".", 1)[-1] in FILE_SUFFIXES or _is_module(key):
+    if first not in SECTIONS or normal.rsplit(".", 1)[-1] in FILE_SUFFIXES or _is_python(key):
         return None
     if first in CGROUP_FILES and first not in TOP_SECTIONS:
         return None
@@ -299,15 +305,16 @@ def known_series() -> set[str]:
     return names | rules()[0]
 
 
-METRIC = re.compile(r"(?<![\w:/.-])(noded_[a-z0-9_]+|noded:[a-z0-9_]+:[a-z0-9_:]+)")
+METRIC = re.compile(r"(?<![\w:/.-])(noded_[a-z0-9_]+|noded:[a-z0-9_]+:[a-z0-9_:]+)(\*?)")
 ALERT = re.compile(r"\bNoded[A-Z][A-Za-z]+\b")
 
 
 def metric_problems(text: str) -> list[str]:
     known = known_series()
     alerts = rules()[1]
-    problems = [f"metric {m!r} is neither exported by noded nor recorded by monitoring/"
-                for m in sorted(set(METRIC.findall(text))) if m not in known]
+    problems = [f"metric {m + star!r} is neither exported by noded nor recorded by monitoring/"
+                for m, star in sorted(set(METRIC.findall(text)))
+                if not (any(k.startswith(m) for k in known) if star else m in known)]
     problems += [f"alert {a!r} is not in {rel(RULES)}" for a in sorted(set(ALERT.findall(text))) if a not in alerts]
     return problems
 
@@ -356,7 +363,7 @@ def test_every_metric_rule_and_alert_named_exists():
 
 def test_the_metrics_reference_names_every_series_rule_and_alert():
     text = read(os.path.join(DOCS, "metrics.md"))
-    named = set(METRIC.findall(text)) | set(re.findall(r"\bprocess_[a-z_]+\b", text))
+    named = {m for m, _ in METRIC.findall(text)} | set(re.findall(r"\bprocess_[a-z_]+\b", text))
     records, alerts = rules()
     missing = sorted((exported_families() | records) - named)
     assert not missing, f"docs/metrics.md does not name: {missing} (add each with its labels and meaning)"
@@ -378,7 +385,9 @@ def test_each_checker_reports_a_stale_name():
     assert config_problems("set `mps.multiuser`")
     assert config_problems("`rightsize.memory.cache_gib`")
     assert config_problems("```yaml\njobs:\n  sources:\n    - {kind: slurm, rot: /sys/fs/cgroup}\n```\n")
+    assert config_problems("`rightsize.memory.MountedEmulator`")
     assert not config_problems("`contention.hold_s`, `jobs.sources[i].cap_gbps`, `mps.multi_user`, "
+                               "`resctrl.emulator.MountedEmulator`, "
                                "`resctrl.emulator`, `metrics.port: 0`, `rightsize.json`, `memory.high`, "
                                "`sys-fs-resctrl.mount`")
     assert command_problems("`nodectl frobnicate slurm:1`")
@@ -389,4 +398,6 @@ def test_each_checker_reports_a_stale_name():
     assert metric_problems("`noded_job_throttle_levels`")
     assert metric_problems("noded:jobs_throttled:total")
     assert metric_problems("the alert NodedOnFire")
-    assert not metric_problems("`noded_tick_duration_seconds_bucket`, noded:jobs_throttled:count, NodedDown")
+    assert metric_problems("`noded_rightsize_probe_*`")
+    assert not metric_problems("`noded_tick_duration_seconds_bucket`, noded:jobs_throttled:count, NodedDown, "
+                               "`noded_rightsize_*`")
