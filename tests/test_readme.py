@@ -1,6 +1,8 @@
-"""The README is accurate line by line: every shell command it gives is either run here,
-as written, against the demo's daemon, or named with the test that runs it; the demo
-facts it states are the demo's files; its PromQL is run by tests/test_monitoring.py."""
+"""The README and docs/ are accurate line by line: every shell command they give is either
+run here, as written, against the demo's daemon, or named with the test that runs it; the
+demo facts the README states are the demo's files; its PromQL is run by
+tests/test_monitoring.py. (tests/test_docs.py checks the names they use: links, config
+keys, commands, metrics.)"""
 
 import ast
 import os
@@ -16,9 +18,10 @@ from conftest import read_until, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
 BIN = os.path.dirname(sys.executable)
 
-#: How each README command is run: "here" (by test_the_readmes_commands_work_against_the_demo,
+#: How each documented command is run: "here" (by test_the_readmes_commands_work_against_the_demo,
 #: as written), or the tests that run it, or why no test here can (systemd is not booted on
 #: a test machine; what the command relies on is tested offline instead).
 HERE = "here"
@@ -28,6 +31,8 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
     (r"make test", ("SELF: .ci/run runs it",)),
     (r"make install", ("tests/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
     (r"make verify-unit", ("tests/test_install.py::test_the_unit_verifies_without_a_warning_and_its_exposure_is_at_most_3",)),
+    (r"make uninstall", ("tests/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
+    (r"make bench", ("tests/test_bench_report.py",)),
     (r"make install-remote-scrape PROM_NET=\S+",
      ("tests/test_install.py::test_make_install_remote_scrape_writes_the_network_given",)),
     (r"noded check-config /etc/noded/noded\.yaml", (HERE,)),  # the installed default config
@@ -50,11 +55,19 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
     (r"promtool check config \S+",
      ("tests/test_monitoring.py::test_the_scrape_example_is_a_valid_prometheus_config_with_the_rules",)),
     (r"python3 monitoring/grafana/build\.py", ("tests/test_monitoring.py::test_the_dashboards_are_what_their_generator_writes",)),
-    (r"python -m resctrl\.emulator .*", ("tests/test_emulator_fidelity.py",)),
+    (r"python -m nodesim\.resctrl_emulator .*", ("tests/test_emulator_fidelity.py",)),
     (r"nodectl throttle \S+ --cores \d+",
      ("tests/test_cli_habits.py::test_cores_become_the_level_that_leaves_at_most_that_many",)),  # the demo has MBA
     (r"nodectl size \S+ --(cores \d+ --reason .*|stop|reprobe)",  # the demo has right-sizing off
      ("tests/test_rightsize_visible.py::test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket",)),
+    (r"nodectl cap \S+ (\S+ --ttl \S+ --reason \S+|--release)",  # the demo's hog is throttled by levels
+     ("tests/test_caps.py::test_nodectl_cap_holds_a_cpu_job_out_of_the_levels_and_releases_it",
+      "tests/system/test_caps_system.py::test_nodectl_cap_holds_a_job_of_a_running_noded_and_its_stop_leaves_nothing")),
+    (r"nodectl admit --job \S+ --model \S+ --batch-size \d+",  # the demo has co-location off
+     ("tests/test_admission.py::test_admission_on_the_simulated_node_under_mps",)),
+    (r"nodectl model fit",
+     ("tests/test_admission.py::test_observed_speedups_become_records_and_a_fitted_model",
+      "tests/faults/test_admission_faults.py::test_a_model_fitted_before_a_restart_decides_after_it")),
     (r"nodectl .*", (HERE,)),
     # no cluster here: what `apply -k` applies is the render, validated offline
     (r"kubectl (kustomize|apply -k) integrations/kubernetes/(base|overlays/cgroup-v1)",
@@ -62,10 +75,18 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+def documents() -> list[str]:
+    """The README, then each page of docs/."""
+    return [README] + sorted(os.path.join(DOCS, f) for f in os.listdir(DOCS) if f.endswith(".md"))
+
+
 def sh_commands() -> list[str]:
-    """Each command of the README's ```sh blocks (comments and continuation lines dropped)."""
-    with open(README) as f:
-        blocks = re.findall(r"^```sh\n(.*?)^```", f.read(), re.M | re.S)
+    """Each command of the ```sh blocks of the README and docs/ (comments and continuation
+    lines dropped)."""
+    blocks = []
+    for path in documents():
+        with open(path) as f:
+            blocks += re.findall(r"^```sh\n(.*?)^```", f.read(), re.M | re.S)
     out = []
     for block in blocks:
         for line in block.splitlines():
@@ -79,12 +100,12 @@ def coverage(command: str) -> tuple[str, ...]:
     for pattern, how in COVERAGE:
         if re.fullmatch(pattern, command):
             return how
-    raise AssertionError(f"README command {command!r}: no test runs it (add it to COVERAGE with the test)")
+    raise AssertionError(f"documented command {command!r}: no test runs it (add it to COVERAGE with the test)")
 
 
-def test_every_readme_command_is_run_by_a_test():
+def test_every_documented_command_is_run_by_a_test():
     commands = sh_commands()
-    assert "make demo" in commands and "make test" in commands and len(commands) > 20
+    assert "make demo" in commands and "make test" in commands and len(commands) > 40
     for command in commands:
         for how in coverage(command):
             if how == HERE or how.startswith(("SELF:", "SYSTEMD:")):
@@ -125,7 +146,7 @@ def _section_commands(marker: str) -> list[str]:
 
 @pytest.mark.fuse
 def test_the_readmes_commands_work_against_the_demo(tmp_path):
-    """The demo started as `make demo` starts it; then every README command marked "here",
+    """The demo started as `make demo` starts it; then every documented command marked "here",
     as written, but for the placeholders: the demo's socket for the README's, and the
     demo's jobs for the Slurm ids of the host examples."""
     demo_argv = ["-m", "noded", "run", "--sim", "scenarios/contention.yaml", "--config", "scenarios/demo-config.yaml"]
@@ -159,7 +180,7 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
             if command.startswith("noded check-config /etc/noded/noded.yaml"):
                 command = command.replace("/etc/noded/noded.yaml", "config/noded.yaml")  # what make install puts there
             r = run(command)
-            assert r.returncode == 0, f"README command {command!r}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+            assert r.returncode == 0, f"documented command {command!r}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
             done.append(command)
         assert {"nodectl status", "nodectl jobs", "nodectl resume", "nodectl top"} <= set(done)
         assert len([c for c in done if "--socket /tmp/noded-sim-node-XXXX" in c]) >= 4  # the demo's own block
