@@ -118,7 +118,9 @@ install:
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
 	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
 	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
-	install -m 0644 README.md LICENSE systemd/remote-scrape.conf docs/runbook.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
+	install -d $(DESTDIR)$(DOCDIR)/docs
+	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/  # where the README's links and the alerts' runbook_url point
 	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
 	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
 	for hook in prolog epilog task-prolog; do \

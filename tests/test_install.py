@@ -195,7 +195,9 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
         if path.startswith("/usr/local/bin/"):
             assert os.access(staged, os.X_OK), path
     doc = stage / "usr/local/share/doc/noded"
-    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "remote-scrape.conf", "runbook.md", "slurm"]
+    assert sorted(os.listdir(doc)) == ["LICENSE", "README.md", "docs", "remote-scrape.conf", "slurm"]
+    # the README's links into docs/ and the alerts' runbook_url (docs/runbook.md#...) resolve there
+    assert sorted(os.listdir(doc / "docs")) == sorted(os.listdir(os.path.join(REPO, "docs")))
     # completion and man pages, made by the installed noded from its own parsers
     share = stage / "usr/local/share"
     for made in ("bash-completion/completions/noded", "bash-completion/completions/nodectl",
