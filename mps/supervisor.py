@@ -24,7 +24,9 @@ import threading
 import time
 from typing import Callable
 
-from mps.manager import MpsControl, MpsError, MpsStopping
+from mps.control import MpsControl
+
+from mps.errors import MpsError, MpsStopping
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,10 @@ import pynvml
 import pytest
 
 from conftest import wait_for
-from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTimeout, MpsUnreachable, \
-    max_clients_per_device
+from mps.computemodes import ComputeModes
+from mps.control import MpsControl, MpsDefaults
+from mps.errors import MpsError, MpsTimeout, MpsUnreachable
+from mps.limits import max_clients_per_device
 from mps.supervisor import MpsSupervisor
 from mps_support import STANDIN, control_log, gone, processes_serving
 from noded.stores.originals import OriginalValues
@@ -150,7 +152,7 @@ def test_restarts_back_off_while_starting_keeps_failing(mps):
 
 
 def test_client_limits_by_architecture(gpus):
-    from mps.manager import client_limit
+    from mps.limits import client_limit
 
     assert max_clients_per_device(7) == 48 and max_clients_per_device(9) == 48 and max_clients_per_device(6) == 16
     assert client_limit([g.uuid for g in gpus]) == 48  # A100s (8.0)
@@ -175,7 +177,7 @@ def test_the_product_mps_package_loads_no_simulation_code():
     import subprocess
     import sys
 
-    code = ("import sys, mps.manager, mps.supervisor\n"
+    code = ("import sys, mps.computemodes, mps.control, mps.errors, mps.limits, mps.supervisor\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'noded'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -185,7 +187,7 @@ def test_call_within_hands_back_the_value_or_error_and_gives_up_on_a_hang_cancel
     import threading
     import time
 
-    from mps.manager import NvmlTimeout, call_within
+    from mps.errors import NvmlTimeout, call_within
 
     assert call_within(5, "answering", lambda cancelled: 42) == 42
     with pytest.raises(ZeroDivisionError):

@@ -231,7 +231,7 @@ class MpsStartingUntilLetGo:
         self.go, self.stopping = threading.Event(), threading.Event()
 
     def start(self):
-        from mps.manager import MpsStopping
+        from mps.errors import MpsStopping
 
         while not self.go.wait(0.05):
             if self.stopping.is_set():

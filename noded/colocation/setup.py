@@ -13,8 +13,13 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from mps.manager import (ComputeModes, MpsControl, MpsDefaults, MpsError, Recorder, call_within,
-                         max_clients_per_device)
+from mps.computemodes import ComputeModes, Recorder
+
+from mps.control import MpsControl, MpsDefaults
+
+from mps.errors import MpsError, call_within
+
+from mps.limits import max_clients_per_device
 from mps.supervisor import MpsSupervisor
 
 from noded.config import Config

@@ -210,7 +210,7 @@ def colocation_problems(config: Config) -> list[tuple[str, str]]:
 def pipe_dir_problem(config: Config) -> str | None:
     """Whether MPS's pipe directory is one noded may empty and remove: none there yet,
     or the one an earlier run made (as recorded in the state directory)."""
-    from mps.manager import made_dir_key, pipe_dir_problem as problem
+    from mps.control import made_dir_key, pipe_dir_problem as problem
 
     from noded.stores.originals import FILE as ORIGINALS
 

@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import ExitStack
 
-from mps.manager import MpsError
+from mps.errors import MpsError
 
 from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer, ReportBudget

@@ -13,7 +13,9 @@ from typing import Callable
 
 from resctrl import Resctrl
 
-from mps.manager import COMPUTE_MODE, ComputeModes, NvmlTimeout, call_within
+from mps.computemodes import COMPUTE_MODE, ComputeModes
+
+from mps.errors import NvmlTimeout, call_within
 
 from noded.actuators.cores import CoreHalving
 from noded.actuators.mba import MbaThrottle

@@ -24,7 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mps.manager import MpsControl, MpsError, made_dir_key
+from mps.control import MpsControl, made_dir_key
+
+from mps.errors import MpsError
 from mps_support import STANDIN, processes_serving
 from noded import config as config_module
 from noded.admin.server import AdminServer, SocketPathError

@@ -13,7 +13,8 @@ import pynvml
 import pytest
 
 from conftest import wait_for
-from mps.manager import ComputeModes, MpsControl
+from mps.computemodes import ComputeModes
+from mps.control import MpsControl
 from mps.supervisor import MpsSupervisor
 from mps_support import STANDIN, control_log, gone, processes_serving, zombie_children
 from noded.colocation.admission import ColocationRule

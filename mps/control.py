@@ -43,9 +43,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable
+
+from mps.errors import MpsError, MpsStopping, MpsTimeout, MpsUnreachable, NvmlTimeout, call_within
+from mps.computemodes import COMPUTE_MODES_DEADLINE_S, ComputeModes, Recorder
 
 log = logging.getLogger(__name__)
+
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 FAULT_MARK = "encountered a fatal exception"
@@ -53,200 +57,8 @@ FAULT_MARK = "encountered a fatal exception"
 _LOG_READ_LIMIT = 1 << 20
 
 
-def max_clients_per_device(compute_major: int) -> int:
-    """MPS client limit per device: 48 from Volta (7.x) on, 16 before."""
-    return 48 if compute_major >= 7 else 16
-
-
-def client_limit(uuids: list[str]) -> int:
-    """The MPS client limit that binds on these GPUs: the lowest of theirs."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        return min(max_clients_per_device(pynvml.nvmlDeviceGetCudaComputeCapability(
-            pynvml.nvmlDeviceGetHandleByUUID(u))[0]) for u in uuids)
-    finally:
-        pynvml.nvmlShutdown()
-
-
-#: how long a stop waits for NVML to put the compute modes back
-COMPUTE_MODES_DEADLINE_S = 1.0
-
-
-class MpsError(RuntimeError):
-    pass
-
-
-class NvmlTimeout(MpsError):
-    """NVML did not answer within a deadline (a hung driver); the call is left to it."""
-
-
-def call_within(deadline_s: float, what: str, fn: Callable[[threading.Event], Any]) -> Any:
-    """``fn(cancelled)``'s value (or its exception), made in a thread of its own and waited
-    for at most ``deadline_s``: a driver that hangs must not hold whoever waits (a start, a
-    stop). Past the deadline ``cancelled`` is set, so ``fn`` changes nothing more once its
-    call returns, and NvmlTimeout says ``what`` was not done; the thread, a daemon one, is
-    left to the driver."""
-    box: dict[str, Any] = {}
-    cancelled = threading.Event()
-
-    def run() -> None:
-        try:
-            box["value"] = fn(cancelled)
-        except BaseException as e:  # handed to the caller, whatever it is
-            box["error"] = e
-
-    worker = threading.Thread(target=run, name="nvml-call", daemon=True)
-    worker.start()
-    worker.join(deadline_s)
-    if worker.is_alive():
-        cancelled.set()
-        raise NvmlTimeout(f"NVML did not answer within {deadline_s:g} s {what}")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-class MpsUnreachable(MpsError):
-    """The client exited 1: no control daemon answered."""
-
-
-class MpsTimeout(MpsError):
-    """The control daemon (or the control binary) did not answer in time."""
-
-
-class MpsStopping(MpsError):
-    """Refused: this control is being stopped, and starts nothing more."""
-
-
-class ComputeModes:
-    """EXCLUSIVE_PROCESS on the GPUs MPS serves, and back, through NVML.
-
-    ``restore(final=True)`` is the last word: a ``set_exclusive`` racing with it (a
-    start still running while the service stops) is refused, not applied after it.
-    """
-
-    def __init__(self, uuids: list[str], originals: Recorder | None = None):
-        self.uuids = uuids
-        self.original: dict[str, int] = {}
-        # Record before you touch: each GPU's mode is recorded durably before it changes,
-        # so the start after a crash puts it back (restore_recorded).
-        self.originals = originals
-        self._lock = threading.Lock()
-        self._final = False
-
-    def set_exclusive(self) -> None:
-        import pynvml
-
-        # Not waiting for the lock: it is held only by a call into NVML, and one that has
-        # not returned (a hung driver) must not gather a thread per retried start behind it.
-        if not self._lock.acquire(blocking=False):
-            raise MpsError("an earlier call into NVML for the compute modes has not returned (a hung driver?)")
-        try:
-            if self._final:
-                raise MpsStopping("compute modes already restored for good")
-            try:
-                pynvml.nvmlInit()
-                try:
-                    for uuid in self.uuids:
-                        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                        mode = pynvml.nvmlDeviceGetComputeMode(handle)
-                        if mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
-                            continue  # already so: nothing to record or put back
-                        if self.originals is not None and uuid not in self.original:
-                            self._record(uuid, mode)
-                        self.original.setdefault(uuid, mode)
-                        pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-                finally:
-                    pynvml.nvmlShutdown()
-            except pynvml.NVMLError as e:
-                self._restore_locked()
-                raise MpsError(f"setting EXCLUSIVE_PROCESS compute mode failed: {e}") from None
-        finally:
-            self._lock.release()
-
-    def restore(self, *, final: bool = False) -> None:
-        with self._lock:
-            self._final = self._final or final
-            self._restore_locked()
-
-    def _restore_locked(self) -> None:
-        import pynvml
-
-        if not self.original:
-            return
-        try:
-            pynvml.nvmlInit()
-            try:
-                for uuid, mode in list(self.original.items()):
-                    pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
-                    del self.original[uuid]
-                    self._forget(uuid)
-            finally:
-                pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
-            log.error("restoring compute modes %s failed: %s", self.original, e)
-
-
-    def _record(self, uuid: str, mode: int) -> None:
-        try:
-            self.originals.record(compute_mode_key(uuid), mode)
-        except Exception as e:  # the recorder's own error (noded's StateWriteError): change nothing
-            raise MpsError(f"not changing the compute mode of {uuid}: its original could not be recorded: {e}") \
-                from None
-
-    def _forget(self, uuid: str) -> None:
-        if self.originals is None:
-            return
-        try:
-            self.originals.forget(compute_mode_key(uuid))
-        except Exception as e:
-            log.warning("compute mode of %s restored, but its record could not be removed: %s", uuid, e)
-
-    @staticmethod
-    def restore_recorded(originals: Recorder, cancelled: threading.Event | None = None) -> list[str]:
-        """At start: put back every compute mode a crashed run recorded; returns what was
-        restored. Records stay where NVML cannot be reached (tried again next start), and
-        once ``cancelled`` is set (the caller stopped waiting): nothing more is changed or
-        forgotten then."""
-        import pynvml
-
-        recorded = [(k.removeprefix(COMPUTE_MODE), v) for k, v in originals.items() if k.startswith(COMPUTE_MODE)]
-        if not recorded:
-            return []
-        done = []
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
-            log.error("compute modes recorded by an earlier run cannot be restored now (%s): %s", e,
-                      ", ".join(u for u, _ in recorded))
-            return done
-        try:
-            for uuid, mode in recorded:
-                if cancelled is not None and cancelled.is_set():
-                    break
-                try:
-                    pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
-                except pynvml.NVMLError as e:
-                    log.error("restoring the compute mode of %s failed: %s", uuid, e)
-                    continue
-                if cancelled is not None and cancelled.is_set():
-                    break  # put back, but nobody waits: the record stays (the next start puts it back again)
-                originals.forget(compute_mode_key(uuid))
-                done.append(f"{uuid} compute mode <- {mode}")
-        finally:
-            pynvml.nvmlShutdown()
-        return done
-
-
-COMPUTE_MODE = "compute_mode:"
 #: a directory noded made (the MPS pipe directory), recorded before it is made
 MADE_DIR = "made_dir:"
-
-
-def compute_mode_key(uuid: str) -> str:
-    return f"{COMPUTE_MODE}{uuid}"
 
 
 def made_dir_key(path: str) -> str:
@@ -270,16 +82,6 @@ def pipe_dir_problem(path: str, recorded: bool) -> str | None:
     what = "a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file"
     return (f"{path} exists ({what}) and noded did not make it: MPS's pipe directory is emptied at each start and "
             "removed at stop, so it must be one noded makes; give a path that does not exist")
-
-
-class Recorder(Protocol):
-    """Where original values are recorded durably before they change (noded.stores.originals.OriginalValues)."""
-
-    def record(self, key: str, value: Any) -> None: ...
-
-    def forget(self, key: str) -> None: ...
-
-    def items(self) -> list[tuple[str, Any]]: ...
 
 
 @dataclass(frozen=True)
