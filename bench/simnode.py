@@ -15,7 +15,6 @@ benchmark, which stops them in that order) and get SIGTERM if the benchmark dies
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import queue
 import re
@@ -29,15 +28,10 @@ import time
 import urllib.request
 from typing import Callable, Iterator
 
+from nodesim.parentdeath import die_with_parent
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 class Lines:
     """A process's output read by a thread into a queue, so that a wait has a deadline and
     nothing it printed is lost (``seen``); after the wanted line it keeps draining, so a
@@ -74,7 +68,7 @@ class Lines:
 def _spawn(argv: list[str], log: str, **kw) -> subprocess.Popen:
     with open(log, "w") as err:
         return subprocess.Popen([sys.executable, "-m", "noded", *argv], stdout=subprocess.PIPE, stderr=err,
-                                text=True, start_new_session=True, preexec_fn=_die_with_parent, **kw)
+                                text=True, start_new_session=True, preexec_fn=die_with_parent, **kw)
 
 
 def stop(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, float]:

@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from noded.jobs.model import JobMeta
 from noded.rightsize.curves import MODEL_CURVES
 from nodesim.gpus import SimGpus, SimProcess, make_gpus
 from nodesim.mps_standin import _IMPORT_ROOT, write_launcher
+from nodesim.parentdeath import die_with_parent
 from nodesim.reporter import write_state
 from nodesim.scenario import JobSpec, Scenario
 from nodesim.workload import GB, MODELS, gpu_utilisation
@@ -97,9 +99,7 @@ class _Adopted:
 
 def _enter(cgroup: str | None) -> None:
     """In a job's child before exec: into its cgroup, and killed when the simulated node dies."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    die_with_parent(signal.SIGKILL)
     if cgroup is not None:
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))

@@ -15,7 +15,6 @@ status and the last lines of its stderr; its stderr is held back until then, pas
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import signal
@@ -25,21 +24,15 @@ import threading
 import time
 
 from noded.util.cliopts import say
+from nodesim.parentdeath import die_with_parent
 
 #: how long each child gets to stop on SIGTERM before it is killed
 STOP_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60.0
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
 def _spawn(argv: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "noded", *argv], start_new_session=True,
-                            preexec_fn=_die_with_parent, **kw)
+                            preexec_fn=die_with_parent, **kw)
 
 
 def _stop(proc: subprocess.Popen) -> int:

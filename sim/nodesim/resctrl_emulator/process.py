@@ -10,20 +10,12 @@ import sys
 import tempfile
 import time
 
+from nodesim.parentdeath import die_with_parent
 from nodesim.resctrl_emulator.control import EmulatorControl
 
 
 class EmulatorStartError(RuntimeError):
     pass
-
-
-def _terminated_with_parent() -> None:
-    """In the emulator's child before exec: SIGTERM (it unmounts and exits) when the process
-    that started it dies, killed or not, so no mount outlives its user."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class MountedEmulator:
@@ -63,7 +55,7 @@ class MountedEmulator:
             # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
             # reaches only its parent, which stops it in order (stop()), never mid-teardown.
             start_new_session=True,
-            preexec_fn=_terminated_with_parent,
+            preexec_fn=die_with_parent,  # SIGTERM: it unmounts, so no mount outlives its user
         )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
