@@ -38,9 +38,11 @@ class SystemdNotifier:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
                 s.connect(self.address)
-                s.sendall(message)
+                # never waits: a datagram socket whose reader lags (its queue full) would
+                # block a plain send, and with it the loop that sends WATCHDOG=1
+                s.send(message, socket.MSG_DONTWAIT)
         except OSError:
-            return False  # systemd gone or the socket full: telling it must never stop noded
+            return False  # systemd gone or its queue full: telling it must never stop noded
         return True
 
     def ready(self, status: str) -> bool:

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import time
 import socket
 import subprocess
 import sys
@@ -317,3 +318,23 @@ def test_a_reload_refused_for_thousands_of_errors_logs_a_readable_summary():
     summary = e.value.summary()
     assert len(summary.splitlines()) == 21 and summary.splitlines()[0].startswith("/etc/noded/noded.yaml:1: bogus_0")
     assert summary.endswith("... and 2980 more (`noded check-config /etc/noded/noded.yaml` lists them all)")
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_sender(tmp_path):
+    """systemd's notify socket with a full queue (its reader lagging): each notify gives up at
+    once (False) instead of waiting, so the loop that sends WATCHDOG=1 never stops on it."""
+    import socket as socketlib
+
+    path = str(tmp_path / "notify")
+    reader = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    reader.bind(path)  # never read
+    try:
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": path})
+        results = []
+        start = time.monotonic()
+        while time.monotonic() - start < 20 and (not results or results[-1]):
+            results.append(notifier.status("x" * 1000))
+        assert results[-1] is False, "the queue never filled"
+        assert time.monotonic() - start < 20
+    finally:
+        reader.close()
