@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from .curve import LevelCurve
+from noded.capping.curve import LevelCurve
 
 DEFAULT_PERIOD_S = 0.1
 MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..sample import CPU, GPU, JobSample
+from noded.sample import CPU, GPU, JobSample
 
 OVERRIDE, SOURCE, RESERVE = "override", "source default", "reserve"
 #: a reserve never holds a job below this (MBA's lowest value passes more than nothing,
