@@ -373,7 +373,9 @@ class Daemon:
                 result = self.throttle.apply(places, sample) if self.throttle else \
                     ApplyResult((), MappingProxyType({}))
                 if self.caps is not None and self.cpu_owner is not None:  # fewer cores below MBA's lowest value
-                    cpus = self.cpu_owner.apply(self.caps.cpu_wishes(sample, self.cpu_owner, {}), sample)
+                    wishes = self.caps.cpu_wishes(sample, self.cpu_owner, {})
+                    if wishes or self.caps.cpus_recorded(self.cpu_owner):  # else nothing to write or put back
+                        cpus = self.cpu_owner.apply(wishes, sample)
             if self.caps is not None and cpus is not None:
                 self.caps.cpus_applied(cpus)
             if self.caps is not None:

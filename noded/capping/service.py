@@ -34,6 +34,8 @@ from noded.journal import log_change
 from noded.sample import Sample
 
 log = logging.getLogger(__name__)
+#: the owner's records of a job's CPUs (noded.actuators.cpusets: the keys of originals.json)
+CPU_RECORDS = ("cpuset", "affinity", "affinity_job")
 #: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says
 #: a change of more than this share (the holder follows every one)
 JOURNAL_STEP = 0.05
@@ -164,6 +166,11 @@ class CapService:
             else:
                 self.core_levels.pop(job, None)
         return wishes
+
+    @staticmethod
+    def cpus_recorded(owner) -> bool:
+        """Whether the owner holds an original of some job's CPUs (one to put back)."""
+        return any(key.partition(":")[0] in CPU_RECORDS for key, _ in owner.originals.items())
 
     def cpus_applied(self, result: CpuSetResult) -> None:
         """The owner wrote this tick's CPUs: each capped job whose CPUs changed has its holder
