@@ -68,7 +68,7 @@ class CapService:
         # below MBA's lowest value: job -> (halvings of its CPUs, of how many CPUs)
         self.core_levels: dict[str, tuple[int, int]] = {}
         self._cores_changed_at: dict[str, float] = {}  # job -> when (its holder's clock) they last changed
-        self._pending: dict[str, tuple[int, int, str]] = {}  # this tick's changes: job -> (from, to, why)
+        self._pending: dict[str, tuple[int, int, str, int]] = {}  # this tick's: job -> (from, to, why, of CPUs)
 
     def plan(self, sample: Sample, overrides: Mapping, source_caps: Mapping[str, float], reserve_bps: float | None,
              peak_bytes_per_domain: float, automatic: bool = True) -> dict[str, Cap]:
@@ -158,7 +158,7 @@ class CapService:
                                   lowest_bound_bps=h.lowest_bound,
                                   since_change_s=None if changed is None else now - changed)
                 if step.level != level:
-                    self._pending[job] = (level, step.level, step.why or "")
+                    self._pending[job] = (level, step.level, step.why or "", len(own))
                     level = step.level
             if level:
                 self.core_levels[job] = (level, len(own))
@@ -177,11 +177,10 @@ class CapService:
         start afresh (its curves were of other cores) and the change journalled; one whose
         write failed is decided again next tick from where it is."""
         failed = {c.job: c.error for c in result.failed}
-        for job, (was, now, why) in sorted(self._pending.items()):
-            ncpus = self.core_levels.get(job, (now, 0))[1] or None
+        for job, (was, now, why, ncpus) in sorted(self._pending.items()):
             if job in failed:
                 if was:
-                    self.core_levels[job] = (was, ncpus or 0)
+                    self.core_levels[job] = (was, ncpus)
                 else:
                     self.core_levels.pop(job, None)
                 continue
