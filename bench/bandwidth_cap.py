@@ -23,7 +23,17 @@ then until the demand moves within +-5 % of the cap), again once the demand stop
 above the +5 % band: its height above the cap and how long), steady error (mean over the
 last 2 s before each phase ends), time above the cap + 5 % in all.
 A cap below what the lowest MB value passes cannot be met by MBA: such runs are listed
-and left out of the percentiles (fewer cores is the lever there).
+and left out of the percentiles (fewer cores is the lever there: the daemon halves the
+job's CPUs, tests/test_cap_cores.py; not modelled here).
+
+The reserve runs (``contention.gpu_reserve_gbps``): the domain's peak is the job's first
+demand, a GPU job (``GPU_MODEL``) runs beside it in a group of its own, and the job's cap
+is what ``RESERVE`` of the peak and the GPU job's own bandwidth leave
+(``noded.capping.plan.reserve_share``); each controller, and no cap at all, on the same
+runs. Per run: the GPU job's utilisation against solo (``nodesim.workload``: the node's
+share of its peak in each 100 ms window), its mean from the cap's write and its 5th
+percentile from 1 s on. The last line's percentiles are over every reachable run, these
+included.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from noded.capping.controller import AMD_UNIT_BYTES, CapController, Hold, KernelStyleController
+from noded.capping.plan import reserve_share
+from nodesim.workload import MODELS, gpu_utilisation
 from nodesim.resctrl_emulator.kernel import ResctrlKernel
 from nodesim.resctrl_emulator.profiles import PROFILES
 
@@ -49,6 +61,10 @@ DEMAND_PER_THREAD = 14 * GB
 MOVED_PER_THREAD = 17.5 * GB
 PROFILE_NAMES = ("intel-linear", "intel-quantised", "intel-per-thread", "amd")
 BAND = 0.05
+#: the reserve runs: this share of the domain's peak kept for GPU jobs, the GPU job beside
+#: the capped one (NLP: little bandwidth, much lost to contention: nodesim.workload)
+RESERVE = 0.45
+GPU_MODEL = "BiDAF"
 
 
 @dataclass
@@ -67,6 +83,10 @@ class Run:
     writes: int
     last_move_s: float  # when it last changed the value before the demand moved: its own steady state
     above_s: float  # time above cap + 5 % from the moment the cap was set, the first transient included
+    # reserve runs: the GPU job's utilisation against solo, over the run from the cap's write,
+    # and its 5th percentile over 100 ms windows from 1 s on (None: no GPU job in the run)
+    gpu_vs_solo: float | None = None
+    gpu_vs_solo_p5: float | None = None
 
 
 class FakeProc:
@@ -93,9 +113,15 @@ def scale_of(profile_name: str) -> list[int]:
 
 
 class Bench:
-    def __init__(self, proc: FakeProc, profile_name: str, threads: int, cap_share: float, pattern: str):
+    """One run's node: the job in its own group; with ``reserve`` (a share of the domain's
+    peak kept for GPU jobs) a domain whose peak the job's demand fills, a GPU job beside it
+    (``GPU_MODEL``) and the job's cap the one ``contention.gpu_reserve_gbps`` gives it."""
+
+    def __init__(self, proc: FakeProc, profile_name: str, threads: int, cap_share: float, pattern: str,
+                 reserve: float | None = None):
         self.now = -1.0
-        profile = PROFILES[profile_name].replace(peak_bytes_per_s=1e13)
+        self.peak = threads * DEMAND_PER_THREAD if reserve is not None else 1e13
+        profile = PROFILES[profile_name].replace(peak_bytes_per_s=self.peak)
         self.kernel = ResctrlKernel(profile, proc=proc.root, clock=lambda: self.now)
         self.tid = proc.task()
         self.kernel.mkdir(["job"])
@@ -104,6 +130,18 @@ class Bench:
         self.threads = threads
         self.pattern = pattern
         self.cap = cap_share * threads * DEMAND_PER_THREAD
+        self.gpu_rmid: int | None = None
+        if reserve is not None:
+            gpu = proc.task()
+            self.kernel.mkdir(["gpu"])
+            self.kernel.write(["gpu", "tasks"], f"{gpu}\n".encode(), os.getpid(), 0)
+            self.gpu_rmid = self.kernel.groups["gpu"].rmid
+            gpu_bps = MODELS[GPU_MODEL].demand_gbps * GB
+            self.kernel.set_demand(gpu, gpu_bps, 0)
+            # the daemon's arithmetic: what the peak leaves once the reserve and the GPU job's
+            # own bandwidth are set aside, shared by the CPU jobs (one here: all of it)
+            self.cap = reserve_share({"job": None}, self.peak - reserve * self.peak - gpu_bps)
+        self.node_windows: list[float] = []  # every group's bytes/s in each window (with a GPU job)
         self.scale = scale_of(profile_name)
         self.writes = 0
         self.value = self.scale[-1]
@@ -144,6 +182,9 @@ class Bench:
         self.kernel.advance(self.now)
         return self.kernel.counters[(self.rmid, 0)].total
 
+    def node_bytes(self) -> float:
+        return sum(self.kernel.counters[(rmid, 0)].total for rmid in (self.rmid, self.gpu_rmid) if rmid is not None)
+
     def run(self, controller, period_s: float) -> list[float]:
         """The job's bandwidth in each 100 ms window from t = 0 to 2 x PHASE_S."""
         held = Hold(self.scale[-1], self.scale[-1])
@@ -153,7 +194,7 @@ class Bench:
         per_window = round(WINDOW_S / TICK_S)
         windows: list[float] = []
         start = -1.0
-        last_read, window_start = None, None
+        last_read, window_start, node_start = None, None, 0.0
         for i in range(-round(1.0 / TICK_S), steps + 1):
             t = start + (i + round(1.0 / TICK_S)) * TICK_S
             while switches and switches[0][0] < t - 1e-9:  # a switch between ticks, at its own time
@@ -167,10 +208,11 @@ class Bench:
             while switches and switches[0][0] <= t + 1e-9:
                 self.write_mb(switches.pop(0)[1])
             if i >= 0 and i % per_window == 0:
-                b = self.true_bytes()
+                b, node = self.true_bytes(), self.node_bytes()
                 if window_start is not None:
                     windows.append((b - window_start) / WINDOW_S)
-                window_start = b
+                    self.node_windows.append((node - node_start) / WINDOW_S)
+                window_start, node_start = b, node
             if i % per_period == 0:
                 now_bytes = self.mbm_bytes()
                 if last_read is not None and i >= 0:
@@ -220,13 +262,26 @@ def measure(windows: list[float], cap: float,
     return settle, resettle, 100 * height, longest * WINDOW_S * 1000, 100 * max(errors)
 
 
-def one_run(proc: FakeProc, profile: str, threads: int, share: float, pattern: str, which: str) -> Run:
-    bench = Bench(proc, profile, threads, share, pattern)
+class Uncapped:
+    """No cap at all (the reserve runs' reference): the top value, always."""
+
+    def __init__(self, values: list[int]):
+        self.top = values[-1]
+
+    def update(self, measured_bps: float, busy_threads: int, held: Hold) -> Hold:
+        return Hold(self.top, self.top)
+
+
+def one_run(proc: FakeProc, profile: str, threads: int, share: float, pattern: str, which: str,
+            reserve: float | None = None) -> Run:
+    bench = Bench(proc, profile, threads, share, pattern, reserve)
     reachable = bench.lowest_bandwidth() <= bench.cap * (1 + BAND)
+    period = 0.1
     if which == "noded":
         controller = CapController(bench.scale, bench.cap,
                                    absolute_unit_bytes=AMD_UNIT_BYTES if PROFILES[profile].vendor == "amd" else None)
-        period = 0.1
+    elif which == "uncapped":
+        controller = Uncapped(bench.scale)
     else:
         controller = KernelStyleController(bench.scale, bench.cap)
         period = KernelStyleController.period_s
@@ -234,8 +289,15 @@ def one_run(proc: FakeProc, profile: str, threads: int, share: float, pattern: s
     settle, resettle, height, duration, error = measure(windows, bench.cap, pattern)
     last_move = max((t for t in bench.changes if t < PHASE_S), default=0.0)
     above = sum(WINDOW_S for w in windows if w > bench.cap * (1 + BAND))
-    return Run(profile, threads, share, pattern, which, reachable, settle, resettle, height, duration, error,
-               bench.writes, last_move, above)
+    gpu = gpu_low = None
+    if bench.gpu_rmid is not None:
+        model = MODELS[GPU_MODEL]
+        ratios = [gpu_utilisation(model, w / bench.peak) / model.solo_util for w in bench.node_windows]
+        gpu = statistics.fmean(ratios)
+        later = sorted(ratios[round(1.0 / WINDOW_S):])
+        gpu_low = later[max(0, math.ceil(0.05 * len(later)) - 1)]
+    return Run(profile, threads, bench.cap / (threads * DEMAND_PER_THREAD), pattern, which, reachable, settle,
+               resettle, height, duration, error, bench.writes, last_move, above, gpu, gpu_low)
 
 
 def p95(values: list[float | None]) -> float:
@@ -248,6 +310,37 @@ def p95(values: list[float | None]) -> float:
 
 def fmt_s(v: float) -> str:
     return f">{PHASE_S:g}" if math.isinf(v) else f"{v:.1f}"
+
+
+def reserve_runs(proc: FakeProc) -> list[Run]:
+    """The job beside a GPU job on a domain its demand fills, capped by the reserve."""
+    runs = []
+    for profile in PROFILE_NAMES:
+        for threads in (1, 4, 16):
+            for pattern in ("step", "ramp"):
+                for which in ("noded", "kernel-style", "uncapped"):
+                    if which != "kernel-style" or PROFILES[profile].vendor == "intel":
+                        runs.append(one_run(proc, profile, threads, 0.0, pattern, which, RESERVE))
+    return runs
+
+
+def print_reserve(runs: list[Run]) -> None:
+    model = MODELS[GPU_MODEL]
+    print(f"GPU reserve: {RESERVE:.0%} of the domain's peak kept for GPU jobs, the job's demand filling the peak "
+          f"beside a {GPU_MODEL} job ({model.demand_gbps:g} GB/s, solo {model.solo_util:g} %), the job capped at what "
+          "the reserve leaves (noded.capping.plan), 1/4/16 threads x step/ramp per profile")
+    print(f"  {'profile':<17}{'controller':<14}{'runs':>5}{'settle p95 s':>13}{'overshoot p95 %':>16}"
+          f"{'GPU vs solo mean':>17}{'worst':>7}{'p5 window worst':>16}")
+    for profile in PROFILE_NAMES:
+        for which in ("noded", "kernel-style", "uncapped"):
+            rs = [r for r in runs if r.profile == profile and r.controller == which]
+            if not rs:
+                continue
+            settle = fmt_s(p95([r.settle_s for r in rs])) if which != "uncapped" else "-"
+            over = f"{p95([r.overshoot_pct for r in rs]):.1f}" if which != "uncapped" else "-"
+            print(f"  {profile:<17}{which:<14}{len(rs):>5}{settle:>13}{over:>16}"
+                  f"{statistics.fmean(r.gpu_vs_solo for r in rs):>17.3f}{min(r.gpu_vs_solo for r in rs):>7.3f}"
+                  f"{min(r.gpu_vs_solo_p5 for r in rs):>16.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,10 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{p95([r.overshoot_pct for r in ok]):>16.1f}{p95([r.overshoot_ms for r in ok]):>7.0f}"
                   f"{p95([r.steady_error_pct for r in ok]):>17.1f}{p95([r.above_s for r in ok]):>16.1f}"
                   f"{statistics.fmean(r.writes for r in ok) / (2 * PHASE_S):>9.1f}")
+    reserved = reserve_runs(proc)
+    print_reserve(reserved)
     unreachable = sorted({(r.profile, r.threads, r.cap_share) for r in runs if not r.reachable})
     if unreachable:
         print("  unreachable by MBA (the lowest value passes more than cap + 5 %): "
               + ", ".join(f"{p} {n}t {s:.0%}" for p, n, s in unreachable))
+    runs += reserved
     ours = [r for r in runs if r.controller == "noded" and r.reachable]
     theirs = [r for r in runs if r.controller == "kernel-style" and r.reachable]
     if args.json:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.bandwidth_cap import PHASE_S, Bench, FakeProc, measure, one_run
+from bench.bandwidth_cap import PHASE_S, PROFILE_NAMES, RESERVE, Bench, FakeProc, measure, one_run
 from noded.capping.controller import AMD_UNIT_BYTES, CapController, Hold, KernelStyleController
 from noded.capping.curve import LevelCurve
 
@@ -113,3 +113,23 @@ def test_the_curve_stays_monotone_and_its_bound_holds_whatever_it_is_told(measur
         nxt = [curve.points[x] for x in curve.points if x > v]
         if nxt:
             assert curve.upper(v) <= min(nxt)
+
+
+@pytest.mark.parametrize("threads", [4, 16])
+def test_skylake_at_a_90_percent_cap_while_demand_ramps_stays_within_the_overshoot_goal(proc, threads):
+    # 70 % applies as 90 % there, and the ramp takes its bandwidth past what the mix's
+    # points say: each mixed period's error went back and forth between the two points
+    # and grew (29 % for 300 ms with 4 threads, 14.5 % with 16); now a small correction is
+    # taken by half, and a higher value found to pass no more than the lower one has the
+    # lower one measured alone instead
+    run = one_run(proc, "intel-quantised", threads, 0.9, "ramp", "noded")
+    assert run.overshoot_pct <= 10 and run.overshoot_ms <= 200
+    assert run.settle_s is not None and run.settle_s <= 1.0 and run.steady_error_pct <= 5
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_with_the_reserve_the_gpu_job_keeps_its_solo_speed_beside_a_job_that_fills_the_domain(proc, profile):
+    capped = one_run(proc, profile, 4, 0.0, "ramp", "noded", RESERVE)
+    free = one_run(proc, profile, 4, 0.0, "ramp", "uncapped", RESERVE)
+    assert capped.gpu_vs_solo >= 0.95 and capped.gpu_vs_solo_p5 >= 0.95
+    assert free.gpu_vs_solo < 0.5  # what the reserve is for

@@ -49,7 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
 from noded.jobs.cgroups import read_procs
-from noded.rightsize.cpuplan import kept_cpus  # noqa: F401 (re-exported: halving is the plan's arithmetic)
+from noded.util.halving import kept_cpus, max_level  # noqa: F401 (re-exported)
 from noded.jobs.discovery import descendants, read_ppids
 from noded.util.journal import log_change
 from noded.util.procstat import STARTTIME, stat_fields
@@ -69,10 +69,6 @@ CpuSet = frozenset  # of CPU ids
 
 
 # -- pure: halving levels, what a child gets, the order of cpuset writes
-
-
-def max_level(ncpus: int) -> int:
-    return max(0, ncpus.bit_length() - 1)  # halvings until one CPU is left
 
 
 def halvings(original: Iterable[int]) -> list[CpuSet]:

@@ -18,6 +18,12 @@ How it chooses (one concept each):
   near the cap (within 10 %) and reset while the hold is pinned at either end of the scale
   or the curve has just moved (anti-windup): what the curve cannot explain (a bias in the
   mix) it takes out over a few periods; what it can, it learns.
+* A period that mixes two values tells about one of them (the one measured longer ago):
+  a small correction so learned is taken by half (the other value's own error is in it,
+  and taken whole it goes back and forth between the two points and grows while demand
+  ramps); a higher value found to pass no more than the lower one says the lower point is
+  wrong: the next period holds the lower value alone to measure it (below the cap, never
+  above it).
 * On AMD the value is an absolute limit per thread (1/8 GB/s): the first guess is the cap
   divided over the busy threads, then MBM corrects it like any other point.
 * Below the lowest value's bandwidth nothing here can meet the cap: ``Hold.unreachable``
@@ -34,6 +40,7 @@ from noded.capping.curve import LevelCurve
 DEFAULT_PERIOD_S = 0.1
 MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters
 AMD_UNIT_BYTES = 125_000_000  # 1/8 GB/s, AMD's MB unit
+MIX_DAMP_WITHIN = 0.05  # a point's correction from a mixed period this small is taken by half
 
 
 @dataclass(frozen=True)
@@ -132,11 +139,23 @@ class CapController:
                 if share < MIN_PROBE_SHARE:
                     return False
                 value = high
-                learned = min(max(at_low, (measured - (1 - share) * at_low) / share), 1.25 * max(top, measured))
+                raw = (measured - (1 - share) * at_low) / share
+                if at_high is not None and raw <= at_low:
+                    # the higher value giving no more than the lower: the lower one's point is
+                    # what is wrong (a share of a period magnifies its error into the higher's);
+                    # measure it alone next, learn nothing from this period
+                    self._remeasure = True
+                    return False
+                learned = min(max(at_low, raw), 1.25 * max(top, measured))
             else:
                 value = low
                 learned = min(max(0.0, (measured - share * at_high) / (1 - share)), at_high)
         before = curve.points.get(value)
+        if len(parts) > 1 and before is not None and abs(learned / before - 1) <= MIX_DAMP_WITHIN:
+            # a small correction from a mixed period: half of it (the other value's own error
+            # is in it too; taken whole, each period's share of it goes back and forth between
+            # the two points and grows)
+            learned = before + 0.5 * (learned - before)
         curve.learn(value, learned)
         return before is not None and before > 0 and abs(learned / before - 1) > 0.05
 

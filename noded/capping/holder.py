@@ -30,6 +30,7 @@ from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlEr
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
+from noded.capping.threads import BusyThreads
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -50,12 +51,11 @@ class CapHolder:
     """Holds the processes ``pids`` of ``job`` at ``cap_bps`` until ``stop()``."""
 
     def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
-                 busy_threads: Callable[[], int] = lambda: 1, period_s: float = DEFAULT_PERIOD_S,
+                 busy_threads: Callable[[], int] | None = None, period_s: float = DEFAULT_PERIOD_S,
                  clock: Callable[[], float] = time.monotonic, group_name: str | None = None):
         self.rc = rc
         self.job = job
         self.cap = cap_bps
-        self.busy_threads = busy_threads
         self.period = period_s
         self.clock = clock
         flavour = rc.caps.mb.limits.flavour if rc.caps.mb else None
@@ -66,12 +66,23 @@ class CapHolder:
         self.group: CtrlGroup = rc.ensure_ctrl_group(group_name or f"{rc.prefix}cap-{job}")
         for pid in pids:
             self.group.add_process(pid)
+        # the job's busy threads, read from its group's tasks (noded.capping.threads)
+        self.busy_threads = busy_threads or BusyThreads(f"{self.group.path}/tasks", proc=rc.proc)
+        self.threads = 0  # the busy threads the last period was steered for
         self.controller = CapController(
             self.scale, cap_bps, absolute_unit_bytes=AMD_UNIT_BYTES if flavour is MbFlavour.AMD_UNITS else None
         ) if self.mode == NODED else None
         self.meter = BandwidthMeter(MBM_TOTAL)
         self.held = Hold(self.scale[-1], self.scale[-1]) if self.scale else None
         self.last_rate: float | None = None
+        #: since when (clock) the lowest MB value has passed more than the cap; None: it has not
+        self.unreachable_since: float | None = None
+        #: at most what the lowest MB value lets the job move at its busy threads now, from what
+        #: was measured since its CPUs last changed (the curve is monotone: no value below the
+        #: least measured passes more); None: nothing measured yet. Written by the holder's
+        #: thread after each period, read by the daemon's.
+        self.lowest_bound: float | None = None
+        self._reset = threading.Event()  # the job's CPUs changed: what was learned is of other cores
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,15 +111,40 @@ class CapHolder:
         else:
             self.group.set_mb(max(1, int(cap_bps / MIB)))
 
+    @property
+    def alive(self) -> bool:
+        """Whether it still steers (its thread ended where the group or the mount went)."""
+        if self._stop.is_set():
+            return False
+        return self.mode == KERNEL_MBPS or (self._thread is not None and self._thread.is_alive())
+
+    def cores_changed(self) -> None:
+        """The job's CPUs were changed (noded.capping.cores): its curves are forgotten and
+        the period that spans the change is not learned from."""
+        self._reset.set()
+
     def step(self) -> Hold | None:
         """One period: measure what the job moved under the last hold, write the next."""
         assert self.controller is not None and self.held is not None
         now = self.clock()
+        if self._reset.is_set():
+            self._reset.clear()
+            self.controller.curves.clear()
+            self.controller.integral = 0.0
+            self.unreachable_since = self.lowest_bound = None
+            self.meter = BandwidthMeter(MBM_TOTAL)  # the next period is measured from now
         rates = self.meter.update(read_mbm(self.group.path, (MBM_TOTAL,)), now)
         if not rates or any(r is None for r in rates.values()):
             return None  # a first reading or a reset: the next period measures
         self.last_rate = sum(r for r in rates.values() if r is not None)
-        self.held = self.controller.update(self.last_rate, self.busy_threads(), self.held)
+        self.threads = self.busy_threads()
+        self.held = self.controller.update(self.last_rate, self.threads, self.held)
+        curve = self.controller.curves.get(self.controller.threads)
+        self.lowest_bound = min(curve.points.values()) if curve is not None and curve.points else None
+        if not self.held.unreachable:
+            self.unreachable_since = None
+        elif self.unreachable_since is None:
+            self.unreachable_since = now
         return self.held
 
     def _loop(self) -> None:

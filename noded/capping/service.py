@@ -8,6 +8,15 @@ leaving the group to the throttle, when the cap ends or the job does; the thrott
 moves the job out (to the level the policy gives it) and removes the group it no longer
 needs. At stop every cap group goes with the level groups (``release_all``); after a
 SIGKILL the next start removes them with every group of noded's (``remove_orphans``).
+
+A holder that stopped steering (its group or the whole mount went away: an operator's
+rmdir, resctrl unmounted and mounted again) or that steers a mount no longer current is
+stopped and started anew once the throttle has put the job in a cap group again: it is
+never left steering a dead group until its cap ends.
+
+Below MBA's lowest value (``noded.capping.cores``) a capped job's CPUs are halved: the
+levels are decided here, from what each holder measured, and written by the one owner of
+every job's CPUs (``cpu_wishes``, then ``cpus_applied`` once the owner wrote them).
 """
 
 from __future__ import annotations
@@ -15,14 +24,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from noded.util.halving import kept_cpus
+from noded.capping.cores import kept, next_level
+from noded.capping.holder import NODED, CapHolder
+from noded.capping.plan import OVERRIDE, Cap, plan_caps
 from noded.util.journal import log_change
 from noded.samplers.sample import Sample
-from noded.capping.holder import CapHolder
-from noded.capping.plan import OVERRIDE, Cap, plan_caps
+
+if TYPE_CHECKING:  # what the owner of CPUs hands back: a type, not an arrow up
+    from noded.actuators.cpusets import CpuSetResult
 
 log = logging.getLogger(__name__)
+#: the owner's records of a job's CPUs (noded.actuators.cpusets: the keys of originals.json)
+CPU_RECORDS = ("cpuset", "affinity", "affinity_job")
 #: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says
 #: a change of more than this share (the holder follows every one)
 JOURNAL_STEP = 0.05
@@ -40,6 +56,8 @@ class CapState:
     held: str | None  # the MB values held last ("70" or "70..80 (40 % at 80)")
     unreachable: bool = False
     note: str | None = None  # why no holder steers it (yet)
+    cpus: str | None = None  # on fewer cores below MBA's lowest value: "2 of 8 CPUs"; None: its own
+    busy_threads: int | None = None  # what its holder last read (the curve it steers on)
 
 
 class CapService:
@@ -50,6 +68,10 @@ class CapService:
         self.holders: dict[str, CapHolder] = {}
         self.caps: dict[str, Cap] = {}
         self.notes: dict[str, str] = {}
+        # below MBA's lowest value: job -> (halvings of its CPUs, of how many CPUs)
+        self.core_levels: dict[str, tuple[int, int]] = {}
+        self._cores_changed_at: dict[str, float] = {}  # job -> when (its holder's clock) they last changed
+        self._pending: dict[str, tuple[int, int, str, int]] = {}  # this tick's: job -> (from, to, why, of CPUs)
 
     def plan(self, sample: Sample, overrides: Mapping, source_caps: Mapping[str, float], reserve_bps: float | None,
              peak_bytes_per_domain: float, automatic: bool = True) -> dict[str, Cap]:
@@ -81,6 +103,13 @@ class CapService:
                            source=cap.source, reason=cap.why)
             self.caps[job] = cap
             holder = self.holders.get(job)
+            if holder is not None and (not holder.alive or holder.rc is not self.rc()):
+                # its group or its mount went away (rmdir, an unmount, a remount): a new one
+                # on the mount now, once the throttle has put the job back in a cap group
+                log.warning("cap %s: its holder stopped steering (%s); started again on the mount as it is now",
+                            job, "resctrl was mounted again" if holder.alive else "its group or mount went away")
+                self.holders.pop(job).stop(remove=False)
+                holder = None
             if holder is not None:
                 if holder.cap != cap.bps:
                     holder.set_cap(cap.bps)
@@ -103,6 +132,69 @@ class CapService:
                 continue
             self.notes.pop(job, None)
 
+    # -- below MBA's lowest value: fewer cores
+    def cpu_wishes(self, sample: Sample, owner, base: Mapping[str, Iterable[int] | None]) -> dict:
+        """``base`` (what the rest of noded wants of each job's CPUs: right-sizing's plan, or
+        nothing) with each capped job's CPUs halved as far as its cap needs: for the one
+        owner of every job's CPUs (``owner``) to write. A job no longer capped has no wish
+        of the cap's: the owner puts back what it recorded."""
+        wishes = dict(base)
+        self._pending = {}
+        for job in [j for j in self.core_levels if j not in self.caps or j not in sample.jobs]:
+            level, _ = self.core_levels.pop(job)
+            self._cores_changed_at.pop(job, None)
+            if job in sample.jobs:
+                log_change("cap-cores", job, level_from=level, level_to=0, cause="cap_ended",
+                           reason="the cap ended: its own CPUs back")
+        for job, cap in sorted(self.caps.items()):
+            js, h = sample.jobs.get(job), self.holders.get(job)
+            v = owner.view(job, js) if js is not None else None
+            if v is None or not v.original:
+                continue  # its CPUs unknown this tick: left as they are
+            own = sorted(base.get(job) or v.original)
+            level, _ = self.core_levels.get(job, (0, len(own)))
+            if h is not None and h.mode == NODED and h.alive and not self.dry_run:
+                now = h.clock()
+                changed = self._cores_changed_at.get(job)
+                step = next_level(level, len(own), cap.bps,
+                                  unreachable_for_s=None if h.unreachable_since is None else now - h.unreachable_since,
+                                  lowest_bound_bps=h.lowest_bound,
+                                  since_change_s=None if changed is None else now - changed)
+                if step.level != level:
+                    self._pending[job] = (level, step.level, step.why or "", len(own))
+                    level = step.level
+            if level:
+                self.core_levels[job] = (level, len(own))
+                wishes[job] = kept_cpus(own, level)
+            else:
+                self.core_levels.pop(job, None)
+        return wishes
+
+    @staticmethod
+    def cpus_recorded(owner) -> bool:
+        """Whether the owner holds an original of some job's CPUs (one to put back)."""
+        return any(key.partition(":")[0] in CPU_RECORDS for key, _ in owner.originals.items())
+
+    def cpus_applied(self, result: CpuSetResult) -> None:
+        """The owner wrote this tick's CPUs: each capped job whose CPUs changed has its holder
+        start afresh (its curves were of other cores) and the change journalled; one whose
+        write failed is decided again next tick from where it is."""
+        failed = {c.job: c.error for c in result.failed}
+        for job, (was, now, why, ncpus) in sorted(self._pending.items()):
+            if job in failed:
+                if was:
+                    self.core_levels[job] = (was, ncpus)
+                else:
+                    self.core_levels.pop(job, None)
+                continue
+            h = self.holders.get(job)
+            if h is not None:
+                h.cores_changed()
+                self._cores_changed_at[job] = h.clock()
+            log_change("cap-cores", job, level_from=was, level_to=now, cause="capped",
+                       reason=why + ("" if now else " (its own CPUs back)"))
+        self._pending = {}
+
     def view(self) -> Mapping[str, CapState]:
         out = {}
         for job, cap in self.caps.items():
@@ -110,9 +202,12 @@ class CapService:
             hold = h.held if h is not None else None
             held = None if hold is None else (str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else
                                               f"{hold.low}..{hold.high} ({hold.high_share:.0%} at {hold.high})")
+            level, ncpus = self.core_levels.get(job, (0, 0))
             out[job] = CapState(cap.bps, cap.source, cap.why, h.mode if h is not None else None,
                                 h.last_rate if h is not None else None, held,
-                                bool(hold is not None and hold.unreachable), self.notes.get(job))
+                                bool(hold is not None and hold.unreachable), self.notes.get(job),
+                                f"{kept(ncpus, level)} of {ncpus} CPUs" if level else None,
+                                h.threads or None if h is not None else None)
         return MappingProxyType(out)
 
     def stop_all(self) -> None:

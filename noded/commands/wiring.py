@@ -117,10 +117,11 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     else:
         throttle = cores
     rightsize = config.rightsize.enabled
+    caps = getattr(throttle, "holds_caps", False)  # a capped job below MBA's lowest value gets fewer cores
     # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
                           exec_events_per_uid=config.jobs.exec_events_per_uid,
-                          cpus=CpuPlacementSampler() if throttle is cores or rightsize else None)
+                          cpus=CpuPlacementSampler() if throttle is cores or rightsize or caps else None)
     daemon = Daemon(config, telemetry, throttle, clock=clock,
                     extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
     # the labels job managers' hooks register: admin state, as the overrides are
@@ -129,6 +130,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     if not dry_run:
         daemon.state_probe = originals.probe
         daemon.state_failed_writes = lambda: state.failed_writes
+    if caps:
+        daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
     if rightsize:
         from noded.rightsize.controls import SizeControls
         from noded.rightsize.history import SizingHistory

@@ -285,7 +285,10 @@ class Daemon:
         """Every job's CPUs from the plan, through the one owner: one writer a tick. On a host
         that halves cores the plan holds the levels too (the throttle does not write then); on
         an MBA host the throttle still applies its levels, and the owner only sizes and lends."""
-        cpus = self.cpu_owner.apply({job: plan.cpus_of(job) for job in plan.jobs}, sample)
+        wishes = {job: plan.cpus_of(job) for job in plan.jobs}
+        if self.caps is not None:  # a capped job below MBA's lowest value: fewer of the plan's CPUs
+            wishes = self.caps.cpu_wishes(sample, self.cpu_owner, wishes)
+        cpus = self.cpu_owner.apply(wishes, sample)
         if self.throttle is None or self.throttle.kind != "cores":
             result = self.throttle.apply(levels, sample) if self.throttle else ApplyResult((), MappingProxyType({}))
             return result, cpus
@@ -369,6 +372,12 @@ class Daemon:
             else:
                 result = self.throttle.apply(places, sample) if self.throttle else \
                     ApplyResult((), MappingProxyType({}))
+                if self.caps is not None and self.cpu_owner is not None:  # fewer cores below MBA's lowest value
+                    wishes = self.caps.cpu_wishes(sample, self.cpu_owner, {})
+                    if wishes or self.caps.cpus_recorded(self.cpu_owner):  # else nothing to write or put back
+                        cpus = self.cpu_owner.apply(wishes, sample)
+            if self.caps is not None and cpus is not None:
+                self.caps.cpus_applied(cpus)
             if self.caps is not None:
                 failed = {a.job for a in result.failed} | set(result.job_errors)
                 self.caps.after_apply(caps, lambda j: j not in failed and (

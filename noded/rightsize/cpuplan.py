@@ -48,9 +48,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from noded.rightsize.history import HistoryView
+from noded.util.halving import kept_cpus
 
 if TYPE_CHECKING:
     from noded.rightsize.allocator import Probe, Sized
@@ -75,12 +76,6 @@ KEPT_SHARE = "kept its CPU-array share"  # fallback: the GPU jobs need all of it
 KEPT_ONE = "kept one of its own CPUs"  # fallback: it has none in the CPU array
 HALVED = "halved for contention"
 FALLBACKS = (KEPT_SHARE, KEPT_ONE)
-
-
-def kept_cpus(original: Sequence[int], level: int) -> list[int]:
-    """The CPUs a job keeps at a contention level: halved per level, never below one."""
-    cpus = sorted(original)
-    return cpus[: max(1, len(cpus) >> level)]
 
 
 class PlanError(ValueError):
