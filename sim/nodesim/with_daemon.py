@@ -163,12 +163,14 @@ def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None,
                         env={**os.environ, "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"],
                              "NODED_SIM_NVML": env["NODED_SIM_NVML"]}, stdout=subprocess.PIPE, text=True)
         spoken = threading.Event()  # the daemon's first line (its metrics URL) is the first passed on
-        relays = [threading.Thread(target=_pass_on, args=(out, stop, spoken, out is daemon.stdout),
+        stopping = threading.Event()  # from the daemon's stop on, its lines are the last passed on
+        relays = [threading.Thread(target=_pass_on, args=(out, stop, spoken, stopping, out is daemon.stdout),
                                    name="noded-sim-output", daemon=True) for out in (daemon.stdout, node.stdout)]
         for relay in relays:
             relay.start()
         threading.Thread(target=lambda: (daemon.wait(), stop.set()), name="noded-daemon-wait", daemon=True).start()
         stop.wait(duration_s)
+        stopping.set()
         code = _stop(daemon)
         daemon = None
         relays[0].join(timeout=STOP_TIMEOUT_S)  # the daemon's last lines before the node's end
@@ -187,12 +189,14 @@ def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None,
 _writing = threading.Lock()
 
 
-def _pass_on(lines, stop: threading.Event, spoken: threading.Event, daemons: bool) -> None:
+def _pass_on(lines, stop: threading.Event, spoken: threading.Event, stopping: threading.Event,
+             daemons: bool) -> None:
     """A child's lines onto this command's output, whole lines, one writer at a time. The
-    node's lines are dropped until the daemon's first is out (``spoken``). A reader gone
-    stops the run."""
+    node's lines are dropped until the daemon's first is out (``spoken``) and once the daemon
+    is being stopped (``stopping``: its goodbye is not interleaved with the node's status). A
+    reader gone stops the run."""
     for line in lines:
-        if not daemons and not spoken.is_set():
+        if not daemons and (not spoken.is_set() or stopping.is_set()):
             continue
         with _writing:
             ok = say(line.rstrip("\n"))
