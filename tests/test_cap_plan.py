@@ -81,3 +81,16 @@ def test_a_bad_cap_key_is_refused_naming_it(text, key, said):
     with pytest.raises(ConfigError) as e:
         parse_config(text)
     assert any(p.key == key and said in p.reason for p in e.value.problems), str(e.value)
+
+
+def test_explain_says_how_many_threads_a_cap_steers_on_and_the_cores_it_is_held_on():
+    from noded.admin.commands import _cap_why
+    from noded.capping.service import CapState
+
+    held = CapState(2e9, "override", "an operator's cap", "noded", 2.4e9, "10", unreachable=True,
+                    cpus="2 of 8 CPUs", busy_threads=3)
+    text = _cap_why(held)
+    assert "3 busy threads" in text and "held on fewer cores (2 of 8 CPUs)" in text
+    waiting = CapState(2e9, "override", "an operator's cap", "noded", 2.4e9, "10", unreachable=True, busy_threads=1)
+    assert "1 busy thread," not in _cap_why(waiting) and "1 busy thread;" in _cap_why(waiting)
+    assert "fewer cores come next" in _cap_why(waiting)

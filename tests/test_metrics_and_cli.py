@@ -85,7 +85,7 @@ def fixed_daemon():
                         (Watch("jobs", True, "2 jobs from sim"), Watch("gpus", True, "1 GPUs through NVML"),
                          Watch("resctrl", False, "resctrl unavailable")),
                         MappingProxyType({"sim:hog": CapState(6e9, "override", "an operator's cap", "noded", 6.1e9,
-                                                              "30..40 (20 % at 40)")}))
+                                                              "30..40 (20 % at 40)", busy_threads=4)}))
     return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
                            extra_info={"throttle": "mba", "dry_run": "false"},
                            liveness=SimpleNamespace(last_round_wall=1_700_000_000.5))

@@ -420,8 +420,12 @@ def _cap_why(c) -> str:
         text += f", {format_bandwidth(c.measured_bps)} over its last period"
     if c.held is not None:
         text += f", MB value {c.held}"
-    if c.unreachable:
-        text += "; below what MBA's lowest value lets it move: only fewer cores could meet it"
+    if c.busy_threads is not None:
+        text += f", {c.busy_threads} busy thread{'s' * (c.busy_threads != 1)}"
+    if c.cpus is not None:
+        text += f"; below what MBA's lowest value lets it move: held on fewer cores ({c.cpus})"
+    elif c.unreachable:
+        text += "; below what MBA's lowest value lets it move: fewer cores come next"
     return text
 
 

@@ -498,12 +498,18 @@ def _cap_metrics(r) -> Iterator[GaugeMetricFamily]:
                                  "holder's last period, by who steers it (noded, or kernel mba_MBps)",
                                  labels=["job_id", "mode"])
     unreachable = GaugeMetricFamily("noded_job_cap_unreachable", "1 when a job's cap is below what MBA's lowest "
-                                    "value lets it move (only fewer cores could meet it)", labels=["job_id"])
+                                    "value lets it move (then it is held on fewer cores)", labels=["job_id"])
+    busy = GaugeMetricFamily("noded_job_cap_busy_threads", "A capped job's busy threads as its holder last counted "
+                             "them (MBA limits each thread: the holder steers on that count's curve)",
+                             labels=["job_id"])
     for job_id, c in sorted(r.caps.items()):
         cap.add_metric([job_id, c.source], c.cap_bps)
         if c.measured_bps is not None:
             measured.add_metric([job_id, c.mode or "none"], c.measured_bps)
         unreachable.add_metric([job_id], 1.0 if c.unreachable else 0.0)
+        if c.busy_threads is not None:
+            busy.add_metric([job_id], c.busy_threads)
     yield cap
     yield measured
     yield unreachable
+    yield busy
