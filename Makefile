@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb
+.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -105,6 +105,17 @@ DEBDIR ?= build/packaging/deb
 DEB_VERSION ?=
 deb:
 	@packaging/deb/build $(DEBDIR) $(DEB_VERSION)
+
+# A wheel of noded that names the revision it was built from (noded/_revision.py, baked
+# into the staged tree it is built from), into WHEELDIR, by $(PYTHON)'s pip (Debian's
+# python3-pip, or PYTHON=.venv/bin/python). Prints the wheel's path.
+WHEELDIR ?= build/packaging/wheel
+wheel:
+	@rm -rf build/packaging/wheel-src && mkdir -p $(WHEELDIR)
+	@$(PYTHON) packaging/stage.py tree build/packaging/wheel-src pyproject.toml README.md LICENSE noded resctrl mps
+	@$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w build/packaging/wheel-src/dist build/packaging/wheel-src
+	@wheel=$$(ls build/packaging/wheel-src/dist/*.whl) && mv "$$wheel" $(WHEELDIR)/ && rm -rf build/packaging/wheel-src \
+	  && echo "$(WHEELDIR)/$$(basename "$$wheel")"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli build/packaging tests/kubernetes/node_modules

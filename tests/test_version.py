@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
+import pytest
 from prometheus_client import generate_latest
 
 from noded.buildinfo import version
@@ -87,3 +89,16 @@ def test_build_info_carries_the_revision_and_the_runs_settings_are_gauges_of_the
     assert value(values, "noded_throttle_method", method="mba") == 1
     assert value(values, "noded_dry_run") == 0
     assert types["noded_throttle_method"] == "gauge" and types["noded_dry_run"] == "gauge"
+
+
+@pytest.mark.slow
+def test_make_wheel_bakes_the_revision_into_the_wheel(tmp_path):
+    p = subprocess.run(["make", "-s", "wheel", f"PYTHON={sys.executable}", f"WHEELDIR={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p
+    wheel = os.path.join(ROOT, p.stdout.strip().splitlines()[-1])
+    unpacked = tmp_path / "unpacked"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(unpacked)
+    # what an installed wheel says, away from any checkout: the revision it was built from
+    assert version_line("noded", str(unpacked)) == f"noded {version()} (revision {checkout_revision()})\n"
