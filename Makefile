@@ -6,20 +6,26 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs
+.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
 # node's stand-in libnvidia-ml.so.1 (sim/nodesim/nvml_native); Slurm (munge, slurmctld, slurmd, its
 # client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
 # Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
-# resctrl emulator with it (tests/test_pqos.py).
-SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client intel-cmt-cat
+# resctrl emulator with it (tests/test_pqos.py). For `make image` and `make deb` and their
+# tests (tests/test_image.py, tests/test_deb.py): podman with runc (packaging/image/podman
+# says why not crun), mmdebstrap for the image's base and the package test's throwaway root,
+# dh-virtualenv and debhelper for the package, python3-venv for the venvs they make.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 prometheus gcc libc6-dev munge slurmctld slurmd slurm-client intel-cmt-cat \
+    podman runc mmdebstrap dh-virtualenv debhelper python3-venv
 system-deps:
 	@if command -v fusermount3 >/dev/null && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3' \
 	    && command -v promtool >/dev/null && command -v cc >/dev/null \
 	    && test -x /usr/sbin/munged -a -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/pqos \
-	    && command -v sbatch >/dev/null; then :; \
+	    && command -v sbatch >/dev/null \
+	    && command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null \
+	    && command -v dh_virtualenv >/dev/null && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    $(SYSTEM_PACKAGES) >/dev/null; \
@@ -85,8 +91,34 @@ bench: deps bench-deps
 cli-docs: $(STAMP)
 	$(PY) -m noded.commands.clidoc build/cli
 
+# The DaemonSet's image (integrations/kubernetes names IMAGE:VERSION): built from this
+# checkout on a base made from Debian's packages (packaging/image), tagged VERSION and
+# VERSION-REVISION; a build of the same files is not done again. Prints the second tag.
+IMAGE ?= localhost/noded
+BASE_IMAGE ?= localhost/noded-base:bookworm
+image:
+	@packaging/image/build $(IMAGE) $(BASE_IMAGE)
+
+# The Debian package (packaging/debian: dh-virtualenv), into DEBDIR; DEB_VERSION defaults
+# to VERSION+gitTIMESTAMP.REVISION-1 (packaging/deb/build). Prints the package's path.
+DEBDIR ?= build/packaging/deb
+DEB_VERSION ?=
+deb:
+	@packaging/deb/build $(DEBDIR) $(DEB_VERSION)
+
+# A wheel of noded that names the revision it was built from (noded/util/_revision.py, baked
+# into the staged tree it is built from), into WHEELDIR, by $(PYTHON)'s pip (Debian's
+# python3-pip, or PYTHON=.venv/bin/python). Prints the wheel's path.
+WHEELDIR ?= build/packaging/wheel
+wheel:
+	@rm -rf build/packaging/wheel-src && mkdir -p $(WHEELDIR)
+	@$(PYTHON) packaging/stage.py tree build/packaging/wheel-src pyproject.toml README.md LICENSE noded resctrl mps
+	@$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w build/packaging/wheel-src/dist build/packaging/wheel-src
+	@wheel=$$(ls build/packaging/wheel-src/dist/*.whl) && mv "$$wheel" $(WHEELDIR)/ && rm -rf build/packaging/wheel-src \
+	  && echo "$(WHEELDIR)/$$(basename "$$wheel")"
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli tests/kubernetes/node_modules
+	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli build/packaging tests/kubernetes/node_modules
 
 # Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation

@@ -258,7 +258,8 @@ def admin_socket(tmp_path):
     def serve(last, rightsize=None):
         clock = lambda: 1_700_000_000.0  # noqa: E731
         daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
-                                 colocation=None, last=last, rightsize=rightsize)
+                                 colocation=None, last=last, rightsize=rightsize, last_failure=None,
+                                 failures_in_a_row=0)
         os.chmod(tmp_path, 0o755)
         # a socket of its own for each server: noded never takes over a socket another listens on
         name = f"noded-{len(servers)}.sock" if servers else "noded.sock"

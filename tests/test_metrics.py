@@ -92,7 +92,7 @@ def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_
     values, types = parse(http_scrape(serve(daemon)))
     assert_every_counter_at_zero(values, colocation=True)
     noded = {name for name in types if name.startswith("noded_")}
-    assert noded == {"noded_build_info", "noded_throttle_actions", "noded_admission_decisions", "noded_ticks",
+    assert noded == {"noded_build_info", "noded_throttle_method", "noded_dry_run", "noded_throttle_actions", "noded_admission_decisions", "noded_ticks",
                      "noded_tick_overruns", "noded_tick_failures", "noded_tick_job_errors", "noded_actuator_errors",
                      "noded_sampler_errors",
                      "noded_tick_duration_seconds", "noded_sampler_duration_seconds",

@@ -368,8 +368,10 @@ def host() -> dict:
         "Jobs by monitoring mode", "own: the job's own monitoring group; other modes mean it shares one.",
         targets((f"count by (mode) (noded_job_monitoring{{{HOST}}} == 1)", "{{mode}}")),
         "none", min_=0, stepped=True, decimals=0), 8, 8)
-    b.add(stat("noded build", "Version, throttle method and dry-run flag of the running noded.",
-               targets((f"noded_build_info{{{HOST}}}", "{{version}}, throttle {{throttle}}, dry run {{dry_run}}")),
+    b.add(stat("noded build", "Version and source revision of the running noded, and the throttle method this "
+               "run uses (a dry run: noded_dry_run).",
+               targets((f"noded_build_info{{{HOST}}} * on (instance, job) group_left (method) "
+                        f"noded_throttle_method{{{HOST}}}", "{{version}} ({{revision}}), throttle {{method}}")),
                text_mode="name"), 8, 8)
 
     b.row("noded: process")
@@ -498,9 +500,10 @@ def fleet() -> dict:
         "noded alerts over time", "Alerts by name and state.",
         targets(('count by (alertname, alertstate) (ALERTS{alertname=~"Noded.*"})', "{{alertname}} {{alertstate}}")),
         "none", min_=0, stepped=True, decimals=0), 8, 8)
-    b.add(table("noded versions", "Hosts per noded version, throttle method and dry-run flag.",
-                "count by (version, throttle, dry_run) (noded_build_info)",
-                {"version": "version", "throttle": "throttle", "dry_run": "dry run", "Value": "hosts"}), 24, 6)
+    b.add(table("noded versions", "Hosts per noded version, source revision and throttle method.",
+                "count by (version, revision, method) "
+                "(noded_build_info * on (instance, job) group_left (method) noded_throttle_method)",
+                {"version": "version", "revision": "revision", "method": "throttle", "Value": "hosts"}), 24, 6)
 
     variables = [datasource_var(), query_var("job", "Scrape job", "label_values(noded_build_info, job)")]
     links = [{"title": "noded host", "type": "link", "url": "/d/noded-host/noded-host", "icon": "dashboard",

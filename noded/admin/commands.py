@@ -17,7 +17,7 @@ from typing import Any, Callable
 from noded.actuators.cores import max_level as max_core_level
 from noded.capping.units import format_bandwidth
 from noded.loop.control import ControlState
-from noded.loop.daemon import TickResult
+from noded.loop.daemon import TickFailure, TickResult
 from noded.util.journal import log_change
 from noded.server.stream import Peer
 from noded.loop.overrides import Override, OverrideStore
@@ -31,8 +31,12 @@ KNOWN_SHOWN = 10
 
 class AdminCommands:
     def __init__(self, control: ControlState, last: Callable[[], TickResult | None], colocation=None, *,
-                 wall_clock: Callable[[], float] = time.time, rightsize=None, registered_labels=None):
+                 wall_clock: Callable[[], float] = time.time, rightsize=None, registered_labels=None,
+                 tick_failures: Callable[[], tuple[TickFailure | None, int]] = lambda: (None, 0)):
         self.control = control
+        # (the last tick that raised, how many have in a row now): a loop whose ticks fail
+        # publishes no result, so this is the only way status can say so
+        self.tick_failures = tick_failures
         self.registered_labels = registered_labels  # a jobs.RegisteredLabels: what `label` and `forget` change
         self.rightsize = rightsize  # a rightsize.service.RightSizing, where right-sizing is on
         self.last = last
@@ -291,6 +295,16 @@ class AdminCommands:
                 "expires_in_s": None if o.expires is None else max(0.0, o.expires - self.wall_clock()),
                 "expires_at": o.expires}
 
+    def _tick_failures_json(self) -> dict[str, Any]:
+        """How many ticks have failed in a row now (0: they complete), and the last that
+        failed, ever since start (None: none has)."""
+        last, in_a_row = self.tick_failures()
+        if last is None:
+            return {"in_a_row": in_a_row, "last": None}
+        ago = None if last.at is None else max(0.0, self.wall_clock() - last.at)
+        return {"in_a_row": in_a_row, "last": {"error": last.error, "at": last.at, "seconds_ago": ago,
+                                               "completed_before": last.completed}}
+
     def status(self) -> dict[str, Any]:
         r = self.last()
         overrides = self.store.active()
@@ -299,7 +313,8 @@ class AdminCommands:
                                "overrides": [self._override_json(o) for o in overrides.values()],
                                # jobs whose labels a job manager's hook registered and has not forgotten
                                "registered_labels": sorted(self.registered_labels.snapshot())
-                               if self.registered_labels is not None else []}
+                               if self.registered_labels is not None else [],
+                               "tick_failures": self._tick_failures_json()}
         if r is None or r.config is None:
             return {**out, "node": None, "gpus": [], "jobs": [], "missing": [], "watching": []}
         cfg = r.config

@@ -117,9 +117,16 @@ def format_status(st: dict[str, Any]) -> str:
     lines = []
     node = st.get("node")
     state = f"PAUSED ({st['paused']})" if st["paused"] else "active"
-    lines.append(f"noded {state}; throttling with {st['throttle_method'] or 'nothing'}; tick {st['tick_s']:g}s; "
-                 f"threshold {st['threshold']:.0%} (release below {st['release_threshold']:.0%}) of "
-                 f"{st['peak_bytes_per_s_per_domain'] / GB:g} GB/s per domain")
+    if "tick_s" in st:
+        lines.append(f"noded {state}; throttling with {st['throttle_method'] or 'nothing'}; tick {st['tick_s']:g}s; "
+                     f"threshold {st['threshold']:.0%} (release below {st['release_threshold']:.0%}) of "
+                     f"{st['peak_bytes_per_s_per_domain'] / GB:g} GB/s per domain")
+    else:  # no tick has completed: the settings it ran with are not known yet
+        lines.append(f"noded {state}")
+    # a failing loop first: it decides and changes nothing, whatever the rest shows (its last good tick)
+    failing = _tick_failure_line(st.get("tick_failures"))
+    if failing:
+        lines.append(failing)
     if node is None:
         lines.append("no tick yet")
         return "\n".join(lines) + "\n"
@@ -150,6 +157,20 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append("")
         lines.append("missing: " + "; ".join(st["missing"]))
     return "\n".join(lines) + "\n"
+
+
+def _tick_failure_line(failures: dict[str, Any] | None) -> str | None:
+    """While ticks fail: how many in a row, since when, and why; once they complete again:
+    when the last one failed. None where no tick has failed since start."""
+    if not failures or failures.get("last") is None:
+        return None
+    last = failures["last"]
+    ago = "at an unknown time" if last["seconds_ago"] is None else f"{ages.format_age(last['seconds_ago'])} ago"
+    if failures["in_a_row"]:
+        n = failures["in_a_row"]
+        return (f"TICK FAILING: {n} tick{'s' if n != 1 else ''} in a row, the last {ago}: {last['error']}; "
+                "nothing is decided or changed until a tick completes (the journal has the traceback)")
+    return f"last failed tick {ago}: {last['error']}; ticks complete since"
 
 
 def format_jobs(jobs: list[dict[str, Any]]) -> str:

@@ -118,7 +118,8 @@ class AdminServer(Protocol):
         # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
         self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
                                       rightsize=daemon.rightsize,
-                                      registered_labels=daemon.control.registered_labels)
+                                      registered_labels=daemon.control.registered_labels,
+                                      tick_failures=lambda: (daemon.last_failure, daemon.failures_in_a_row))
         self.gid: int | None = None
         if group:
             try:

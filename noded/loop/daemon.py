@@ -63,11 +63,13 @@ JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading
 
 @dataclass(frozen=True)
 class TickFailure:
-    """A tick that raised: why, how many in a row, and the ticks completed before it."""
+    """A tick that raised: why, how many in a row, the ticks completed before it, and
+    when (wall-clock Unix seconds; None where not known)."""
 
     error: str
     in_a_row: int
     completed: int
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ class Daemon:
         self.report_budget = None  # the report socket's admin.server.ReportBudget, where it listens (metrics)
         self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
         self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
+        #: the last tick that raised, kept once ticks complete again (`nodectl status` says when it was)
+        self.last_failure: TickFailure | None = None
+        self.failures_in_a_row = 0  # ticks failed since the last that completed: 0 while ticks complete
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -479,10 +484,13 @@ class Daemon:
                 self.stats.tick_failed()
                 self.totals = self.stats.snapshot()
                 log.exception("tick failed (%d in a row)", in_a_row)
+                failure = TickFailure(f"{type(e).__name__}: {e}", in_a_row, self.ticks, time.time())
+                self.last_failure, self.failures_in_a_row = failure, in_a_row
                 if on_failed:
-                    on_failed(TickFailure(f"{type(e).__name__}: {e}", in_a_row, self.ticks))
+                    on_failed(failure)
             else:
                 in_a_row = 0
+                self.failures_in_a_row = 0
                 if on_tick:
                     try:
                         on_tick(result)

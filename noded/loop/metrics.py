@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import math
 import platform
-from importlib import metadata
 from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     InfoMetricFamily)
 from prometheus_client.utils import floatToGoString
+
+from noded.util.buildinfo import revision as build_revision
+from noded.util.buildinfo import version as build_version
 
 from noded.loop.control import ControlSnapshot
 from noded.loop.daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
@@ -57,13 +59,6 @@ SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
 STAGES = ("sample", "decide", "act", "total")
 #: where one job's part of a tick can fail alone, that job held (daemon.JOB_ERROR_STAGES)
 JOB_ERROR_STAGES = tuple(sorted(_JOB_ERROR_STAGES))
-
-
-def _version() -> str:
-    try:
-        return metadata.version("noded")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _with_zeros(known: Iterable[K], seen: Mapping[K, float]) -> dict[K, float]:
@@ -124,9 +119,7 @@ class NodedCollector:
 
     def collect(self):
         r = self.last()  # read once: everything below comes from this one result
-        info = InfoMetricFamily("noded_build", "noded build information")
-        info.add_metric([], {"version": _version(), "python": platform.python_version(), **self.info})
-        yield info
+        yield from self._build_and_mode()
         yield from map(_text_labels, self._counters(r, self.totals() if self.totals is not None else None))
         ended = self.last_round() if self.last_round is not None else None
         if ended is not None:
@@ -137,6 +130,24 @@ class NodedCollector:
             yield stamp
         if r is not None:
             yield from map(_text_labels, self._state(r, r.control))
+
+    def _build_and_mode(self):
+        """What was built (version, revision, Python: the same for the process's whole
+        life), and apart from it how this run was started (throttle method, dry run):
+        settings of a run are no build's, and a dashboard counts builds by their labels."""
+        info = InfoMetricFamily("noded_build", "noded build information: the package's version, the source "
+                                "revision it was built from (unknown where not known) and the Python running it")
+        info.add_metric([], {"version": build_version(), "revision": build_revision(),
+                             "python": platform.python_version()})
+        yield info
+        method = GaugeMetricFamily("noded_throttle_method", "The throttle this run uses (1 for it): mba, cores, or "
+                                   "none (nothing can throttle here)", labels=["method"])
+        method.add_metric([self.info.get("throttle", "none")], 1)
+        yield method
+        dry = GaugeMetricFamily("noded_dry_run", "1 when this run is a dry run (--dry-run: decisions are made and "
+                                "logged, nothing is written)")
+        dry.add_metric([], 1 if self.info.get("dry_run") == "true" else 0)
+        yield dry
 
     def _counters(self, r: TickResult | None, totals: Totals | None):
         control = r.control if r is not None else ControlSnapshot()

@@ -5,7 +5,8 @@
   defaults, and to every subparser, with ``SUPPRESS`` defaults, so a subparser sets only
   what was written after the subcommand and that wins.
 * Every option's help says its default.
-* ``--version`` on both commands, from the installed package's metadata.
+* ``--version`` on both commands: the package's version and the revision it was built
+  from (noded.util.buildinfo), found only when asked for.
 * A reader that goes away (``nodectl jobs | head``) ends the command quietly with
   ``EXIT_BROKEN_PIPE`` (141, as for a process killed by SIGPIPE), never a traceback.
 
@@ -15,6 +16,7 @@ Standard library only: ``noded run`` imports this before its signals are install
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Callable
@@ -41,13 +43,19 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def version_text(prog: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class VersionAction(argparse._VersionAction):
+    """``--version``: says noded.util.buildinfo's line and exits. The revision is looked up
+    here, when asked for, not each time a parser is built (``noded run`` builds them too)."""
 
-    try:
-        return f"{prog} {version(DISTRIBUTION)}"
-    except PackageNotFoundError:
-        return f"{prog} (version unknown: the {DISTRIBUTION} package is not installed)"
+    def __init__(self, option_strings, prog: str, **kwargs):
+        super().__init__(option_strings, **kwargs)
+        self.prog = prog
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from noded.util.buildinfo import describe
+
+        sys.stdout.write(describe(self.prog) + "\n")  # stdout, as argparse's own version action
+        parser.exit()
 
 
 AddOptions = Callable[[argparse.ArgumentParser, Callable[[object], object]], None]
@@ -61,7 +69,7 @@ def option_parents(prog: str, add: AddOptions) -> tuple[argparse.ArgumentParser,
     parents = []
     for defaults in (lambda v: v, lambda v: argparse.SUPPRESS):
         p = argparse.ArgumentParser(add_help=False)
-        p.add_argument("--version", action="version", version=version_text(prog),
+        p.add_argument("--version", action=functools.partial(VersionAction, prog=prog),
                        help="print the version and exit")
         add(p, defaults)
         parents.append(p)
