@@ -20,14 +20,18 @@ the one of the two with fewer windows (the top on equal terms) is measured again
 the search ends, at most ``rechecks`` times per search; what the means say then decides.
 
 **Peaks.** A curve that falls past its best hides the best between measured points: where
-the point above the top falls from it by more than the margin, or the curve rose into the
-top by more than the margin, the gap above the top is halved; where the point above falls
-and the one below is within twice the margin, the gap below too (the wider first), until
-the top's neighbours are measured.
+the curve rose into the top from the point below by more than the margin, or the point
+above falls from it by more than the margin once a point below it is measured, the gap
+above the top is halved; where the point above falls and the one below is within twice the
+margin, the gap below too (the wider first), until the top's neighbours are measured. A
+fall above the top with nothing measured below it is searched below first: the bisection
+goes there anyway, and past a peak the windows above it are the slow ones.
 
 Where to start: a remembered answer or a category's default (``hint``) is the first point
-tried after the top, and a remembered answer's neighbour below it the next: when the
-answer holds, three measurements confirm it, and each could have overturned it.
+tried after the top. This job's own remembered answer (``confirm``) holds when it is clearly
+within the margin of the top (not a tie): two measurements, either of which could overturn
+it; otherwise, and for an answer remembered on other GPUs or for the model, its neighbour
+below is tried next and the search goes on.
 
 Everything is pure: points in, a decision out.
 """
@@ -127,7 +131,7 @@ def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | 
     falls = above is not None and not within_margin(points[above], top, margin)
     rises = below is not None and not within_margin(points[below], top, margin)
     gaps = []
-    if above is not None and above - top.cores >= 2 and (falls or rises):
+    if above is not None and above - top.cores >= 2 and (rises or (falls and below is not None)):
         gaps.append((above - top.cores, (top.cores + above) // 2))
     if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
         gaps.append((top.cores - below, (top.cores + below + 1) // 2))
@@ -154,16 +158,22 @@ def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int)
 
 def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], bound: int, margin: float,
            hint: int | None = None, neighbour: bool = False, rechecks: int = 2, step: int = 1,
-           rechecked: int = 0) -> Decision:
+           rechecked: int = 0, confirm: bool = False) -> Decision:
     """The next probe or the answer. ``measured``: (cores, mean) in the order measured;
     ``widths``: each window's relative half-width; ``bound``: the most cores now; ``hint``:
     the first core count to try after the top; ``neighbour``: then its neighbour below
-    (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far."""
+    (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far;
+    ``confirm``: the hint is this job's own remembered answer, kept when the top and it are
+    all that is measured and it is clearly within the margin of the top."""
     points = points_of(measured, bound)
     if bound not in points:
         return Decision(bound, False)
     top = top_of(points)
     error = window_error(measured, widths)
+    if confirm and hint is not None and hint in points and len(points) == 2:
+        remembered = points[hint]
+        if within_margin(remembered, top, margin) and not is_tie(remembered, top, margin, error):
+            return Decision(hint, True)
     peak = past_the_peak(points, top, margin)
     if peak is not None and neighbour and top.cores == hint:
         # a remembered answer that is the top: a peak above it is looked for one step up only
