@@ -5,10 +5,13 @@ issue #23, ``topsearch``), CODA's adaptive allocator (Sec. V-B) and Synergy's se
 ``max_cores`` within the plan's ceiling), then bisect for the fewest cores within
 ``noise_margin`` of the best measured, every decision re-derived from all points (see
 ``topsearch``); N_start below (history, the model, the owner, the category and hints) only
-says where the bisection looks first, and a start from an answer measured before tries the
-core below it next: the top, the answer and its neighbour confirm it or overturn it. No
-floor phase: the answer is within the margin of the top, which is measured at the share or
-above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
+says where the bisection looks first. The job's own remembered answer holds when the top
+and it are measured and it is clearly within the margin (two measurements); an answer from
+other GPUs or another batch size tries the core below it next. No probe starts that would
+take the search past ``max_probe_s`` at 1 iteration/s (with the iteration-time signal, that
+many iterations at the best speed measured: a slow job's windows are longer); the answer is
+then the fewest cores measured within the margin (``TIME_LIMIT``). No floor phase: the
+answer is within the margin of the top, which is measured at the share or above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
 ``DRIFT_WINDOWS`` windows in a row measure the job beyond the band in one direction, it is
 searched again from the top with nothing measured before kept (``drifted``).
 
