@@ -142,6 +142,22 @@ def test_a_remembered_answer_is_a_start_that_a_measurement_overturns():
     assert answer.steps > 2 and slope.share(answer.cores) >= (1 - MARGIN) * slope.share(slope.oracle()) - 0.005, answer
 
 
+def test_a_stale_remembered_answer_on_a_curve_that_now_falls_is_overturned():
+    # history says 6 of 8 cores; the job changed and now peaks at 1 core, falling past it:
+    # the answer is the best of the two measured, but the top is far below it (on the first
+    # cheap confirmation: kept at 6 in two steps, 0.74 of the best)
+    falls = curve([1.0, 0.95, 0.9, 0.84, 0.79, 0.74, 0.69, 0.63], jitter=0.02)
+    view = HistoryView({("alice", "m", None): Remembered("alice", "m", None, None, 1, 6, 0.9, "iteration_time")}, {})
+    for seed in range(3):
+        answer = Job(falls, seed, history=view).size()
+        assert falls.share(answer.cores) >= (1 - MARGIN) * falls.share(falls.oracle()) - 0.005, answer
+    # a remembered peak: the top below it and the core below it clearly slower: three steps
+    peak = curve([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 0.85, 0.8], jitter=0.01)
+    for seed in range(3):
+        answer = Job(peak, seed, history=view).size()
+        assert answer.cores == 6 and answer.steps == 3, answer
+
+
 def test_a_tie_inside_the_windows_intervals_is_measured_again_before_it_decides():
     from noded.rightsize import topsearch
     # the top at 16 measured once; 8 sits at the margin, inside the two windows' intervals

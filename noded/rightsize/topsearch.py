@@ -103,6 +103,21 @@ def within_margin(p: Point, top: Point, margin: float) -> bool:
     return p.mean >= (1 - margin) * top.mean
 
 
+def confirmed(points: dict[int, Point], hint: int, bound: int, margin: float, error: float, step: int) -> bool:
+    """A remembered answer holds on two measurements, the top and it, when it is clearly
+    within the margin of the top (not a tie) and the top is not slower than it by the margin;
+    where the top is (a curve that falls past its best), on a third: the core below it, when
+    that is clearly outside the margin (the answer is the peak). Otherwise it is searched."""
+    remembered, at_bound = points[hint], points[bound]
+    top = top_of(points)
+    clearly_within = within_margin(remembered, top, margin) and not is_tie(remembered, top, margin, error)
+    if len(points) == 2:
+        return clearly_within and within_margin(at_bound, remembered, margin)
+    below = points.get(hint - step)
+    return len(points) == 3 and below is not None and top.cores == hint and clearly_within \
+        and not within_margin(below, top, margin) and not is_tie(below, top, margin, error)
+
+
 def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
     """The point's distance from the margin is inside the two points' combined interval."""
     if p.cores == top.cores:
@@ -170,10 +185,8 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         return Decision(bound, False)
     top = top_of(points)
     error = window_error(measured, widths)
-    if confirm and hint is not None and hint in points and len(points) == 2:
-        remembered = points[hint]
-        if within_margin(remembered, top, margin) and not is_tie(remembered, top, margin, error):
-            return Decision(hint, True)
+    if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step):
+        return Decision(hint, True)
     peak = past_the_peak(points, top, margin)
     if peak is not None and neighbour and top.cores == hint:
         # a remembered answer that is the top: a peak above it is looked for one step up only
