@@ -190,17 +190,18 @@ def default_method() -> str:
     return AllocatorConfig().method
 
 
-class _Job:
+class GeneratedJob:
     """One generated job run through begin_job/feed: each window's mean is off by a factor
     drawn when the window opens (``curve.window_noise``), each iteration jittered."""
 
-    def __init__(self, curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int):
+    def __init__(self, curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int,
+                 history: HistoryView | None = None, model: str | None = None):
         self.curve, self.config = curve, config
         self.rng = random.Random(f"job:{seed}")
         self.now = 0.0
         self.factor = curve.window_factor(self.rng)
-        self.spec = JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=curve.name)
-        self.out, self.sizing = begin_job(self.spec, None, config, self.now)
+        self.spec = JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=model or curve.name)
+        self.out, self.sizing = begin_job(self.spec, history, config, self.now)
         self.windows = 0  # windows ended (probing and passive)
 
     def tick(self) -> Probe | Sized | None:
@@ -223,7 +224,7 @@ class _Job:
 
 
 def generated_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int) -> dict:
-    job = _Job(curve, config, seed)
+    job = GeneratedJob(curve, config, seed)
     sized = job.size()
     oracle = curve.oracle()
     found_tp, oracle_tp = curve.share(sized.cores), curve.share(oracle)
@@ -236,7 +237,7 @@ def generated_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed:
 def drift_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int) -> dict:
     """Size, then change the curve CHANGE_AFTER_S later: windows until a new probe, and the
     re-sizing's time over the first sizing's."""
-    job = _Job(curve, config, seed)
+    job = GeneratedJob(curve, config, seed)
     job.size()
     first_s = job.now
     changed = dataclasses.replace(curve, change_after_s=first_s + CHANGE_AFTER_S)
