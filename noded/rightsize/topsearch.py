@@ -31,7 +31,9 @@ Where to start: a remembered answer or a category's default (``hint``) is the fi
 tried after the top. This job's own remembered answer (``confirm``) holds when it is clearly
 within the margin of the top (not a tie): two measurements, either of which could overturn
 it; otherwise, and for an answer remembered on other GPUs or for the model, its neighbour
-below is tried next and the search goes on.
+below is tried next and the search goes on. A remembered answer measured outside the margin
+says the job changed: what it said of fewer cores goes with it, and the bisection below it
+starts from its middle.
 
 Everything is pure: points in, a decision out.
 """
@@ -195,6 +197,11 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         peak = up if up < min((c for c in points if c > hint), default=bound + 1) and up not in points else None
     if peak is not None:
         return Decision(peak, False)
+    overturned = neighbour and hint is not None and hint in points and not within_margin(points[hint], top, margin)
+    if overturned and hint > 1 and not any(c < hint for c in points):
+        # a remembered answer outside the margin: the job changed, and what the answer said
+        # of fewer cores (all slower) went with it: below it, a bisection's first split
+        return Decision((hint + 1) // 2, False)
     lo, hi = bracket(points, top, margin)
     if lo < hi:
         if hint is not None and lo <= hint < hi and hint not in points:
