@@ -208,6 +208,13 @@ def test_a_search_probes_no_longer_than_its_budget_at_one_iteration_per_second()
     assert al.SizingState.from_dict(saved) == job.sizing.state and len(saved["seconds"]) == 2
     del saved["seconds"], saved["per_iteration"]
     assert al.SizingState.from_dict(saved).seconds == (0.0, 0.0)
+    # a job measured by its GPU utilisation counts its budget in seconds, saved or not
+    spec = JobSpec("u", 16, signal="gpu_utilisation")
+    _, sizing = begin_job(spec, None, CONFIG, 0.0)
+    assert not sizing.state.per_iteration
+    old = json.loads(json.dumps(sizing.to_dict()))
+    del old["state"]["per_iteration"], old["state"]["seconds"]
+    assert not JobSizing.from_dict(spec, old).state.per_iteration
 
 
 def test_the_time_budget_scales_with_a_slow_jobs_iterations():

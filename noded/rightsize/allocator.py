@@ -8,10 +8,11 @@ issue #23, ``topsearch``), CODA's adaptive allocator (Sec. V-B) and Synergy's se
 says where the bisection looks first. The job's own remembered answer holds when the top
 and it are measured and it is clearly within the margin (two measurements); an answer from
 other GPUs or another batch size tries the core below it next. No probe starts that would
-take the search past ``max_probe_s`` at 1 iteration/s (with the iteration-time signal, that
-many iterations at the best speed measured: a slow job's windows are longer); the answer is
-then the fewest cores measured within the margin (``TIME_LIMIT``). No floor phase: the
-answer is within the margin of the top, which is measured at the share or above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
+take the search past ``max_probe_s`` (with the iteration-time signal and a job slower than
+1 iteration/s, that many iterations at the best speed measured: its windows are longer);
+the answer is then the fewest cores measured within the margin (``TIME_LIMIT``). No floor
+phase: the answer is within the margin of the top, which is measured at the share or
+above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
 ``DRIFT_WINDOWS`` windows in a row measure the job beyond the band in one direction, it is
 searched again from the top with nothing measured before kept (``drifted``).
 
@@ -188,9 +189,9 @@ class AllocatorConfig:
     synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
     max_steps: int = 24  # measurements per search, whatever the curve does
     #: TOP: no probe is started that would take the search's windows past this many seconds
-    #: at 1 iteration/s (CODA: 3-4 steps of 90 s, 6 minutes): with the iteration-time signal,
-    #: this many iterations at the best speed measured; the answer is then the fewest cores
-    #: measured within the margin
+    #: (CODA: 3-4 steps of 90 s, 6 minutes); with the iteration-time signal and a job slower
+    #: than 1 iteration/s, this many iterations at the best speed measured; the answer is then
+    #: the fewest cores measured within the margin
     max_probe_s: float = 360.0
     step_per_gpu: bool = True  # CODA's step of one core, per GPU (ours); False: one core (the paper's)
     signal: SignalConfig = field(default_factory=SignalConfig)
@@ -654,9 +655,11 @@ def _top(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, Si
 
 def _over_budget(state: SizingState, cores: int, config: AllocatorConfig) -> bool:
     """The search's windows and one more at ``cores`` would take longer than ``max_probe_s``
-    at 1 iteration/s: with the iteration-time signal, its time at the best speed measured
-    (a slower job's windows are longer: the same number of iterations)."""
-    pace = state.top() if state.per_iteration and state.within() else 1.0
+    at 1 iteration/s: with the iteration-time signal and a best speed measured below 1
+    iteration/s, its time at that speed (a slower job's windows are longer: the same number
+    of iterations); a faster job's windows are no shorter than the warm-up, so its budget is
+    ``max_probe_s`` itself."""
+    pace = min(1.0, state.top()) if state.per_iteration and state.within() else 1.0
     return (math.fsum(state.seconds) + _expected_window_s(state, cores, config)) * pace > config.max_probe_s
 
 
@@ -885,7 +888,9 @@ class JobSizing:
             data = {**data, "watch": None}  # saved before drift was watched
         if not isinstance(data, dict) or set(data) != {"state", "window", "watch"}:
             raise ValueError("a job's sizing: expected state, window and watch")
-        state = SizingState.from_dict(data["state"])
+        # the time budget's unit follows the job's signal as it is now (a state saved before
+        # the budget says nothing of it)
+        state = replace(SizingState.from_dict(data["state"]), per_iteration=spec.signal == ITERATION_TIME)
         window = None if data["window"] is None else Window.from_dict(data["window"])
         watch = None if data["watch"] is None else Watch.from_dict(data["watch"])
         if state.job != spec.job or state.max_cores != spec.max_cores or state.gpus != spec.gpus:
