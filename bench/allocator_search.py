@@ -190,17 +190,18 @@ def default_method() -> str:
     return AllocatorConfig().method
 
 
-class _Job:
+class GeneratedJob:
     """One generated job run through begin_job/feed: each window's mean is off by a factor
     drawn when the window opens (``curve.window_noise``), each iteration jittered."""
 
-    def __init__(self, curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int):
+    def __init__(self, curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int,
+                 history: HistoryView | None = None, model: str | None = None):
         self.curve, self.config = curve, config
         self.rng = random.Random(f"job:{seed}")
         self.now = 0.0
         self.factor = curve.window_factor(self.rng)
-        self.spec = JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=curve.name)
-        self.out, self.sizing = begin_job(self.spec, None, config, self.now)
+        self.spec = JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=model or curve.name)
+        self.out, self.sizing = begin_job(self.spec, history, config, self.now)
         self.windows = 0  # windows ended (probing and passive)
 
     def tick(self) -> Probe | Sized | None:
@@ -223,7 +224,7 @@ class _Job:
 
 
 def generated_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int) -> dict:
-    job = _Job(curve, config, seed)
+    job = GeneratedJob(curve, config, seed)
     sized = job.size()
     oracle = curve.oracle()
     found_tp, oracle_tp = curve.share(sized.cores), curve.share(oracle)
@@ -236,7 +237,7 @@ def generated_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed:
 def drift_run(curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int) -> dict:
     """Size, then change the curve CHANGE_AFTER_S later: windows until a new probe, and the
     re-sizing's time over the first sizing's."""
-    job = _Job(curve, config, seed)
+    job = GeneratedJob(curve, config, seed)
     job.size()
     first_s = job.now
     changed = dataclasses.replace(curve, change_after_s=first_s + CHANGE_AFTER_S)
@@ -278,7 +279,13 @@ def summarise(runs: list[dict]) -> dict:
             "cores_median": statistics.median(r["cores_ratio"] for r in runs),
             "steps_median": statistics.median(r["steps"] for r in runs), "steps_max": max(r["steps"] for r in runs),
             "probe_s_median": statistics.median(r["probe_s"] for r in runs),
-            "probe_s_max": max(r["probe_s"] for r in runs)}
+            "probe_s_p95": _p95([r["probe_s"] for r in runs]), "probe_s_max": max(r["probe_s"] for r in runs)}
+
+
+def _p95(values: list[float]) -> float:
+    """The 95th percentile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def generated(args) -> int:
@@ -288,7 +295,7 @@ def generated(args) -> int:
           f"{', '.join(f'{n:.0%}' for n in GENERATED_NOISE)}; one GPU, no category, no history; "
           f"oracle: the fewest cores within {curvegen.ORACLE_WITHIN:.0%} of the best true throughput")
     print(f"  {'class':<11} {'method':<7} {'runs':>5} {'within':>6} {'tp med':>6} {'worst':>6} {'cores':>5} "
-          f"{'steps':>5} {'max':>3} {'probe s':>7} {'max s':>6}")
+          f"{'steps':>5} {'max':>3} {'probe s':>7} {'p95 s':>6} {'max s':>6}")
     out = {"curves": args.curves, "cores": GENERATED_CORES, "noise": GENERATED_NOISE, "methods": {}, "drift": {}}
     flat_cores = {}
     for name, config in methods.items():
@@ -301,7 +308,8 @@ def generated(args) -> int:
         for label, row in table.items():
             print(f"  {label:<11} {name:<7} {row['runs']:>5} {row['within_share']:>6.1%} {row['tp_median']:>6.3f} "
                   f"{row['tp_worst']:>6.3f} {row['cores_median']:>5.2f} {row['steps_median']:>5g} "
-                  f"{row['steps_max']:>3} {row['probe_s_median']:>7.0f} {row['probe_s_max']:>6.0f}")
+                  f"{row['steps_max']:>3} {row['probe_s_median']:>7.0f} {row['probe_s_p95']:>6.0f} "
+                  f"{row['probe_s_max']:>6.0f}")
         flat = [r for r in runs if r["shape"] == curvegen.FLAT]
         flat_cores[name] = (max(r["cores"] for r in flat), sum(r["cores"] <= 2 for r in flat) / len(flat),
                             {n: sum(r["cores"] <= 2 for r in flat if r["noise"] == n) /
@@ -309,7 +317,8 @@ def generated(args) -> int:
                             statistics.median(r["cores"] for r in flat))
         out["methods"][name] = {"table": table, "runs": runs}
     print("  within: true throughput at the answer >= 97 % of the oracle's; tp: found/oracle throughput; cores: "
-          "found/oracle cores (median); probe s: simulated seconds, the best at 1 iteration/s")
+          "found/oracle cores (median); probe s: simulated seconds (median, 95th percentile, max), the best at 1 "
+          "iteration/s")
     for name, (most, share, by_noise, median) in flat_cores.items():
         print(f"  flat curves, {name}: {share:.0%} of runs end at <= 2 cores ("
               f"{', '.join(f'{v:.0%} at {n:.0%} noise' for n, v in by_noise.items())}), median {median:g}, "

@@ -26,6 +26,15 @@ and ``etl``, whose source may not) takes whatever cores the GPU jobs leave.
 * ``no floor phase``: the same without ``share`` (the allocator's search alone).
 * ``oracle``: the exact split (``solve_split``, Synergy-OPT) over the true curves of the jobs
   running, every floor kept; what it leaves goes to the CPU jobs.
+* ``noded, coda``: ``noded`` with CODA's greedy search (the default before issue #23).
+
+Then the same on curves nobody tuned the search to (issue #23): ``--curves`` curves drawn by
+``nodesim.curvegen`` on 8 and 16 cores at a window noise of 0, 3 and 8 %, each sized
+three times by a job of the same owner and model: with no history, again from the answer
+remembered (the job unchanged), and once more after the job changed to another drawn curve
+(another class, 1.25-2x faster or slower: the remembered answer is stale and must be
+overturned). Per method: within 3 % of the oracle, the worst found/oracle throughput, the
+steps and the probing time (the best at 1 iteration/s).
 
 Per scheme: GPU job progress (each job's iterations over its own under ``proportional``,
 averaged over jobs), mean GPU utilisation over busy GPU-seconds (the curves' utilisation,
@@ -33,7 +42,7 @@ solo utilisations of the simulated node's models), CPU jobs' core-seconds (and h
 them were lent GPU-array cores), probing steps and time per job. The last line is noded's
 progress over the oracle's.
 
-    python -m bench.rightsize [--quick] [--seed N] [--cores 64] [--hours H] [--json PATH]
+    python -m bench.rightsize [--quick] [--seed N] [--cores 64] [--hours H] [--curves 100] [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,7 +59,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from noded.rightsize.allocator import FLOOR, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed, limit_job
+from bench.allocator_search import GeneratedJob
+from noded.rightsize.allocator import CODA, FLOOR, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed, limit_job
+from nodesim import curvegen
+from noded.rightsize.history import HistoryView
+from noded.rightsize.history import Remembered
+from noded.rightsize.signal import ITERATION_TIME
 from noded.rightsize.cpuplan import CpuJob, GpuJob, NodeView, PlanConfig, plan, reserve_from_history
 from noded.rightsize.curves import MODEL_CURVES
 from noded.rightsize.history import SizingHistory
@@ -315,12 +329,74 @@ def summary(tally: Tally, base: Tally, end: int) -> dict:
             "per_job": {n: round(v, 4) for n, v in ratios.items()}}
 
 
+GENERATED_CORES = (8, 16)
+GENERATED_NOISE = (0.0, 0.03, 0.08)
+#: the three jobs of one owner and model on a generated curve
+FIRST, AGAIN, CHANGED = "first, no history", "again, history holds", "changed, history stale"
+
+
+def generated_history(curves: int, methods: dict[str, AllocatorConfig]) -> dict:
+    """Each method on ``curves`` generated curves x GENERATED_CORES x GENERATED_NOISE: a
+    job sized with no history, the next of the same owner and model from the answer
+    remembered, and one after the job changed (its curve's ``after``)."""
+    out = {}
+    for name, config in methods.items():
+        rows = {FIRST: [], AGAIN: [], CHANGED: []}
+        for seed in range(curves):
+            for cores in GENERATED_CORES:
+                for noise in GENERATED_NOISE:
+                    drawn = curvegen.generate(seed, cores, noise, change_after_s=float("inf"))
+                    same = GeneratedJob(drawn, config, seed, model="m")
+                    first = same.size()
+                    rows[FIRST].append(_generated_row(drawn, first, same.now))
+                    if first.throughput is None:
+                        continue
+                    remembered = Remembered("bench", "m", None, None, 1, first.cores, first.throughput, ITERATION_TIME)
+                    view = HistoryView({("bench", "m", None): remembered}, {})
+                    again = GeneratedJob(drawn, config, seed + 1_000_000, history=view, model="m")
+                    rows[AGAIN].append(_generated_row(drawn, again.size(), again.now))
+                    changed = GeneratedJob(drawn.after, config, seed + 2_000_000, history=view, model="m")
+                    rows[CHANGED].append(_generated_row(drawn.after, changed.size(), changed.now))
+        out[name] = {job: _generated_summary(r) for job, r in rows.items()}
+    return out
+
+
+def _generated_row(curve: curvegen.GeneratedCurve, sized: Sized, probe_s: float) -> dict:
+    oracle = curve.share(curve.oracle())
+    return {"within": curve.share(sized.cores) >= (1 - curvegen.ORACLE_WITHIN) * oracle,
+            "tp_ratio": curve.share(sized.cores) / oracle, "steps": sized.steps, "probe_s": probe_s}
+
+
+def _generated_summary(rows: list[dict]) -> dict:
+    return {"runs": len(rows), "within_share": sum(r["within"] for r in rows) / len(rows),
+            "tp_worst": min(r["tp_ratio"] for r in rows), "steps_mean": statistics.fmean(r["steps"] for r in rows),
+            "steps_median": statistics.median(r["steps"] for r in rows),
+            "probe_s_mean": statistics.fmean(r["probe_s"] for r in rows),
+            "probe_s_max": max(r["probe_s"] for r in rows)}
+
+
+def print_generated(table: dict, curves: int) -> None:
+    print(f"  generated curves: {curves} curves x cores {GENERATED_CORES} x window noise "
+          f"{', '.join(f'{n:.0%}' for n in GENERATED_NOISE)}; three jobs of one owner and model each")
+    print(f"    {'method':<6} {'job':<23} {'runs':>5} {'within':>6} {'worst':>6} {'steps':>5} {'med':>4} "
+          f"{'probe s':>7} {'max s':>6}")
+    for name, jobs in table.items():
+        for job, r in jobs.items():
+            print(f"    {name:<6} {job:<23} {r['runs']:>5} {r['within_share']:>6.1%} {r['tp_worst']:>6.3f} "
+                  f"{r['steps_mean']:>5.2f} {r['steps_median']:>4g} {r['probe_s_mean']:>7.0f} {r['probe_s_max']:>6.0f}")
+    print("    within: true throughput at the answer >= 97 % of the oracle's; worst: found/oracle throughput; "
+          "steps: mean and median; probe s: mean and max simulated seconds, the best at 1 iteration/s (a changed "
+          "job's at 0.5-2 iterations/s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.rightsize", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="arrivals for 3 hours instead of 12")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cores", type=int, default=64)
     ap.add_argument("--hours", type=float, help="how long jobs arrive (default 12, 3 with --quick)")
+    ap.add_argument("--curves", type=int, help="generated curves for the history table (default 100, 20 with "
+                                               "--quick; 0: none)")
     ap.add_argument("--json", default="bench/out/rightsize.json")
     args = ap.parse_args(argv)
     if args.cores < GPUS:
@@ -332,14 +408,20 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         ap.error("no GPU job arrived; give more --hours")
     config = AllocatorConfig()
+    coda = AllocatorConfig(method=CODA)
+    curves = args.curves if args.curves is not None else (20 if args.quick else 100)
+    if curves < 0:
+        ap.error("--curves must be 0 or more")
     prop = run_proportional(runs, end, args.cores)
     oracle = run_oracle(runs, end, args.cores)
     with tempfile.TemporaryDirectory(prefix="bench-rightsize-") as state:
         noded, answers, unsized = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "floor"))
         bare, bare_answers, _ = run_noded(runs, end, args.cores, args.seed, config, os.path.join(state, "bare"),
                                           floor=False)
+        greedy, greedy_answers, _ = run_noded(runs, end, args.cores, args.seed, coda, os.path.join(state, "coda"))
     results = {name: summary(t, prop, end) for name, t in (("proportional", prop), ("no floor phase", bare),
-                                                             ("noded", noded), ("oracle", oracle))}
+                                                             ("noded", noded), ("oracle", oracle),
+                                                             ("noded, coda", greedy))}
     results["no floor phase"]["steps_mean"] = statistics.fmean(a["steps"] for a in bare_answers) \
         if bare_answers else None
     steps = [a["steps"] for a in answers] or [float("nan")]
@@ -370,6 +452,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.fmean(a['probe_s'] for a in fresh):.0f} s; with one: "
               f"{len(answers) - len(fresh)} jobs, "
               f"{statistics.fmean([a['steps'] for a in answers if a['start'] == 'history'] or [0]):.2f} steps")
+    if greedy_answers:
+        hist = [a["steps"] for a in greedy_answers if a["start"] == "history"] or [float("nan")]
+        print(f"  noded, coda: mean {statistics.fmean(a['steps'] for a in greedy_answers):.2f} steps, "
+              f"{statistics.fmean(a['probe_s'] for a in greedy_answers):.0f} s per job; with a remembered answer "
+              f"{statistics.fmean(hist):.2f} steps; answers at the best core count: "
+              f"{sum(a['cores'] == a['best'] for a in greedy_answers)} of {len(greedy_answers)}")
     if answers:
         print(f"    answers at the best core count: {sum(a['cores'] == a['best'] for a in answers)} of {len(answers)}, "
               f"true throughput over the best: mean {statistics.fmean(a['found_over_best'] for a in answers):.3f}, "
@@ -386,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     worst = results["noded"]
     print(f"  no GPU job below its GPU-proportional progress: {'yes' if worst['worst_ratio'] >= 1 else 'NO'} "
           f"(worst {worst['worst_ratio']:.3f}, {worst['worst_job']})")
+    generated = generated_history(curves, {"coda": coda, "top": config}) if curves else {}
+    if generated:
+        print_generated(generated, curves)
 
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
@@ -393,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                    "jobs": [r.__dict__ for r in runs], "schemes": results, "answers": answers,
                    "steps_mean": statistics.fmean(steps), "probe_s_mean": statistics.fmean(probe_s),
                    "gpu_util_gain": gain, "oracle_gpu_util_gain": oracle_gain, "coda_gain": CODA_GAIN,
-                   "unsized": unsized, "tuned_over_oracle": x, "wall_s": time.perf_counter() - wall}, f, indent=1)
+                   "unsized": unsized, "tuned_over_oracle": x, "generated": generated, "wall_s": time.perf_counter() - wall}, f, indent=1)
     print(f"  wrote {args.json} ({time.perf_counter() - wall:.1f} s)")
     print(f"tuned/oracle throughput: {x:.3f}")
     return 0

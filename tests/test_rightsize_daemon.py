@@ -5,7 +5,6 @@ tick of 0.25 s, and nothing sleeps."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -24,15 +23,18 @@ needs_two_cpus = pytest.mark.skipif(len(REAL) != 2, reason="the expectations are
 
 #: a on GPU 0 and a CPU job that may borrow from the start; b (same owner and model) arrives
 #: on GPU 1 at 30 s while a runs. On 2 real CPUs and 16 simulated ones, one real CPU is 8
-#: simulated cores: AlexNet (best at 4) is faster on 8 than on 16.
-SCENARIO = """
+#: simulated cores: AlexNet (best at 4) is faster on 8 than on 16. At CHANGE_AT a's input
+#: changes (another curve: VGG16's, 10 % faster at its answer); the other tests end before.
+CHANGE_AT = 120
+SCENARIO = f"""
 seed: 3
 duration_s: 600
-node: {gpus: 2, cpus: 16}
+node: {{gpus: 2, cpus: 16}}
 events:
-  - {at: 0, start: {id: a, model: AlexNet, gpu: 0}}
-  - {at: 0, start: {id: c, cpu: batch}}
-  - {at: 30, start: {id: b, model: AlexNet, gpu: 1}}
+  - {{at: 0, start: {{id: a, model: AlexNet, gpu: 0}}}}
+  - {{at: 0, start: {{id: c, cpu: batch}}}}
+  - {{at: 30, start: {{id: b, model: AlexNet, gpu: 1}}}}
+  - {{at: {CHANGE_AT}, change: {{id: a, model: VGG16}}}}
 """
 
 
@@ -165,13 +167,16 @@ def test_a_gpu_job_whose_curve_changes_while_it_runs_is_noticed_and_probed_again
         and r.rightsize.jobs["sim:a"].state == "sized", 25)
     run(sim, daemon, clock, lambda r: len(affinity(sim, "a")) == 1, 2)
     held = daemon.last.rightsize.jobs["sim:a"]
-    # at rest a while: its passive windows at the answer (the first sets the reference)
-    held_since = clock.t
-    run(sim, daemon, clock, lambda r: clock.t >= held_since + 12, 15)
-    assert daemon.last.rightsize.jobs["sim:a"].state == "sized"
-    # the job changes under noded (its input, its batch: another curve, 10 % faster at its
-    # answer); the simulator has no scenario event for that, so its job's model is swapped
-    sim.specs["a"] = dataclasses.replace(sim.specs["a"], model="VGG16")
+    assert sim.elapsed < CHANGE_AT - 12
+    # at rest until the change: its passive windows at the answer (the first sets the
+    # reference), b's arrival beside it, and no probe started on its own
+    def at_rest_until_the_change(result):
+        v = result.rightsize.jobs["sim:a"]
+        assert v.state in ("sized", "limited") and v.start_source != alloc.FROM_DRIFT, v
+        return sim.specs["a"].model == "VGG16"
+
+    run(sim, daemon, clock, at_rest_until_the_change, CHANGE_AT + 1)
+    # the scenario's change event: the job's input or batch changed under noded
     seen: set[int] = set()
 
     def probed_again(result):
@@ -194,3 +199,22 @@ def test_a_gpu_job_whose_curve_changes_while_it_runs_is_noticed_and_probed_again
     assert seen == ({1, 2} if top == 2 else {1})  # probed for real: the top, then fewer, to its answer
     v = result.rightsize.jobs["sim:a"]
     assert v.optimal == 1 and v.points != held.points
+
+
+@pytest.mark.parametrize("event, says", [
+    ("{at: 5, change: {id: x, model: VGG16}}", "job 'x' is not running at 5"),
+    ("{at: 5, change: {id: c, model: VGG16}}", "only a GPU job's curve can change"),
+    ("{at: 5, change: {id: r, model: VGG16}}", "a reporting job's iteration times come from its own process"),
+    ("{at: 5, change: {id: a, model: Nope}}", "events[3].change.model: 'Nope' is not one of"),
+    ("{at: 5, change: {id: a}}", "events[3].change"),
+])
+def test_a_change_event_names_a_running_gpu_job_and_a_model(event, says):
+    from nodesim.scenario import ScenarioError
+    text = ("duration_s: 10\nnode: {gpus: 2, cpus: 16}\nevents:\n  - {at: 0, start: {id: a, model: AlexNet, gpu: 0}}\n"
+            "  - {at: 0, start: {id: c, cpu: batch}}\n"
+            "  - {at: 0, start: {id: r, model: AlexNet, gpu: 1, reports: true}}\n  - " + event + "\n")
+    with pytest.raises(ScenarioError) as raised:
+        parse_scenario(text, "s.yaml")
+    assert says in str(raised.value) and str(raised.value).startswith("s.yaml: events[3]")
+    ok = parse_scenario(text.replace(event, "{at: 5, change: {id: a, model: VGG16}}"), "s.yaml")
+    assert ok.events[-1].action == "change" and ok.events[-1].args == {"id": "a", "model": "VGG16"}

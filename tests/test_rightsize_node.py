@@ -291,7 +291,7 @@ def test_property_halving_is_a_function_of_what_was_granted_at_level_zero(view, 
 def test_bench_rightsize_smoke(tmp_path, capsys):
     from bench import rightsize
     out = tmp_path / "rightsize.json"
-    assert rightsize.main(["--hours", "0.5", "--seed", "1", "--json", str(out)]) == 0
+    assert rightsize.main(["--hours", "0.5", "--seed", "1", "--curves", "2", "--json", str(out)]) == 0
     lines = capsys.readouterr().out.rstrip("\n").split("\n")
     m = re.fullmatch(r"tuned/oracle throughput: (\d+\.\d{3})", lines[-1])
     assert m, lines[-1]
@@ -306,3 +306,7 @@ def test_bench_rightsize_smoke(tmp_path, capsys):
     assert noded["lent_core_s"] > 0 and data["steps_mean"] >= 1
     assert data["unsized"] == [] and "no floor phase" in data["schemes"]  # every job sized
     assert any("GPU utilisation over GPU-proportional" in line and "+20.8%" in line for line in lines)
+    # CODA's greedy search beside it, and the generated curves' three jobs per method
+    assert "noded, coda" in data["schemes"]
+    assert set(data["generated"]) == {"coda", "top"} and all(
+        row["runs"] == 2 * 2 * 3 for jobs in data["generated"].values() for row in jobs.values())

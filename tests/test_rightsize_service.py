@@ -115,14 +115,16 @@ def test_a_gpu_job_is_probed_through_the_plan_and_sized_at_its_curves_best_then_
     remembered = history.view().exact(str(os.getuid()), "BiDAF", 32)
     assert remembered is not None and remembered.cores == 6
     # a second job of the same owner, model and batch size starts its bisection at the answer,
-    # and the answer is measured against the top and the core below it before it holds
+    # and the answer is measured against the top before it holds
     del node.jobs["g"]
     node.start("g2", cpus=range(16))
     loop.tick()
     assert rs.view().jobs["g2"].start_source == alloc.FROM_HISTORY
     out = loop.until(sized("g2"))
     assert out["g2"].cores == 6 and out["g2"].reason == alloc.SEARCHED
-    assert {16, 6, 5} <= {c for c, _ in out["g2"].curve_points}
+    # BiDAF falls past its optimum: the top is slower than the answer by the margin, so the
+    # core below it is measured too (it is the peak)
+    assert {c for c, _ in out["g2"].curve_points} == {16, 6, 5} and out["g2"].steps == 3
 
 
 def test_a_probe_is_measured_only_while_the_job_holds_its_cores(history):

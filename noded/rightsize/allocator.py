@@ -5,9 +5,13 @@ issue #23, ``topsearch``), CODA's adaptive allocator (Sec. V-B) and Synergy's se
 ``max_cores`` within the plan's ceiling), then bisect for the fewest cores within
 ``noise_margin`` of the best measured, every decision re-derived from all points (see
 ``topsearch``); N_start below (history, the model, the owner, the category and hints) only
-says where the bisection looks first, and a start from an answer measured before tries the
-core below it next: the top, the answer and its neighbour confirm it or overturn it. No
-floor phase: the answer is within the margin of the top, which is measured at the share or
+says where the bisection looks first. The job's own remembered answer holds when the top
+and it are measured and it is clearly within the margin (two measurements); an answer from
+other GPUs or another batch size tries the core below it next. No probe starts that would
+take the search past ``max_probe_s`` (with the iteration-time signal and a job slower than
+1 iteration/s, that many iterations at the best speed measured: its windows are longer);
+the answer is then the fewest cores measured within the margin (``TIME_LIMIT``). No floor
+phase: the answer is within the margin of the top, which is measured at the share or
 above. **Drift** (all methods): a searched answer keeps a passive window (``Watch``); when
 ``DRIFT_WINDOWS`` windows in a row measure the job beyond the band in one direction, it is
 searched again from the top with nothing measured before kept (``drifted``).
@@ -104,7 +108,7 @@ from typing import Any, Iterable, Mapping
 from noded.jobs.model import CATEGORIES
 from noded.rightsize import topsearch
 from noded.rightsize.history import HistoryView
-from noded.rightsize.signal import ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
+from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME, KINDS, Measurement, SignalConfig, Window
 
 CODA = "coda"
 SYNERGY = "synergy"
@@ -155,8 +159,9 @@ CONFIRMED = "confirmed"
 NO_CHOICE = "no_choice"  # max_cores is 1
 NO_SIGNAL = "no_signal"  # a window ended without a sample
 STEP_LIMIT = "step_limit"
+TIME_LIMIT = "time_limit"  # TOP: the next window would take the search past max_probe_s
 LIMITED = "limited"  # searched, and the answer is the plan's ceiling: the job may want more
-REASONS = (SEARCHED, CONFIRMED, NO_CHOICE, NO_SIGNAL, STEP_LIMIT, LIMITED, PINNED, STOPPED)
+REASONS = (SEARCHED, CONFIRMED, NO_CHOICE, NO_SIGNAL, STEP_LIMIT, TIME_LIMIT, LIMITED, PINNED, STOPPED)
 
 
 class SizingError(Exception):
@@ -183,6 +188,11 @@ class AllocatorConfig:
     fewer_if_equal: bool = True
     synergy_within: float = 0.10  # Synergy 3.1's "fixed threshold (say 10%)"
     max_steps: int = 24  # measurements per search, whatever the curve does
+    #: TOP: no probe is started that would take the search's windows past this many seconds
+    #: (CODA: 3-4 steps of 90 s, 6 minutes); with the iteration-time signal and a job slower
+    #: than 1 iteration/s, this many iterations at the best speed measured; the answer is then
+    #: the fewest cores measured within the margin
+    max_probe_s: float = 360.0
     step_per_gpu: bool = True  # CODA's step of one core, per GPU (ours); False: one core (the paper's)
     signal: SignalConfig = field(default_factory=SignalConfig)
 
@@ -193,6 +203,8 @@ class AllocatorConfig:
             raise ValueError("noise_margin and synergy_within must be in (0, 1)")
         if self.max_steps < 2:
             raise ValueError(f"max_steps must be >= 2, not {self.max_steps}")
+        if not self.max_probe_s > 0:
+            raise ValueError(f"max_probe_s must be > 0, not {self.max_probe_s!r}")
         if type(self.rechecks) is not int or self.rechecks < 0:
             raise ValueError(f"rechecks must be a whole number >= 0, not {self.rechecks!r}")
 
@@ -286,6 +298,8 @@ class SizingState:
     share: int | None = None  # the GPU-proportional share (within max_cores): the floor phase
     ceiling: int | None = None  # the plan's limit (``limit``), below max_cores; None: none
     widths: tuple[float, ...] = ()  # each point's window interval, relative half-width (TOP's noise)
+    seconds: tuple[float, ...] = ()  # each point's window length (TOP's time budget)
+    per_iteration: bool = True  # the means are iterations/s: the time budget scales with the best
 
     @property
     def steps(self) -> int:
@@ -322,7 +336,7 @@ class SizingState:
                 "phase": self.phase, "cores": self.cores, "points": [[c, v] for c, v in self.points],
                 "kept": self.kept, "lo": self.lo, "hi": self.hi, "reason": self.reason,
                 "gpus": self.gpus, "step": self.step, "share": self.share, "ceiling": self.ceiling,
-                "widths": list(self.widths)}
+                "widths": list(self.widths), "seconds": list(self.seconds), "per_iteration": self.per_iteration}
 
     @classmethod
     def from_dict(cls, data: Any) -> "SizingState":
@@ -331,7 +345,11 @@ class SizingState:
                 "gpus", "step", "share", "ceiling"}
         if isinstance(data, dict) and "widths" not in data:
             data = {**data, "widths": [topsearch.UNKNOWN_WIDTH] * len(data.get("points") or ())}  # saved before them
-        keys.add("widths")
+        if isinstance(data, dict) and "seconds" not in data:
+            data = {**data, "seconds": [0.0] * len(data.get("points") or ())}  # saved before them
+        if isinstance(data, dict) and "per_iteration" not in data:
+            data = {**data, "per_iteration": True}  # saved before it
+        keys |= {"widths", "seconds", "per_iteration"}
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
         if not isinstance(data["job"], str) or not data["job"]:
@@ -363,6 +381,12 @@ class SizingState:
         if not isinstance(widths, list) or len(widths) != len(parsed) or not all(
                 _is_width(w) for w in widths):
             raise ValueError("widths: expected one relative half-width in 0..1 per point")
+        seconds = data["seconds"]
+        if not isinstance(seconds, list) or len(seconds) != len(parsed) or not all(
+                _is_number(t) and t >= 0 for t in seconds):
+            raise ValueError("seconds: expected one window length >= 0 per point")
+        if not isinstance(data["per_iteration"], bool):
+            raise ValueError("per_iteration: expected true or false")
         kept = None if data["kept"] is None else _whole(data["kept"], "kept", 1, top)
         share = None if data["share"] is None else _whole(data["share"], "share", 1, top)
         ceiling = None if data["ceiling"] is None else _whole(data["ceiling"], "ceiling", 1, top - 1)
@@ -373,7 +397,8 @@ class SizingState:
                    Start(_whole(start["cores"], "start.cores", 1, top), start["source"], expected),
                    data["phase"], _whole(data["cores"], "cores", 1, top), tuple(parsed), kept,
                    _whole(data["lo"], "lo", 1, top), _whole(data["hi"], "hi", 1, top), data["reason"],
-                   gpus, data["step"], share, ceiling, tuple(float(w) for w in widths))
+                   gpus, data["step"], share, ceiling, tuple(float(w) for w in widths),
+                   tuple(float(t) for t in seconds), data["per_iteration"])
 
 
 def _is_number(value: Any) -> bool:
@@ -432,7 +457,8 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
     share = None if spec.share is None else min(spec.share, spec.max_cores)
     state = SizingState(spec.job, config.method, spec.max_cores, start, START, start.cores, gpus=spec.gpus,
                         step=spec.gpus if config.step_per_gpu else 1, share=share,
-                        ceiling=ceiling if ceiling is not None and ceiling < spec.max_cores else None)
+                        ceiling=ceiling if ceiling is not None and ceiling < spec.max_cores else None,
+                        per_iteration=spec.signal == ITERATION_TIME)
     if start.cores > state.bound:
         start = Start(state.bound, start.source)  # a remembered answer above the ceiling: a start
         state = replace(state, start=start, cores=start.cores)
@@ -449,10 +475,11 @@ def begin(spec: JobSpec, history: HistoryView | None, config: AllocatorConfig,
 
 
 def advance(state: SizingState, mean: float | None, config: AllocatorConfig,
-            width: float | None = None) -> tuple[Probe | Sized, SizingState]:
+            width: float | None = None, elapsed: float = 0.0) -> tuple[Probe | Sized, SizingState]:
     """Take the mean measured at ``state.cores`` (None: the window saw no sample) and say what
-    next; ``width``: the window's interval, a relative half-width (None: unknown). Raises
-    NotProbing when no measurement is awaited."""
+    next; ``width``: the window's interval, a relative half-width (None: unknown);
+    ``elapsed``: the window's length in seconds. Raises NotProbing when no measurement is
+    awaited."""
     if state.phase not in PROBING:
         raise NotProbing(f"{state.job}: not probing ({state.phase}); a measurement is not expected")
     if mean is None:
@@ -462,7 +489,8 @@ def advance(state: SizingState, mean: float | None, config: AllocatorConfig,
         raise SizingError(f"{state.job}: a throughput must be a positive number, not {mean!r:.40}")
     known = width if width is not None and math.isfinite(width) else topsearch.UNKNOWN_WIDTH
     state = replace(state, points=(*state.points, (state.cores, float(mean))),
-                    widths=(*state.widths, min(max(0.0, known), topsearch.UNKNOWN_WIDTH)))
+                    widths=(*state.widths, min(max(0.0, known), topsearch.UNKNOWN_WIDTH)),
+                    seconds=(*state.seconds, max(0.0, elapsed) if math.isfinite(elapsed) else 0.0))
     return _next(state, config)
 
 
@@ -487,7 +515,7 @@ def reprobe(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized,
     """Search again (pin and stop undone), starting from the cores the job has now (within
     the plan's ceiling, which stays); what was measured before is forgotten (the job may have
     changed since)."""
-    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share)
+    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share, signal=_signal_of(state))
     return begin(spec, None, config, Start(min(state.cores, state.bound), FROM_REPROBE), state.ceiling)
 
 
@@ -611,15 +639,43 @@ def _top(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, Si
     hint = start.cores if start.source != FROM_DEFAULT and start.cores < state.bound else None
     rechecked = len(state.points) - len({c for c, _ in state.points})
     decision = topsearch.decide(state.points, state.widths, state.bound, config.noise_margin, hint,
-                                start.source in _ANSWERS, config.rechecks, state.step, rechecked)
+                                start.source in _ANSWERS, config.rechecks, state.step, rechecked,
+                                start.source == FROM_HISTORY)
     if decision.answer:
         cores = decision.cores
         return _end(replace(state, cores=cores, kept=cores), _searched_reason(state, cores))
     if state.steps >= config.max_steps:
         return _end(replace(state, cores=_best_so_far(state, config)), STEP_LIMIT)
+    if _over_budget(state, decision.cores, config):
+        return _end(replace(state, cores=_best_so_far(state, config)), TIME_LIMIT)
     phase = RECHECK if decision.recheck else (AT_TOP if decision.cores == state.bound and
                                               state.value(state.bound) is None else BISECT)
     return _probe(replace(state, phase=phase), decision.cores)
+
+
+def _over_budget(state: SizingState, cores: int, config: AllocatorConfig) -> bool:
+    """The search's windows and one more at ``cores`` would take longer than ``max_probe_s``
+    at 1 iteration/s: with the iteration-time signal and a best speed measured below 1
+    iteration/s, its time at that speed (a slower job's windows are longer: the same number
+    of iterations); a faster job's windows are no shorter than the warm-up, so its budget is
+    ``max_probe_s`` itself."""
+    pace = min(1.0, state.top()) if state.per_iteration and state.within() else 1.0
+    return (math.fsum(state.seconds) + _expected_window_s(state, cores, config)) * pace > config.max_probe_s
+
+
+def _expected_window_s(state: SizingState, cores: int, config: AllocatorConfig) -> float:
+    """How long a window at ``cores`` is expected to take: the longest measured there, or at
+    the nearest core counts measured on either side (its speed lies between theirs on a
+    smooth curve), else the longest a window may be; with nothing measured below it, no less
+    than the longest window seen (fewer cores are slower on a curve that still rises)."""
+    measured = {c for c, _ in state.points}
+    below = max((c for c in measured if c <= cores), default=None)
+    above = min((c for c in measured if c >= cores), default=None)
+    if below is None:
+        return max(config.signal.max_window_s if not state.seconds else max(state.seconds),
+                   max((t for (c, _), t in zip(state.points, state.seconds) if c == above), default=0.0))
+    near = {below, above}
+    return max(t for (c, _), t in zip(state.points, state.seconds) if c in near)
 
 
 def _coda(state: SizingState, config: AllocatorConfig):
@@ -832,7 +888,9 @@ class JobSizing:
             data = {**data, "watch": None}  # saved before drift was watched
         if not isinstance(data, dict) or set(data) != {"state", "window", "watch"}:
             raise ValueError("a job's sizing: expected state, window and watch")
-        state = SizingState.from_dict(data["state"])
+        # the time budget's unit follows the job's signal as it is now (a state saved before
+        # the budget says nothing of it)
+        state = replace(SizingState.from_dict(data["state"]), per_iteration=spec.signal == ITERATION_TIME)
         window = None if data["window"] is None else Window.from_dict(data["window"])
         watch = None if data["watch"] is None else Watch.from_dict(data["watch"])
         if state.job != spec.job or state.max_cores != spec.max_cores or state.gpus != spec.gpus:
@@ -884,7 +942,7 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
         return None, replace(sizing, window=window), None
     if sizing.watch is not None:
         return (*_watched(sizing, measured, now, config), measured)
-    out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width)
+    out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width, measured.elapsed_s)
     return (*_with_window(sizing.spec, out, state, now), measured)
 
 
@@ -906,8 +964,12 @@ def _watched(sizing: JobSizing, measured: Measurement, now: float,
 def drifted(state: SizingState, config: AllocatorConfig) -> tuple[Probe | Sized, SizingState]:
     """Search a sized job again: from the top, its answer where the bisection looks first,
     nothing measured before kept (the job changed). Also when its labels or cgroup changed."""
-    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share)
+    spec = JobSpec(state.job, state.max_cores, state.gpus, share=state.share, signal=_signal_of(state))
     return begin(spec, None, config, Start(min(state.cores, state.bound), FROM_DRIFT), state.ceiling)
+
+
+def _signal_of(state: SizingState) -> str:
+    return ITERATION_TIME if state.per_iteration else GPU_UTILISATION
 
 
 def pin_job(sizing: JobSizing, cores: int, phase: str = PINNED) -> tuple[Sized, JobSizing]:

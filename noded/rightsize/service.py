@@ -312,7 +312,8 @@ class RightSizing:
             # the job reports its iterations: measure those (nothing was measured on utilisation)
             spec = replace(sizing.spec, signal=ITERATION_TIME)
             window = Window(ITERATION_TIME, sizing.state.cores, now) if sizing.window is not None else None
-            sizing = r.sizing = alloc.JobSizing(spec, sizing.state, window)
+            state = replace(sizing.state, per_iteration=True)  # the time budget counts its iterations
+            sizing = r.sizing = alloc.JobSizing(spec, state, window)
             log.info("job=%s reports its iteration times: measured by them from now", job)
         if sizing.window is None:
             return

@@ -20,14 +20,20 @@ the one of the two with fewer windows (the top on equal terms) is measured again
 the search ends, at most ``rechecks`` times per search; what the means say then decides.
 
 **Peaks.** A curve that falls past its best hides the best between measured points: where
-the point above the top falls from it by more than the margin, or the curve rose into the
-top by more than the margin, the gap above the top is halved; where the point above falls
-and the one below is within twice the margin, the gap below too (the wider first), until
-the top's neighbours are measured.
+the curve rose into the top from the point below by more than the margin, or the point
+above falls from it by more than the margin once a point below it is measured, the gap
+above the top is halved; where the point above falls and the one below is within twice the
+margin, the gap below too (the wider first), until the top's neighbours are measured. A
+fall above the top with nothing measured below it is searched below first: the bisection
+goes there anyway, and past a peak the windows above it are the slow ones.
 
 Where to start: a remembered answer or a category's default (``hint``) is the first point
-tried after the top, and a remembered answer's neighbour below it the next: when the
-answer holds, three measurements confirm it, and each could have overturned it.
+tried after the top. This job's own remembered answer (``confirm``) holds when it is clearly
+within the margin of the top (not a tie): two measurements, either of which could overturn
+it; otherwise, and for an answer remembered on other GPUs or for the model, its neighbour
+below is tried next and the search goes on. A remembered answer measured outside the margin
+says the job changed: what it said of fewer cores goes with it, and the bisection below it
+starts from its middle.
 
 Everything is pure: points in, a decision out.
 """
@@ -99,6 +105,21 @@ def within_margin(p: Point, top: Point, margin: float) -> bool:
     return p.mean >= (1 - margin) * top.mean
 
 
+def confirmed(points: dict[int, Point], hint: int, bound: int, margin: float, error: float, step: int) -> bool:
+    """A remembered answer holds on two measurements, the top and it, when it is clearly
+    within the margin of the top (not a tie) and the top is not slower than it by the margin;
+    where the top is (a curve that falls past its best), on a third: the core below it, when
+    that is clearly outside the margin (the answer is the peak). Otherwise it is searched."""
+    remembered, at_bound = points[hint], points[bound]
+    top = top_of(points)
+    clearly_within = within_margin(remembered, top, margin) and not is_tie(remembered, top, margin, error)
+    if len(points) == 2:
+        return clearly_within and within_margin(at_bound, remembered, margin)
+    below = points.get(hint - step)
+    return len(points) == 3 and below is not None and top.cores == hint and clearly_within \
+        and not within_margin(below, top, margin) and not is_tie(below, top, margin, error)
+
+
 def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
     """The point's distance from the margin is inside the two points' combined interval."""
     if p.cores == top.cores:
@@ -127,7 +148,7 @@ def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | 
     falls = above is not None and not within_margin(points[above], top, margin)
     rises = below is not None and not within_margin(points[below], top, margin)
     gaps = []
-    if above is not None and above - top.cores >= 2 and (falls or rises):
+    if above is not None and above - top.cores >= 2 and (rises or (falls and below is not None)):
         gaps.append((above - top.cores, (top.cores + above) // 2))
     if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
         gaps.append((top.cores - below, (top.cores + below + 1) // 2))
@@ -154,16 +175,20 @@ def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int)
 
 def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], bound: int, margin: float,
            hint: int | None = None, neighbour: bool = False, rechecks: int = 2, step: int = 1,
-           rechecked: int = 0) -> Decision:
+           rechecked: int = 0, confirm: bool = False) -> Decision:
     """The next probe or the answer. ``measured``: (cores, mean) in the order measured;
     ``widths``: each window's relative half-width; ``bound``: the most cores now; ``hint``:
     the first core count to try after the top; ``neighbour``: then its neighbour below
-    (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far."""
+    (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far;
+    ``confirm``: the hint is this job's own remembered answer, kept when the top and it are
+    all that is measured and it is clearly within the margin of the top."""
     points = points_of(measured, bound)
     if bound not in points:
         return Decision(bound, False)
     top = top_of(points)
     error = window_error(measured, widths)
+    if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step):
+        return Decision(hint, True)
     peak = past_the_peak(points, top, margin)
     if peak is not None and neighbour and top.cores == hint:
         # a remembered answer that is the top: a peak above it is looked for one step up only
@@ -172,6 +197,11 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         peak = up if up < min((c for c in points if c > hint), default=bound + 1) and up not in points else None
     if peak is not None:
         return Decision(peak, False)
+    overturned = neighbour and hint is not None and hint in points and not within_margin(points[hint], top, margin)
+    if overturned and hint > 1 and not any(c < hint for c in points):
+        # a remembered answer outside the margin: the job changed, and what the answer said
+        # of fewer cores (all slower) went with it: below it, a bisection's first split
+        return Decision((hint + 1) // 2, False)
     lo, hi = bracket(points, top, margin)
     if lo < hi:
         if hint is not None and lo <= hint < hi and hint not in points:

@@ -391,8 +391,17 @@ class SimNode:
                 self._stop_job(ev.args["id"])
             elif ev.action == "set":
                 self._set_demand(ev.args["id"], ev.args["cpu_gbps"])
+            elif ev.action == "change":
+                self._change_model(ev.args["id"], ev.args["model"])
             elif ev.action == "fault":
                 self.fault(ev.args)
+
+    def _change_model(self, sim_id: str, model: str) -> None:
+        """The job runs another model's curve from now on (its input or batch changed); its
+        process, GPU and cgroup stay. A job that already ended is left alone."""
+        if sim_id in self.specs:
+            self.specs[sim_id] = dataclasses.replace(self.specs[sim_id], model=model)
+            log.info("sim: %s now runs as %s", sim_id, model)
 
     def step(self) -> SimState:
         """Apply due events, then set GPU utilisation from the bandwidth granted now."""

@@ -13,6 +13,7 @@ events:
   - {at: 3,  start: {id: hog, cpu: hog}}            # or cpu_gbps: 14
   - {at: 12, set: {id: hog, cpu_gbps: 1}}           # the hog calms down
   - {at: 15, stop: {id: hog}}
+  - {at: 16, change: {id: tf, model: BiDAF}}       # tf's input or batch changed: another curve
   - {at: 18, fault: {gpu_lost: 1}}                  # or counters: Unavailable|Error|null,
                                                     #    nvml_lost: true|false, domain_offline: 1,
                                                     #    nvml_call: {call: processes, code: 999},
@@ -37,6 +38,12 @@ simulated core per real CPU). ``cpu_curve`` defaults to true for every GPU job w
 ``reports: true`` (needs the curve, and no ``command``) makes the job's process a
 reporter (``nodesim.reporter``) that reports every iteration's time to noded's report
 socket, as a training script does.
+
+**A job that changes (issue #23).** ``change: {id, model}`` gives a running GPU job
+another model's curve and speed from then on, its process, cgroup and labels as they were:
+what a training job's new input pipeline, batch size or data does to its throughput (not
+for a job with ``reports: true``: its process draws its iteration times from the model it
+was started with).
 """
 
 from __future__ import annotations
@@ -157,7 +164,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
     for i, ev in enumerate(data["events"]):
         where = f"{name}: events[{i}]"
         if not isinstance(ev, dict) or "at" not in ev or len(ev) != 2:
-            raise ScenarioError(f"{where}: expected {{at: SECONDS, start|stop|set|fault: {{...}}}}")
+            raise ScenarioError(f"{where}: expected {{at: SECONDS, start|stop|set|change|fault: {{...}}}}")
         at = _number(ev["at"], f"{where}.at")
         if at < last_at:
             raise ScenarioError(f"{where}.at: {at} is before the previous event ({last_at}); keep events in time order")
@@ -198,6 +205,19 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
                 spec = JobSpec(jid, cpu_gbps=gbps, exempt=bool(args.get("exempt", False)), command=command)
             jobs[jid] = spec
             live.add(jid)
+        elif action == "change":
+            _keys(args, w, {"id", "model"}, set())
+            jid = str(args["id"])
+            if jid not in live:
+                raise ScenarioError(f"{w}.id: job {jid!r} is not running at {at}s")
+            if not jobs[jid].is_gpu:
+                raise ScenarioError(f"{w}: only a GPU job's curve can change")
+            if jobs[jid].reports:
+                raise ScenarioError(f"{w}: a reporting job's iteration times come from its own process, "
+                                    "started with its model; its curve cannot change")
+            if args["model"] not in MODELS:
+                raise ScenarioError(f"{w}.model: {args['model']!r} is not one of {sorted(MODELS)}")
+            args = {"id": jid, "model": args["model"]}
         elif action in ("stop", "set"):
             _keys(args, w, {"id"}, {"cpu", "cpu_gbps"} if action == "set" else set())
             jid = str(args["id"])
@@ -223,7 +243,7 @@ def parse_scenario(text: str | bytes, name: str = "scenario") -> Scenario:
             if "nvml_driver" in args and not isinstance(args["nvml_driver"], bool):
                 raise ScenarioError(f"{w}.nvml_driver: expected true (loaded) or false (not loaded)")
         else:
-            raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set or fault")
+            raise ScenarioError(f"{where}: unknown action {action!r}; use start, stop, set, change or fault")
         events.append(Event(at, action, dict(args)))
     return Scenario(duration, tuple(events), node, seed, tick, name, jobs)
 
