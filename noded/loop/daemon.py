@@ -226,7 +226,8 @@ class Daemon:
             log.warning("state=writable again: throttling resumes")
         return self._state_unwritable
 
-    def _rightsize(self, sample: Sample, decision: Decision, now: float) -> tuple[CpuPlan | None, RightsizeView]:
+    def _rightsize(self, sample: Sample, decision: Decision, paused: str | None,
+                   now: float) -> tuple[CpuPlan | None, RightsizeView]:
         """Right-sizing's part of a tick: its sizings fed from this Sample, and the node's
         plan of CPUs (None: nothing to plan, or no plan possible: the view says why)."""
         owner, rs = self.cpu_owner, self.rightsize
@@ -236,7 +237,7 @@ class Daemon:
             if v is not None:
                 originals[job], have[job] = sorted(v.original), len(v.now)
         node_cpus = len(set().union(*map(set, originals.values()))) if originals else 0
-        if self.control.paused:
+        if paused:
             rs.hold(now)  # paused: no probe begins or moves on; every job keeps the size it asks for now
         else:
             rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
@@ -309,6 +310,7 @@ class Daemon:
         t0 = self.clock()
         sample = self.telemetry.sample()
         t1 = self.clock()
+        control = self.control.read()  # what operators set, once: every step below sees this reading
         unwritable = self._state_check(t1)
         rightsize, cpus, memory = None, None, None
         stuck = None  # why contention lasts with nothing left to throttle, while it does
@@ -324,10 +326,9 @@ class Daemon:
             limits = self.throttle.max_levels(sample) if self.throttle else {}
             if unwritable:
                 limits = limits_while_unwritable(limits, in_force)
-            store = self.control.overrides
-            active = store.active() if store else {}
+            active = {o.job: o for o in control.overrides}
             overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
-            paused = self.control.paused
+            paused = control.paused
             caps = self._plan_caps(sample, active, in_force, unwritable, paused)
             if paused:
                 # Paused: nothing is throttled automatically (the policy still learns its
@@ -359,7 +360,7 @@ class Daemon:
             t2 = self.clock()
             plan = None
             if self.rightsize is not None:
-                plan, rightsize = self._rightsize(sample, decision, t0)
+                plan, rightsize = self._rightsize(sample, decision, paused, t0)
             # where each job's tasks go: its level's group, or its cap's own (decided here, once)
             places = {**decision.levels, **{j: CAPPED for j in caps}}
             if self.caps is not None:
@@ -406,7 +407,7 @@ class Daemon:
                             MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                               for j, b in self.state.baselines.items()}),
                             self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory,
+                            self.control.after(control), self.stats.snapshot(), rightsize, cpus, memory,
                             watching(sample, self.config),
                             self.caps.view() if self.caps is not None else MappingProxyType({}))
         self.last = result
