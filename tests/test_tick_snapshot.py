@@ -17,6 +17,7 @@ from noded.config import Config
 from noded.jobs.model import JobMeta
 from noded.loop.daemon import Daemon
 from noded.loop.overrides import Override, OverrideStore
+from noded.loop.parts import Parts
 from noded.samplers import SamplerStatus
 from noded.samplers.sample import CPU, JobSample, Sample
 
@@ -25,6 +26,8 @@ JOB = "cgroup:batch"
 
 class OneCpuJob:
     """Telemetry of one CPU job; ``during``: called inside each sample (an operator's step)."""
+
+    discovery = events = None  # what the metrics read of telemetry: none here
 
     def __init__(self, during=lambda: None):
         self.during = during
@@ -78,11 +81,8 @@ class OwnerThatLetsAnOperatorIn:
 
 def daemon_with(tmp_path, telemetry, owner):
     overrides = OverrideStore(str(tmp_path / "state"), time.time)
-    daemon = Daemon(Config(state_dir=str(tmp_path / "state")), telemetry, None)
-    daemon.control.overrides = overrides
-    daemon.rightsize = RecordingSizer()
-    daemon.cpu_owner = owner
-    return daemon
+    return Daemon(Config(state_dir=str(tmp_path / "state")),
+                  Parts(telemetry, overrides=overrides, rightsize=RecordingSizer(), cpu_owner=owner))
 
 
 def test_a_pause_arriving_inside_a_tick_reaches_contention_and_right_sizing_alike(tmp_path):
@@ -90,11 +90,11 @@ def test_a_pause_arriving_inside_a_tick_reaches_contention_and_right_sizing_alik
     daemon = daemon_with(tmp_path, OneCpuJob(), owner)
     first = daemon.tick()
     # before: right-sizing read the pause again and held, while contention decided unpaused
-    assert daemon.rightsize.calls == ["tick"]
+    assert daemon.parts.rightsize.calls == ["tick"]
     assert not (first.decision.note or "").startswith("paused") and first.control.paused is None
     owner.step = lambda: None
     second = daemon.tick()  # the pause is in force from the next tick on, for both
-    assert daemon.rightsize.calls == ["tick", "hold"]
+    assert daemon.parts.rightsize.calls == ["tick", "hold"]
     assert second.decision.note == "paused: maintenance" and second.control.paused == "maintenance"
 
 
@@ -103,7 +103,7 @@ def test_a_pause_arriving_while_sampling_reaches_both_in_that_tick(tmp_path):
     daemon = daemon_with(tmp_path, telemetry, OwnerThatLetsAnOperatorIn(lambda: None))
     telemetry.during = lambda: daemon.control.pause("maintenance")
     result = daemon.tick()
-    assert daemon.rightsize.calls == ["hold"]
+    assert daemon.parts.rightsize.calls == ["hold"]
     assert result.decision.note == "paused: maintenance" and result.control.paused == "maintenance"
 
 
