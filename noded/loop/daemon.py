@@ -121,6 +121,9 @@ class Daemon:
         self._state_failures_seen = 0
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
+        #: per CPU job, what right-sizing's last plan granted it before halving: a cores host
+        #: reads its levels in force against it (written once a tick, by _rightsize)
+        self._granted: Mapping[str, tuple[int, ...]] = MappingProxyType({})
         self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
         self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
 
@@ -141,8 +144,8 @@ class Daemon:
                 needs_restart.append(f"contention.{k}")
         contention = replace(new.contention, mba_levels=old.contention.mba_levels, method=old.contention.method)
         self.config = replace(new, contention=contention, **restart_only)
-        if hasattr(self.parts.throttle, "peak"):
-            self.parts.throttle.peak = self.config.peak_bytes_per_domain  # new MBps levels use it
+        if self.parts.throttle is not None:
+            self.parts.throttle.use_peak(self.config.peak_bytes_per_domain)  # new MBps levels use it
         return needs_restart
 
     def _maybe_reload(self) -> None:
@@ -199,6 +202,14 @@ class Daemon:
             log.warning("state=writable again: throttling resumes")
         return self._state_unwritable
 
+    def _levels_in_force(self, sample: Sample) -> dict[str, int | None]:
+        throttle = self.parts.throttle
+        if throttle is None:
+            return {}
+        if throttle.kind == "cores":
+            return throttle.levels_in_force(sample, self._granted)
+        return throttle.levels_in_force(sample)
+
     def _rightsize(self, sample: Sample, decision: Decision, paused: str | None,
                    now: float) -> tuple[CpuPlan | None, RightsizeView]:
         """Right-sizing's part of a tick: its sizings fed from this Sample, and the node's
@@ -221,10 +232,9 @@ class Daemon:
         except PlanError as e:
             plan, error = None, str(e)
             self._plan_log.log(logging.WARNING, "plan", "rightsize: no plan of CPUs this tick: %s", e)
-        if cores:
-            # the levels in force are read against what the plan grants CPU jobs (lent CPUs included)
-            self.parts.throttle.granted = {} if plan is None else {
-                j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"}
+        # the next tick's levels in force are read against what the plan grants CPU jobs (lent CPUs included)
+        self._granted = MappingProxyType({} if plan is None else {
+            j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"})
         return plan, rs.view(have, plan, error)
 
     def _memory(self, sample: Sample) -> MemoryView:
@@ -261,7 +271,8 @@ class Daemon:
         an MBA host the throttle still applies its levels, and the owner only sizes and lends."""
         cpus = self.parts.cpu_owner.apply({job: plan.cpus_of(job) for job in plan.jobs}, sample)
         if self.parts.throttle is None or self.parts.throttle.kind != "cores":
-            result = self.parts.throttle.apply(levels, sample) if self.parts.throttle else ApplyResult((), MappingProxyType({}))
+            throttle = self.parts.throttle
+            result = throttle.apply(levels, sample) if throttle else ApplyResult((), MappingProxyType({}))
             return result, cpus
         changed = {c.job: c for c in cpus.applied}
         applied, after = [], {}
@@ -295,7 +306,7 @@ class Daemon:
             t2 = self.clock()
             result = ApplyResult((), MappingProxyType({}))
         else:
-            in_force = self.parts.throttle.levels_in_force(sample) if self.parts.throttle else {}
+            in_force = self._levels_in_force(sample)
             limits = self.parts.throttle.max_levels(sample) if self.parts.throttle else {}
             if unwritable:
                 limits = limits_while_unwritable(limits, in_force)
@@ -307,14 +318,13 @@ class Daemon:
                 # Paused: nothing is throttled automatically (the policy still learns its
                 # baselines); only what operators set explicitly holds.
                 limits = {j: lvl for j, lvl in limits.items() if j in overrides}
-                self.state = replace(self.state, throttles=MappingProxyType(
-                    {j: t for j, t in self.state.throttles.items() if j in overrides}))
             metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
             known = self.parts.baselines.known(metas) if self.parts.baselines else MappingProxyType({})
             decision, self.state = decide(sample, self.state, self.config.contention,
                                           self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
-                                          self.parts.throttle.level_share if self.parts.throttle else (lambda level: 1.0), known,
-                                          frozenset(caps))
+                                          self.parts.throttle.level_share if self.parts.throttle else
+                                          (lambda level: 1.0), known,
+                                          frozenset(caps), paused=bool(paused))
             if decision.note == NOTHING_LEFT_TO_THROTTLE:
                 stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
                          f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "

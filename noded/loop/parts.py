@@ -44,6 +44,8 @@ class Throttle(Protocol):
 
     def release_all(self) -> list[str]: ...
 
+    def use_peak(self, peak_bytes_per_domain: float) -> None: ...
+
 
 class Notifier(Protocol):
     """systemd's notify protocol, told around each reload (commands.sdnotify.SystemdNotifier)."""
