@@ -94,6 +94,38 @@ class MemoryView:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Decided:
+    """What a tick decided: contention's decision, the levels in force it was made against,
+    the caps planned (job -> cap) and why contention lasts with nothing left to throttle."""
+
+    decision: Decision
+    in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
+    caps: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    stuck: str | None = None
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What a tick changed: the levels' (or the plan's) result, the owner of CPUs' result,
+    right-sizing's view and its memory's (None: off, or not this tick)."""
+
+    result: ApplyResult
+    cpus: CpuSetResult | None = None
+    rightsize: RightsizeView | None = None
+    memory: MemoryView | None = None
+
+
+def nothing_left_to_throttle(decision: Decision) -> str | None:
+    """Why contention lasts with nothing left to throttle, while it does (an alert's text)."""
+    if decision.note != NOTHING_LEFT_TO_THROTTLE:
+        return None
+    return (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
+            f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
+            "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
+            "unknown): `nodectl explain JOB` says which")
+
+
 def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
     """No new original can be recorded: no level may rise above what is in force. A job
     whose level is unknown (None) or unsettled (a change left half done, -1) is at no
@@ -291,87 +323,136 @@ class Daemon:
         return ApplyResult(tuple(applied), MappingProxyType(after), failed, cpus.housekeeping_failed), cpus
 
     def tick(self) -> TickResult:
+        """sample -> decide (each controller proposes) -> one plan per knob -> apply -> result."""
         t0 = self.clock()
         sample = self.parts.telemetry.sample()
         t1 = self.clock()
         control = self.control.read()  # what operators set, once: every step below sees this reading
         unwritable = self._state_check(t1)
-        rightsize, cpus, memory = None, None, None
-        stuck = None  # why contention lasts with nothing left to throttle, while it does
-        if not sample.jobs_known:
+        if sample.jobs_known:
+            decided = self._decide(sample, control, unwritable, t0)
+            t2 = self.clock()
+            acted = self._act(sample, decided, control.paused, t0)
+        else:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
-            decision = Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
-                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed")
+            decided, acted = self._holding(), Acted(ApplyResult((), MappingProxyType({})))
             t2 = self.clock()
-            result = ApplyResult((), MappingProxyType({}))
-        else:
-            in_force = self._levels_in_force(sample)
-            limits = self.parts.throttle.max_levels(sample) if self.parts.throttle else {}
-            if unwritable:
-                limits = limits_while_unwritable(limits, in_force)
-            active = {o.job: o for o in control.overrides}
-            overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
-            paused = control.paused
-            caps = self._plan_caps(sample, active, in_force, unwritable, paused)
-            if paused:
-                # Paused: nothing is throttled automatically (the policy still learns its
-                # baselines); only what operators set explicitly holds.
-                limits = {j: lvl for j, lvl in limits.items() if j in overrides}
-            metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
-            known = self.parts.baselines.known(metas) if self.parts.baselines else MappingProxyType({})
-            decision, self.state = decide(sample, self.state, self.config.contention,
-                                          self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
-                                          self.parts.throttle.level_share if self.parts.throttle else
-                                          (lambda level: 1.0), known,
-                                          frozenset(caps), paused=bool(paused))
-            if decision.note == NOTHING_LEFT_TO_THROTTLE:
-                stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
-                         f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
-                         "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
-                         "unknown): `nodectl explain JOB` says which")
-            if self.parts.baselines:
-                self.parts.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
-            if paused:
-                decision = replace(decision, note=f"paused: {paused}")
-            elif unwritable:
-                decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
-                                   + (f"; {decision.note}" if decision.note else ""))
-            for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
-                log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause,
-                           reason=a.reason)
-            t2 = self.clock()
-            plan = None
-            if self.parts.rightsize is not None:
-                plan, rightsize = self._rightsize(sample, decision, paused, t0)
-            # where each job's tasks go: its level's group, or its cap's own (decided here, once)
-            places = {**decision.levels, **{j: CAPPED for j in caps}}
-            if self.parts.caps is not None:
-                self.parts.caps.before_apply(caps)
-            if plan is not None:
-                result, cpus = self._apply_plan(plan, places, in_force, sample)
-            else:
-                result = self.parts.throttle.apply(places, sample) if self.parts.throttle else \
-                    ApplyResult((), MappingProxyType({}))
-            if self.parts.caps is not None:
-                failed = {a.job for a in result.failed} | set(result.job_errors)
-                self.parts.caps.after_apply(caps, lambda j: j not in failed and (
-                    in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
-            if self.parts.memory is not None and self.parts.rightsize is not None:
-                memory = self._memory(sample)
-            if self.parts.colocation is not None:
-                self.parts.colocation.tick(sample)
         t3 = self.clock()
+        durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}
+        return self._publish(t0, sample, control, decided, acted, durations)
+
+    def _holding(self) -> Decided:
+        """The decision while the jobs are unknown: every level as it stands."""
+        return Decided(Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
+                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed"))
+
+    def _decide(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Decided:
+        """Contention's levels and the bandwidth caps, from this Sample and the operators' reading."""
+        throttle = self.parts.throttle
+        in_force = self._levels_in_force(sample)
+        limits = throttle.max_levels(sample) if throttle else {}
+        if unwritable:
+            limits = limits_while_unwritable(limits, in_force)
+        active = {o.job: o for o in control.overrides}
+        overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
+        paused = control.paused
+        caps = self._plan_caps(sample, active, in_force, unwritable, paused)
+        if paused:
+            # Paused: nothing is throttled automatically (the policy still learns its
+            # baselines); only what operators set explicitly holds.
+            limits = {j: lvl for j, lvl in limits.items() if j in overrides}
+        metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
+        baselines = self.parts.baselines
+        known = baselines.known(metas) if baselines else MappingProxyType({})
+        decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
+                                      limits, now, MappingProxyType(overrides),
+                                      throttle.level_share if throttle else (lambda level: 1.0), known,
+                                      frozenset(caps), paused=bool(paused))
+        stuck = nothing_left_to_throttle(decision)
+        if baselines:
+            baselines.update(self.state.baselines, self.state.baseline_sources, metas)
+        if paused:
+            decision = replace(decision, note=f"paused: {paused}")
+        elif unwritable:
+            decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
+                               + (f"; {decision.note}" if decision.note else ""))
+        for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
+            log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause, reason=a.reason)
+        return Decided(decision, in_force, caps, stuck)
+
+    def _act(self, sample: Sample, decided: Decided, paused: str | None, now: float) -> Acted:
+        """Right-sizing's plan of CPUs, then each knob written once: levels and caps (or the
+        plan's CPUs), memory soft limits, co-location's view of the GPUs."""
+        plan, rightsize = None, None
+        if self.parts.rightsize is not None:
+            plan, rightsize = self._rightsize(sample, decided.decision, paused, now)
+        result, cpus = self._apply_levels(sample, decided, plan)
+        memory = None
+        if self.parts.memory is not None and self.parts.rightsize is not None:
+            memory = self._memory(sample)
+        if self.parts.colocation is not None:
+            self.parts.colocation.tick(sample)
+        return Acted(result, cpus, rightsize, memory)
+
+    def _apply_levels(self, sample: Sample, decided: Decided,
+                      plan: CpuPlan | None) -> tuple[ApplyResult, CpuSetResult | None]:
+        """The levels and caps decided: through the plan of CPUs where right-sizing made one,
+        else through the throttle; the caps' holders told before and after."""
+        caps, in_force = decided.caps, decided.in_force
+        # where each job's tasks go: its level's group, or its cap's own (decided here, once)
+        places = {**decided.decision.levels, **{j: CAPPED for j in caps}}
+        if self.parts.caps is not None:
+            self.parts.caps.before_apply(caps)
+        cpus = None
+        if plan is not None:
+            result, cpus = self._apply_plan(plan, places, in_force, sample)
+        else:
+            throttle = self.parts.throttle
+            result = throttle.apply(places, sample) if throttle else ApplyResult((), MappingProxyType({}))
+        if self.parts.caps is not None:
+            failed = {a.job for a in result.failed} | set(result.job_errors)
+            self.parts.caps.after_apply(caps, lambda j: j not in failed and (
+                in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
+        return result, cpus
+
+    def _publish(self, t0: float, sample: Sample, control: ControlSnapshot, decided: Decided, acted: Acted,
+                 durations: dict[str, float]) -> TickResult:
+        """The tick's result, counted and swapped in whole: what metrics and the admin socket read."""
+        decision, throttle = decided.decision, self.parts.throttle
         self.control.record(t0, decision.actions, sample.jobs if sample.jobs_known else None)
         self.ticks += 1
-        original_cpus = {}
-        if self.parts.throttle is not None and self.parts.throttle.kind == "cores":
-            original_cpus = {j: len(self.parts.throttle.original_cpus(js)) for j, js in sample.jobs.items()
-                             if js.cpus is not None}
-        colocation = self.parts.colocation.view() if self.parts.colocation is not None else None
-        durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2, "total": self.clock() - t0}
+        durations["total"] = self.clock() - t0
         self.stats.tick(durations, ((s.name, s.ok, s.duration_s, s.cpu_s) for s in sample.samplers))
-        kind = self.parts.throttle.kind if self.parts.throttle else "cpusets"
+        self._count_errors(sample, acted)
+        original_cpus = {}
+        if throttle is not None and throttle.kind == "cores":
+            original_cpus = {j: len(throttle.original_cpus(js)) for j, js in sample.jobs.items() if js.cpus is not None}
+        rightsize = acted.rightsize
+        if rightsize is None and self.parts.rightsize is not None:
+            rightsize = self.parts.rightsize.view()
+        result = TickResult(
+            tick=self.ticks, t=t0, sample=sample, decision=decision, applied=acted.result.applied,
+            durations=MappingProxyType(durations), throttle_kind=throttle.kind if throttle else None,
+            levels=acted.result.levels,
+            state_unwritable=self._state_check(self.clock()),  # a write of this tick's that failed shows here
+            baselines=MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
+                                        for j, b in self.state.baselines.items()}),
+            config=self.config, overruns=self.overruns, original_cpus=MappingProxyType(original_cpus),
+            colocation=self.parts.colocation.view() if self.parts.colocation is not None else None,
+            control=self.control.after(control), totals=self.stats.snapshot(), rightsize=rightsize,
+            cpus=acted.cpus, memory=acted.memory, watching=watching(sample, self.config),
+            caps=self.parts.caps.view() if self.parts.caps is not None else MappingProxyType({}))
+        self.last = result
+        self.totals = result.totals
+        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
+        self.lasting.update(self._lasting_states(result, decided.stuck), t0, self.config.contention.hold_s)
+        return result
+
+    def _count_errors(self, sample: Sample, acted: Acted) -> None:
+        """The actuators' failures of this tick, by actuator and operation, and the jobs held."""
+        throttle, result, cpus = self.parts.throttle, acted.result, acted.cpus
+        kind = throttle.kind if throttle else "cpusets"
         for failed in result.failed:
             self.stats.actuator_error(kind, failed.operation)
         self._count_job_errors(sample, result)
@@ -382,22 +463,6 @@ class Daemon:
                 self.stats.actuator_error("cpusets", c.operation)
             for operation in cpus.housekeeping_failed:
                 self.stats.actuator_error("cpusets", operation)
-        if rightsize is None and self.parts.rightsize is not None:
-            rightsize = self.parts.rightsize.view()
-        unwritable = self._state_check(self.clock())  # a write of this tick's that failed shows in its result
-        result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
-                            self.parts.throttle.kind if self.parts.throttle else None, result.levels, unwritable,
-                            MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
-                                              for j, b in self.state.baselines.items()}),
-                            self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.after(control), self.stats.snapshot(), rightsize, cpus, memory,
-                            watching(sample, self.config),
-                            self.parts.caps.view() if self.parts.caps is not None else MappingProxyType({}))
-        self.last = result
-        self.totals = result.totals
-        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
-        self.lasting.update(self._lasting_states(result, stuck), t0, self.config.contention.hold_s)
-        return result
 
     @staticmethod
     def _lasting_states(result: TickResult, stuck: str | None) -> dict[str, str]:
