@@ -91,6 +91,18 @@ def sleeper():
 _readers: dict[int, tuple] = {}
 
 
+def rebuilt(daemon, **parts):
+    """``daemon`` built again from its parts but ``parts`` (a co-location, an overrides' store
+    with the test's clock ...), as the wiring would have built it: nothing is set on a Daemon
+    once built. The new daemon starts afresh (it has not ticked)."""
+    import dataclasses
+
+    from noded.loop.daemon import Daemon
+
+    return Daemon(daemon.config, dataclasses.replace(daemon.parts, **parts), clock=daemon.clock,
+                  extra_info=daemon.extra_info)
+
+
 def read_until(stream, text, what, timeout=30.0):
     """The next line of a process's output holding ``text``. Fails at EOF or at the
     deadline with everything read so far: a reader never spins on EOF nor waits forever.
@@ -257,8 +269,8 @@ def admin_socket(tmp_path):
 
     def serve(last, rightsize=None):
         clock = lambda: 1_700_000_000.0  # noqa: E731
-        daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)),
-                                 colocation=None, last=last, rightsize=rightsize, last_failure=None,
+        daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), clock)), last=last,
+                                 parts=SimpleNamespace(colocation=None, rightsize=rightsize), last_failure=None,
                                  failures_in_a_row=0)
         os.chmod(tmp_path, 0o755)
         # a socket of its own for each server: noded never takes over a socket another listens on

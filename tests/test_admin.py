@@ -39,7 +39,7 @@ def admin(tmp_path):
     h = Harness(tmp_path, NLP_AND_HOG)
     clock = WallClock()
     store = OverrideStore(h.config.state_dir, clock)
-    h.daemon.control.overrides = store
+    h.rebuild(overrides=store)
     # A directory anyone may traverse, as /run/noded is to the admin group: only the
     # socket's own mode and the peer check keep others out.
     rundir = tempfile.mkdtemp(prefix="noded-admin-")

@@ -46,8 +46,10 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, profiles=str(tmp_path / "profiles.yaml"), threshold_c=60.0,
             mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
-        h.daemon.colocation = build_colocation(config, h.daemon.clock)
-        wait_for(lambda: h.daemon.colocation.mps_state == "ok", timeout=30, what="MPS up")
+        # the operators' store the admin socket reads, in a directory of its own
+        h.rebuild(colocation=build_colocation(config, h.daemon.clock),
+                  overrides=OverrideStore(str(tmp_path / "st"), lambda: 0.0))
+        wait_for(lambda: h.daemon.parts.colocation.mps_state == "ok", timeout=30, what="MPS up")
 
         def mode():  # as the driver says it (the simulated node's model learns it at its next step)
             pynvml.nvmlInit()
@@ -59,7 +61,6 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         assert mode() == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
         gpu = h.sim.gpus[0]
         h.tick()
-        h.daemon.control.overrides = OverrideStore(str(tmp_path / "st"), lambda: 0.0)
         server = AdminServer(str(tmp_path / "noded.sock"), h.daemon, group=None).start()
         admit = lambda job, model, bs: (nodectl.main(["--socket", server.path, "admit", "--job", job, "--model", model,
                                                       "--batch-size", str(bs)]), capsys.readouterr().out)
@@ -82,13 +83,13 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         ncu = tmp_path / "tiny.csv"
         ncu.write_text('"ID","gpu__time_duration.sum","sm__warps_active.avg.pct_of_peak_sustained_active",'
                        '"dram__throughput.avg.pct_of_peak_sustained_elapsed"\n"","usecond","%","%"\n"0","10","5","5"\n')
-        h.daemon.colocation.release("slurm:4")
+        h.daemon.parts.colocation.release("slurm:4")
         code = nodectl.main(["--socket", server.path, "--json", "admit", "--job", "slurm:7", "--model", "tiny",
                              "--batch-size", "8", "--profile", str(ncu)])
         out = capsys.readouterr().out
         assert code == 0 and '"n_jobs_after": 3' in out and f"{ncu} (sent by uid 0)" in out
         server.stop()
-        pipe = h.daemon.colocation.mps.pipe_dir
+        pipe = h.daemon.parts.colocation.mps.pipe_dir
         h.daemon.shutdown()
         assert mode() == pynvml.NVML_COMPUTEMODE_DEFAULT and not os.path.exists(pipe)
         assert processes_serving(pipe) == []
@@ -182,8 +183,8 @@ def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
 
     h = Harness(tmp_path, "  []", gpus=1)
     try:
-        h.daemon.colocation = Colocation(ColocationRule(), {}, mps=None, clock=h.daemon.clock,
-                                         outcomes=Outcomes(str(tmp_path / "st")))
+        h.rebuild(colocation=Colocation(ColocationRule(), {}, mps=None, clock=h.daemon.clock,
+                                        outcomes=Outcomes(str(tmp_path / "st"))))
         import tempfile
 
         rundir = tempfile.mkdtemp(prefix="noded-report-")
@@ -200,7 +201,7 @@ def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
         job.stdin.flush()
         assert job.stdout.readline() == "True\n"  # the job itself
         job.wait()
-        assert h.daemon.colocation.outcomes._solo == {"train": [0.25]}
+        assert h.daemon.parts.colocation.outcomes._solo == {"train": [0.25]}
         if os.geteuid() == 0 and shutil.which("setpriv") and os.path.exists("/usr/bin/python3"):
             # Another user's process may not speak for the job (root and the admin group may).
             raw = ("import json,socket,sys\ns=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
@@ -244,8 +245,9 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, max_jobs_per_gpu=40, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
         with caplog.at_level(logging.WARNING, logger="noded.colocation.setup"):
-            h.daemon.colocation = build_colocation(config, h.daemon.clock)
-        assert h.daemon.colocation.rule.max_jobs_per_gpu == 16
+            colocation = build_colocation(config, h.daemon.clock)
+        h.rebuild(colocation=colocation)  # stopped with the daemon
+        assert colocation.rule.max_jobs_per_gpu == 16
         assert any("exceeds MPS's 16 clients per device" in r.message for r in caplog.records)
     finally:
         h.stop()

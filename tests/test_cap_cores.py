@@ -68,15 +68,15 @@ def test_a_cap_below_the_lowest_mba_value_is_met_on_fewer_cores_and_the_cores_co
         r = h.until(lambda r: affinity(pid) == half, 20, f"the hog on {len(half)} of its {len(REAL)} CPUs")
         start = stat_fields("/proc", pid)[STARTTIME].decode()
         # recorded before the first write, as every change of a job's CPUs is
-        assert h.daemon.cpu_owner.originals.get(affinity_key(pid, start)) == REAL
+        assert h.daemon.parts.cpu_owner.originals.get(affinity_key(pid, start)) == REAL
         r = h.until(lambda r: r.caps["sim:hog"].cpus == f"{len(half)} of {len(REAL)} CPUs", 2, "the cores explained")
-        group = h.daemon.throttle.cap_name("sim:hog")
+        group = h.daemon.parts.throttle.cap_name("sim:hog")
         wait_for(lambda: group_bandwidth_over(h.rc(), group, 1.0) <= 1.05 * cap, timeout=10,
                  what="the hog at its cap or under on fewer cores")
         # the cap ends: its own CPUs back, the record gone
         store.clear("sim:hog", 0)
         h.until(lambda r: affinity(pid) == REAL and "sim:hog" not in r.caps, 10, "the hog's CPUs back")
-        assert h.daemon.cpu_owner.originals.get(affinity_key(pid, start)) is None
+        assert h.daemon.parts.cpu_owner.originals.get(affinity_key(pid, start)) is None
         # capped again, then its demand falls: MBA alone holds the cap, the CPUs come back
         store.set(Override("sim:hog", 0, 0, "again", clock(), None, cap))
         h.until(lambda r: affinity(pid) == half, 20, "the hog on fewer CPUs again")

@@ -33,7 +33,7 @@ def test_a_holder_is_started_again_on_resctrl_mounted_again(tmp_path, caplog):
         cap = 0.7 * free
         store.set(Override("sim:hog", 0, 0, "test", clock(), None, cap))
         h.until(steered, 5, "a holder steering the hog")
-        first = h.daemon.caps.holders["sim:hog"]
+        first = h.daemon.parts.caps.holders["sim:hog"]
         # resctrl goes away under the daemon (its server stops, the mount is lazily detached) ...
         emu = h.sim.emu
         emu.proc.terminate()
@@ -46,10 +46,10 @@ def test_a_holder_is_started_again_on_resctrl_mounted_again(tmp_path, caplog):
         h.sim.emu = MountedEmulator("intel-quantised", workdir=emu.workdir, extra_args=["--peak-gbps", "1000"]).start()
         h.sim._set_demand("hog", h.sim.demand_gbps["hog"])
         h.sim._set_demand("bert", h.sim.demand_gbps["bert"])
-        r = h.until(lambda r: steered(r) and h.daemon.caps.holders["sim:hog"] is not first
-                    and h.daemon.caps.holders["sim:hog"].alive, 15, "a new holder on the new mount")
+        r = h.until(lambda r: steered(r) and h.daemon.parts.caps.holders["sim:hog"] is not first
+                    and h.daemon.parts.caps.holders["sim:hog"].alive, 15, "a new holder on the new mount")
         assert "cap sim:hog: its holder stopped steering" in caplog.text
-        group = h.daemon.throttle.cap_name("sim:hog")
+        group = h.daemon.parts.throttle.cap_name("sim:hog")
         rc = h.rc()
         assert group in [g.name for g in rc.list_ctrl_groups()]
         wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,

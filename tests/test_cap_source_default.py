@@ -65,11 +65,11 @@ def test_every_cpu_job_of_a_source_is_held_at_its_default_cap(tmp_path):
             assert c.cap_bps == 12 * GB and c.source == "source default" and "jobs.sources[].cap_gbps" in c.why
             assert r.sample.jobs[job].source == "cgroup" and job not in r.levels
         rc = sim.open_resctrl()
-        group = daemon.throttle.cap_name("cgroup:hog")
+        group = daemon.parts.throttle.cap_name("cgroup:hog")
         wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / (12 * GB) - 1) <= 0.05, timeout=10,
                  what="the hog within 5 % of its source's cap")
         # a job under its cap moves what it asks: a cap is a ceiling, not a share
-        quiet = daemon.throttle.cap_name("cgroup:quiet")
+        quiet = daemon.parts.throttle.cap_name("cgroup:quiet")
         assert group_bandwidth_over(rc, quiet, 1.0) == pytest.approx(2 * GB, rel=0.1)
         daemon.shutdown()
         daemon = None

@@ -176,7 +176,7 @@ def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_af
     h = Harness(tmp_path, NLP_AND_HOG, profile="intel-quantised", peak=1000)
     try:
         clock = WallClock()
-        h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
+        store = h.rebuild(overrides=OverrideStore(h.config.state_dir, clock)).control.overrides
         def hog(r):
             return r.sample.jobs.get("sim:hog") and r.sample.jobs["sim:hog"].bandwidth_bps or 0
 
@@ -187,7 +187,7 @@ def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_af
         r = h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5,
                     "a holder steering the hog")
         assert r.caps["sim:hog"].source == "override" and "sim:hog" not in r.levels
-        group = h.daemon.throttle.cap_name("sim:hog")
+        group = h.daemon.parts.throttle.cap_name("sim:hog")
         rc = h.rc()
         assert group in [g.name for g in rc.list_ctrl_groups()]
         wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
@@ -198,7 +198,7 @@ def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_af
         store.set(Override("sim:hog", 0, 0, "again", clock(), None, cap))
         h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped again")
         h.daemon.shutdown()  # noded stops: no cap group of its left behind, no holder steering
-        assert group not in [g.name for g in h.rc().list_ctrl_groups()] and not h.daemon.caps.holders
+        assert group not in [g.name for g in h.rc().list_ctrl_groups()] and not h.daemon.parts.caps.holders
     finally:
         h.stop()
 
@@ -237,23 +237,24 @@ def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_
     noded's start removes it with every group of noded's, and caps the job anew."""
     from test_eliminator import NLP_AND_HOG, Harness
 
+    from conftest import rebuilt
     from noded.commands.wiring import build_daemon
 
     h = Harness(tmp_path, NLP_AND_HOG)
     try:
         clock = WallClock()
-        h.daemon.control.overrides = OverrideStore(h.config.state_dir, clock)
+        h.rebuild(overrides=OverrideStore(h.config.state_dir, clock))
         h.until(lambda r: "sim:hog" in r.sample.jobs, 15, "the hog running")
         h.daemon.control.overrides.set(Override("sim:hog", 0, 0, "", clock(), None, 6e9))
         h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped")
-        group = h.daemon.throttle.cap_name("sim:hog")
-        h.daemon.caps.stop_all()  # its thread ends with the process; nothing else of a stop runs
+        group = h.daemon.parts.throttle.cap_name("sim:hog")
+        h.daemon.parts.caps.stop_all()  # its thread ends with the process; nothing else of a stop runs
         assert group in [g.name for g in h.rc().list_ctrl_groups()]
         again = build_daemon(h.config, discovery=h.sim.discovery)
         assert group not in [g.name for g in h.rc().list_ctrl_groups()]
         assert any("resctrl groups left by an earlier run" in n for n in again.notes), again.notes
-        h.daemon = again.daemon  # the override is in the state directory: the new daemon caps it anew
-        h.daemon.control.overrides = OverrideStore(h.config.state_dir, clock)
+        # the override is in the state directory: the new daemon caps it anew
+        h.daemon = rebuilt(again.daemon, overrides=OverrideStore(h.config.state_dir, clock))
         h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped anew")
         assert group in [g.name for g in h.rc().list_ctrl_groups()]
     finally:

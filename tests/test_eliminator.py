@@ -39,6 +39,13 @@ class Harness:
     def rc(self):
         return self.sim.open_resctrl()
 
+    def rebuild(self, **parts):
+        """The daemon built again with these parts changed (conftest.rebuilt); returns it."""
+        from conftest import rebuilt
+
+        self.daemon = rebuilt(self.daemon, **parts)
+        return self.daemon
+
     def tick(self):
         # Fixed-rate pacing: bandwidth must accrue between ticks, as on a host.
         self._next += self.config.tick_s
@@ -140,7 +147,7 @@ def test_2_without_mba_the_hogs_cores_are_halved(harness):
     h.until(lambda r: "sim:hog" not in r.levels, 20, "the hog released")
     assert os.sched_getaffinity(pid) == hog_cpus["before"]
     h.daemon.shutdown()
-    assert h.built.daemon.throttle.originals.items() == []  # nothing left to restore
+    assert h.built.daemon.parts.throttle.originals.items() == []  # nothing left to restore
     h.sim.stop()
 
 

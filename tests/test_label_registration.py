@@ -123,7 +123,8 @@ def labelled_socket(tmp_path):
     registry = RegisteredLabels()
     daemon = SimpleNamespace(control=ControlState(OverrideStore(str(tmp_path / "state"), lambda: 0.0),
                                                   registered_labels=registry),
-                             colocation=None, last=None, rightsize=None, last_failure=None, failures_in_a_row=0)
+                             last=None, parts=SimpleNamespace(colocation=None, rightsize=None), last_failure=None,
+                             failures_in_a_row=0)
     os.chmod(tmp_path, 0o755)
     server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2).start()
     yield SimpleNamespace(path=server.path, registry=registry)

@@ -18,6 +18,7 @@ from noded.util.ages import format_age, parse_duration
 from noded.commands.wiring import serve_metrics
 from noded.config import Config
 from noded.loop.daemon import Daemon
+from noded.loop.parts import Parts
 from noded.loop.health import MIN_STALE_S
 from noded.samplers.sample import Sample
 from noded.samplers import SamplerStatus
@@ -27,6 +28,8 @@ from test_metrics import parse
 class StallableTelemetry:
     """An empty node; while ``go`` is clear, a sample blocks (a driver call that never
     returns), as a hung tick does."""
+
+    discovery = events = None  # what the metrics read of telemetry: none here
 
     def __init__(self):
         self.go = threading.Event()
@@ -58,7 +61,7 @@ def last_tick(base: str) -> float | None:
 
 def test_healthz_fails_with_the_reason_while_the_loop_is_stalled_and_recovers_with_it():
     telemetry = StallableTelemetry()
-    daemon = Daemon(Config(tick_s=0.05), telemetry, None)
+    daemon = Daemon(Config(tick_s=0.05), Parts(telemetry))
     server, url = serve_metrics(daemon, "127.0.0.1", 0)
     base = url.rsplit("/", 1)[0]
     stop = threading.Event()

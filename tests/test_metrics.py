@@ -21,6 +21,7 @@ from noded.colocation.service import Colocation
 from noded.config import Config
 from noded.loop.control import ControlState
 from noded.loop.daemon import Daemon, TickResult
+from noded.loop.parts import Parts
 from noded.jobs.model import JobMeta
 from noded.loop.health import Liveness
 from noded.loop.metrics import (ACTIONS, ACTUATOR_OPERATIONS, ADMISSION_RESULTS, JOB_ERROR_STAGES, SAMPLERS, STAGES,
@@ -87,8 +88,8 @@ def assert_every_counter_at_zero(values, *, colocation):
 
 
 def test_before_the_first_tick_a_scrape_has_the_build_info_and_every_counter_at_zero(tmp_path, serve):
-    daemon = Daemon(Config(state_dir=str(tmp_path / "state")), None, None)
-    daemon.colocation = Colocation(ColocationRule(), {}, mps=None, clock=time.monotonic)
+    daemon = Daemon(Config(state_dir=str(tmp_path / "state")),
+                    Parts(None, colocation=Colocation(ColocationRule(), {}, mps=None, clock=time.monotonic)))
     values, types = parse(http_scrape(serve(daemon)))
     assert_every_counter_at_zero(values, colocation=True)
     noded = {name for name in types if name.startswith("noded_")}
@@ -171,6 +172,8 @@ class FlakyTelemetry:
     """Samples an empty node; ``fail`` makes the next sample raise (a bug in a tick), and
     the nvml sampler fails every other tick."""
 
+    discovery = events = None  # what the metrics read of telemetry: none here
+
     def __init__(self):
         self.fail = threading.Event()
         self.n = 0
@@ -190,7 +193,7 @@ class FlakyTelemetry:
 
 def test_a_tick_that_raises_is_counted_in_the_next_result(tmp_path):
     telemetry = FlakyTelemetry()
-    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), telemetry, None)
+    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), Parts(telemetry))
     stop = threading.Event()
     loop = threading.Thread(target=daemon.run, args=(stop,))
     loop.start()
@@ -244,7 +247,7 @@ def test_gpu_utilisation_is_a_ratio_clamped_to_0_1_and_nan_is_left_out():
     jobs = {"slurm:1": JobSample("slurm:1", "registered", frozenset({1}), JobMeta(), "gpu", ("GPU-d",), 42.0,
                                  None, "own")}
     result = result_with(ControlState(), gpus, jobs, {"slurm:1": (120.0, "learned")})
-    daemon = SimpleNamespace(last=result, totals=result.totals, extra_info={}, colocation=None, rightsize=None,
+    daemon = SimpleNamespace(last=result, totals=result.totals, extra_info={}, parts=Parts(None),
                              liveness=Liveness())
     values, _ = parse(generate_latest(make_registry(daemon)).decode())
     assert value(values, "noded_gpu_utilization_ratio", gpu="0", UUID="GPU-a") == 1.0
@@ -274,7 +277,7 @@ def colocation_node_exposition(tmp_path) -> bytes:
     try:
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
-        service = h.daemon.colocation = build_colocation(config, h.daemon.clock)
+        service = h.rebuild(colocation=build_colocation(config, h.daemon.clock)).parts.colocation
         server = MetricsServer(make_registry(h.daemon), "127.0.0.1", 0, METRICS).start()
         before, _ = parse(http_scrape(server))
         assert_every_counter_at_zero(before, colocation=True)

@@ -25,6 +25,7 @@ from noded.config import Config
 from noded.loop.control import ControlState
 from noded.capping.service import CapState
 from noded.loop.daemon import MemoryView, TickResult
+from noded.loop.parts import Parts
 from noded.jobs.model import JobMeta
 from noded.loop.metrics import make_registry
 from noded.policy.contention import Action, Decision
@@ -86,7 +87,7 @@ def fixed_daemon():
                          Watch("resctrl", False, "resctrl unavailable")),
                         MappingProxyType({"sim:hog": CapState(6e9, "override", "an operator's cap", "noded", 6.1e9,
                                                               "30..40 (20 % at 40)", busy_threads=4)}))
-    return SimpleNamespace(last=result, totals=result.totals, colocation=None, rightsize=None,
+    return SimpleNamespace(last=result, totals=result.totals, parts=Parts(None),
                            extra_info={"throttle": "mba", "dry_run": "false"},
                            liveness=SimpleNamespace(last_round_wall=1_700_000_000.5))
 

@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from conftest import rebuilt
 from noded.config import Config, MetricsConfig, RightsizeConfig
 from noded.rightsize import allocator as alloc
 from noded.rightsize import cpuplan
@@ -63,7 +64,7 @@ def node(request):
             sources=("registered",), lend_to=("registered",), warmup_s=1.0, max_window_s=20.0)), scratch)
         os.makedirs(config.runtime_dir, mode=0o755)
         built = build_daemon(config, discovery=sim.discovery, clock=clock)
-        assert built.daemon.throttle.kind == ("cores" if request.param == "cores" else "mba")
+        assert built.daemon.parts.throttle.kind == ("cores" if request.param == "cores" else "mba")
         yield sim, built.daemon, clock
     finally:
         if built is not None:
@@ -132,7 +133,7 @@ def test_a_gpu_job_is_probed_for_real_sized_at_its_curves_best_remembered_and_le
 @needs_two_cpus
 def test_nothing_changes_while_no_source_is_sized(node):
     sim, daemon, clock = node
-    daemon.rightsize = daemon.cpu_owner = None  # as built with rightsize.sources empty
+    daemon = rebuilt(daemon, rightsize=None, cpu_owner=None)  # as built with rightsize.sources empty
     result = run(sim, daemon, clock, lambda r: r.tick >= 40, 15)
     assert result.rightsize is None and result.cpus is None
     assert affinity(sim, "a") == affinity(sim, "c") == set(REAL)

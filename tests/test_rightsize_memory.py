@@ -218,7 +218,7 @@ def test_after_sigkill_the_next_start_puts_the_original_back(v1_job):
     try:
         assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
         assert any("restored" in n and v1_job.mem in n for n in built.notes)
-        assert built.daemon.memory is None  # memory is not sized in this config: restored, nothing more
+        assert built.daemon.parts.memory is None  # memory is not sized in this config: restored, nothing more
     finally:
         built.daemon.shutdown()
 

@@ -8,7 +8,7 @@ import json
 import os
 import re
 from dataclasses import replace
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -33,10 +33,11 @@ class Registry:
     """What make_registry reads of a daemon."""
 
     def __init__(self, last, rightsize=True):
-        self.last, self.colocation, self.extra_info = last, None, {}
+        self.last, self.extra_info = last, {}
         self.totals = last.totals if last is not None else Totals()  # the loop's counters, as the daemon keeps them
         self.liveness = Liveness()  # the loop not started: no noded_last_tick_timestamp_seconds
-        self.rightsize = object() if rightsize else None
+        self.parts = SimpleNamespace(telemetry=None, colocation=None, rightsize=object() if rightsize else None,
+                                     report_budget=None)
 
 
 def sized_node():
@@ -142,8 +143,7 @@ def test_nodectl_size_errors_name_the_job_and_the_sized_jobs(served, admin_socke
     with pytest.raises(SystemExit) as e:
         nodectl_run(s.path, "size", "g", "--cores", "2", "--stop", capsys=capsys)
     assert e.value.code == 2
-    s.daemon.rightsize = None  # what the commands were built with stays: a server without it
-    off = admin_socket(s.daemon.last)
+    off = admin_socket(s.daemon.last)  # a server without right-sizing, over the same tick
     code, out, err = nodectl_run(off.path, "size", "g", "--stop", capsys=capsys)
     assert code == 1 and "right-sizing is not on on this node" in err
 
@@ -186,10 +186,6 @@ def test_the_simulated_nodes_daemon_exports_its_sizing_and_takes_a_pin(node, tmp
     assert value(text, 'noded_job_cpus_lent{job_id="sim:c"}') == 1 and value(text, "noded_cpus_lent") == 1
     assert value(text, "noded_rightsize_sized_total") >= 1 and value(text, "noded_rightsize_probes_total") >= 2
     os.chmod(tmp_path, 0o755)
-    if daemon.control.overrides is None:  # built without an admin socket: explain reads the overrides
-        from noded.loop.overrides import OverrideStore
-
-        daemon.control.overrides = OverrideStore(str(tmp_path / "state"), lambda: 1_700_000_000.0)
     server = AdminServer(str(tmp_path / "noded.sock"), daemon, group=None, timeout_s=2).start()
     try:
         code, out, err = nodectl_run(server.path, "explain", "sim:a", capsys=capsys)

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from conftest import wait_for
+from conftest import rebuilt, wait_for
 from noded.rightsize.curves import MODEL_CURVES
 from nodesim import reporter
 from nodesim.node import SimNode
@@ -193,7 +193,8 @@ def test_a_reporting_job_reports_the_curves_iteration_times_to_noded(tmp_path):
         os.makedirs(config.runtime_dir, mode=0o755)
         daemon = build_daemon(config, discovery=sim.discovery).daemon
         outcomes = Recorded(str(tmp_path / "outcomes"))
-        daemon.colocation = Colocation(ColocationRule(), {}, mps=None, clock=daemon.clock, outcomes=outcomes)
+        daemon = rebuilt(daemon, colocation=Colocation(ColocationRule(), {}, mps=None, clock=daemon.clock,
+                                                       outcomes=outcomes))
         server = AdminServer(config.report_socket, daemon, group=None, reports_only=True).start()
 
         def reports_after(n):

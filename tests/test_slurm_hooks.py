@@ -267,8 +267,8 @@ class NodedBeside:
         profiles = {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")}
         self.colocation = Colocation(ColocationRule(), profiles,
                                      mps=mps, clock=self.h.daemon.clock).start()  # its kernels compiled first
-        self.h.daemon.colocation = self.colocation
-        self.labels = self.h.daemon.control.registered_labels = RegisteredLabels(label_limit)
+        self.labels = RegisteredLabels(label_limit)
+        self.h.rebuild(colocation=self.colocation, registered_labels=self.labels)
         self.h.tick()
         self.rundir = tempfile.mkdtemp(prefix="noded-hooks-")
         os.chmod(self.rundir, 0o755)

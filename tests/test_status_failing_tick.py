@@ -23,6 +23,7 @@ from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer
 from noded.config import Config
 from noded.loop.daemon import Daemon
+from noded.loop.parts import Parts
 from noded.samplers.sample import Sample
 from noded.samplers import SamplerStatus
 
@@ -31,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class TelemetryThatFailsUntilMended:
     """Each sample raises, as a driver's or a kernel's surprise would, until ``mend`` is set."""
+
+    discovery = events = None  # no jobs' discovery behind it
 
     def __init__(self):
         self.mend = threading.Event()
@@ -50,8 +53,8 @@ class TelemetryThatFailsUntilMended:
 @pytest.fixture
 def failing_noded(tmp_path):
     telemetry = TelemetryThatFailsUntilMended()
-    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")), telemetry, None)
-    daemon.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
+    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")),
+                    Parts(telemetry, overrides=OverrideStore(str(tmp_path / "state"), time.time)))
     rundir = tempfile.mkdtemp(prefix="noded-status-")
     server = AdminServer(os.path.join(rundir, "noded.sock"), daemon, group="root", timeout_s=2).start()
     stop = threading.Event()
@@ -106,8 +109,8 @@ def test_status_says_that_ticks_fail_how_many_in_a_row_when_and_why_and_when_the
 def test_a_noded_whose_ticks_never_failed_says_nothing_about_failures(tmp_path):
     telemetry = TelemetryThatFailsUntilMended()
     telemetry.mend.set()
-    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")), telemetry, None)
-    daemon.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
+    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")),
+                    Parts(telemetry, overrides=OverrideStore(str(tmp_path / "state"), time.time)))
     rundir = tempfile.mkdtemp(prefix="noded-status-")
     server = AdminServer(os.path.join(rundir, "noded.sock"), daemon, group="root", timeout_s=2).start()
     stop = threading.Event()

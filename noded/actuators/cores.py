@@ -14,13 +14,14 @@ operator) is theirs: noded forgets its record rather than fight it.
 
 The plan here holds only the CPU jobs, each granted its own original CPUs (no GPU array,
 nothing lent). Where right-sizing is on and has a plan, the daemon writes that plan through
-the owner and this throttle does not write (one writer); ``granted`` then holds what the
-plan granted each CPU job before halving (lent CPUs included), and a level in force is
-read against it as well as against the job's original.
+the owner and this throttle does not write (one writer); the daemon then gives
+``levels_in_force`` what the plan granted each CPU job before halving (lent CPUs
+included), and a level in force is read against it as well as against the job's original.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Mapping
 
 from noded.samplers.sample import CPU, Sample
@@ -47,8 +48,6 @@ class CoreHalving(LevelThrottle):
         self.originals = originals
         self.proc = proc
         self._plan: cpuplan.CpuPlan | None = None
-        #: per CPU job, the CPUs right-sizing's last plan granted it before halving (the daemon sets it)
-        self.granted: Mapping[str, tuple[int, ...]] = {}
 
     @staticmethod
     def level_share(level: int) -> float:
@@ -62,10 +61,13 @@ class CoreHalving(LevelThrottle):
         return {j: max_level(len(self.original_cpus(js))) for j, js in sample.jobs.items()
                 if js.kind == CPU and js.cpus is not None}
 
-    def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
+    def levels_in_force(self, sample: Sample,
+                        granted: Mapping[str, tuple[int, ...]] = MappingProxyType({})) -> dict[str, int | None]:
         """Per job, the lowest level whose CPUs the kernel shows in every cgroup or process of
         the job; 0 where someone else changed them (noded forgets its records: they are the
-        job's own now); UNSETTLED where it shows none of them (a change left half done)."""
+        job's own now); UNSETTLED where it shows none of them (a change left half done).
+        ``granted``: per CPU job, the CPUs right-sizing's last plan granted it before halving
+        (its levels are read against those too); none where right-sizing has no plan."""
         out: dict[str, int | None] = {}
         for job, js in sample.jobs.items():
             v = self.owner.view(job, js)
@@ -73,8 +75,8 @@ class CoreHalving(LevelThrottle):
                 out[job] = UNKNOWN
                 continue
             original = sorted(v.original)
-            granted = sorted(self.granted.get(job) or ())
-            out[job] = next((lvl for base in ([granted] if granted else []) + [original]
+            base_granted = sorted(granted.get(job) or ())
+            out[job] = next((lvl for base in ([base_granted] if base_granted else []) + [original]
                              for lvl in range(max_level(len(base)) + 1)
                              if self.owner.matches(v, kept_cpus(base, lvl))),
                             0 if self.owner.changed_by_others(v) else UNSETTLED)

@@ -50,11 +50,15 @@ class MbaThrottle(LevelThrottle):
         super().__init__(dry_run=dry_run)
         self.session = session
         self.levels = levels
-        self.peak = peak_bytes_per_domain
+        self._peak = peak_bytes_per_domain  # what a level's share is of, where MB is in MBps (use_peak)
         # level, or (CAPPED, job) for a cap's group -> why its control group cannot be used this tick
         self._broken: dict[int | tuple[int, str], str] = {}
         # the same keys -> what was written this tick to make its group ready
         self._prepared: dict[int | tuple[int, str], str] = {}
+
+    def use_peak(self, peak_bytes_per_domain: float) -> None:
+        """A reload's peak: the MB values of levels prepared from now on are its shares."""
+        self._peak = peak_bytes_per_domain
 
     @property
     def max_level(self) -> int:
@@ -125,7 +129,7 @@ class MbaThrottle(LevelThrottle):
             self._prepare_cap_group(rc, job, view)
         for level in sorted({lvl for job, lvl in wanted.items() if lvl > 0 and job in sample.jobs}):
             name = self.ctrl_name(level)
-            value = mb_value(self.levels[level - 1], rc, self.peak)
+            value = mb_value(self.levels[level - 1], rc, self._peak)
             seen = view.ctrl_mb.get(name) if name in view.ctrl_tasks else None
             if seen and all(v == value for v in seen.values()):
                 continue

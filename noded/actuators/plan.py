@@ -83,6 +83,9 @@ class LevelThrottle:
     def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
         raise NotImplementedError
 
+    def use_peak(self, peak_bytes_per_domain: float) -> None:
+        """The node's peak from now on (a reload): levels that are a share of it follow."""
+
     def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
         raise NotImplementedError
 

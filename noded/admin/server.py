@@ -116,8 +116,8 @@ class AdminServer(Protocol):
         self.wall_clock = wall_clock
         self.limits = limits or replace(REPORTS if reports_only else ADMIN, deadline_s=timeout_s)
         # What commands see of the daemon: its control state, its last result, co-location, right-sizing.
-        self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.colocation, wall_clock=wall_clock,
-                                      rightsize=daemon.rightsize,
+        self.commands = AdminCommands(daemon.control, lambda: daemon.last, daemon.parts.colocation,
+                                      wall_clock=wall_clock, rightsize=daemon.parts.rightsize,
                                       registered_labels=daemon.control.registered_labels,
                                       tick_failures=lambda: (daemon.last_failure, daemon.failures_in_a_row))
         self.gid: int | None = None

@@ -13,13 +13,11 @@ import logging
 import os
 import sys
 import threading
-import time
 from contextlib import ExitStack
 
 from mps.errors import MpsError
 
-from noded.loop.overrides import OverrideStore
-from noded.admin.server import AdminServer, ReportBudget
+from noded.admin.server import AdminServer
 from noded.commands.wiring import build_daemon, serve_metrics, with_node_peak
 from noded.stores.calibration import CalibrationError
 from noded.util.cliopts import say
@@ -119,30 +117,27 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
         return 0  # asked to stop while starting: nothing was changed yet
     if args.dry_run:
         log.warning("%s", DRY_RUN_CANNOT_KNOW)
-    built = build_daemon(config, dry_run=args.dry_run)
+    notifier = SystemdNotifier()  # RELOADING=1 / READY=1 around each reload
+    reloader = (lambda: _reload(args.config, settle)) if args.config else None
+    built = build_daemon(config, dry_run=args.dry_run, reloader=reloader, notifier=notifier)
     daemon = built.daemon
     stack.callback(daemon.shutdown)  # from here on, whatever fails below, the node is put back
     signals.attach(daemon)
-    if args.config:
-        daemon.reloader = lambda: _reload(args.config, settle)
     server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
     stack.callback(server.shutdown)
     say(f"noded: metrics at {url}")  # first thing, before anything else speaks
     say(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})")
     log.info("%s", budget.describe())
-    daemon.control.overrides = OverrideStore(built.state, time.time, persist=not args.dry_run)
-    for note in daemon.control.overrides.notes:
+    for note in built.operator_notes:
         print(f"noded: {note}", file=sys.stderr, flush=True)
     admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
                                    timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
     stack.callback(admin.stop)
-    if daemon.colocation is not None or daemon.rightsize is not None:
+    if daemon.parts.report_budget is not None:  # co-location or right-sizing reads tenants' reports
         reports = _listening(AdminServer(config.report_socket, daemon, group=None,
                                          timeout_s=config.admin.timeout_s, reports_only=True,
-                                         budget=ReportBudget(config.admin.reports_per_uid,
-                                                             config.admin.reports_per_job)),
+                                         budget=daemon.parts.report_budget),
                              "report socket", config.report_socket)
-        daemon.report_budget = reports.budget  # its counts are metrics
         stack.callback(reports.stop)
     say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     if args.duration:
@@ -150,9 +145,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
         timer.daemon = True
         timer.start()
         stack.callback(timer.cancel)
-    notifier = SystemdNotifier()
     stack.callback(notifier.stopping)  # runs first on the way out: systemd sees STOPPING at once
-    daemon.notifier = notifier  # RELOADING=1 / READY=1 around each reload
     on_tick, on_failed = _notifier_hooks(notifier)
     daemon.run(signals.stop, on_tick=on_tick, on_failed=on_failed)
     stack.close()

@@ -23,6 +23,10 @@ from noded.actuators.memsoft import MemorySoftLimits
 from noded.policy.baselines import BaselineStore
 from noded.config import DEFAULT_PEAK_GBPS, Config
 from noded.loop.daemon import Daemon
+from noded.loop.overrides import OverrideStore
+from noded.loop.parts import Notifier, Parts
+from noded.admin.server import ReportBudget
+from noded.capping.service import CapService
 from noded.jobs import CgroupSource, JobDiscovery, LabelFile, RegisteredLabels
 from noded.samplers.mongroups import JobMonitor
 from noded.loop.metrics import make_registry
@@ -45,6 +49,8 @@ class Built:
     resctrl: Resctrl | None
     state: SecureDir  # the state directory, checked and open
     notes: list[str] = field(default_factory=list)
+    # what was found corrupt in the overrides and moved aside: `noded run` prints it after its first lines
+    operator_notes: list[str] = field(default_factory=list)
 
 
 def open_state(path: str, dry_run: bool) -> SecureDir:
@@ -62,9 +68,12 @@ def open_state(path: str, dry_run: bool) -> SecureDir:
 
 
 def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscovery | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> Built:
-    """The daemon for ``config``, with what a crash left behind put right first
-    (unless ``dry_run``). The caller holds the host lock (noded.stores.lockfile.HostLock)."""
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 reloader: Callable[[], Config | None] | None = None, notifier: Notifier | None = None) -> Built:
+    """The daemon for ``config``, built whole (noded.loop.parts), with what a crash left
+    behind put right first (unless ``dry_run``). The caller holds the host lock
+    (noded.stores.lockfile.HostLock). ``wall_clock``: the overrides' expiry (they outlive a
+    restart); ``reloader`` reads the config again on SIGHUP; ``notifier`` hears of reloads."""
     notes: list[str] = []
     session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
     rc = session.refresh()
@@ -117,43 +126,60 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     else:
         throttle = cores
     rightsize = config.rightsize.enabled
-    caps = getattr(throttle, "holds_caps", False)  # a capped job below MBA's lowest value gets fewer cores
-    # where each job's CPUs are: what halving cores and right-sizing read (observe, don't believe)
+    caps = isinstance(throttle, MbaThrottle)  # bandwidth caps are held through MBA's groups
+    # where each job's CPUs are: what halving cores, right-sizing and a cap's fewer cores read
+    # (observe, don't believe)
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
                           exec_events_per_uid=config.jobs.exec_events_per_uid,
                           cpus=CpuPlacementSampler() if throttle is cores or rightsize or caps else None)
-    daemon = Daemon(config, telemetry, throttle, clock=clock,
-                    extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
-    # the labels job managers' hooks register: admin state, as the overrides are
-    daemon.control.registered_labels = telemetry.discovery.registered_labels
-    daemon.baselines = baselines
-    if not dry_run:
-        daemon.state_probe = originals.probe
-        daemon.state_failed_writes = lambda: state.failed_writes
-    if caps:
-        daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
-    if rightsize:
-        from noded.rightsize.controls import SizeControls
-        from noded.rightsize.history import SizingHistory
-        from noded.rightsize.service import RightSizing
-
-        history = SizingHistory(state, persist=not dry_run)
-        notes += history.notes
-        controls = SizeControls(state, persist=not dry_run)
-        notes += controls.notes
-        daemon.rightsize = RightSizing(config.rightsize, history, clock=clock, controls=controls)
-        daemon.cpu_owner = cores.owner  # the one writer of every job's CPUs, whatever throttles bandwidth
-        if config.rightsize.memory.cache_gb is not None:
-            daemon.memory = memory
+    sizing = _rightsize_parts(config, state, cores, memory, clock, dry_run, notes) if rightsize else {}
+    if caps and not rightsize:
+        sizing["cpu_owner"] = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
+    colocation = None
     if config.colocation.enabled and dry_run:
         notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
     elif config.colocation.enabled:
         from noded.colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
 
-        daemon.colocation = build_colocation(config, clock, originals)
+        colocation = build_colocation(config, clock, originals)
+    overrides = OverrideStore(state, wall_clock, persist=not dry_run)
+    notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
+    parts = Parts(
+        telemetry=telemetry, throttle=throttle, baselines=baselines,
+        caps=CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) if caps else None,
+        colocation=colocation, overrides=overrides,
+        # the labels job managers' hooks register: admin state, as the overrides are
+        registered_labels=telemetry.discovery.registered_labels,
+        state_probe=None if dry_run else originals.probe,
+        state_failed_writes=None if dry_run else (lambda: state.failed_writes),
+        reloader=reloader, notifier=notifier,
+        # the report socket listens where a tenant's reports are read: co-location or right-sizing
+        report_budget=ReportBudget(config.admin.reports_per_uid, config.admin.reports_per_job)
+        if colocation is not None or sizing else None,
+        **sizing)
+    daemon = Daemon(config, parts, clock=clock,
+                    extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
     for n in notes:
         log.warning(n)
-    return Built(daemon, rc, state, notes)
+    return Built(daemon, rc, state, notes, notes_for_operators)
+
+
+def _rightsize_parts(config: Config, state: SecureDir, cores: CoreHalving, memory: MemorySoftLimits,
+                     clock: Callable[[], float], dry_run: bool, notes: list[str]) -> dict:
+    """Right-sizing's parts: the sizer (its history and operators' sizes kept in the state
+    directory), the one writer of every job's CPUs (whatever throttles bandwidth), and the
+    writer of memory soft limits where memory is sized."""
+    from noded.rightsize.controls import SizeControls
+    from noded.rightsize.history import SizingHistory
+    from noded.rightsize.service import RightSizing
+
+    history = SizingHistory(state, persist=not dry_run)
+    notes += history.notes
+    controls = SizeControls(state, persist=not dry_run)
+    notes += controls.notes
+    return {"rightsize": RightSizing(config.rightsize, history, clock=clock, controls=controls),
+            "cpu_owner": cores.owner,
+            "memory": memory if config.rightsize.memory.cache_gb is not None else None}
 
 
 def serve_metrics(daemon: Daemon, address: str, port: int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -77,3 +77,17 @@ class ControlState:
         overrides = tuple(sorted(store.current().values(), key=lambda o: o.job)) if store else ()
         with self._lock:
             return ControlSnapshot(self._paused, overrides, MappingProxyType(dict(self._actions)))
+
+    def read(self) -> ControlSnapshot:
+        """What operators set, read once at the start of a tick: every part of the tick sees
+        this one reading (a pause or an override arriving meanwhile counts from the next
+        tick). Expired overrides are dropped now (OverrideStore.active)."""
+        store = self.overrides
+        overrides = tuple(sorted(store.active().values(), key=lambda o: o.job)) if store else ()
+        with self._lock:
+            return ControlSnapshot(self._paused, overrides, MappingProxyType(dict(self._actions)))
+
+    def after(self, reading: ControlSnapshot) -> ControlSnapshot:
+        """The tick's ``reading`` with the decision counts as they are now (its actions recorded)."""
+        with self._lock:
+            return replace(reading, actions=MappingProxyType(dict(self._actions)))

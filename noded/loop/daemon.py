@@ -12,19 +12,20 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.memsoft import MemoryResult
 from noded.actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
-from noded.policy.baselines import LEARNED, BaselineStore
-from noded.capping.service import CapService, CapState
+from noded.policy.baselines import LEARNED
+from noded.capping.service import CapState
 from noded.colocation.view import ColocationView
 from noded.config import GB, Config
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.journal import NOTICE, log_change
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
+from noded.loop.parts import Parts
 from noded.policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from noded.util.ratelimit import RateLimitedLog
 from noded.rightsize.cpuplan import CpuPlan, PlanError
@@ -38,20 +39,6 @@ if TYPE_CHECKING:  # the split needs numba: loaded only where memory is sized
     from noded.rightsize.memsplit import MemorySplit
 
 log = logging.getLogger(__name__)
-
-
-class Throttle(Protocol):
-    kind: str
-
-    def max_levels(self, sample: Sample) -> dict[str, int]: ...
-
-    def levels_in_force(self, sample: Sample) -> dict[str, int | None]: ...
-
-    def level_share(self, level: int) -> float: ...
-
-    def apply(self, levels: Mapping[str, int], sample: Sample) -> ApplyResult: ...
-
-    def release_all(self) -> list[str]: ...
 
 
 #: How often the state directory is tried for writing while throttles may be needed.
@@ -109,6 +96,38 @@ class MemoryView:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Decided:
+    """What a tick decided: contention's decision, the levels in force it was made against,
+    the caps planned (job -> cap) and why contention lasts with nothing left to throttle."""
+
+    decision: Decision
+    in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
+    caps: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    stuck: str | None = None
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What a tick changed: the levels' (or the plan's) result, the owner of CPUs' result,
+    right-sizing's view and its memory's (None: off, or not this tick)."""
+
+    result: ApplyResult
+    cpus: CpuSetResult | None = None
+    rightsize: RightsizeView | None = None
+    memory: MemoryView | None = None
+
+
+def nothing_left_to_throttle(decision: Decision) -> str | None:
+    """Why contention lasts with nothing left to throttle, while it does (an alert's text)."""
+    if decision.note != NOTHING_LEFT_TO_THROTTLE:
+        return None
+    return (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
+            f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
+            "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
+            "unknown): `nodectl explain JOB` says which")
+
+
 def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
     """No new original can be recorded: no level may rise above what is in force. A job
     whose level is unknown (None) or unsettled (a change left half done, -1) is at no
@@ -117,19 +136,15 @@ def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, in
 
 
 class Daemon:
-    def __init__(self, config: Config, telemetry: Telemetry, throttle: Throttle | None, *,
-                 clock: Callable[[], float] = time.monotonic, extra_info: Mapping[str, str] | None = None):
+    def __init__(self, config: Config, parts: Parts, *, clock: Callable[[], float] = time.monotonic,
+                 extra_info: Mapping[str, str] | None = None):
         self.config = config
-        self.telemetry = telemetry
-        self.throttle = throttle
+        self.parts = parts  # frozen, whole: which parts are on is decided by the wiring, not here
         self.clock = clock
         self.state = PolicyState()
-        self.control = ControlState()  # overrides, pause, decision history: what the admin socket changes
-        self.colocation = None  # a colocation.service.Colocation where co-location is enabled
-        self.rightsize = None  # a rightsize.service.RightSizing where rightsize.sources names a source
-        self.cpu_owner = None  # the CpuSetOwner right-sizing writes every job's CPUs through (with it on)
+        # overrides, pause, decision history: what the admin socket changes (read once a tick)
+        self.control = ControlState(parts.overrides, parts.registered_labels)
         self._plan_log = RateLimitedLog(log, 60.0, clock)  # a node short of CPUs says so once a minute, not a tick
-        self.memory = None  # the MemorySoftLimits right-sizing's memory writes through (rightsize.memory.cache_gb)
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
@@ -137,19 +152,12 @@ class Daemon:
         self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
         self._reload = threading.Event()
-        self.state_probe: Callable[[], str | None] | None = None  # why the state directory is unwritable, or None
-        #: how many writes into the state directory have failed so far: a new one is probed at once
-        self.state_failed_writes: Callable[[], int] | None = None
         self._state_failures_seen = 0
-        self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
-        # bandwidth caps (noded.capping.service), where the throttle is MBA's
-        self.caps = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) \
-            if getattr(throttle, "holds_caps", False) else None
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
-        self.reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
-        self.notifier = None  # a sdnotify.SystemdNotifier: told RELOADING=1, then READY=1, around each reload
-        self.report_budget = None  # the report socket's admin.server.ReportBudget, where it listens (metrics)
+        #: per CPU job, what right-sizing's last plan granted it before halving: a cores host
+        #: reads its levels in force against it (written once a tick, by _rightsize)
+        self._granted: Mapping[str, tuple[int, ...]] = MappingProxyType({})
         self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
         self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
         #: the last tick that raised, kept once ticks complete again (`nodectl status` says when it was)
@@ -173,17 +181,17 @@ class Daemon:
                 needs_restart.append(f"contention.{k}")
         contention = replace(new.contention, mba_levels=old.contention.mba_levels, method=old.contention.method)
         self.config = replace(new, contention=contention, **restart_only)
-        if hasattr(self.throttle, "peak"):
-            self.throttle.peak = self.config.peak_bytes_per_domain  # new MBps levels use it
+        if self.parts.throttle is not None:
+            self.parts.throttle.use_peak(self.config.peak_bytes_per_domain)  # new MBps levels use it
         return needs_restart
 
     def _maybe_reload(self) -> None:
-        if not self._reload.is_set() or self.reloader is None:
+        if not self._reload.is_set() or self.parts.reloader is None:
             return
         self._reload.clear()
         # systemd hears RELOADING=1 now and READY=1 when it is over, applied or not; not
         # before the first tick's READY=1, which says that noded has started.
-        notifier = self.notifier if self.last is not None else None
+        notifier = self.parts.notifier if self.last is not None else None
         if notifier is not None:
             notifier.reloading()
         status = self._reload_config()
@@ -193,7 +201,7 @@ class Daemon:
     def _reload_config(self) -> str:
         """Read the config again and take it; returns how that went, for systemd's STATUS."""
         try:
-            new = self.reloader()
+            new = self.parts.reloader()
         except Exception:
             log.exception("config reload failed, keeping the running config")
             new = None
@@ -212,10 +220,10 @@ class Daemon:
         """Why the state directory cannot be written now (None: it can): tried every
         STATE_PROBE_S, every second while it fails. Where originals cannot be recorded,
         nothing new is changed."""
-        if self.state_probe is None:
+        if self.parts.state_probe is None:
             return None
         every = 1.0 if self._state_unwritable else STATE_PROBE_S
-        failures = self.state_failed_writes() if self.state_failed_writes is not None else 0
+        failures = self.parts.state_failed_writes() if self.parts.state_failed_writes is not None else 0
         if failures != self._state_failures_seen:
             self._state_failures_seen = failures
             if not self._state_unwritable:
@@ -223,7 +231,7 @@ class Daemon:
         if self._state_checked is not None and now - self._state_checked < every:
             return self._state_unwritable
         self._state_checked = now
-        was, self._state_unwritable = self._state_unwritable, self.state_probe()
+        was, self._state_unwritable = self._state_unwritable, self.parts.state_probe()
         if self._state_unwritable and not was:
             log.error("state=unwritable reason=%r: noded monitors and exports but changes nothing new (no original "
                       "can be recorded); throttles in force may still be released", self._state_unwritable)
@@ -231,31 +239,39 @@ class Daemon:
             log.warning("state=writable again: throttling resumes")
         return self._state_unwritable
 
-    def _rightsize(self, sample: Sample, decision: Decision, now: float) -> tuple[CpuPlan | None, RightsizeView]:
+    def _levels_in_force(self, sample: Sample) -> dict[str, int | None]:
+        throttle = self.parts.throttle
+        if throttle is None:
+            return {}
+        if throttle.kind == "cores":
+            return throttle.levels_in_force(sample, self._granted)
+        return throttle.levels_in_force(sample)
+
+    def _rightsize(self, sample: Sample, decision: Decision, paused: str | None,
+                   now: float) -> tuple[CpuPlan | None, RightsizeView]:
         """Right-sizing's part of a tick: its sizings fed from this Sample, and the node's
         plan of CPUs (None: nothing to plan, or no plan possible: the view says why)."""
-        owner, rs = self.cpu_owner, self.rightsize
+        owner, rs = self.parts.cpu_owner, self.parts.rightsize
         originals, have = {}, {}
         for job, js in sample.jobs.items():
             v = owner.view(job, js)
             if v is not None:
                 originals[job], have[job] = sorted(v.original), len(v.now)
         node_cpus = len(set().union(*map(set, originals.values()))) if originals else 0
-        if self.control.paused:
+        if paused:
             rs.hold(now)  # paused: no probe begins or moves on; every job keeps the size it asks for now
         else:
             rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
-        cores = self.throttle is not None and self.throttle.kind == "cores"
+        cores = self.parts.throttle is not None and self.parts.throttle.kind == "cores"
         error = None
         try:
             plan = rs.plan(sample, originals, decision.levels if cores else {}, self.config.rightsize.lend_to, now)
         except PlanError as e:
             plan, error = None, str(e)
             self._plan_log.log(logging.WARNING, "plan", "rightsize: no plan of CPUs this tick: %s", e)
-        if cores:
-            # the levels in force are read against what the plan grants CPU jobs (lent CPUs included)
-            self.throttle.granted = {} if plan is None else {
-                j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"}
+        # the next tick's levels in force are read against what the plan grants CPU jobs (lent CPUs included)
+        self._granted = MappingProxyType({} if plan is None else {
+            j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"})
         return plan, rs.view(have, plan, error)
 
     def _memory(self, sample: Sample) -> MemoryView:
@@ -268,7 +284,7 @@ class Daemon:
 
         cfg = self.config.rightsize.memory
         # every GPU job of an enabled source, whether or not its CPUs could be read this tick
-        jobs = {j: sample.jobs[j] for j in self.rightsize.gpu_jobs(sample)}
+        jobs = {j: sample.jobs[j] for j in self.parts.rightsize.gpu_jobs(sample)}
         wanted = [CacheJob(j, max(1, len(js.gpus)), cache_curve(js.meta.dataset_gb, js.meta.uncached_share))
                   for j, js in jobs.items()]
         try:
@@ -276,11 +292,11 @@ class Daemon:
         except SplitError as e:
             log.warning("rightsize: no memory split this tick (nothing changed): %s", e)
             return MemoryView(None, None, str(e))
-        cgroups, unplaced = self.memory.observe({j: jobs[j] for j in split.units})
+        cgroups, unplaced = self.parts.memory.observe({j: jobs[j] for j in split.units})
         headroom = int(cfg.headroom_gb * GIB)
         wishes = {j: soft_limit_bytes(cg.anon_bytes, split.units[j], split.unit_bytes, headroom)
                   for j, cg in cgroups.items()}
-        result = self.memory.apply(wishes, cgroups, unplaced)
+        result = self.parts.memory.apply(wishes, cgroups, unplaced)
         for c in result.failed:
             self.stats.actuator_error("memory", "record" if c.error.startswith("original not recorded") else "write")
         return MemoryView(split, result)
@@ -291,11 +307,12 @@ class Daemon:
         that halves cores the plan holds the levels too (the throttle does not write then); on
         an MBA host the throttle still applies its levels, and the owner only sizes and lends."""
         wishes = {job: plan.cpus_of(job) for job in plan.jobs}
-        if self.caps is not None:  # a capped job below MBA's lowest value: fewer of the plan's CPUs
-            wishes = self.caps.cpu_wishes(sample, self.cpu_owner, wishes)
-        cpus = self.cpu_owner.apply(wishes, sample)
-        if self.throttle is None or self.throttle.kind != "cores":
-            result = self.throttle.apply(levels, sample) if self.throttle else ApplyResult((), MappingProxyType({}))
+        if self.parts.caps is not None:  # a capped job below MBA's lowest value: fewer of the plan's CPUs
+            wishes = self.parts.caps.cpu_wishes(sample, self.parts.cpu_owner, wishes)
+        cpus = self.parts.cpu_owner.apply(wishes, sample)
+        if self.parts.throttle is None or self.parts.throttle.kind != "cores":
+            throttle = self.parts.throttle
+            result = throttle.apply(levels, sample) if throttle else ApplyResult((), MappingProxyType({}))
             return result, cpus
         changed = {c.job: c for c in cpus.applied}
         applied, after = [], {}
@@ -314,94 +331,148 @@ class Daemon:
         return ApplyResult(tuple(applied), MappingProxyType(after), failed, cpus.housekeeping_failed), cpus
 
     def tick(self) -> TickResult:
+        """sample -> decide (each controller proposes) -> one plan per knob -> apply -> result."""
         t0 = self.clock()
-        sample = self.telemetry.sample()
+        sample = self.parts.telemetry.sample()
         t1 = self.clock()
+        control = self.control.read()  # what operators set, once: every step below sees this reading
         unwritable = self._state_check(t1)
-        rightsize, cpus, memory = None, None, None
-        stuck = None  # why contention lasts with nothing left to throttle, while it does
-        if not sample.jobs_known:
+        if sample.jobs_known:
+            decided = self._decide(sample, control, unwritable, t0)
+            t2 = self.clock()
+            acted = self._act(sample, decided, control.paused, t0)
+        else:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
-            decision = Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
-                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed")
+            decided, acted = self._holding(), Acted(ApplyResult((), MappingProxyType({})))
             t2 = self.clock()
-            result = ApplyResult((), MappingProxyType({}))
-        else:
-            in_force = self.throttle.levels_in_force(sample) if self.throttle else {}
-            limits = self.throttle.max_levels(sample) if self.throttle else {}
-            if unwritable:
-                limits = limits_while_unwritable(limits, in_force)
-            store = self.control.overrides
-            active = store.active() if store else {}
-            overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
-            paused = self.control.paused
-            caps = self._plan_caps(sample, active, in_force, unwritable, paused)
-            if paused:
-                # Paused: nothing is throttled automatically (the policy still learns its
-                # baselines); only what operators set explicitly holds.
-                limits = {j: lvl for j, lvl in limits.items() if j in overrides}
-                self.state = replace(self.state, throttles=MappingProxyType(
-                    {j: t for j, t in self.state.throttles.items() if j in overrides}))
-            metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
-            known = self.baselines.known(metas) if self.baselines else MappingProxyType({})
-            decision, self.state = decide(sample, self.state, self.config.contention,
-                                          self.config.peak_bytes_per_domain, limits, t0, MappingProxyType(overrides),
-                                          self.throttle.level_share if self.throttle else (lambda level: 1.0), known,
-                                          frozenset(caps))
-            if decision.note == NOTHING_LEFT_TO_THROTTLE:
-                stuck = (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
-                         f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
-                         "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
-                         "unknown): `nodectl explain JOB` says which")
-            if self.baselines:
-                self.baselines.update(self.state.baselines, self.state.baseline_sources, metas)
-            if paused:
-                decision = replace(decision, note=f"paused: {paused}")
-            elif unwritable:
-                decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
-                                   + (f"; {decision.note}" if decision.note else ""))
-            for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
-                log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause,
-                           reason=a.reason)
-            t2 = self.clock()
-            plan = None
-            if self.rightsize is not None:
-                plan, rightsize = self._rightsize(sample, decision, t0)
-            # where each job's tasks go: its level's group, or its cap's own (decided here, once)
-            places = {**decision.levels, **{j: CAPPED for j in caps}}
-            if self.caps is not None:
-                self.caps.before_apply(caps)
-            if plan is not None:
-                result, cpus = self._apply_plan(plan, places, in_force, sample)
-            else:
-                result = self.throttle.apply(places, sample) if self.throttle else \
-                    ApplyResult((), MappingProxyType({}))
-                if self.caps is not None and self.cpu_owner is not None:  # fewer cores below MBA's lowest value
-                    wishes = self.caps.cpu_wishes(sample, self.cpu_owner, {})
-                    if wishes or self.caps.cpus_recorded(self.cpu_owner):  # else nothing to write or put back
-                        cpus = self.cpu_owner.apply(wishes, sample)
-            if self.caps is not None and cpus is not None:
-                self.caps.cpus_applied(cpus)
-            if self.caps is not None:
-                failed = {a.job for a in result.failed} | set(result.job_errors)
-                self.caps.after_apply(caps, lambda j: j not in failed and (
-                    in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
-            if self.memory is not None and self.rightsize is not None:
-                memory = self._memory(sample)
-            if self.colocation is not None:
-                self.colocation.tick(sample)
         t3 = self.clock()
+        durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}
+        return self._publish(t0, sample, control, decided, acted, durations)
+
+    def _holding(self) -> Decided:
+        """The decision while the jobs are unknown: every level as it stands."""
+        return Decided(Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
+                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed"))
+
+    def _decide(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Decided:
+        """Contention's levels and the bandwidth caps, from this Sample and the operators' reading."""
+        throttle = self.parts.throttle
+        in_force = self._levels_in_force(sample)
+        limits = throttle.max_levels(sample) if throttle else {}
+        if unwritable:
+            limits = limits_while_unwritable(limits, in_force)
+        active = {o.job: o for o in control.overrides}
+        overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
+        paused = control.paused
+        caps = self._plan_caps(sample, active, in_force, unwritable, paused)
+        if paused:
+            # Paused: nothing is throttled automatically (the policy still learns its
+            # baselines); only what operators set explicitly holds.
+            limits = {j: lvl for j, lvl in limits.items() if j in overrides}
+        metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
+        baselines = self.parts.baselines
+        known = baselines.known(metas) if baselines else MappingProxyType({})
+        decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
+                                      limits, now, MappingProxyType(overrides),
+                                      throttle.level_share if throttle else (lambda level: 1.0), known,
+                                      frozenset(caps), paused=bool(paused))
+        stuck = nothing_left_to_throttle(decision)
+        if baselines:
+            baselines.update(self.state.baselines, self.state.baseline_sources, metas)
+        if paused:
+            decision = replace(decision, note=f"paused: {paused}")
+        elif unwritable:
+            decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
+                               + (f"; {decision.note}" if decision.note else ""))
+        for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
+            log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause, reason=a.reason)
+        return Decided(decision, in_force, caps, stuck)
+
+    def _act(self, sample: Sample, decided: Decided, paused: str | None, now: float) -> Acted:
+        """Right-sizing's plan of CPUs, then each knob written once: levels and caps (or the
+        plan's CPUs), memory soft limits, co-location's view of the GPUs."""
+        plan, rightsize = None, None
+        if self.parts.rightsize is not None:
+            plan, rightsize = self._rightsize(sample, decided.decision, paused, now)
+        result, cpus = self._apply_levels(sample, decided, plan)
+        memory = None
+        if self.parts.memory is not None and self.parts.rightsize is not None:
+            memory = self._memory(sample)
+        if self.parts.colocation is not None:
+            self.parts.colocation.tick(sample)
+        return Acted(result, cpus, rightsize, memory)
+
+    def _apply_levels(self, sample: Sample, decided: Decided,
+                      plan: CpuPlan | None) -> tuple[ApplyResult, CpuSetResult | None]:
+        """The levels and caps decided: through the plan of CPUs where right-sizing made one,
+        else through the throttle; the caps' holders told before and after."""
+        caps, in_force = decided.caps, decided.in_force
+        # where each job's tasks go: its level's group, or its cap's own (decided here, once)
+        places = {**decided.decision.levels, **{j: CAPPED for j in caps}}
+        if self.parts.caps is not None:
+            self.parts.caps.before_apply(caps)
+        cpus = None
+        if plan is not None:
+            result, cpus = self._apply_plan(plan, places, in_force, sample)
+        else:
+            throttle = self.parts.throttle
+            result = throttle.apply(places, sample) if throttle else ApplyResult((), MappingProxyType({}))
+            cpus = self._cap_cores(sample)
+        if self.parts.caps is not None and cpus is not None:
+            self.parts.caps.cpus_applied(cpus)
+        if self.parts.caps is not None:
+            failed = {a.job for a in result.failed} | set(result.job_errors)
+            self.parts.caps.after_apply(caps, lambda j: j not in failed and (
+                in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
+        return result, cpus
+
+    def _cap_cores(self, sample: Sample) -> CpuSetResult | None:
+        """Without a plan of CPUs: a capped job below MBA's lowest value on fewer cores,
+        through the one owner of every job's CPUs (None: nothing to write or put back)."""
+        caps, owner = self.parts.caps, self.parts.cpu_owner
+        if caps is None or owner is None:
+            return None
+        wishes = caps.cpu_wishes(sample, owner, {})
+        return owner.apply(wishes, sample) if wishes or caps.cpus_recorded(owner) else None
+
+    def _publish(self, t0: float, sample: Sample, control: ControlSnapshot, decided: Decided, acted: Acted,
+                 durations: dict[str, float]) -> TickResult:
+        """The tick's result, counted and swapped in whole: what metrics and the admin socket read."""
+        decision, throttle = decided.decision, self.parts.throttle
         self.control.record(t0, decision.actions, sample.jobs if sample.jobs_known else None)
         self.ticks += 1
-        original_cpus = {}
-        if self.throttle is not None and self.throttle.kind == "cores":
-            original_cpus = {j: len(self.throttle.original_cpus(js)) for j, js in sample.jobs.items()
-                             if js.cpus is not None}
-        colocation = self.colocation.view() if self.colocation is not None else None
-        durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2, "total": self.clock() - t0}
+        durations["total"] = self.clock() - t0
         self.stats.tick(durations, ((s.name, s.ok, s.duration_s, s.cpu_s) for s in sample.samplers))
-        kind = self.throttle.kind if self.throttle else "cpusets"
+        self._count_errors(sample, acted)
+        original_cpus = {}
+        if throttle is not None and throttle.kind == "cores":
+            original_cpus = {j: len(throttle.original_cpus(js)) for j, js in sample.jobs.items() if js.cpus is not None}
+        rightsize = acted.rightsize
+        if rightsize is None and self.parts.rightsize is not None:
+            rightsize = self.parts.rightsize.view()
+        result = TickResult(
+            tick=self.ticks, t=t0, sample=sample, decision=decision, applied=acted.result.applied,
+            durations=MappingProxyType(durations), throttle_kind=throttle.kind if throttle else None,
+            levels=acted.result.levels,
+            state_unwritable=self._state_check(self.clock()),  # a write of this tick's that failed shows here
+            baselines=MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
+                                        for j, b in self.state.baselines.items()}),
+            config=self.config, overruns=self.overruns, original_cpus=MappingProxyType(original_cpus),
+            colocation=self.parts.colocation.view() if self.parts.colocation is not None else None,
+            control=self.control.after(control), totals=self.stats.snapshot(), rightsize=rightsize,
+            cpus=acted.cpus, memory=acted.memory, watching=watching(sample, self.config),
+            caps=self.parts.caps.view() if self.parts.caps is not None else MappingProxyType({}))
+        self.last = result
+        self.totals = result.totals
+        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
+        self.lasting.update(self._lasting_states(result, decided.stuck), t0, self.config.contention.hold_s)
+        return result
+
+    def _count_errors(self, sample: Sample, acted: Acted) -> None:
+        """The actuators' failures of this tick, by actuator and operation, and the jobs held."""
+        throttle, result, cpus = self.parts.throttle, acted.result, acted.cpus
+        kind = throttle.kind if throttle else "cpusets"
         for failed in result.failed:
             self.stats.actuator_error(kind, failed.operation)
         self._count_job_errors(sample, result)
@@ -412,22 +483,6 @@ class Daemon:
                 self.stats.actuator_error("cpusets", c.operation)
             for operation in cpus.housekeeping_failed:
                 self.stats.actuator_error("cpusets", operation)
-        if rightsize is None and self.rightsize is not None:
-            rightsize = self.rightsize.view()
-        unwritable = self._state_check(self.clock())  # a write of this tick's that failed shows in its result
-        result = TickResult(self.ticks, t0, sample, decision, result.applied, MappingProxyType(durations),
-                            self.throttle.kind if self.throttle else None, result.levels, unwritable,
-                            MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
-                                              for j, b in self.state.baselines.items()}),
-                            self.config, self.overruns, MappingProxyType(original_cpus), colocation,
-                            self.control.snapshot(), self.stats.snapshot(), rightsize, cpus, memory,
-                            watching(sample, self.config),
-                            self.caps.view() if self.caps is not None else MappingProxyType({}))
-        self.last = result
-        self.totals = result.totals
-        # a state away for less than hold_s has not ended (contention flickers around its thresholds)
-        self.lasting.update(self._lasting_states(result, stuck), t0, self.config.contention.hold_s)
-        return result
 
     @staticmethod
     def _lasting_states(result: TickResult, stuck: str | None) -> dict[str, str]:
@@ -441,10 +496,10 @@ class Daemon:
                    unwritable: str | None, paused: str | None) -> dict:
         """This tick's caps (noded.capping.plan). Paused: operators' caps only. State
         directory unwritable: no new cap, as no new level (those in force hold)."""
-        if self.caps is None:
+        if self.parts.caps is None:
             return {}
         c = self.config
-        caps = self.caps.plan(sample, active, {s.kind: s.cap_gbps * GB for s in c.jobs.sources
+        caps = self.parts.caps.plan(sample, active, {s.kind: s.cap_gbps * GB for s in c.jobs.sources
                                                 if s.cap_gbps is not None},
                               None if c.contention.gpu_reserve_gbps is None else c.contention.gpu_reserve_gbps * GB,
                               c.peak_bytes_per_domain, automatic=not paused)
@@ -510,17 +565,17 @@ class Daemon:
         Each step runs even when an earlier one failed (resctrl gone, a job gone); what
         the kernel lists is removed, whatever noded remembers.
         """
-        if self.baselines is not None and self.last is not None and self.last.sample.jobs_known:
+        if self.parts.baselines is not None and self.last is not None and self.last.sample.jobs_known:
             metas = {j: js.meta for j, js in self.last.sample.jobs.items() if js.kind == GPU}
-            self.baselines.update(self.state.baselines, self.state.baseline_sources, metas, force=True)
-        if self.caps is not None:
+            self.parts.baselines.update(self.state.baselines, self.state.baseline_sources, metas, force=True)
+        if self.parts.caps is not None:
             try:
-                self.caps.stop_all()  # their groups go with the levels' next
+                self.parts.caps.stop_all()  # their groups go with the levels' next
             except Exception:
                 log.exception("stopping the caps' holders at shutdown failed")
-        if self.throttle is not None:
+        if self.parts.throttle is not None:
             try:
-                left = self.throttle.release_all()
+                left = self.parts.throttle.release_all()
                 if left:
                     log.error("at stop, could not release: %s", ", ".join(left))
                 for job, level in sorted((self.last.levels if self.last else {}).items()):
@@ -529,26 +584,26 @@ class Daemon:
                                severity=logging.WARNING if left else NOTICE)
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
-        if self.cpu_owner is not None and (self.throttle is None or self.throttle.kind != "cores"):
+        if self.parts.cpu_owner is not None and (self.parts.throttle is None or self.parts.throttle.kind != "cores"):
             try:  # right-sizing on an MBA host: the owner's records are not the throttle's
-                left = self.cpu_owner.release_all()
+                left = self.parts.cpu_owner.release_all()
                 if left:
                     log.error("at stop, could not restore the CPUs of: %s", ", ".join(left))
             except Exception:
                 log.exception("restoring jobs' CPUs at shutdown failed")
-        if self.memory is not None:
+        if self.parts.memory is not None:
             try:
-                left = self.memory.release_all()
+                left = self.parts.memory.release_all()
                 if left:
                     log.error("at stop, could not restore the memory soft limits of: %s", ", ".join(left))
             except Exception:
                 log.exception("restoring jobs' memory soft limits at shutdown failed")
         try:
-            self.telemetry.close()
+            self.parts.telemetry.close()
         except Exception:
             log.exception("closing telemetry at shutdown failed")
-        if self.colocation is not None:
+        if self.parts.colocation is not None:
             try:
-                self.colocation.close()  # MPS stopped, compute modes restored
+                self.parts.colocation.close()  # MPS stopped, compute modes restored
             except Exception:
                 log.exception("stopping MPS at shutdown failed")

@@ -446,29 +446,30 @@ class TenantBudgetCollector:
     uid's budget, reports dropped. Each is an int or a tuple its owner swaps whole
     (discovery, the process-events thread, the report socket's thread), read as it is."""
 
-    def __init__(self, daemon):
-        self.daemon = daemon
+    def __init__(self, discovery, events, reports):
+        self.discovery = discovery  # a jobs.JobDiscovery (None: no telemetry): its cost, what it could not place
+        self.events = events  # a jobs.procevents.ProcessEvents (None: not read here): exec events
+        self.reports = reports  # the report socket's admin.server.ReportBudget (None: it does not listen)
 
     def describe(self):
         return []
 
     def collect(self):
-        telemetry = getattr(self.daemon, "telemetry", None)
-        discovery = getattr(telemetry, "discovery", None)
+        discovery = self.discovery
         dirs = GaugeMetricFamily("noded_job_source_dirs", "Job directories a job source's patterns match",
                                  labels=["source"])
         polled = GaugeMetricFamily("noded_job_source_polled_dirs", "Job directories discovery read in its last run "
                                    "(at most jobs.max_polled_per_source)", labels=["source"])
         capped = GaugeMetricFamily("noded_job_source_capped", "1 while a job source holds more directories than are "
                                    "read per tick: empty ones are read in turn, by owner", labels=["source"])
-        costs = getattr(discovery, "cost", ())
+        costs = discovery.cost if discovery is not None else ()
         for cost in costs:
             dirs.add_metric([cost.source], cost.dirs)
             polled.add_metric([cost.source], cost.polled)
             capped.add_metric([cost.source], 1.0 if cost.capped else 0.0)
         if costs:  # from the first discovery on
             yield from map(_text_labels, (dirs, polled, capped))
-        events = getattr(telemetry, "events", None)
+        events = self.events
         # unlabelled counters: client_python's value= adds their one sample
         yield CounterMetricFamily("noded_process_events", "Exec events read from the kernel's connector",
                                   value=events.events if events is not None else 0)
@@ -477,8 +478,9 @@ class TenantBudgetCollector:
                                   value=events.dropped if events is not None else 0)
         yield CounterMetricFamily("noded_process_events_unattributed", "New processes placed in no job because "
                                   "their /proc/PID/cgroup is not the kernel's grammar (a forged record in a "
-                                  "cgroup name) or could not be read", value=getattr(discovery, "unattributed", 0))
-        budget = getattr(self.daemon, "report_budget", None)
+                                  "cgroup name) or could not be read",
+                                  value=discovery.unattributed if discovery is not None else 0)
+        budget = self.reports
         reports = CounterMetricFamily("noded_reports_dropped", "Reports dropped on the report socket: over the "
                                       "sender's uid's budget (unread) or the job's (admin.reports_per_*)",
                                       labels=["reason"])
@@ -491,10 +493,14 @@ def make_registry(daemon: Daemon) -> CollectorRegistry:
     """A private registry: noded's series from the daemon's last result, and noded's own
     process (CPU, memory, file descriptors, start time) as process_*."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=daemon.colocation is not None,
-                                     rightsize=daemon.rightsize is not None, totals=lambda: daemon.totals,
+    parts = daemon.parts
+    registry.register(NodedCollector(lambda: daemon.last, daemon.extra_info, colocation=parts.colocation is not None,
+                                     rightsize=parts.rightsize is not None, totals=lambda: daemon.totals,
                                      last_round=lambda: daemon.liveness.last_round_wall))
-    registry.register(TenantBudgetCollector(daemon))
+    telemetry = parts.telemetry
+    registry.register(TenantBudgetCollector(telemetry.discovery if telemetry is not None else None,
+                                            telemetry.events if telemetry is not None else None,
+                                            parts.report_budget))
     ProcessCollector(registry=registry)
     return registry
 

@@ -104,12 +104,15 @@ def decide(
     level_share: Callable[[int], float] = lambda level: 0.5 ** level,
     known: Mapping[str, Known] = MappingProxyType({}),
     capped: frozenset[str] = frozenset(),
+    paused: bool = False,
 ) -> tuple[Decision, PolicyState]:
     """``capped``: jobs held at a bandwidth cap (noded.capping.plan): the cap owns them, so
-    the levels leave them alone (a level they held is released, at once)."""
+    the levels leave them alone (a level they held is released, at once). ``paused`` (an
+    operator paused the eliminator): nothing is throttled automatically, and what was is
+    forgotten; only the operators' overrides hold (the caller gives no other limits)."""
     jobs = sample.jobs
     share = node_share(sample, peak_bytes_per_domain)
-    throttles = {j: t for j, t in state.throttles.items() if j in jobs}
+    throttles = {j: t for j, t in state.throttles.items() if j in jobs and (not paused or j in overrides)}
     actions: list[Action] = []
 
     def set_level(job: str, level: int, cause: str, reason: str) -> None:

@@ -298,23 +298,23 @@ def test_a_model_fitted_before_a_restart_decides_after_it(tmp_path):
         def start():
             d = build_daemon(config, discovery=h.sim.discovery).daemon
             daemons.append(d)
-            wait_for(lambda: d.colocation.mps_state == "ok", timeout=30, what="MPS up")
+            wait_for(lambda: d.parts.colocation.mps_state == "ok", timeout=30, what="MPS up")
             h.sim.step()
             d.tick()
             return d
 
         first = start()
-        assert first.colocation.decided_by == "ΣC rule (no speedup model fitted)"
-        first.colocation.fit()
+        assert first.parts.colocation.decided_by == "ΣC rule (no speedup model fitted)"
+        first.parts.colocation.fit()
         first.shutdown()
         second = start()  # a new daemon, on the same state directory
-        assert second.colocation.decided_by.startswith("speedup model fitted from 60 records")
-        admit = lambda job: second.colocation.admit(job, second.last.sample, model="heavy-m", batch_size=64,
+        assert second.parts.colocation.decided_by.startswith("speedup model fitted from 60 records")
+        admit = lambda job: second.parts.colocation.admit(job, second.last.sample, model="heavy-m", batch_size=64,
                                                     profile=LIGHT_C_HEAVY_M)
         assert admit("slurm:1").admit
         d = admit("slurm:2")
         assert not d.admit and "δ̂ = 0.6" in d.reason and "< 1 with 2 jobs, ΣC 20.0" in d.reason
-        pipe = second.colocation.mps.pipe_dir
+        pipe = second.parts.colocation.mps.pipe_dir
         second.shutdown()
         assert processes_serving(pipe) == []
     finally:

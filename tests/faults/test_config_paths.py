@@ -218,7 +218,10 @@ class _Daemon:
     class control:
         registered_labels = None
 
-    last = colocation = rightsize = None
+    class parts:
+        colocation = rightsize = None
+
+    last = None
 
 
 def test_an_admin_socket_at_an_existing_file_is_refused_and_the_file_kept(tmp_path):

@@ -32,6 +32,7 @@ from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer
 from noded.config import Config
 from noded.loop.daemon import Daemon
+from noded.loop.parts import Parts
 from noded.server.budget import (ADMIN, CONTROL_PLANE_DESCRIPTORS, LOOP_MINIMUM, LOOP_RESERVE, METRICS, REPORTS,
                                  UNIT_LIMIT_NOFILE)
 from noded.server.metrics_http import MetricsHttp, MetricsServer, parse_http_request, HttpError
@@ -125,9 +126,8 @@ def rundir():
 @pytest.fixture
 def daemon(tmp_path):
     """A real Daemon that has not ticked: what `status` reads without any hardware."""
-    d = Daemon(Config(state_dir=str(tmp_path / "state")), None, None)
-    d.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
-    return d
+    return Daemon(Config(state_dir=str(tmp_path / "state")),
+                  Parts(None, overrides=OverrideStore(str(tmp_path / "state"), time.time)))
 
 
 @pytest.fixture

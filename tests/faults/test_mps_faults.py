@@ -194,7 +194,7 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
         log_dir = str(tmp_path / "mpslog")
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, max_jobs_per_gpu=4, mps=MpsConfig(control=STANDIN, log_dir=log_dir)))
-        h.daemon.colocation = s = build_colocation(config, h.daemon.clock)
+        s = h.rebuild(colocation=build_colocation(config, h.daemon.clock)).parts.colocation
         wait_for(lambda: s.mps_state == "ok", timeout=30, what="MPS up")
         expected = f"Cmd:set_default_device_pinned_mem_limit 0 {h.sim.gpus[0].memory_total // 4 >> 20}M"
         first = s.mps.control.pid()

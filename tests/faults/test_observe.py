@@ -73,13 +73,13 @@ def test_a_tick_out_of_descriptors_holds_everything_and_forgets_nothing(throttle
     assert listing(h) == before  # no group removed, no task moved
     r = h.tick()
     # The level in force is read back from the kernel, and the policy goes on from it.
-    assert r.sample.jobs_known and h.daemon.throttle.levels_in_force(r.sample)["sim:hog"] == level
+    assert r.sample.jobs_known and h.daemon.parts.throttle.levels_in_force(r.sample)["sim:hog"] == level
     assert all(a.from_level == level for a in r.decision.actions if a.job == "sim:hog")
 
 
 def test_a_group_whose_rmdir_failed_is_removed_later(throttled):
     h = throttled
-    monitor = h.daemon.telemetry.monitor
+    monitor = h.daemon.parts.telemetry.monitor
     view = read_groups(h.rc())
     hog = group_name("noded-", "sim:hog")
     jobs = {j: job for j, job in h.sim.discovery.discover().items() if j != "sim:hog"}  # as if the hog ended
@@ -156,11 +156,11 @@ def test_a_task_of_a_job_stranded_in_a_level_is_brought_back(throttled):
         h.sim.discovery.register(tree.pid, "stranded")
         r = h.daemon.tick()
         assert r.sample.jobs["stranded"].ctrl_groups == {spare}
-        assert h.daemon.throttle.levels_in_force(r.sample)["stranded"] == -1  # unsettled: put right
+        assert h.daemon.parts.throttle.levels_in_force(r.sample)["stranded"] == -1  # unsettled: put right
         h.daemon.tick()
         assert child in rc.root_group().read_tasks() and spare not in listing(h)[0]
         # Back in the root, it joins its job's monitoring group (counted as the job's again).
-        group = h.daemon.telemetry.monitor.groups()["stranded"]
+        group = h.daemon.parts.telemetry.monitor.groups()["stranded"]
         assert child in group.read_tasks()
     finally:
         tree.kill()

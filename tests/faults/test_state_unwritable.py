@@ -44,8 +44,8 @@ def test_a_read_only_state_dir_changes_nothing_until_it_is_writable(tmp_path, st
         assert len(os.sched_getaffinity(hog)) < len(everything)
         assert f"affinity:{hog}:" in (state_on_tmpfs / "originals.json").read_text()
         # SIGKILL here: nothing of the daemon runs again. The next start puts the hog back.
-        if h.daemon.telemetry.events:
-            h.daemon.telemetry.events.stop()
+        if h.daemon.parts.telemetry.events:
+            h.daemon.parts.telemetry.events.stop()
         rebuilt = build_daemon(h.config, discovery=h.sim.discovery)
         assert os.sched_getaffinity(hog) == everything
         rebuilt.daemon.shutdown()

@@ -132,8 +132,9 @@ def report_socket():
         os.chmod(rundir, 0o755)  # as /run/noded: others reach the 0666 socket
         taken = []
         last = SimpleNamespace(sample=SimpleNamespace(jobs={j: SimpleNamespace(pids=p) for j, p in jobs.items()}))
-        daemon = SimpleNamespace(control=ControlState(None), colocation=None, last=last,
-                                 rightsize=SimpleNamespace(report=lambda job, s: taken.append(job) or {"taken": True}))
+        rightsize = SimpleNamespace(report=lambda job, s: taken.append(job) or {"taken": True})
+        daemon = SimpleNamespace(control=ControlState(None), last=last,
+                                 parts=SimpleNamespace(colocation=None, rightsize=rightsize))
         server = AdminServer(os.path.join(rundir, "report.sock"), daemon, group=None, reports_only=True,
                              budget=budget).start()
         made.append((server, rundir))

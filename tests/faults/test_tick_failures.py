@@ -17,6 +17,7 @@ from noded.actuators.plan import LevelThrottle
 from noded.loop.overrides import Override, OverrideStore
 from noded.config import Config
 from noded.loop.daemon import Daemon
+from noded.loop.parts import Parts
 from noded.jobs.model import JobMeta
 from noded.loop.metrics import make_registry
 from noded.commands import run as runner
@@ -29,6 +30,8 @@ from test_metrics import parse, value
 class BrokenTelemetry:
     """Every sample raises, as the non-UTF-8 job id did in every tick (issue #22, item 2),
     until ``mend`` is set."""
+
+    discovery = events = None  # what the metrics read of telemetry: none here
 
     def __init__(self):
         self.mend = threading.Event()
@@ -53,7 +56,7 @@ def running(daemon: Daemon, **hooks):
 
 
 def test_ticks_that_never_complete_are_counted_in_the_scrape(tmp_path):
-    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), BrokenTelemetry(), None)
+    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), Parts(BrokenTelemetry()))
     stop, loop = running(daemon)
     try:
         # before the fix: counted in a snapshot only a completed tick publishes, so 0 forever
@@ -71,7 +74,7 @@ def test_ticks_that_never_complete_are_counted_in_the_scrape(tmp_path):
 def test_the_watchdog_hears_from_every_round_and_the_status_says_the_tick_failed(tmp_path):
     notify = NotifySocket(tmp_path / "notify")
     telemetry = BrokenTelemetry()
-    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), telemetry, None)
+    daemon = Daemon(Config(tick_s=0.02, state_dir=str(tmp_path / "state")), Parts(telemetry))
     notifier = SystemdNotifier({"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "200000"})
     on_tick, on_failed = runner._notifier_hooks(notifier)
     stop, loop = running(daemon, on_tick=on_tick, on_failed=on_failed)
@@ -130,6 +133,8 @@ class OneBadJobThrottle(LevelThrottle):
 class TwoJobs:
     """Two CPU jobs; ``monitor_error``: the bad one's monitoring group could not be synced."""
 
+    discovery = events = None  # what the metrics read of telemetry: none here
+
     def __init__(self, monitor_error: bool):
         self.monitor_error = monitor_error
         self.t = 0.0
@@ -148,8 +153,8 @@ class TwoJobs:
 
 def test_a_job_whose_change_fails_alone_is_held_counted_and_said_once_and_the_others_change(tmp_path, caplog):
     throttle = OneBadJobThrottle("cgroup:bad\udcff")
-    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")), TwoJobs(monitor_error=True), throttle)
-    daemon.control.overrides = OverrideStore(str(tmp_path / "state"), time.time)
+    daemon = Daemon(Config(tick_s=0.05, state_dir=str(tmp_path / "state")), Parts(
+        TwoJobs(monitor_error=True), throttle, overrides=OverrideStore(str(tmp_path / "state"), time.time)))
     for job in ("cgroup:bad\udcff", "cgroup:good"):
         daemon.control.overrides.set(Override(job, 2, 0, "test", time.time(), None))
     with caplog.at_level(logging.ERROR, logger="noded.loop.daemon"):
