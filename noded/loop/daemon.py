@@ -141,7 +141,8 @@ class Daemon:
         self._state_failures_seen = 0
         self.baselines: BaselineStore | None = None  # GPU baselines kept across restarts
         # bandwidth caps (noded.capping.service), where the throttle is MBA's
-        self.caps = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) \
+        self.caps = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run,
+                               places=lambda: throttle.cap_places) \
             if getattr(throttle, "holds_caps", False) else None
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
