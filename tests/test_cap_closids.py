@@ -157,3 +157,46 @@ def test_stopped_while_a_job_shares_a_group_nothing_of_nodeds_is_left(tmp_path):
         assert not h.daemon.caps.holders
     finally:
         h.stop()
+
+
+def test_left_alone_in_a_cap_group_whose_own_cap_ended_a_job_steers_it_until_a_closid_is_free(tmp_path, caplog):
+    import os
+
+    from test_eliminator import Harness
+
+    caplog.set_level(logging.INFO)
+    h = Harness(tmp_path, THREE_HOGS, profile="intel-few-closids", peak=1000, gpus=1)
+    try:
+        rc = h.rc()
+        other = os.path.join(rc.root, "other-tool")
+        os.mkdir(other)  # another tool's group holds one of the two CLOSIDs
+        clock = WallClock()
+        h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
+        h.until(lambda r: sum(bandwidth(x, "c") is not None and bandwidth(x, "c") > 0 for x in h.results) >= 3, 15,
+                "the hogs running")
+        free = sorted(bandwidth(x, "c") for x in h.results[-3:])[1]
+        cap = 0.6 * free
+        store.set(Override("sim:a", 0, 0, "test", clock(), None, 0.8 * free))
+        h.until(lambda r: r.caps.get("sim:a") is not None and r.caps["sim:a"].mode == "noded", 5, "a steered")
+        store.set(Override("sim:c", 0, 0, "test", clock(), None, cap))
+        h.until(lambda r: r.caps.get("sim:c") is not None and r.caps["sim:c"].shared_group is not None, 5,
+                "c sharing a's group")
+        store.clear("sim:a", 0)  # a's cap ends: its group is left to c, with no other to go to
+        r = h.until(lambda r: "sim:a" not in r.caps and r.caps["sim:c"].mode == "noded", 5, "c steering a's old group")
+        assert r.caps["sim:c"].shared_group == h.daemon.throttle.cap_name("sim:a")
+        for _ in range(12):
+            h.tick()
+        held = [bandwidth(x, "c") for x in h.results[-4:]]
+        assert sum(held) / len(held) <= cap * 1.05, (held, cap)
+        os.rmdir(other)  # a CLOSID is free: c moves to its own group, a's old one goes
+        r = h.until(lambda r: r.caps["sim:c"].shared_group is None and r.caps["sim:c"].mode == "noded", 5,
+                    "c in its own group")
+        names = [g.name for g in h.rc().list_ctrl_groups()]
+        assert h.daemon.throttle.cap_name("sim:c") in names
+        h.until(lambda r: h.daemon.throttle.cap_name("sim:a") not in [g.name for g in h.rc().list_ctrl_groups()], 3,
+                "a's old group removed")
+        assert not said(caplog, "apply-failed", "c")
+        h.daemon.shutdown()
+        assert not [g.name for g in h.rc().list_ctrl_groups() if g.name.startswith(h.rc().prefix)]
+    finally:
+        h.stop()
