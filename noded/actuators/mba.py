@@ -14,7 +14,11 @@ remaining tasks go back to the root with it, as the kernel does on rmdir).
 
 A capped job has a control group of its own (``<prefix>cap-<job>``: a cap is per job, an
 MB value per CLOSID). Where the kernel has no CLOSID left for it ("Out of CLOSIDs") it is
-never left unlimited: it shares a group of noded's (``CapPlace``), the first that applies:
+never left unlimited. Where it is alone in a group of noded's that no other job will be in
+once this tick's moves are done (a level group its last other job left, a cap group whose
+cap ended), that group's CLOSID becomes its own: after the moves the group is removed and
+the job's own made at the same MB value (no burst), and the job moved there. Otherwise it
+shares a group of noded's (``CapPlace``), the first that applies:
 
 1. the group it already shares, while that group is still a capped job's own;
 2. another capped job's own group, the one with the fewest sharers: that job's holder
@@ -22,8 +26,8 @@ never left unlimited: it shares a group of noded's (``CapPlace``), the first tha
    job inside is at or below its cap, and one holder writes the group's value;
 3. the deepest level group there is (the lowest MB value of noded's groups): held at that
    fixed value, written by the throttle alone as for any job at that level;
-4. the cap group it is in whose own job is no longer capped: it stays there and steers it
-   (the first such job by name), rather than go to the root.
+4. the cap group it is in whose own job is no longer capped, with other jobs like it: the
+   first by name steers it, rather than any of them go to the root.
 
 Each tick the job's own group is tried again, so it moves there once a CLOSID is free.
 """
@@ -68,6 +72,9 @@ class CapPlace:
     level: int | None = None  # a level group's level: its value is the throttle's, fixed
     mb: int | None = None  # that level's MB value
     adopted: bool = False  # steers a cap group it was left in whose own job is no longer capped
+    #: alone in this group once this tick's moves are done: its CLOSID becomes the job's own
+    #: (the group removed, the job's own made at the same MB value, the job moved there)
+    swap: bool = False
 
     @property
     def own(self) -> bool:
@@ -238,6 +245,14 @@ class MbaThrottle(LevelThrottle):
             js = sample.jobs[job]
             names = set(js.ctrl_groups or ()) | ({js.mon_parent} if js.mon_parent else set())
             now = names.pop() if len(names) == 1 else None
+            level = self.level_of(now) if now is not None else None
+            if now is not None and (level is not None or self.is_cap_group(now)) and now not in owners \
+                    and self._alone_after_moves(job, now, wanted, sample, homeless):
+                self._places[job] = CapPlace(now, steers=level is None, level=level,
+                                             mb=None if level is None else mb_value(self.levels[level - 1], rc,
+                                                                                      self.peak),
+                                             adopted=level is None, swap=True)
+                continue
             if now in sharers:
                 group = now
             elif sharers:
@@ -265,7 +280,61 @@ class MbaThrottle(LevelThrottle):
             if lvl > 0 and job in sample.jobs and self.ctrl_name(lvl) in members:
                 members[self.ctrl_name(lvl)].append(job)
         self._places = {job: CapPlace(p.group, tuple(sorted(set(members[p.group]) - {job})), p.steers, p.level,
-                                      p.mb, p.adopted) for job, p in self._places.items()}
+                                      p.mb, p.adopted, p.swap) for job, p in self._places.items()}
+
+    def _alone_after_moves(self, job: str, group: str, wanted: Mapping[str, int], sample: Sample,
+                           homeless: list[str]) -> bool:
+        """Whether no other job will be in ``group`` once this tick's moves are done."""
+        for other, js in sample.jobs.items():
+            if other == job or group not in set(js.ctrl_groups or ()) | {js.mon_parent}:
+                continue
+            lvl = wanted.get(other, 0)
+            if other in homeless or (lvl == CAPPED and self.cap_name(other) == group) \
+                    or (lvl > 0 and self.ctrl_name(lvl) == group):
+                return False  # it stays there (or may)
+        return True
+
+    def _take_closid(self, rc: Resctrl, job: str, place: CapPlace, sample: Sample) -> None:
+        """The group ``job`` is alone in becomes its own: its monitoring group to the root,
+        the group removed, its own made at the same MB value, the job moved there. Any
+        other job still there (its move out failed): not this tick."""
+        js = sample.jobs[job]
+        old = CtrlGroup(rc, place.group, os.path.join(rc.root, place.group))
+        mine = group_name(rc.prefix, job)
+        writes: list[str] = []
+        try:
+            with open(os.path.join(old.path, "tasks")) as f:
+                tasks = {int(t) for t in f.read().split()}
+            if any(tasks & o.pids for other, o in sample.jobs.items() if other != job):
+                return  # another job's move out failed: not this tick
+            if set(os.listdir(os.path.join(old.path, "mon_groups"))) - {mine}:
+                return
+            value = max(sample.resctrl.groups.ctrl_mb.get(place.group, {}).values(), default=None) or place.mb \
+                or rc.caps.mb.limits.max_bandwidth
+            if js.mon_parent == place.group:
+                mon_group_at(rc, mine, place.group).move_to(rc.root_group())
+                writes.append(f"rename {place.group}/mon_groups/{mine} -> mon_groups/{mine}")
+            old.remove()
+            writes.append(f"rmdir {place.group}")
+            own = rc.ensure_ctrl_group(self.cap_name(job))
+            own.set_mb(value)
+            writes.append(f"mkdir {own.name}; schemata MB={value} on every domain (the value it was held at)")
+            if js.mon_parent == place.group:
+                mon_group_at(rc, mine, "").move_to(own)
+                writes.append(f"rename mon_groups/{mine} -> {own.name}/mon_groups/{mine}")
+            else:
+                for pid in sorted(js.pids):
+                    own.add_process(pid)
+                    writes.append(f"tasks {own.name} <- {pid} (all threads)")
+        except (GroupNotFoundError, FileNotFoundError, ResctrlError, OSError) as e:
+            log_change("apply-failed", job, throttle="mba", group="cap", severity=logging.WARNING,
+                       reason=f"taking the CLOSID of {place.group}, the group it was alone in: {e}"
+                              + (f" (after: {'; '.join(writes)})" if writes else ""))
+            return
+        log_change("applied", job, throttle="mba", group="cap",
+                   reason="; ".join(writes) + f" (the CLOSID of {place.group}, the group it was alone in, "
+                                              "made its own)")
+        self._places[job] = CapPlace(self.cap_name(job))
 
     def _set_level(self, job: str, level: int, in_force: int, sample: Sample, writes: list[str]) -> None:
         rc = self._rc(sample)
@@ -304,6 +373,9 @@ class MbaThrottle(LevelThrottle):
         rc = self._rc(sample)
         if rc is None or self.dry_run:
             return
+        for job, place in sorted(self._places.items()):
+            if place.swap and wanted.get(job) == CAPPED:
+                self._take_closid(rc, job, place, sample)
         keep = {self.cap_group_of(job) if lvl == CAPPED else self.ctrl_name(lvl) for job, lvl in wanted.items()
                 if lvl and job in sample.jobs}
         for name in sorted(set(sample.resctrl.groups.ctrl_tasks) - keep):
