@@ -73,7 +73,7 @@ def test_a_capped_job_without_a_closid_shares_a_held_group_then_gets_its_own(tmp
         assert c.shared_group == host and c.shared_with == ("sim:a",) and c.mode is None
         assert r.caps["sim:a"].steered_for == ("sim:c",)
         assert "shares CLOSID" in _cap_why(c) and "until a CLOSID is free" in _cap_why(c)
-        assert f'noded_job_cap_shared_closid{{job_id="sim:c"}} 1.0' in scrape_text(h)
+        assert 'noded_job_cap_shared_closid{job_id="sim:c"} 1.0' in scrape_text(h)
         # said once, not every tick; no failed move every tick
         assert len(said(caplog, "cap-shared", "c")) == 1
         assert not said(caplog, "apply-failed", "c")
@@ -188,8 +188,8 @@ def test_left_alone_in_a_cap_group_whose_cap_ended_a_job_takes_its_closid(tmp_pa
         h.until(lambda r: r.caps.get("sim:c") is not None and r.caps["sim:c"].shared_group is not None, 5,
                 "c sharing a's group")
         store.clear("sim:a", 0)  # a's cap ends: c is alone in a's group, and its CLOSID becomes c's
-        r = h.until(lambda r: "sim:a" not in r.caps and r.caps["sim:c"].shared_group is None
-                    and r.caps["sim:c"].mode == "noded", 5, "c steering a group of its own")
+        h.until(lambda r: "sim:a" not in r.caps and r.caps["sim:c"].shared_group is None
+                and r.caps["sim:c"].mode == "noded", 5, "c steering a group of its own")
         names = [g.name for g in h.rc().list_ctrl_groups()]
         assert h.daemon.throttle.cap_name("sim:c") in names and h.daemon.throttle.cap_name("sim:a") not in names
         assert os.path.isdir(other)  # no CLOSID was free

@@ -120,16 +120,17 @@ class CapService:
         """A journal line when a capped job begins to share a group, and when it ends."""
         was = self.shared.get(job)
         sharing = place is not None and not place.own and in_group
+        if sharing:
+            self.shared[job] = place  # with whom, as of now (said again only for another group)
         if sharing and (was is None or was.group != place.group):
-            self.shared[job] = place
             log_change("cap-shared", job, group=place.group, severity=logging.WARNING,
                        reason=_shared_words(job, place, self.caps) + "; its own cap cannot be steered until a CLOSID "
                        "is free")
         elif not sharing and was is not None and place is not None and place.own and in_group:
             del self.shared[job]
             log_change("cap-unshared", job, group=place.group,
-                       reason=f"a CLOSID was free: in its own cap group now, steered to its own cap (was sharing "
-                              f"{was.group})")
+                       reason=f"in its own cap group now (a CLOSID came free, or the group it was alone in "
+                              f"became its own), steered to its own cap; it shared {was.group}")
 
     def after_apply(self, caps: Mapping[str, Cap], in_cap_group: Callable[[str], bool]) -> None:
         """Start or retarget each capped job's holder, once the job is in its cap group."""
