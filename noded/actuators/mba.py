@@ -27,7 +27,9 @@ shares a group of noded's (``CapPlace``), the first that applies:
 3. the deepest level group there is (the lowest MB value of noded's groups): held at that
    fixed value, written by the throttle alone as for any job at that level;
 4. the cap group it is in whose own job is no longer capped, with other jobs like it: the
-   first by name steers it, rather than any of them go to the root.
+   first by name steers it, rather than any of them go to the root;
+5. none, where other owners hold every CLOSID and noded has no group at all: it stays at the
+   root, unheld, and that is said once (the one case a capped job runs unlimited).
 
 Each tick the job's own group is tried again, so it moves there once a CLOSID is free.
 """
@@ -66,7 +68,7 @@ def mb_value(share: float, rc: Resctrl, peak_bytes_per_domain: float) -> int:
 class CapPlace:
     """Where a capped job is held: its own cap group, or one it shares for want of a CLOSID."""
 
-    group: str
+    group: str  # "": none to be had (other owners hold every CLOSID): it stays at the root, unheld
     shared_with: tuple[str, ...] = ()  # the other jobs in that group
     steers: bool = True  # whether its holder writes the group's MB value (one writer a group)
     level: int | None = None  # a level group's level: its value is the throttle's, fixed
@@ -147,7 +149,8 @@ class MbaThrottle(LevelThrottle):
             # is, and any task of it found elsewhere makes it unsettled.
             names = set(js.ctrl_groups) | ({js.mon_parent} if js.mon_parent else set())
             levels = {self.level_of(n) for n in names}
-            if names == {self.cap_name(job)} or names == {self.cap_group_of(job)}:
+            if names == {self.cap_name(job)} or names == {self.cap_group_of(job)} \
+                    or (not names and self.cap_group_of(job) == ""):
                 out[job] = CAPPED  # wholly in its own cap group (anywhere else of ours: unsettled)
             elif js.mon_parent == "" and names:
                 out[job] = UNSETTLED  # its group is at the root, some of its tasks in a level
@@ -266,9 +269,8 @@ class MbaThrottle(LevelThrottle):
                 self._places[job] = CapPlace(now, steers=now not in adopted, adopted=True)
                 adopted.add(now)
                 continue
-            else:
-                self._broken[CAPPED, job] = ("Out of CLOSIDs for its own cap group, and no group of noded's to "
-                                             "share: it cannot be held")
+            else:  # every CLOSID another owner's: nothing of noded's to hold it in (said, once)
+                self._places[job] = CapPlace("", steers=False)
                 continue
             sharers[group].append(job)
             self._places[job] = CapPlace(group, steers=False)
@@ -346,7 +348,7 @@ class MbaThrottle(LevelThrottle):
             raise ResctrlError("throttle", name, None, self._broken[key])
         if key in self._prepared:
             writes.append(self._prepared.pop(key))
-        target = CtrlGroup(rc, name, os.path.join(rc.root, name)) if level else rc.root_group()
+        target = CtrlGroup(rc, name, os.path.join(rc.root, name)) if level and name else rc.root_group()
         js = sample.jobs[job]
         view = sample.resctrl.groups
         if js.mon_parent is not None:

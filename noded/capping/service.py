@@ -123,7 +123,8 @@ class CapService:
         if sharing:
             self.shared[job] = place  # with whom, as of now (said again only for another group)
         if sharing and (was is None or was.group != place.group):
-            log_change("cap-shared", job, group=place.group, severity=logging.WARNING,
+            log_change("cap-unheld" if place.group == "" else "cap-shared", job, group=place.group or None,
+                       severity=logging.WARNING,
                        reason=_shared_words(job, place, self.caps) + "; its own cap cannot be steered until a CLOSID "
                        "is free")
         elif not sharing and was is not None and place is not None and place.own and in_group:
@@ -288,6 +289,9 @@ class CapService:
 def _shared_words(job: str, place, caps: Mapping[str, Cap], held: str | None = None) -> str:
     """What a job gets that shares a group for want of a CLOSID, in words."""
     others = ", ".join(place.shared_with) or "no other job now"
+    if place.group == "":
+        return ("no CLOSID left for its own cap group and no group of noded's to share (other owners hold every "
+                "CLOSID): NOT held, it runs unlimited")
     if place.level is not None:
         return (f"no CLOSID left for its own cap group: shares CLOSID {place.group} with {others}: held at "
                 f"MB={place.mb} (level {place.level}'s value, the lowest of noded's groups)")
