@@ -428,6 +428,8 @@ class AdminCommands:
 def _cap_why(c) -> str:
     """A capped job in words: the cap, its source, and what steers it now."""
     text = f"capped at {format_bandwidth(c.cap_bps)} ({c.source}: {c.why})"
+    if c.shared_group is not None:  # no CLOSID of its own: what it gets instead
+        return text + f"; {c.note}"
     if c.mode is None:
         return text + f"; not steered yet: {c.note or 'its holder starts next tick'}"
     text += f"; steered by {c.mode}"
@@ -437,6 +439,9 @@ def _cap_why(c) -> str:
         text += f", MB value {c.held}"
     if c.busy_threads is not None:
         text += f", {c.busy_threads} busy thread{'s' * (c.busy_threads != 1)}"
+    if c.steered_for:
+        text += (f"; shares its CLOSID with {', '.join(c.steered_for)} (no CLOSID of their own): its holder holds "
+                 "their sum within the strictest cap among them")
     if c.cpus is not None:
         text += f"; below what MBA's lowest value lets it move: held on fewer cores ({c.cpus})"
     elif c.unreachable:

@@ -4,10 +4,9 @@ values written within each period.
 
 The job gets a control group of its own (``<prefix>cap-<job>``), because a cap is per job
 and an MB value is per CLOSID. Where CLOSIDs run out (8 to 16 on common parts, one is the
-root's) a capped job cannot have one: ``OutOfClosidsError`` reaches the caller, who keeps
-the job in its level group (the eliminator's shared ``mba-<level>`` groups) and says so;
-jobs that share a CLOSID share one MB value, so their caps could only be met together
-(their sum), never each.
+root's) a capped job cannot have one: ``OutOfClosidsError`` reaches the caller. The daemon's
+throttle then puts the job in a group it shares (noded.actuators.mba): jobs that share a
+CLOSID share one MB value, so one holder steers their sum, to the strictest of their caps.
 
 Where resctrl is mounted with ``mba_MBps`` the kernel's own controller steers each group
 toward a MiB/s target: two controllers on one knob would fight, so the holder writes the

@@ -22,7 +22,7 @@ every job's CPUs (``cpu_wishes``, then ``cpus_applied`` once the owner wrote the
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
@@ -58,12 +58,22 @@ class CapState:
     note: str | None = None  # why no holder steers it (yet)
     cpus: str | None = None  # on fewer cores below MBA's lowest value: "2 of 8 CPUs"; None: its own
     busy_threads: int | None = None  # what its holder last read (the curve it steers on)
+    #: no CLOSID of its own: the group it shares and with whom; None: in its own group
+    shared_group: str | None = None
+    shared_with: tuple[str, ...] = ()
+    #: where others share its group: its holder steers their sum to the strictest cap there
+    steered_for: tuple[str, ...] = ()
 
 
 class CapService:
-    def __init__(self, rc: Callable[[], object], cap_group: Callable[[str], str], *, dry_run: bool = False):
+    def __init__(self, rc: Callable[[], object], cap_group: Callable[[str], str], *, dry_run: bool = False,
+                 places: Callable[[], Mapping] | None = None):
         self.rc = rc  # the mount now (None while it is not)
         self.cap_group = cap_group  # job -> the name of its cap group (the throttle's)
+        # job -> where the throttle holds it this tick (noded.actuators.mba.CapPlace: its own
+        # group, or the one it shares for want of a CLOSID); None: always its own
+        self.places = places or (lambda: {})
+        self.shared: dict[str, object] = {}  # capped job -> the CapPlace it shares, while it shares one
         self.dry_run = dry_run
         self.holders: dict[str, CapHolder] = {}
         self.caps: dict[str, Cap] = {}
@@ -92,7 +102,36 @@ class CapService:
             was = self.caps.pop(job)
             log_change("cap-ended", job, cap_bps=round(was.bps), source=was.source,
                        reason="the job is at a level again" if job not in caps else None)
+        for job in sorted(set(self.shared) - set(caps)):
+            log_change("cap-unshared", job, group=self.shared.pop(job).group, reason="its cap ended")
         self.notes = {j: n for j, n in self.notes.items() if j in caps}
+
+    def _steering(self, caps: Mapping[str, Cap]) -> tuple[dict, dict[str, float]]:
+        """This tick's places, and each steered group's target: the strictest cap of the
+        capped jobs in it (their sum held there, so each is at or below its own)."""
+        places = dict(self.places())
+        target: dict[str, float] = {}
+        for job, cap in caps.items():
+            group = places[job].group if job in places else self.cap_group(job)
+            target[group] = min(target.get(group, cap.bps), cap.bps)
+        return places, target
+
+    def _say_shared(self, job: str, place, in_group: bool) -> None:
+        """A journal line when a capped job begins to share a group, and when it ends."""
+        was = self.shared.get(job)
+        sharing = place is not None and not place.own and in_group
+        if sharing:
+            self.shared[job] = place  # with whom, as of now (said again only for another group)
+        if sharing and (was is None or was.group != place.group):
+            log_change("cap-unheld" if place.group == "" else "cap-shared", job, group=place.group or None,
+                       severity=logging.WARNING,
+                       reason=_shared_words(job, place, self.caps) + "; its own cap cannot be steered until a CLOSID "
+                       "is free")
+        elif not sharing and was is not None and place is not None and place.own and in_group:
+            del self.shared[job]
+            log_change("cap-unshared", job, group=place.group,
+                       reason=f"in its own cap group now (a CLOSID came free, or the group it was alone in "
+                              f"became its own), steered to its own cap; it shared {was.group}")
 
     def after_apply(self, caps: Mapping[str, Cap], in_cap_group: Callable[[str], bool]) -> None:
         """Start or retarget each capped job's holder, once the job is in its cap group."""
@@ -102,7 +141,18 @@ class CapService:
                 log_change("cap-set" if before is None else "cap-changed", job, cap_bps=round(cap.bps),
                            source=cap.source, reason=cap.why)
             self.caps[job] = cap
+        places, target = self._steering(caps)
+        for job, cap in sorted(caps.items()):
+            place = places.get(job)
+            group = place.group if place is not None else self.cap_group(job)
+            in_group = in_cap_group(job)
+            self._say_shared(job, place, in_group)
             holder = self.holders.get(job)
+            if holder is not None and (place is not None and not place.steers or holder.group.name != group):
+                # it shares a group another job's holder steers, or it moved (to its own group
+                # once a CLOSID was free): one holder a group, on the group it is in
+                self.holders.pop(job).stop(remove=False)
+                holder = None
             if holder is not None and (not holder.alive or holder.rc is not self.rc()):
                 # its group or its mount went away (rmdir, an unmount, a remount): a new one
                 # on the mount now, once the throttle has put the job back in a cap group
@@ -110,22 +160,25 @@ class CapService:
                             job, "resctrl was mounted again" if holder.alive else "its group or mount went away")
                 self.holders.pop(job).stop(remove=False)
                 holder = None
+            if place is not None and not place.steers:
+                self.notes.pop(job, None)  # what it shares is said by view()
+                continue
             if holder is not None:
-                if holder.cap != cap.bps:
-                    holder.set_cap(cap.bps)
+                if holder.cap != target[group]:
+                    holder.set_cap(target[group])
                 continue
             if self.dry_run:
                 self.notes[job] = "dry run: no holder steers it"
                 continue
-            if not in_cap_group(job):
-                self.notes[job] = "not in its cap group yet (the move failed, or CLOSIDs ran out: see the log)"
+            if not in_group:
+                self.notes[job] = "not in its cap group yet (the move failed: see the log)"
                 continue
             rc = self.rc()
             if rc is None:
                 self.notes[job] = "resctrl is not mounted now"
                 continue
             try:
-                self.holders[job] = CapHolder(rc, job, [], cap.bps, group_name=self.cap_group(job)).start()
+                self.holders[job] = CapHolder(rc, job, [], target[group], group_name=group).start()
             except Exception as e:  # noqa: BLE001 (one job's holder must not stop the tick)
                 self.notes[job] = f"no holder: {type(e).__name__}: {e}"
                 log.warning("cap %s: no holder this tick (tried again next tick): %s", job, e)
@@ -197,7 +250,10 @@ class CapService:
 
     def view(self) -> Mapping[str, CapState]:
         out = {}
+        places = self.places()
         for job, cap in self.caps.items():
+            place = places.get(job)
+            shared = self.shared.get(job)
             h = self.holders.get(job)
             hold = h.held if h is not None else None
             held = None if hold is None else (str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else
@@ -207,9 +263,40 @@ class CapService:
                                 h.last_rate if h is not None else None, held,
                                 bool(hold is not None and hold.unreachable), self.notes.get(job),
                                 f"{kept(ncpus, level)} of {ncpus} CPUs" if level else None,
-                                h.threads or None if h is not None else None)
+                                h.threads or None if h is not None else None,
+                                shared.group if shared is not None else None,
+                                shared.shared_with if shared is not None else (),
+                                place.shared_with if place is not None and place.steers else ())
+            if shared is not None:
+                out[job] = replace(out[job], note=_shared_words(job, shared, self.caps, self._held_in(shared.group))
+                                   + "; its own cap cannot be steered until a CLOSID is free")
         return MappingProxyType(out)
+
+    def _held_in(self, group: str) -> str | None:
+        """The MB value the holder steering ``group`` held last."""
+        for h in self.holders.values():
+            if h.group.name == group and h.held is not None:
+                hold = h.held
+                return str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else \
+                    f"{hold.low}..{hold.high} ({hold.high_share:.0%} at {hold.high})"
+        return None
 
     def stop_all(self) -> None:
         for job in sorted(self.holders):
             self.holders.pop(job).stop(remove=False)  # the throttle's release_all removes the groups
+
+
+def _shared_words(job: str, place, caps: Mapping[str, Cap], held: str | None = None) -> str:
+    """What a job gets that shares a group for want of a CLOSID, in words."""
+    others = ", ".join(place.shared_with) or "no other job now"
+    if place.group == "":
+        return ("no CLOSID left for its own cap group and no group of noded's to share (other owners hold every "
+                "CLOSID): NOT held, it runs unlimited")
+    if place.level is not None:
+        return (f"no CLOSID left for its own cap group: shares CLOSID {place.group} with {others}: held at "
+                f"MB={place.mb} (level {place.level}'s value, the lowest of noded's groups)")
+    strictest = min(caps[j].bps for j in (job, *place.shared_with) if j in caps) if job in caps else None
+    at = f"MB={held}" if held is not None else "the MB value"
+    within = f" ({strictest / 1e9:.3g} GB/s)" if strictest is not None else ""
+    return (f"no CLOSID left for its own cap group: shares CLOSID {place.group} with {others}: held at {at} "
+            f"that the group's holder steers to keep the sharers' sum within the strictest cap there{within}")

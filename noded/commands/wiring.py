@@ -146,7 +146,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
     parts = Parts(
         telemetry=telemetry, throttle=throttle, baselines=baselines,
-        caps=CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run) if caps else None,
+        caps=CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run,
+                        places=lambda: throttle.cap_places) if caps else None,
         colocation=colocation, overrides=overrides,
         # the labels job managers' hooks register: admin state, as the overrides are
         registered_labels=telemetry.discovery.registered_labels,

@@ -519,8 +519,12 @@ def _cap_metrics(r) -> Iterator[GaugeMetricFamily]:
     busy = GaugeMetricFamily("noded_job_cap_busy_threads", "A capped job's busy threads as its holder last counted "
                              "them (MBA limits each thread: the holder steers on that count's curve)",
                              labels=["job_id"])
+    shared = GaugeMetricFamily("noded_job_cap_shared_closid", "1 while a capped job has no CLOSID of its own and "
+                               "shares a group's MB value (held, but its own cap not steered: nodectl explain says "
+                               "with whom)", labels=["job_id"])
     for job_id, c in sorted(r.caps.items()):
         cap.add_metric([job_id, c.source], c.cap_bps)
+        shared.add_metric([job_id], 1.0 if c.shared_group is not None else 0.0)
         if c.measured_bps is not None:
             measured.add_metric([job_id, c.mode or "none"], c.measured_bps)
         unreachable.add_metric([job_id], 1.0 if c.unreachable else 0.0)
@@ -530,3 +534,4 @@ def _cap_metrics(r) -> Iterator[GaugeMetricFamily]:
     yield measured
     yield unreachable
     yield busy
+    yield shared

@@ -151,6 +151,12 @@ PROFILES: dict[str, Profile] = {
         mb_min=0, mb_gran=1, mb_max=2048, delay_linear=False, thread_throttle_mode=None,
         mon_scale=64, cpus_per_domain=8, sparse_masks=True, mba_model="request",
     ),
+    # A part with few CLOSIDs (as with CDP on a part of 8, or where other tools hold most):
+    # the root and two groups, so a third capped job finds none of its own ("Out of CLOSIDs").
+    "intel-few-closids": Profile(
+        "intel-few-closids", "intel", (0, 1), has_l3=True, has_mb=True, has_mon=True, mba_model="request",
+        num_closids_l3=3, num_closids_mb=3,
+    ),
     # Monitoring only (e.g. a part with MBM but no allocation features): CTRL_MON
     # groups cannot be made; MON groups live under the root's mon_groups/.
     "no-mba": Profile("no-mba", "intel", (0, 1), has_l3=False, has_mb=False, has_mon=True),
