@@ -93,6 +93,12 @@ class DeadlineWorker:
                 self._call_cpu0 = None
             done.set()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether ``stop`` was called: no call is taken any more."""
+        with self._lock:
+            return self._stopping
+
     def stop(self) -> None:
         """No more calls; the thread ends once a call in flight returns (not waited for)."""
         with self._lock:

@@ -259,6 +259,9 @@ class NvmlSampler:
         return out
 
     def close(self) -> None:
+        """NVML shut down (once: a second close, as a second shutdown makes, does nothing)."""
+        if self._worker is not None and self._worker.stopped:
+            return
         if self._worker is None or self.deadline_s is None:
             self._shutdown()
             return
