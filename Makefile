@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs
+.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -57,10 +57,19 @@ deps: system-deps $(STAMP) nvml
 # What only the tests need on top (the Kubernetes manifests' renderer and validators).
 test-deps: deps k8s-test-deps $(NPM_STAMP)
 
-# Every test but the benchmarks' own end-to-end runs (marker bench: make test-bench), which
-# would take the suite past its 10 minutes on a 2-core machine.
+# Every tier of tests/ (tests/README.md) but the benchmarks' own end-to-end runs (marker
+# bench: make test-bench). In TEST_WORKERS workers: the tests wait on processes far more
+# than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
+# hierarchy, which no simulated node's noded may share.
+TEST_WORKERS ?= 4
 test: test-deps
-	$(PY) -m pytest -m "not bench"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm"; others=$$?; \
+	$(PY) -m pytest -m "slurm and not bench"; slurm=$$?; \
+	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; }
+
+# The unit tier alone: pure code, no root, in seconds.
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
 
 test-bench: test-deps
 	$(PY) -m pytest -m bench

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import unix_exchange
+from support.sockets import unix_exchange
 from noded.admin import nodectl
 from noded.journal import NOTICE
 from noded.admin.overrides import Override, OverrideStore
@@ -34,7 +34,7 @@ class WallClock:
 
 @pytest.fixture
 def admin(tmp_path):
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     h = Harness(tmp_path, NLP_AND_HOG)
     clock = WallClock()

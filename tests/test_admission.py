@@ -17,8 +17,8 @@ from noded.jobs.model import JobMeta
 from noded.sample import JobSample, Sample
 from noded.samplers.nvml import GpuSample
 
-from conftest import wait_for
-from mps_support import STANDIN, processes_serving
+from support.waiting import wait_for
+from support.mps import STANDIN, processes_serving
 
 PROFILES = """
 VGG11: {64: {C: 12.0e6, M: 10.0e6, window_us: 1.0e6}}
@@ -30,7 +30,7 @@ ResNet-50: {256: {C: 38.0e6, M: 30.0e6, window_us: 1.0e6}}
 
 @pytest.mark.fuse
 def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
-    from test_eliminator import Harness
+    from support.eliminator import Harness
 
     from noded.admin.overrides import OverrideStore
     from noded.admin.server import AdminServer
@@ -178,7 +178,7 @@ def test_jobs_report_their_iterations_only_for_themselves(tmp_path):
     from noded.admin.server import AdminServer
     from noded.colocation.outcomes import Outcomes
     from noded.jobs.model import JobMeta as Meta
-    from test_eliminator import Harness
+    from support.eliminator import Harness
 
     h = Harness(tmp_path, "  []", gpus=1)
     try:
@@ -235,7 +235,7 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
 
     from noded.colocation.setup import build_colocation
     from noded.config import ColocationConfig, MpsConfig
-    from test_eliminator import Harness
+    from support.eliminator import Harness
 
     h = Harness(tmp_path, "  []", gpus=1)
     try:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from noded.calibration import Calibration, CalibrationError, read_calibration, with_node_peak, write_calibration
 from noded.config import DEFAULT_PEAK_GBPS, Config, parse_config
-from tests.test_lifecycle import cpu_only_config
+from test_lifecycle import cpu_only_config
 
 CAL = Calibration(12.5, 1, "2026-11-22T05:00:00+00:00", "noded calibrate")
 

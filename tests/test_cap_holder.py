@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.capping.holder import KERNEL_MBPS, NODED, CapHolder
 
 pytestmark = pytest.mark.fuse

@@ -170,8 +170,8 @@ def group_bandwidth_over(rc, group: str, seconds: float) -> float:
 
 @pytest.mark.fuse
 def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_after(tmp_path):
-    from conftest import wait_for
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.waiting import wait_for
+    from support.eliminator import NLP_AND_HOG, Harness
 
     h = Harness(tmp_path, NLP_AND_HOG, profile="intel-quantised", peak=1000)
     try:
@@ -207,7 +207,7 @@ def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_af
 def test_with_a_reserve_the_gpu_job_runs_at_solo_speed_beside_a_hog(tmp_path):
     """The issue's threshold case: levels stepped until the trigger cleared left the GPU job
     at 0.87 of solo once in nine; a reserve holds the hog to what keeps it free instead."""
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     from noded.sim.workload import MODELS
 
@@ -235,7 +235,7 @@ def test_with_a_reserve_the_gpu_job_runs_at_solo_speed_beside_a_hog(tmp_path):
 def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_start(tmp_path):
     """As after a SIGKILL: no shutdown ran, the cap group stays in the kernel; the next
     noded's start removes it with every group of noded's, and caps the job anew."""
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     from noded.app import build_daemon
 

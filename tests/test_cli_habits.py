@@ -20,7 +20,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import nodectl_run, read_until, wait_for
+from support.admin import nodectl_run
+from support.waiting import read_until, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
 from noded.admin.overrides import OverrideStore

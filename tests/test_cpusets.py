@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import read_until
+from support.waiting import read_until
 from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner, cpuset_steps, derived
 from noded.jobs.model import Job, JobMeta
 from noded.sample import JobSample, Sample

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from resctrl.cpulist import format_cpu_list
 from resctrl.emulator import MountedEmulator
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.jobs import CgroupSource, JobDiscovery, JobMeta, LabelFile, ProcessEvents, cgroup_version
 
 def write(path, text):

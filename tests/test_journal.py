@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import NotifySocket, read_until
+from support.sockets import NotifySocket
+from support.waiting import read_until
 from noded.journal import (CHANGES, NOTICE, JournalHandler, LineHandler, configure_logging, encode_native,
                            log_change, syslog_priority)
 
@@ -239,7 +240,7 @@ def test_logging_disable_silences_changes_too(on_changes):
 
 @pytest.mark.fuse
 def test_a_throttle_is_one_decision_entry_and_one_write_entry(tmp_path, journal, on_changes):
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     on_changes(JournalHandler(journal.path, fallback=LineHandler(io.StringIO(), prefix=True)))
     h = Harness(tmp_path, NLP_AND_HOG)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import nodectl_run
+from support.admin import nodectl_run
 from noded.jobs import JobDiscovery, JobMeta, LabelFile, RegisteredLabels
 from noded.labelwords import (BOOLEANS, INTEGERS, LabelWordError, NUMBERS, comment_words,
                                    parse_label_words)

@@ -11,7 +11,8 @@ import urllib.request
 
 import pytest
 
-from conftest import NotifySocket, read_until, wait_for
+from support.sockets import NotifySocket
+from support.waiting import read_until, wait_for
 
 
 def cpu_only_config(tmp_path, **extra):

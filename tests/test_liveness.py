@@ -13,7 +13,7 @@ from types import MappingProxyType
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.ages import format_age, parse_duration
 from noded.app import serve_metrics
 from noded.config import Config
@@ -21,7 +21,7 @@ from noded.daemon import Daemon
 from noded.health import MIN_STALE_S
 from noded.sample import Sample
 from noded.samplers import SamplerStatus
-from test_metrics import parse
+from support.metrics import parse
 
 
 class StallableTelemetry:

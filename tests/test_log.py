@@ -20,7 +20,7 @@ from noded.admin.overrides import Override, OverrideStore
 from noded.samplers.bandwidth import BandwidthSampler
 from resctrl.mbm import MBM_TOTAL, CounterReading
 from noded.journal import NOTICE
-from test_eliminator import NLP_AND_HOG, Harness
+from support.eliminator import NLP_AND_HOG, Harness
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GB = 1e9
@@ -73,6 +73,7 @@ def dry_run_of_the_demo():
     return [line for line in (p.stdout + p.stderr).splitlines() if re.match(r"<\d>", line)]
 
 
+@pytest.mark.xdist_group("demo-dry-run")  # one run of the demo (the module fixture) for both
 def test_the_first_throttles_reason_names_the_rate_the_hog_runs_at(dry_run_of_the_demo):
     # The hog's monitoring group is made in the tick that first sees it: its first reading
     # counted only since that mkdir, and was read as 0.1 GB/s of a 16 GB/s hog.
@@ -82,6 +83,7 @@ def test_the_first_throttles_reason_names_the_rate_the_hog_runs_at(dry_run_of_th
     assert 0.8 * ran <= named[0] <= 1.2 * ran, named
 
 
+@pytest.mark.xdist_group("demo-dry-run")  # one run of the demo (the module fixture) for both
 def test_a_dry_run_marks_every_line_and_says_at_its_start_what_it_cannot_know(dry_run_of_the_demo):
     logged = dry_run_of_the_demo
     assert any(re.match(r"<5>noded\.changes: \[dry-run\] throttle job=cgroup:hog", line) for line in logged), logged

@@ -12,9 +12,8 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.admin.overrides import Override
 from noded.colocation.admission import ColocationRule
 from noded.colocation.service import Colocation
@@ -31,20 +30,7 @@ from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuSample
 from noded.server.budget import METRICS
 from noded.server.metrics_http import MetricsServer
-
-
-def parse(text):
-    """{(sample name, frozenset of label items): value} and {family name: type}."""
-    values, types = {}, {}
-    for family in text_string_to_metric_families(text):
-        types[family.name] = family.type
-        for s in family.samples:
-            values[(s.name, frozenset(s.labels.items()))] = s.value
-    return values, types
-
-
-def value(values, name, **labels):
-    return values[(name, frozenset(labels.items()))]
+from support.metrics import parse, value
 
 
 def http_scrape(server):
@@ -110,7 +96,7 @@ def no_job_label(values):
 
 @pytest.mark.fuse
 def test_a_scrape_of_the_simulated_node_counts_ticks_and_a_failed_write(tmp_path, serve):
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     h = Harness(tmp_path, NLP_AND_HOG)
     try:
@@ -262,8 +248,8 @@ def colocation_node_exposition(tmp_path) -> bytes:
     are there (the promtool test lints this)."""
     import dataclasses
 
-    from mps_support import STANDIN
-    from test_eliminator import Harness
+    from support.mps import STANDIN
+    from support.eliminator import Harness
 
     from noded.colocation.profiles import JobProfile
     from noded.colocation.setup import build_colocation

@@ -11,7 +11,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from prometheus_client import generate_latest
 
 from noded.watching import Watch
@@ -190,7 +190,7 @@ def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_
 def test_dry_run_decides_and_logs_each_write_once_but_writes_nothing(tmp_path, caplog, profile):
     import logging
 
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     h = Harness(tmp_path, NLP_AND_HOG, profile=profile, dry_run=True)
     try:

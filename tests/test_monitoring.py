@@ -26,7 +26,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MON = os.path.join(ROOT, "monitoring")

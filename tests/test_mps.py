@@ -11,11 +11,11 @@ import time
 import pynvml
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from mps.manager import ComputeModes, MpsControl, MpsDefaults, MpsError, MpsTimeout, MpsUnreachable, \
     max_clients_per_device
 from mps.supervisor import MpsSupervisor
-from mps_support import STANDIN, control_log, gone, processes_serving
+from support.mps import STANDIN, control_log, gone, processes_serving
 from noded.state import OriginalValues
 
 
@@ -201,7 +201,7 @@ def test_call_within_hands_back_the_value_or_error_and_gives_up_on_a_hang_cancel
         call_within(0.1, "putting the modes back", hung)
     assert time.monotonic() - started < 5
     release.set()
-    from conftest import wait_for
+    from support.waiting import wait_for
 
     wait_for(lambda: seen, timeout=5, what="the hung call to return")
     assert seen == [True]

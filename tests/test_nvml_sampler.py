@@ -219,7 +219,7 @@ def test_a_hung_driver_call_costs_the_tick_its_deadline_then_nothing_until_it_re
     returned, NVML is read again."""
     import time
 
-    from conftest import wait_for
+    from support.waiting import wait_for
 
     sampler = NvmlSampler(wall_clock=Clock(), deadline_s=0.2)
     assert sampler.sample(0.0).available
@@ -260,7 +260,7 @@ def test_a_deadline_worker_makes_one_call_at_a_time_and_hands_back_its_error():
         worker.call(lambda: calls.append(2), 5.0)  # answered at once: the stuck call is in the way
     assert calls == [1] and sum(t.name == "test" for t in threading.enumerate()) == 1
     release.set()
-    from conftest import wait_for
+    from support.waiting import wait_for
 
     wait_for(lambda: _returns(worker), timeout=5, what="the worker free again")
     worker.stop()
@@ -270,7 +270,7 @@ def test_a_deadline_worker_counts_the_cpu_its_calls_take_in_its_own_thread_in_fl
     import threading
     import time
 
-    from conftest import wait_for
+    from support.waiting import wait_for
     from noded.samplers.deadline import DeadlineWorker, StillRunning
 
     def spin(seconds):

@@ -4,7 +4,7 @@ expects. Each result is compared with what the kernel's documentation
 (Documentation/filesystems/resctrl.rst) and source (fs/resctrl/rdtgroup.c, ctrlmondata.c)
 say, read back from the emulator's files.
 
-Each pqos command runs in a mount namespace of its own (tests/pqos_support.py): nothing
+Each pqos command runs in a mount namespace of its own (tests/support/pqos.py): nothing
 on the host changes. What pqos learns from CPUID (vendor, cache geometry) cannot be faked,
 so the emulator takes this machine's L3 domains and a profile of this machine's vendor.
 """
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from pqos_support import PQOS_MISSING, PqosHarness, host_profile
+from support.pqos import PQOS_MISSING, PqosHarness, host_profile
 from resctrl.cpulist import parse_cpu_list
 from resctrl.emulator import MountedEmulator
 from resctrl.emulator.topology import read_host_topology

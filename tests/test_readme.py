@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import read_until, wait_for
+from support.waiting import read_until, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")

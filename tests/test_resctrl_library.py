@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from resctrl import (
     ForeignGroupError,
     MbFlavour,

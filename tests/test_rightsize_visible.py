@@ -13,7 +13,7 @@ from types import MappingProxyType
 import pytest
 from prometheus_client import generate_latest
 
-from conftest import nodectl_run
+from support.admin import nodectl_run
 from noded.health import Liveness
 from noded.actuators.cpusets import CpuSetResult
 from noded.config import Config, RightsizeConfig

@@ -14,7 +14,7 @@ from noded.calibration import read_calibration, with_node_peak
 from noded.config import Config
 from noded.sim.node import SimNode
 from noded.sim.scenario import ScenarioError, parse_scenario
-from tests.conftest import wait_for
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.sim.scenario import ScenarioError, parse_scenario
 from noded.sim.workload import MODELS, contention, gpu_utilisation
 

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.rightsize.curves import MODEL_CURVES
 from noded.sim import reporter
 from noded.sim.node import SimNode

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, write_env
 from noded.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
 
@@ -261,7 +261,7 @@ class NodedBeside:
         from noded.colocation.profiles import JobProfile
         from noded.colocation.service import Colocation
         from noded.jobs import RegisteredLabels
-        from test_eliminator import Harness
+        from support.eliminator import Harness
 
         self.h = Harness(tmp_path, "  []", gpus=1)
         profiles = {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")}

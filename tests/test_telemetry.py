@@ -11,7 +11,7 @@ import tracemalloc
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.jobs import Job, JobDiscovery, JobMonitor
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_groups

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.request
 
-from conftest import read_until
+from support.waiting import read_until
 from noded.config import Config, JobSourceConfig
 from noded.hostcheck import start_check
 from noded.lasting import LastingStates

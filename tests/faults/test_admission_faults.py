@@ -281,9 +281,9 @@ def test_a_model_fitted_before_a_restart_decides_after_it(tmp_path):
     """Records on disk -> fit (as `nodectl model fit` does, on a running daemon) -> a
     new daemon start (build_daemon, as `noded run` builds it) -> an admission the ΣC
     rule would allow is refused because the model predicts δ̂ < 1."""
-    from conftest import wait_for
-    from mps_support import STANDIN, processes_serving
-    from test_eliminator import Harness
+    from support.waiting import wait_for
+    from support.mps import STANDIN, processes_serving
+    from support.eliminator import Harness
 
     from noded.app import build_daemon
     from noded.config import ColocationConfig, MpsConfig

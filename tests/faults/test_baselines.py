@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from noded.baselines import parse_baselines
 from noded.metrics import make_registry
-from test_eliminator import Harness
+from support.eliminator import Harness
 
 pytestmark = pytest.mark.fuse
 

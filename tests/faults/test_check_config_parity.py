@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from conftest import NotifySocket
+from support.sockets import NotifySocket
 from noded.colocation.outcomes import MODEL_FILE, ModelError, Outcomes, read_model
 from noded.config import EmptyConfig, load_config
 from noded.metrics import make_registry
@@ -207,7 +207,7 @@ def test_an_empty_file_is_refused_on_reload_and_the_running_config_kept(tmp_path
 @pytest.mark.fuse
 def test_a_failed_state_write_shows_as_unwritable_at_the_next_tick(tmp_path, tmpfs):
     """Before: noded_state_writable stayed 1 until the next probe (every 10 s)."""
-    from test_eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness
 
     state = tmpfs(name="state")
     h = Harness(tmp_path, NLP_AND_HOG, profile="no-mba")

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mps.manager import MpsControl, MpsError, made_dir_key
-from mps_support import STANDIN, processes_serving
+from support.mps import STANDIN, processes_serving
 from noded import config as config_module
 from noded.admin.server import AdminServer, SocketPathError
 from noded.config import Config, parse_config

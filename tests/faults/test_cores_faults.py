@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.actuators.cores import CoreHalving
 from noded.jobs.model import Job
 from noded.state import OriginalValues

@@ -26,7 +26,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import unix_exchange, wait_for
+from support.sockets import unix_exchange
+from support.waiting import wait_for
 from noded.admin import nodectl
 from noded.admin.overrides import OverrideStore
 from noded.admin.server import AdminServer

@@ -22,7 +22,9 @@ import sys
 
 import pytest
 
-from conftest import CPUSET, nodectl_run, wait_for
+from support.admin import nodectl_run
+from support.host import CPUSET
+from support.waiting import wait_for
 from noded.admin.server import peer_groups
 from noded.hostcheck import filesystem_type
 from noded.jobs import CgroupSource, JobDiscovery

@@ -12,10 +12,10 @@ from types import MappingProxyType
 import pynvml
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from mps.manager import ComputeModes, MpsControl
 from mps.supervisor import MpsSupervisor
-from mps_support import STANDIN, control_log, gone, processes_serving, zombie_children
+from support.mps import STANDIN, control_log, gone, processes_serving, zombie_children
 from noded.colocation.admission import ColocationRule
 from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
@@ -183,7 +183,7 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
     """Through the daemon's own path (noded.colocation.setup.build_colocation, as noded
     run builds it), asserted from the stand-in's control.log: the product derives the
     defaults from config and sets them on every daemon it starts."""
-    from test_eliminator import Harness
+    from support.eliminator import Harness
 
     from noded.colocation.setup import build_colocation
     from noded.config import ColocationConfig, MpsConfig

@@ -11,11 +11,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.jobs.monitoring import group_name
 from noded.samplers.resctrl import read_groups
 from resctrl.emulator import MountedEmulator
-from test_eliminator import NLP_AND_HOG, harness  # noqa: F401 (a fixture)
+from support.eliminator import NLP_AND_HOG
 
 pytestmark = pytest.mark.fuse
 
@@ -47,7 +47,7 @@ def listing(h):
 
 
 @pytest.fixture
-def throttled(harness):  # noqa: F811
+def throttled(harness):
     h = harness(NLP_AND_HOG)
     h.until(lambda r: r.levels.get("sim:hog", 0) >= 1, 20, "the hog throttled")
     return h

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import pytest
 
-from conftest import nodectl_run
+from support.admin import nodectl_run
 
 from noded.admin import nodectl
 from noded.config import Config, ConfigError, parse_config

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import NotifySocket, wait_for
+from support.sockets import NotifySocket
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
 
@@ -138,7 +139,7 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
 
 
 def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
-    from mps_support import STANDIN, processes_serving
+    from support.mps import STANDIN, processes_serving
 
     pipe_dir, log_dir = tmp_path / "mps", tmp_path / "mps-log"
     taken = socket.socket()

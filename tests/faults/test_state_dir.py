@@ -368,7 +368,7 @@ def test_two_corruptions_in_one_second_keep_both_files(tmp_path):
 
 
 def test_noded_run_starts_over_corrupt_state_files(tmp_path):
-    from tests.test_lifecycle import cpu_only_config
+    from test_lifecycle import cpu_only_config
 
     cfg = cpu_only_config(tmp_path)
     state = tmp_path / "state"

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 
 from noded.app import build_daemon
 from noded.metrics import make_registry
-from test_eliminator import NLP_AND_HOG, Harness
+from support.eliminator import NLP_AND_HOG, Harness
 
 pytestmark = [pytest.mark.fuse,
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")]

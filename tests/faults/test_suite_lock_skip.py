@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import noded_lock_holder, skip_if_another_noded
+from support.host import noded_lock_holder, skip_if_another_noded
 
 HOLDER = """
 import sys

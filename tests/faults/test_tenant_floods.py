@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import wait_for
+from support.waiting import wait_for
 from noded.admin.server import AdminServer, ReportBudget
 from noded.control import ControlState
 from noded.jobs import CgroupSource, JobDiscovery, ProcessEvents

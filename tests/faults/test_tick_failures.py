@@ -12,7 +12,8 @@ from types import MappingProxyType
 
 from prometheus_client import generate_latest
 
-from conftest import NotifySocket, wait_for
+from support.sockets import NotifySocket
+from support.waiting import wait_for
 from noded.actuators.plan import LevelThrottle
 from noded.admin.overrides import Override, OverrideStore
 from noded.config import Config
@@ -23,7 +24,7 @@ from noded import runner
 from noded.sample import CPU, JobSample, Sample
 from noded.samplers import SamplerStatus
 from noded.sdnotify import SystemdNotifier
-from test_metrics import parse, value
+from support.metrics import parse, value
 
 
 class BrokenTelemetry:

@@ -14,7 +14,7 @@ import slurm_cluster
 from slurm_cluster import CPUSET
 from slurm_node import SlurmNode, job_output, parse_exports, wait_for
 
-from conftest import noded_lock_holder
+from support.host import noded_lock_holder
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fuse,
               pytest.mark.skipif(slurm_cluster.missing() is not None,

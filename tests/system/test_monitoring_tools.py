@@ -15,9 +15,9 @@ import sys
 import textwrap
 
 import pytest
-from system_support import CPUSET, running_node, shared_node
+from support.system import CPUSET, running_node, shared_node
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

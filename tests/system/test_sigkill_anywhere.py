@@ -22,12 +22,12 @@ import time
 
 import pytest
 import yaml
-from system_support import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
+from support.system import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
                             scrape)
 
-from conftest import wait_for
+from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
-from mps_support import processes_serving
+from support.mps import processes_serving
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

@@ -15,11 +15,12 @@ import time
 import zipfile
 
 import pytest
-from system_support import CPUSET, REPO
+from support.system import CPUSET, REPO
 
-from conftest import skip_if_another_noded
+from support.host import skip_if_another_noded
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow,
+              pytest.mark.xdist_group("wheel"),  # one wheel built and installed (its fixture), so one worker
               pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 
 

@@ -13,7 +13,8 @@ import sys
 import time
 import urllib.request
 
-from conftest import read_until, skip_if_another_noded
+from support.host import skip_if_another_noded
+from support.waiting import read_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"

@@ -1,0 +1,17 @@
+"""Reading an exposition as Prometheus does: each sample by its name and labels."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def parse(text):
+    """{(sample name, frozenset of label items): value} and {family name: type}."""
+    values, types = {}, {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for s in family.samples:
+            values[(s.name, frozenset(s.labels.items()))] = s.value
+    return values, types
+
+
+def value(values, name, **labels):
+    return values[(name, frozenset(labels.items()))]
