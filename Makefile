@@ -61,15 +61,18 @@ test-deps: deps k8s-test-deps $(NPM_STAMP)
 # bench: make test-bench). In TEST_WORKERS workers: the tests wait on processes far more
 # than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
 # hierarchy, which no simulated node's noded may share.
+# A short base for the tests' directories: each worker adds popen-gwN/ to every path, and
+# the simulated node's Unix sockets have 108 bytes for theirs. Kept where a test failed.
 TEST_WORKERS ?= 4
 test: test-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm"; others=$$?; \
-	$(PY) -m pytest -m "slurm and not bench"; slurm=$$?; \
-	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; }
+	base=$$(mktemp -d /tmp/nt-XXXXXX); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
+	$(PY) -m pytest -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
+	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; } && rm -rf $$base
 
-# The unit tier alone: pure code, no root, in seconds.
+# The unit tier alone: pure code, no root, in seconds (two workers: its hypothesis tests compute).
 test-unit: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -n 2 tests/unit
 
 test-bench: test-deps
 	$(PY) -m pytest -m bench

@@ -1,9 +1,14 @@
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 
 import pytest
+
+# The one-host Slurm harness (slurm_cluster, slurm_node) stays in tests/slurm/, where
+# bench/slurm_latency.py finds it; its tests, in tests/integration/, import it from there.
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
 from support.eliminator import Harness
 from support.host import CPUSET

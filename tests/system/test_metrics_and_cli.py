@@ -35,8 +35,9 @@ from noded.samplers import SamplerStatus
 from noded.samplers.nvml import GpuProcess, GpuSample
 from noded.samplers.resctrl import GroupsView, ResctrlFacts
 from noded.tickstats import TickStats
+from support.paths import TESTS_DIR
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "metrics.txt")
+GOLDEN = os.path.join(TESTS_DIR, "golden", "metrics.txt")
 
 
 def fixed_daemon():

@@ -27,8 +27,9 @@ import pytest
 import yaml
 
 from support.waiting import wait_for
+from support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 MON = os.path.join(ROOT, "monitoring")
 RULES = os.path.join(MON, "prometheus", "noded-rules.yml")
 RULE_TESTS = os.path.join(MON, "prometheus", "noded-rules.test.yml")

@@ -33,9 +33,10 @@ from noded.daemon import TickResult
 from noded.jobs.model import JobMeta
 from noded.policy.contention import OVERRIDE, Action, Decision, PolicyState, Throttle, decide, held_because
 from noded.sample import CPU, GPU, JobSample, Sample
+from support.paths import REPO_ROOT
 
 GB = 1e9
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 # ------------------------------------------------------------------ the parsers
 

@@ -23,6 +23,7 @@ from noded.rightsize.memsplit import QUANTUM, CacheJob, cache_curve, soft_limit_
 from noded.sample import GPU, JobSample, Sample
 from noded.samplers.cpus import CpuPlacement
 from noded.state import OriginalValues, parse_originals
+from support.paths import REPO_ROOT
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
 V1_CPUSET = "/sys/fs/cgroup/cpuset"
@@ -208,7 +209,7 @@ def test_after_sigkill_the_next_start_puts_the_original_back(v1_job):
         owner.apply({{"slurm:1": {3 * QUANTUM}}}, owner.observe({{"slurm:1": js}})[0])
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=os.path.dirname(os.path.dirname(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT)
     assert done.returncode == -signal.SIGKILL
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == str(3 * QUANTUM)
     from noded.app import build_daemon

@@ -119,7 +119,7 @@ def test_overrides_persist_across_restarts_and_expire(tmp_path):
     assert set(again.active()) == {"b"}
     assert set(OverrideStore(str(tmp_path), clock).active()) == {"b"}  # the expiry was persisted
     (tmp_path / "overrides.json").write_text('{"a": {"level": 2}}')
-    broken = OverrideStore(str(tmp_path), clock)  # moved aside, noded starts (tests/faults/test_state_dir.py)
+    broken = OverrideStore(str(tmp_path), clock)  # moved aside, noded starts (tests/system/test_state_dir.py)
     assert broken.active() == {} and "not overrides (override 'a'" in broken.notes[0]
 
 

@@ -10,8 +10,9 @@ import subprocess
 import tomllib
 
 import pytest
+from support.paths import REPO_ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_ROOT
 UNIT = os.path.join(REPO, "systemd", "noded.service")
 DROP_IN = os.path.join(REPO, "systemd", "remote-scrape.conf")
 VERIFY = os.path.join(REPO, "systemd", "verify")
@@ -180,6 +181,7 @@ def _in_stage(stage, path: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # near two minutes alone on 2 cores; more beside the suite's other workers
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="make install uses the system Python")
 def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it(tmp_path):
     stage = tmp_path / "stage"

@@ -21,8 +21,9 @@ from noded.samplers.bandwidth import BandwidthSampler
 from resctrl.mbm import MBM_TOTAL, CounterReading
 from noded.journal import NOTICE
 from support.eliminator import NLP_AND_HOG, Harness
+from support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 GB = 1e9
 RATE = re.compile(r"heaviest CPU job \((\d+\.\d) GB/s\)")
 

@@ -565,7 +565,7 @@ def test_amd_and_mbps_throttle_in_their_own_units(emulator, sleeper):
     assert amd.control.rates()["/g"][0] == pytest.approx(8 * 0.125e9)
     # Under mba_MBps the kernel's controller, not the hardware, meets the MiB/s target: the
     # write changes nothing at once, then the percentage falls one step a second (80 % is
-    # the first to hold one thread below 15 GB/s), see tests/test_mba_fidelity.py.
+    # the first to hold one thread below 15 GB/s), see tests/kernel/test_mba_fidelity.py.
     mbps = emulator("intel-mbps")
     ok(f"mkdir g && echo {p.pid} > g/tasks && echo 'MB:0=1024' > g/schemata", mbps.root)
     mbps.control.set_demand(p.pid, 15e9, domain=0)

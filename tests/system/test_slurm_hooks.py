@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from support.waiting import wait_for
 from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, write_env
 from noded.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
+from support.paths import REPO_ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_ROOT
 HOOKS = os.path.join(REPO, "integrations", "slurm")
 SHARED = b"noded: model=BiDAF batch_size=32 share=mps"
 
@@ -417,7 +418,7 @@ def test_mps_not_up_within_the_budget_goes_as_the_site_chose(noded, on_not_ready
 def test_what_outlives_a_restart_of_noded_is_outside_its_runtime_directories():
     # systemd empties a unit's RuntimeDirectory whenever it stops: a job's environment file
     # (each later step's TaskProlog reads it) and its record (the Epilog's) must survive that
-    unit = open(os.path.join(os.path.dirname(__file__), "..", "systemd", "noded.service")).read()
+    unit = open(os.path.join(REPO_ROOT, "systemd", "noded.service")).read()
     runtime = [f"/run/{d}/" for line in unit.splitlines() if line.startswith("RuntimeDirectory=")
                for d in line.split("=", 1)[1].split()]
     assert runtime

@@ -18,8 +18,9 @@ from noded.lasting import LastingStates
 from noded.sample import build_sample
 from noded.samplers.nvml import NvmlSample
 from noded.watching import watching
+from support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def test_a_noded_that_watches_nothing_says_so_at_start_in_status_and_in_its_metrics(tmp_path):

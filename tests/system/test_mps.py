@@ -1,7 +1,7 @@
 """The MPS manager's steps and its supervisor against the stand-in control binary.
 
 The fault cases (hangs, SIGSTOP, stop under a wedged daemon) are in
-tests/faults/test_mps_faults.py.
+tests/system/test_mps_faults.py.
 """
 
 import os

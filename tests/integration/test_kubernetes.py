@@ -16,8 +16,9 @@ import yaml
 from noded.hostcheck import CGROUP_FILESYSTEMS, filesystem_type
 
 from noded.config import load_config
+from support.paths import REPO_ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_ROOT
 KUBERNETES = os.path.join(REPO, "integrations", "kubernetes")
 # each kustomization, and the job source root its noded.yaml must have
 VARIANTS = {"base": "/sys/fs/cgroup", "overlays/cgroup-v1": "/sys/fs/cgroup/cpuset"}

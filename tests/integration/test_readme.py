@@ -1,6 +1,6 @@
 """The README is accurate line by line: every shell command it gives is either run here,
 as written, against the demo's daemon, or named with the test that runs it; the demo
-facts it states are the demo's files; its PromQL is run by tests/test_monitoring.py."""
+facts it states are the demo's files; its PromQL is run by tests/integration/test_monitoring.py."""
 
 import ast
 import os
@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from support.waiting import read_until, wait_for
+from support.paths import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 README = os.path.join(ROOT, "README.md")
 BIN = os.path.dirname(sys.executable)
 
@@ -23,42 +24,42 @@ BIN = os.path.dirname(sys.executable)
 #: a test machine; what the command relies on is tested offline instead).
 HERE = "here"
 COVERAGE: list[tuple[str, tuple[str, ...]]] = [
-    (r"make demo", ("tests/test_cli_habits.py::test_the_demos_documented_facts_are_its_files",
-                    "tests/test_cli_habits.py::test_ctrl_c_on_the_demo_stops_it_cleanly")),
+    (r"make demo", ("tests/system/test_cli_habits.py::test_the_demos_documented_facts_are_its_files",
+                    "tests/system/test_cli_habits.py::test_ctrl_c_on_the_demo_stops_it_cleanly")),
     (r"make test", ("SELF: .ci/run runs it",)),
-    (r"make install", ("tests/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
-    (r"make verify-unit", ("tests/test_install.py::test_the_unit_verifies_without_a_warning_and_its_exposure_is_at_most_3",)),
+    (r"make install", ("tests/integration/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
+    (r"make verify-unit", ("tests/integration/test_install.py::test_the_unit_verifies_without_a_warning_and_its_exposure_is_at_most_3",)),
     (r"make install-remote-scrape PROM_NET=\S+",
-     ("tests/test_install.py::test_make_install_remote_scrape_writes_the_network_given",)),
+     ("tests/integration/test_install.py::test_make_install_remote_scrape_writes_the_network_given",)),
     (r"noded check-config /etc/noded/noded\.yaml", (HERE,)),  # the installed default config
-    (r"noded check-config \S+", ("tests/test_cli_habits.py::test_check_config_reports_every_error_in_the_file",)),
-    (r"noded run --config \S+", ("tests/test_lifecycle.py", "tests/test_journal.py::test_sighup_is_reloading_then_"
+    (r"noded check-config \S+", ("tests/system/test_cli_habits.py::test_check_config_reports_every_error_in_the_file",)),
+    (r"noded run --config \S+", ("tests/system/test_lifecycle.py", "tests/system/test_journal.py::test_sighup_is_reloading_then_"
                                                          "ready_whether_applied_or_refused")),
-    (r"noded run --config … --dry-run", ("tests/test_readme.py::test_dry_run_from_the_command_line_changes_nothing",
-                                         "tests/test_metrics_and_cli.py::test_dry_run_decides_and_logs_each_write_once_"
+    (r"noded run --config … --dry-run", ("tests/integration/test_readme.py::test_dry_run_from_the_command_line_changes_nothing",
+                                         "tests/system/test_metrics_and_cli.py::test_dry_run_decides_and_logs_each_write_once_"
                                          "but_writes_nothing")),
     (r"noded run --sim SCENARIO \[--config …\]", (HERE,)),
-    (r"noded calibrate", ("tests/test_calibration.py::test_noded_calibrate_measures_and_writes_what_noded_reads",)),
+    (r"noded calibrate", ("tests/system/test_calibration.py::test_noded_calibrate_measures_and_writes_what_noded_reads",)),
     (r"systemctl (enable --now|restart) noded",
-     ("SYSTEMD: the unit is verified by tests/test_install.py::test_the_unit_verifies_without_a_warning_and_its_"
-      "exposure_is_at_most_3; its start (READY, STATUS) by tests/test_lifecycle.py",)),
+     ("SYSTEMD: the unit is verified by tests/integration/test_install.py::test_the_unit_verifies_without_a_warning_and_its_"
+      "exposure_is_at_most_3; its start (READY, STATUS) by tests/system/test_lifecycle.py",)),
     (r"journalctl -u noded .*",
      ("SYSTEMD: the fields it filters on are sent by "
-      "tests/test_journal.py::test_a_change_goes_to_the_journal_with_its_fields",)),
-    (r"promtool check rules \S+", ("tests/test_monitoring.py::test_promtool_checks_the_rules",)),
-    (r"promtool test rules \S+", ("tests/test_monitoring.py::test_promtool_unit_tests_of_the_rules_pass",)),
+      "tests/system/test_journal.py::test_a_change_goes_to_the_journal_with_its_fields",)),
+    (r"promtool check rules \S+", ("tests/integration/test_monitoring.py::test_promtool_checks_the_rules",)),
+    (r"promtool test rules \S+", ("tests/integration/test_monitoring.py::test_promtool_unit_tests_of_the_rules_pass",)),
     (r"promtool check config \S+",
-     ("tests/test_monitoring.py::test_the_scrape_example_is_a_valid_prometheus_config_with_the_rules",)),
-    (r"python3 monitoring/grafana/build\.py", ("tests/test_monitoring.py::test_the_dashboards_are_what_their_generator_writes",)),
-    (r"python -m resctrl\.emulator .*", ("tests/test_emulator_fidelity.py",)),
+     ("tests/integration/test_monitoring.py::test_the_scrape_example_is_a_valid_prometheus_config_with_the_rules",)),
+    (r"python3 monitoring/grafana/build\.py", ("tests/integration/test_monitoring.py::test_the_dashboards_are_what_their_generator_writes",)),
+    (r"python -m resctrl\.emulator .*", ("tests/fuse/test_emulator_fidelity.py",)),
     (r"nodectl throttle \S+ --cores \d+",
-     ("tests/test_cli_habits.py::test_cores_become_the_level_that_leaves_at_most_that_many",)),  # the demo has MBA
+     ("tests/system/test_cli_habits.py::test_cores_become_the_level_that_leaves_at_most_that_many",)),  # the demo has MBA
     (r"nodectl size \S+ --(cores \d+ --reason .*|stop|reprobe)",  # the demo has right-sizing off
-     ("tests/test_rightsize_visible.py::test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket",)),
+     ("tests/system/test_rightsize_visible.py::test_nodectl_size_pins_stops_and_reprobes_through_the_admin_socket",)),
     (r"nodectl .*", (HERE,)),
     # no cluster here: what `apply -k` applies is the render, validated offline
     (r"kubectl (kustomize|apply -k) integrations/kubernetes/(base|overlays/cgroup-v1)",
-     ("tests/test_kubernetes.py::test_the_base_renders_to_what_noded_needs_and_validates_offline",)),
+     ("tests/integration/test_kubernetes.py::test_the_base_renders_to_what_noded_needs_and_validates_offline",)),
 ]
 
 

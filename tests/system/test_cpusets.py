@@ -21,8 +21,9 @@ from noded.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
 from noded.state import OriginalValues
 from resctrl.cpulist import parse_cpu_list
+from support.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(REPO_ROOT)
 needs_two_cpus = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs")
 

@@ -16,8 +16,9 @@ from noded.sim import reporter
 from noded.sim.node import SimNode
 from noded.sim.scenario import ScenarioError, load_scenario, parse_scenario
 from noded.sim.workload import MODELS
+from support.paths import REPO_ROOT
 
-SCENARIOS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios")
+SCENARIOS = os.path.join(REPO_ROOT, "scenarios")
 REAL = sorted(os.sched_getaffinity(0))
 needs_two_cpus = pytest.mark.skipif(len(REAL) < 2, reason="slimming a job needs at least 2 CPUs")
 
