@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -82,6 +83,31 @@ def harness(tmp_path):
     for h in made:
         if h.sim.emu is not None:
             h.stop()
+
+
+@pytest.fixture
+def admin(tmp_path):
+    """(a support.eliminator.Harness ticked by the test, an admin socket served over its
+    daemon, the socket's WallClock); the socket in a directory anyone may traverse."""
+    from noded.admin.overrides import OverrideStore
+    from noded.admin.server import AdminServer
+    from support.clocks import WallClock
+    from support.eliminator import NLP_AND_HOG
+
+    h = Harness(tmp_path, NLP_AND_HOG)
+    clock = WallClock()
+    store = OverrideStore(h.config.state_dir, clock)
+    h.daemon.control.overrides = store
+    # A directory anyone may traverse, as /run/noded is to the admin group: only the
+    # socket's own mode and the peer check keep others out.
+    rundir = tempfile.mkdtemp(prefix="noded-admin-")
+    os.chmod(rundir, 0o755)
+    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, group="root", timeout_s=0.5,
+                         wall_clock=clock).start()
+    yield h, server, clock
+    server.stop()
+    h.stop()
+    shutil.rmtree(rundir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -15,3 +15,12 @@ def parse(text):
 
 def value(values, name, **labels):
     return values[(name, frozenset(labels.items()))]
+
+
+def scrape(h):
+    """The exposition of the daemon of ``h`` (a Harness), as a scrape reads it."""
+    from prometheus_client import generate_latest
+
+    from noded.metrics import make_registry
+
+    return generate_latest(make_registry(h.daemon)).decode()

@@ -9,47 +9,19 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
 
+from support.clocks import WallClock
+from support.metrics import scrape
 from support.sockets import unix_exchange
 from noded.admin import nodectl
 from noded.journal import NOTICE
 from noded.admin.overrides import Override, OverrideStore
 from noded.admin.protocol import MAX_REQUEST_BYTES
-from noded.admin.server import AdminServer
 
 pytestmark = pytest.mark.fuse
-
-
-class WallClock:
-    def __init__(self):
-        self.t = 1_700_000_000.0
-
-    def __call__(self):
-        return self.t
-
-
-@pytest.fixture
-def admin(tmp_path):
-    from support.eliminator import NLP_AND_HOG, Harness
-
-    h = Harness(tmp_path, NLP_AND_HOG)
-    clock = WallClock()
-    store = OverrideStore(h.config.state_dir, clock)
-    h.daemon.control.overrides = store
-    # A directory anyone may traverse, as /run/noded is to the admin group: only the
-    # socket's own mode and the peer check keep others out.
-    rundir = tempfile.mkdtemp(prefix="noded-admin-")
-    os.chmod(rundir, 0o755)
-    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, group="root", timeout_s=0.5,
-                         wall_clock=clock).start()
-    yield h, server, clock
-    server.stop()
-    h.stop()
-    shutil.rmtree(rundir, ignore_errors=True)
 
 
 def ctl(server, *argv, capsys):
@@ -98,14 +70,6 @@ def test_status_jobs_explain_and_overrides_through_nodectl(admin, capsys, caplog
     code, out, _ = ctl(server, "top", "--iterations", "2", "--interval", "0.05", capsys=capsys)
     assert code == 0 and "\x1b" not in out and out.count("JOB ") == 2
     assert len(re.findall(r"^--- (\d\d:){2}\d\d$", out, re.M)) == 2
-
-
-def scrape(h):
-    from prometheus_client import generate_latest
-
-    from noded.metrics import make_registry
-
-    return generate_latest(make_registry(h.daemon)).decode()
 
 
 def test_overrides_persist_across_restarts_and_expire(tmp_path):

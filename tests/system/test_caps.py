@@ -8,7 +8,8 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_admin import admin, scrape  # noqa: F401 (a fixture)
+from support.clocks import WallClock
+from support.metrics import scrape
 
 from noded.admin import nodectl
 from noded.admin.overrides import Override, OverrideStore
@@ -61,14 +62,6 @@ def test_any_bytes_on_the_command_line_are_a_bandwidth_or_a_bandwidth_error(raw)
 @given(st.decimals(min_value="0.001", max_value="9000", places=3), st.sampled_from(sorted(UNITS)))
 def test_every_legal_bandwidth_reads_back_as_written(number, unit):
     assert parse_bandwidth(f"{number}{unit}") == pytest.approx(float(number) * UNITS[unit])
-
-
-class WallClock:
-    def __init__(self):
-        self.t = 1_700_000_000.0
-
-    def __call__(self):
-        return self.t
 
 
 def test_a_cap_persists_expires_and_older_files_still_load(tmp_path):

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.admin import nodectl_run
+from support.clocks import WallClock
 from support.waiting import read_until, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
@@ -130,14 +131,6 @@ def tick_result(jobs, levels=None, *, kind="mba", original_cpus=None, decision=N
     return TickResult(3, 10.0, sample, decision, (), MappingProxyType({}), kind, MappingProxyType(levels),
                       config=config or Config(peak_gbps_per_domain=10),
                       original_cpus=MappingProxyType(original_cpus or {}))
-
-
-class WallClock:
-    def __init__(self):
-        self.t = 1_700_000_000.0
-
-    def __call__(self):
-        return self.t
 
 
 def commands(tmp_path, result):

@@ -3,28 +3,16 @@ what the kernel shows now, the original values recorded before the first write a
 restored after a crash; a value someone else changed is theirs."""
 
 import os
-import subprocess
-import sys
-from types import MappingProxyType
 
 import pytest
 
 from noded.actuators.cores import CoreHalving, kept_cpus, max_level
-from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
-from noded.samplers.cpus import CpuPlacementSampler
+from noded.jobs.model import Job
 from noded.state import OriginalValues
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
+from support.cpus import ForkOnRequest, observe
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
-
-
-def observe(*jobs: Job) -> Sample:
-    """A Sample of these jobs as the CPU placement sampler reads them now."""
-    placements = CpuPlacementSampler().sample({j.id: j for j in jobs})
-    samples = {j.id: JobSample(j.id, j.source, j.pids, JobMeta(), "cpu", (), None, 1e9, "own", j.cgroup,
-                               None, placements[j.id]) for j in jobs}
-    return Sample(0.0, MappingProxyType(samples), (), False, None, (), MappingProxyType({}), (), ())
 
 
 def test_levels_halve_and_never_go_below_one_core():
@@ -101,35 +89,6 @@ def test_a_cpuset_someone_else_changed_is_theirs(tmp_path, v1_cpuset, sleeper):
     cores.apply({}, observe(job))
     assert open(f"{job_dir}/cpuset.cpus").read().strip() == str(original[-1])
     assert originals.items() == []
-
-
-class ForkOnRequest:
-    """A process that forks a child when asked (a line on stdin): a child born after noded
-    halved its parent inherits the halved affinity."""
-
-    CODE = ("import os,sys,time\n"
-            "sys.stdin.readline()\n"
-            "pid=os.fork()\n"
-            "if pid==0: time.sleep(300)\n"
-            "print(pid,flush=True); time.sleep(300)\n")
-
-    def __init__(self):
-        self.parent = subprocess.Popen([sys.executable, "-c", self.CODE], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True)
-        self.pid = self.parent.pid
-        self.child: int | None = None
-
-    def fork(self) -> int:
-        self.parent.stdin.write("fork\n")
-        self.parent.stdin.flush()
-        self.child = int(self.parent.stdout.readline())
-        return self.child
-
-    def close(self) -> None:
-        if self.child:
-            os.kill(self.child, 9)
-        self.parent.kill()
-        self.parent.wait()
 
 
 @needs_two_cpus

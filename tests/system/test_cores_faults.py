@@ -11,7 +11,7 @@ from noded.actuators.cores import CoreHalving
 from noded.jobs.model import Job
 from noded.state import OriginalValues
 from resctrl.cpulist import parse_cpu_list
-from test_cores import ForkOnRequest, observe
+from support.cpus import ForkOnRequest, observe
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 from hypothesis import given, settings
@@ -16,24 +15,15 @@ from hypothesis import strategies as st
 
 from support.waiting import read_until
 from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner, cpuset_steps, derived
-from noded.jobs.model import Job, JobMeta
-from noded.sample import JobSample, Sample
-from noded.samplers.cpus import CpuPlacementSampler
+from noded.jobs.model import Job
 from noded.state import OriginalValues
 from resctrl.cpulist import parse_cpu_list
+from support.cpus import observe
 from support.paths import REPO_ROOT
 
 REPO = Path(REPO_ROOT)
 needs_two_cpus = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts a tmpfs")
-
-
-def observe(*jobs: Job) -> Sample:
-    """A Sample of these jobs as the CPU placement sampler reads them now."""
-    placements = CpuPlacementSampler().sample({j.id: j for j in jobs})
-    samples = {j.id: JobSample(j.id, j.source, j.pids, JobMeta(), "cpu", (), None, 1e9, "own", j.cgroup,
-                               None, placements[j.id]) for j in jobs}
-    return Sample(0.0, MappingProxyType(samples), (), False, None, (), MappingProxyType({}), (), ())
 
 
 def cpus(path) -> set[int]:

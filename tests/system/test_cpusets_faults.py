@@ -16,7 +16,7 @@ from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner
 from noded.jobs.model import Job
 from noded.state import OriginalValues
 from resctrl.cpulist import parse_cpu_list
-from test_cpusets import observe
+from support.cpus import observe
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
