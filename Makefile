@@ -6,14 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
+.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
 # node's stand-in libnvidia-ml.so.1 (sim/nodesim/nvml_native); Slurm (munge, slurmctld, slurmd, its
 # client commands) for the end-to-end tests against a real one-host Slurm (tests/slurm);
 # Intel's pqos (intel-cmt-cat, installed as /usr/sbin/pqos) for the tests that drive the
-# resctrl emulator with it (tests/test_pqos.py). For `make image` and `make deb` and their
+# resctrl emulator with it (tests/integration/test_pqos.py). For `make image` and `make deb` and their
 # tests (tests/test_image.py, tests/test_deb.py): podman with runc (packaging/image/podman
 # says why not crun), mmdebstrap for the image's base and the package test's throwaway root,
 # dh-virtualenv and debhelper for the package, python3-venv for the venvs they make.
@@ -63,10 +63,22 @@ deps: system-deps $(STAMP) nvml
 # What only the tests need on top (the Kubernetes manifests' renderer and validators).
 test-deps: deps k8s-test-deps $(NPM_STAMP)
 
-# Every test but the benchmarks' own end-to-end runs (marker bench: make test-bench), which
-# would take the suite past its 10 minutes on a 2-core machine.
+# Every tier of tests/ (tests/README.md) but the benchmarks' own end-to-end runs (marker
+# bench: make test-bench). In TEST_WORKERS workers: the tests wait on processes far more
+# than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
+# hierarchy, which no simulated node's noded may share.
+# A short base for the tests' directories: each worker adds popen-gwN/ to every path, and
+# the simulated node's Unix sockets have 108 bytes for theirs. Kept where a test failed.
+TEST_WORKERS ?= 4
 test: test-deps
-	$(PY) -m pytest -m "not bench"
+	base=$$(mktemp -d /tmp/nt-XXXXXX); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
+	$(PY) -m pytest -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
+	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; } && rm -rf $$base
+
+# The unit tier alone: pure code, no root, in seconds (two workers: its hypothesis tests compute).
+test-unit: $(STAMP)
+	$(PY) -m pytest -n 2 tests/unit
 
 test-bench: test-deps
 	$(PY) -m pytest -m bench

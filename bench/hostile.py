@@ -1,4 +1,4 @@
-"""A hostile local client, for tests/faults/test_hostile_clients.py and bench/hostile_clients.py.
+"""A hostile local client, for tests/system/test_hostile_clients.py and bench/hostile_clients.py.
 
 Run as a script (as root, it drops to --uid/--gid itself, so the flood comes from an
 unprivileged user): it opens --count connections to a Unix socket or a TCP port, sends

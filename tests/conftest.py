@@ -1,13 +1,19 @@
 import os
-import re
 import shutil
 import subprocess
-import time
+import sys
+import tempfile
 import uuid
 
 import pytest
 
-from bench.timing import wait_for  # noqa: F401 (the tests import it from here)
+# The one-host Slurm harness (slurm_cluster, slurm_node) stays in tests/slurm/, where
+# bench/slurm_latency.py finds it; its tests, in tests/integration/, import it from there.
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
+
+from support.eliminator import Harness
+from support.host import CPUSET
+from support.waiting import wait_for
 from resctrl import Resctrl
 from nodesim.resctrl_emulator import MountedEmulator
 
@@ -18,28 +24,6 @@ elif shutil.which("fusermount3") is None:
     FUSE_MISSING = "fusermount3 (Debian package fuse3) is not installed"
 
 
-def noded_lock_holder(*paths: str) -> str | None:
-    """Why a noded that a test starts on ``paths`` (the cgroup roots and resctrl mount of its
-    config) could not run now: the host-wide lock's own message, naming the other noded's
-    pid; None where nothing holds it. Asked as noded asks (a non-blocking flock, let go at
-    once), so that a test that needs the lock skips at once instead of failing its start."""
-    from noded.stores.lockfile import AlreadyRunning, HostLock
-
-    try:
-        HostLock.for_filesystems(list(paths)).acquire().release()
-    except AlreadyRunning as e:
-        return str(e)
-    return None
-
-
-def skip_if_another_noded(output: str) -> None:
-    """Skips the test where a noded it started refused to run beside another one (its
-    output says whose pid holds the lock)."""
-    held = re.search(r"another noded \(pid [^)]*\) holds [^\n]*", output)
-    if held:
-        pytest.skip(f"needs the host-wide noded lock: {held.group(0)}")
-
-
 def pytest_collection_modifyitems(config, items):
     if FUSE_MISSING is None:
         return
@@ -47,6 +31,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "fuse" in item.keywords:
             item.add_marker(skip)
+
+
+def _printable(text: str) -> str:
+    """``text`` with any lone surrogate (a non-UTF-8 name, decoded as the kernel's bytes are)
+    spelled as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A report that the suite's workers (pytest-xdist) can send: their channel takes only
+    strings that encode as UTF-8 (pytest-xdist issue 843), and the tests of non-UTF-8 cgroup
+    names log and fail with such names. Spelled as escapes, as a terminal would need anyway."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(title, _printable(text)) for title, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _printable(text) != text:
+            report.longrepr = _printable(text)
 
 
 @pytest.fixture
@@ -62,6 +66,48 @@ def emulator(tmp_path):
     yield start
     for emu in started:
         emu.stop()
+
+
+@pytest.fixture
+def harness(tmp_path):
+    """Factory: harness(events, **kw) -> a support.eliminator.Harness (a simulated node and
+    a daemon on it, ticked by the test); both stopped after the test."""
+    made = []
+
+    def make(events, **kw):
+        h = Harness(tmp_path, events, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        if h.sim.emu is not None:
+            h.stop()
+
+
+@pytest.fixture
+def admin(tmp_path):
+    """(a support.eliminator.Harness ticked by the test, an admin socket served over its
+    daemon, the socket's WallClock); the socket in a directory anyone may traverse."""
+    from noded.loop.overrides import OverrideStore
+    from noded.admin.server import AdminServer
+    from support.clocks import WallClock
+    from support.eliminator import NLP_AND_HOG
+
+    h = Harness(tmp_path, NLP_AND_HOG)
+    clock = WallClock()
+    store = OverrideStore(h.config.state_dir, clock)
+    h.rebuild(overrides=store)
+    # A directory anyone may traverse, as /run/noded is to the admin group: only the
+    # socket's own mode and the peer check keep others out.
+    rundir = tempfile.mkdtemp(prefix="noded-admin-")
+    os.chmod(rundir, 0o755)
+    server = AdminServer(os.path.join(rundir, "noded.sock"), h.daemon, group="root", timeout_s=0.5,
+                         wall_clock=clock).start()
+    yield h, server, clock
+    server.stop()
+    h.stop()
+    shutil.rmtree(rundir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -88,9 +134,6 @@ def sleeper():
         p.wait()
 
 
-_readers: dict[int, tuple] = {}
-
-
 def rebuilt(daemon, **parts):
     """``daemon`` built again from its parts but ``parts`` (a co-location, an overrides' store
     with the test's clock ...), as the wiring would have built it: nothing is set on a Daemon
@@ -101,33 +144,6 @@ def rebuilt(daemon, **parts):
 
     return Daemon(daemon.config, dataclasses.replace(daemon.parts, **parts), clock=daemon.clock,
                   extra_info=daemon.extra_info)
-
-
-def read_until(stream, text, what, timeout=30.0):
-    """The next line of a process's output holding ``text``. Fails at EOF or at the
-    deadline with everything read so far: a reader never spins on EOF nor waits forever.
-    (A thread per stream feeds a queue, so lines Python has buffered are never missed.)"""
-    import queue
-    import threading
-
-    if id(stream) not in _readers:
-        q: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [q.put(line) for line in iter(stream.readline, "")] + [q.put(None)],
-                         daemon=True).start()
-        _readers[id(stream)] = (stream, q, [])
-    _, q, seen = _readers[id(stream)]
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            line = q.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"no {what} within {timeout}s; output so far:\n{''.join(seen)}") from None
-        if line is None:
-            q.put(None)
-            raise AssertionError(f"the process ended before {what}; its output:\n{''.join(seen)}")
-        seen.append(line)
-        if text in line:
-            return line
 
 
 @pytest.fixture
@@ -149,60 +165,6 @@ def secret(tmp_path):
     path.write_text("root's own data\n")
     path.chmod(0o600)
     return path
-
-
-def unix_exchange(path, payload: bytes, timeout=5.0) -> bytes:
-    """Send raw bytes to a Unix stream socket; what comes back up to a newline or the close."""
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(payload)
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        return buf
-
-
-class NotifySocket:
-    """The datagram socket systemd would give noded (NOTIFY_SOCKET)."""
-
-    def __init__(self, path):
-        import socket
-
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(30)
-
-    def recv(self) -> dict[str, str]:
-        data = self.sock.recv(4096).decode()
-        return dict(line.split("=", 1) for line in data.splitlines())
-
-    def until(self, key, value=None) -> dict[str, str]:
-        """The next message with ``key`` (equal to ``value``, if given)."""
-        while True:
-            message = self.recv()
-            if key in message and (value is None or message[key] == value):
-                return message
-
-    def ready(self) -> dict[str, str]:
-        """The READY message (before it: STATUS=starting, as the handlers are installed)."""
-        while True:
-            message = self.recv()
-            if "READY" in message:
-                return message
-            assert message == {"STATUS": "starting"}, message
-
-    def close(self):
-        self.sock.close()
-
-
-CPUSET = "/sys/fs/cgroup/cpuset"
 
 
 @pytest.fixture
@@ -282,15 +244,6 @@ def admin_socket(tmp_path):
     yield serve
     for server in servers:
         server.stop()
-
-
-def nodectl_run(path, *argv, capsys):
-    """(exit code, stdout, stderr) of nodectl against the socket at ``path``."""
-    from noded.admin import nodectl
-
-    code = nodectl.main(["--socket", path, *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@
 The JSON files are what Grafana imports (Dashboards > New > Import, or a provisioning
 directory); this script is where they are edited, so both dashboards keep one style:
 a row per concern, stat panels for "now", time series for "how it went", units set,
-the data source a ``${datasource}`` variable. tests/test_monitoring.py checks that the
+the data source a ``${datasource}`` variable. tests/integration/test_monitoring.py checks that the
 files match this script and runs every query against a real Prometheus.
 """
 

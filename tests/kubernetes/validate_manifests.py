@@ -5,7 +5,7 @@ version named in argv (default: the oldest and newest this deployment supports),
 resources with validate-crds.mjs beside this file. Any object no schema covers is an
 error, so nothing passes unchecked. Prints one line per problem; exit 1 if any.
 
-tests/test_kubernetes.py runs it in a network namespace of its own, so it is shown to
+tests/integration/test_kubernetes.py runs it in a network namespace of its own, so it is shown to
 need no network.
 """
 

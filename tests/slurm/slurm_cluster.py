@@ -13,7 +13,6 @@ finds. Client commands find this cluster through ``SLURM_CONF`` (``env``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import shutil
@@ -21,8 +20,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-
-from bench import timing
+import time
 
 #: the Debian packages this harness needs (Makefile SLURM_PACKAGES installs them)
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
@@ -59,9 +57,19 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-#: the harness's polling (bench.timing's), every 50 ms unless a caller says otherwise: most
-#: of what it polls runs a Slurm command
-wait_for = functools.partial(timing.wait_for, interval=0.05)
+def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05, what: str = "condition"):
+    """``predicate()``'s first truthy value, polled every ``interval`` (50 ms: most of what
+    the harness polls runs a Slurm command) until ``timeout``; past it, AssertionError naming
+    ``what``. The harness's own (tests/support's, which the benchmark that shares this
+    folder cannot import), so that it depends on neither the tests' helpers nor bench."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)  # polling, against the deadline above
 
 
 class SlurmCluster:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -25,13 +26,23 @@ import yaml
 
 from slurm_cluster import CPUSET, SlurmCluster, wait_for
 
-from bench.simnode import stop as stop_process
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOOKS = os.path.join(REPO, "integrations", "slurm")
 PEAK_GBPS = 10.0
 #: a profile for the admission tests (compact profile format: model -> batch size -> C, M, window)
 PROFILES = "BiDAF: {32: {C: 12.0e6, M: 10.0e6, window_us: 1.0e6}}\n"
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, then wait for the exit (SIGKILL past ``timeout``): its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def read_line(stream, text: str, what: str, timeout: float) -> str:

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import yaml
-from system_support import noded_groups, running_daemon, running_node, scrape
+from support.system import noded_groups, running_daemon, running_node, scrape
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
 

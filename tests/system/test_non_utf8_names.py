@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from system_support import CPUSET, daemon_process, noded_groups, running_node, scrape, stop, value
+from support.system import CPUSET, daemon_process, noded_groups, running_node, scrape, stop, value
 from test_safety_faults import mba_level, ticks, write_inputs
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

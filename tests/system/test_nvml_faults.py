@@ -14,11 +14,11 @@ import time
 
 import pytest
 import yaml
-from system_support import (CPUSET, REPO, compute_modes, daemon_process, inject, running_daemon, running_node,
+from support.system import (CPUSET, REPO, compute_modes, daemon_process, inject, running_daemon, running_node,
                             scrape, slow_ms, stop, value)
 
-from conftest import wait_for
-from mps_support import processes_serving
+from support.waiting import wait_for
+from support.mps import processes_serving
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

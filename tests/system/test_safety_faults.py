@@ -31,10 +31,10 @@ import time
 
 import pytest
 import yaml
-from system_support import (CPUSET, REPO, cpusets, daemon_process, inject, noded_groups, running_node, scrape,
+from support.system import (CPUSET, REPO, cpusets, daemon_process, inject, noded_groups, running_node, scrape,
                             stop, value)
 
-from conftest import wait_for
+from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
 from noded.server.budget import CONTROL_PLANE_DESCRIPTORS
 

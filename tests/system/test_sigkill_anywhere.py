@@ -22,14 +22,17 @@ import time
 
 import pytest
 import yaml
-from system_support import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
+from support.system import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
                             scrape)
 
-from conftest import wait_for
+from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
-from mps_support import processes_serving
+from support.mps import processes_serving
 
-pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
+pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy"),
+              # each keeps a simulated node, noded and its restarts busy for most of a minute:
+              # one after another in one worker, not three at once starving each other's ticks
+              pytest.mark.xdist_group("sigkill")]
 
 #: a hog that saturates the node for two seconds, then calms for two, for ten minutes:
 #: every moment of a run falls near a throttle or a release

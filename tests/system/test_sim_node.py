@@ -15,9 +15,9 @@ import sys
 import textwrap
 
 import pytest
-from system_support import CPUSET, leftovers, running_daemon, running_node, scrape, start_sim_node
+from support.system import CPUSET, leftovers, running_daemon, running_node, scrape, start_sim_node
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

@@ -2,7 +2,7 @@
 
 Each function is one rule, with where it comes from. The kernel model (``kernel.py``) uses
 them for profiles whose ``mba_model`` is ``"request"``; the fidelity tests
-(``tests/test_mba_fidelity.py``) check each against its source.
+(``tests/kernel/test_mba_fidelity.py``) check each against its source.
 
 * **A limit on each core's requests, not on the group.** Intel MBA throttles a core's
   requests at the L2-to-L3 boundary (a delay per request) while MBM counts at L3, so "one

@@ -1,0 +1,206 @@
+"""noded's Debian package (issue #26, item 3): `make deb` builds it with dh-virtualenv; it
+is installed, upgraded from version N to N+1, removed and purged in a throwaway root (a
+minimal bookworm made by mmdebstrap, entered with chroot; never this machine's own root).
+
+What an operator relies on, checked there: the unit where Debian's units are, pointing at
+the package's commands; /etc/noded's files as conffiles, an edit kept across the upgrade
+and the remove; the service neither enabled nor started on install (a job source must be
+configured first), and `systemctl try-restart` on upgrade, so a running noded runs the new
+version and a stopped one stays stopped; a purge removes the config and the state
+directory; `noded --version` names the revision the package was built from.
+
+The throwaway root is entered with chroot in a mount namespace of its own (its /proc is
+mounted there, never on this machine). It has no systemd running: /run/systemd/system is made there (what the
+maintainer scripts test for) and its systemctl is a recorder of what they ask of it.
+
+Built packages and the root's tarball are kept in build/packaging (a build of the same
+files at the same version is reused), so a rerun takes well under a minute; the first run
+builds one package and the root (minutes)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from noded.util.buildinfo import revision
+from noded.util.buildinfo import version
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
+CACHE = os.path.join(ROOT, "build", "packaging")
+DEBDIR = os.path.join(CACHE, "deb-test")
+#: the throwaway root: bookworm's minbase, what the package depends on, and deb-systemd-helper
+ROOT_PACKAGES = "python3,adduser,init-system-helpers"
+MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
+#: what the maintainer scripts find of systemd: a recorder (systemd does not run in a chroot)
+SYSTEMCTL_RECORDER = """#!/bin/sh
+echo "$*" >> /var/log/systemctl.calls
+case "$1" in is-enabled) echo disabled; exit 1;; is-active) exit 3;; esac
+exit 0
+"""
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def need_tools():
+    missing = [t for t in ("mmdebstrap", "dh_virtualenv", "dpkg-buildpackage", "chroot", "unshare")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (make system-deps installs them)")
+    if os.geteuid() != 0:
+        pytest.skip("chroot and mmdebstrap's root mode need root")
+
+
+def build(deb_version: str) -> str:
+    p = subprocess.run(["make", "-s", "deb", f"DEBDIR={DEBDIR}", f"DEB_VERSION={deb_version}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return os.path.join(ROOT, p.stdout.strip().splitlines()[-1])
+
+
+def root_tarball() -> str:
+    """bookworm's minbase with ROOT_PACKAGES, made once for each recipe."""
+    recipe = hashlib.sha256(f"{ROOT_PACKAGES} {MIRROR}".encode()).hexdigest()[:12]
+    tarball = os.path.join(CACHE, f"test-root-{recipe}.tar")
+    if not os.path.exists(tarball):
+        os.makedirs(CACHE, exist_ok=True)
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", f"--include={ROOT_PACKAGES}",
+                        "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
+                        "bookworm", tarball + ".new", f"deb {MIRROR} bookworm main"], check=True, timeout=1200)
+        os.rename(tarball + ".new", tarball)
+    return tarball
+
+
+@pytest.fixture(scope="module")
+def packages():
+    """(N, N+1): a build of this checkout, and the same package at the next version. What an
+    upgrade does (the maintainer scripts, conffiles, try-restart) does not depend on what the
+    files hold, so N+1 is N repacked with its version raised (seconds, where a second
+    dh-virtualenv build takes minutes)."""
+    need_tools()
+    base = f"{version()}+test"
+    first = build(f"{base}1-1")
+    return first, next_version(first, f"{base}2-1")
+
+
+def next_version(deb: str, new_version: str) -> str:
+    """``deb`` repacked as ``new_version`` (dpkg-deb's own tools: its control file's Version
+    field changed, nothing else)."""
+    tree = os.path.join(CACHE, "deb-repack")
+    shutil.rmtree(tree, ignore_errors=True)
+    subprocess.run(["dpkg-deb", "-R", deb, tree], check=True, timeout=300)
+    control = os.path.join(tree, "DEBIAN", "control")
+    with open(control) as f:
+        fields = [f"Version: {new_version}" if line.startswith("Version:") else line for line in f.read().splitlines()]
+    with open(control, "w") as f:
+        f.write("\n".join(fields) + "\n")
+    out = os.path.join(os.path.dirname(deb), os.path.basename(deb).replace("1-1_", "2-1_"))
+    assert out != deb, deb
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "-b", tree, out], check=True, timeout=600,
+                   capture_output=True)
+    shutil.rmtree(tree)
+    return out
+
+
+@pytest.fixture
+def throwaway_root(tmp_path):
+    need_tools()
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xf", root_tarball()], check=True, timeout=300)
+    (root / "run" / "systemd" / "system").mkdir(parents=True)
+    systemctl = root / "usr" / "bin" / "systemctl"
+    systemctl.write_text(SYSTEMCTL_RECORDER)
+    systemctl.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def inside(root, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """A command in the throwaway root, with a /proc of its own (noded reads
+    /proc/self/mountinfo): mounted in a mount namespace that ends with the command, so
+    nothing is mounted on this machine."""
+    enter = 'mount -t proc proc "$0/proc" && exec chroot "$0" "$@"'
+    p = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--kill-child", "sh", "-c", enter, str(root), *argv],
+                       capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    if check:
+        assert p.returncode == 0, p
+    return p
+
+
+def put(root, deb: str) -> str:
+    """The package inside the root, by a hard link where it can be (no 90 MB copy)."""
+    target = root / "tmp" / os.path.basename(deb)
+    try:
+        os.link(deb, target)
+    except OSError:
+        shutil.copyfile(deb, target)
+    return "/tmp/" + target.name
+
+
+def systemctl_calls(root) -> list[str]:
+    path = root / "var" / "log" / "systemctl.calls"
+    calls = path.read_text().splitlines() if path.exists() else []
+    path.unlink(missing_ok=True)
+    return calls
+
+
+def field(root, name: str) -> str:
+    return inside(root, "dpkg-query", "--showformat", f"${{{name}}}", "--show", "noded", check=False).stdout
+
+
+def test_install_upgrade_remove_and_purge_in_a_throwaway_root(packages, throwaway_root):
+    n, n_plus_1 = packages
+    root = throwaway_root
+
+    # install N: files in the package's places, conffiles, a group, nothing started
+    inside(root, "dpkg", "-i", put(root, n))
+    assert field(root, "Version") == f"{version()}+test1-1"
+    unit = (root / "lib" / "systemd" / "system" / "noded.service").read_text()
+    assert "ExecStart=/usr/bin/noded run --config /etc/noded/noded.yaml" in unit
+    assert "ExecStartPre=/usr/bin/noded check-config /etc/noded/noded.yaml" in unit
+    assert "/usr/local/" not in unit
+    conffiles = {line.split()[0] for line in field(root, "Conffiles").splitlines() if line.strip()}
+    assert conffiles == {"/etc/noded/noded.yaml", "/etc/noded/slurm-hooks.conf"}
+    assert inside(root, "getent", "group", "noded-admin").stdout.startswith("noded-admin:")
+    assert inside(root, "noded", "--version").stdout == f"noded {version()} (revision {revision()})\n"
+    assert inside(root, "nodectl", "--version").stdout == f"nodectl {version()} (revision {revision()})\n"
+    checked = inside(root, "noded", "check-config", "/etc/noded/noded.yaml")
+    assert checked.stdout == "/etc/noded/noded.yaml: ok\n"
+    # the simulation's dependencies are not installed on a host
+    assert inside(root, "/opt/venvs/noded/bin/python", "-c", "import mfusepy", check=False).returncode != 0
+    calls = systemctl_calls(root)
+    assert not [c for c in calls if c.split()[0] in ("start", "restart", "try-restart", "enable")], calls
+
+    # the operator configures it, and noded keeps state
+    config = root / "etc" / "noded" / "noded.yaml"
+    config.write_text(config.read_text() + "\n# edited by the operator\n")
+    state = root / "var" / "lib" / "noded"
+    state.mkdir(mode=0o700)
+    (state / "originals.json").write_text("{}\n")
+
+    # upgrade to N+1: the running noded is restarted if it runs, the edited config kept
+    inside(root, "dpkg", "-i", "--force-confold", put(root, n_plus_1))
+    assert field(root, "Version") == f"{version()}+test2-1"
+    calls = systemctl_calls(root)
+    assert "try-restart noded.service" in calls, calls
+    assert not [c for c in calls if c.split()[0] in ("start", "restart", "enable")], calls
+    assert config.read_text().endswith("# edited by the operator\n")
+    assert (state / "originals.json").exists()
+
+    # remove: the code goes, the config and the state stay
+    inside(root, "dpkg", "-r", "noded")
+    assert not (root / "opt" / "venvs" / "noded").exists() and not (root / "usr" / "bin" / "noded").exists()
+    assert not (root / "lib" / "systemd" / "system" / "noded.service").exists()
+    assert config.read_text().endswith("# edited by the operator\n")
+    assert (state / "originals.json").exists()
+
+    # purge: the config and the state go too
+    inside(root, "dpkg", "-P", "noded")
+    assert not (root / "etc" / "noded").exists()
+    assert not state.exists()
+    assert inside(root, "dpkg-query", "-W", "noded", check=False).returncode != 0

@@ -1,0 +1,92 @@
+"""The DaemonSet's image (issue #26, item 2): `make image` builds it from this checkout with
+Debian's tools (a base made by mmdebstrap, podman), tagged with the version and the
+revision; integrations/kubernetes names the tag it builds; inside it `noded --version`
+names the revision and `noded check-config` passes the DaemonSet's own config, on a
+read-only root as the DaemonSet runs it. A build of the same files is reused (make skips
+it), so a rerun takes seconds; the first build takes minutes (the base, then the
+dependencies from PyPI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from noded.util.buildinfo import revision
+from noded.util.buildinfo import version
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
+PODMAN = os.path.join(ROOT, "packaging", "image", "podman")
+KUBERNETES = os.path.join(ROOT, "integrations", "kubernetes")
+
+
+def daemonset_config() -> str:
+    """The DaemonSet's noded.yaml for this host's cgroups: the base's on cgroup v2, the
+    v1 overlay's on v1 (its job source is a v1 hierarchy)."""
+    v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+    return os.path.join(KUBERNETES, "base" if v2 else "overlays/cgroup-v1", "noded.yaml")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    missing = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (make system-deps installs them)")
+    if os.geteuid() != 0:
+        pytest.skip("podman's rootful store and mmdebstrap's root mode need root")
+    p = subprocess.run(["make", "-s", "image"], cwd=ROOT, capture_output=True, text=True, timeout=1400)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return p.stdout.strip().splitlines()[-1]
+
+
+def in_image(tag: str, *argv: str, volumes: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """A command in a container of the image as the DaemonSet runs it: read-only root, no
+    network (none is needed for these)."""
+    args = [arg for v in volumes for arg in ("--volume", v)]
+    return subprocess.run([PODMAN, "run", "--rm", "--network=none", "--read-only", *args, tag, *argv],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_make_image_tags_the_version_and_the_revision_and_the_daemonset_names_that_image(image):
+    name, tag = image.rsplit(":", 1)
+    assert tag == f"{version()}-{revision()}"
+    with open(os.path.join(KUBERNETES, "base", "kustomization.yaml")) as f:
+        (entry,) = [i for i in yaml.safe_load(f)["images"] if i["name"] == "noded"]
+    # before: `noded:0.1.0`, an image nothing in the repository built
+    assert (entry["newName"], entry["newTag"]) == (name, version())
+    labels = json.loads(subprocess.run(["podman", "image", "inspect", f"{name}:{version()}"], capture_output=True,
+                                       text=True, check=True).stdout)[0]["Labels"]
+    assert labels["org.opencontainers.image.revision"] == revision()
+    assert labels["org.opencontainers.image.version"] == version()
+
+
+def test_noded_and_nodectl_in_the_image_name_the_revision_it_was_built_from(image):
+    for command in ("noded", "nodectl"):
+        p = in_image(image, command, "--version")
+        assert p.returncode == 0 and p.stdout == f"{command} {version()} (revision {revision()})\n", p
+
+
+def test_the_daemonsets_config_and_the_images_default_pass_check_config_in_the_image(image):
+    # the host's cgroup tree as the DaemonSet's hostPath volume gives it (its job source is checked there)
+    p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml",
+                 volumes=(f"{daemonset_config()}:/etc/noded/noded.yaml:ro", "/sys/fs/cgroup:/sys/fs/cgroup:ro,rbind"))
+    assert p.returncode == 0 and p.stdout == "/etc/noded/noded.yaml: ok\n", p
+    p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml")
+    assert p.returncode == 0 and p.stdout == "/etc/noded/noded.yaml: ok\n", p
+    # the default has no job source: said, not silently accepted
+    assert "no job source configured" in p.stderr
+
+
+def test_the_image_holds_the_product_only_not_the_simulations_dependencies(image):
+    p = in_image(image, "python3", "-c", "import importlib.util as u, sys; "
+                 "sys.exit(u.find_spec('mfusepy') is not None or u.find_spec('matplotlib') is not None)")
+    assert p.returncode == 0, p
+    # the commands the DaemonSet and an operator run are on PATH
+    p = in_image(image, "sh", "-c", "command -v noded; command -v nodectl")
+    assert p.stdout.split() == ["/opt/noded/bin/noded", "/opt/noded/bin/nodectl"], p

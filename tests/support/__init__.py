@@ -1,0 +1,3 @@
+"""What the tests share that is not a fixture: the one home of the tests' helpers (the
+fixtures are in tests/conftest.py). Every tier imports from here (``from support.waiting
+import wait_for``); tests/ is on the path as the folder of the root conftest."""

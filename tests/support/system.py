@@ -1,0 +1,180 @@
+"""What the system tests share: a simulated node (`noded sim-node`) and noded beside it as
+a host runs it (`noded run --config`), each a process of its own, and what is left in the
+kernel afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from support.host import skip_if_another_noded
+from support.waiting import read_until
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPUSET = "/sys/fs/cgroup/cpuset"
+
+
+def start_sim_node(tmp_path, scenario="scenarios/contention.yaml",
+                   config="scenarios/demo-config.yaml") -> tuple[subprocess.Popen, dict[str, str]]:
+    os.makedirs(tmp_path / "node")
+    proc = subprocess.Popen([sys.executable, "-m", "noded", "sim-node", str(scenario),
+                             "--config", str(config), "--workdir", str(tmp_path / "node")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {}
+    while "READY" not in env:
+        line = read_until(proc.stdout, "=", "the simulated node's environment", timeout=60).strip()
+        name, _, value = line.partition("=")
+        env[name] = value
+    return proc, env
+
+
+@contextlib.contextmanager
+def running_node(tmp_path, *args):
+    """A simulated node for the test (``start_sim_node``'s arguments): its environment; at
+    the end it is stopped (SIGTERM) and must leave nothing behind."""
+    node, env = start_sim_node(tmp_path, *args)
+    try:
+        yield env
+    finally:
+        node.send_signal(signal.SIGTERM)
+        code = node.wait(timeout=60)
+    assert code == 0, node.stderr.read()
+    assert leftovers(env) == []
+
+
+def start_daemon(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """noded as a host runs it: its config and the driver's library path, nothing else; and
+    the metrics URL it prints first."""
+    nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
+    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
+                         env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = read_until(p.stdout, "http://", "the metrics URL", timeout=60)
+    except AssertionError:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise
+        skip_if_another_noded(p.stderr.read())  # it refused to run beside another noded: say whose
+        raise
+    return p, re.search(r"http://\S+", url).group(0)
+
+
+@contextlib.contextmanager
+def daemon_process(env: dict[str, str]):
+    """(the daemon's process, its metrics URL); killed if the test fails, else left for the
+    test to stop (``stop``)."""
+    daemon, url = start_daemon(env)
+    try:
+        yield daemon, url
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+
+
+def stop(daemon: subprocess.Popen, bound_s: float = 5.0) -> tuple[float, str]:
+    """SIGTERM; (the seconds until it exited, cleanly, within ``bound_s``; its stderr). The
+    unit allows 15 s before SIGKILL."""
+    t0 = time.monotonic()
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        code = daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+        raise AssertionError(f"SIGTERM did not stop noded within 30 s: {daemon.stderr.read()}") from None
+    took = time.monotonic() - t0
+    err = daemon.stderr.read()
+    assert code == 0, err
+    assert took < bound_s, f"SIGTERM took {took:.1f}s: {err[-2000:]}"
+    return took, err
+
+
+@contextlib.contextmanager
+def running_daemon(env: dict[str, str]):
+    """A daemon on the node for the test: its metrics URL; stopped cleanly (SIGTERM, exit 0)
+    at the end, or killed where the test failed."""
+    daemon, url = start_daemon(env)
+    try:
+        yield url
+    except BaseException:
+        daemon.kill()
+        daemon.wait()
+        raise
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
+
+
+def leftovers(env: dict[str, str]) -> list[str]:
+    with open("/proc/mounts") as f:
+        mounts = [line for line in f if env["NODED_SIM_RESCTRL"] in line]
+    cgroups = [env["NODED_SIM_CGROUP"]] if os.path.exists(env["NODED_SIM_CGROUP"]) else []
+    return mounts + cgroups
+
+
+def scrape(url: str) -> str:
+    return urllib.request.urlopen(url, timeout=5).read().decode()
+
+
+def noded_groups(resctrl: str) -> list[str]:
+    """noded's control and monitoring groups, as the (emulated) kernel lists them."""
+    groups = [d for d in os.listdir(resctrl) if d.startswith("noded-")]
+    mon = os.path.join(resctrl, "mon_groups")
+    return groups + [f"mon_groups/{d}" for d in os.listdir(mon) if d.startswith("noded-")]
+
+
+def cpusets(top: str) -> dict[str, str]:
+    out = {}
+    for d in sorted(os.listdir(top)):
+        if os.path.isdir(os.path.join(top, d)):
+            with open(os.path.join(top, d, "cpuset.cpus")) as f:
+                out[d] = f.read().strip()
+    return out
+
+
+def inject(env: dict[str, str], *faults: dict) -> None:
+    """Faults the simulated node applies at once (its faults file, written whole)."""
+    import yaml
+
+    path = env["NODED_SIM_FAULTS"]
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(list(faults), f)
+    os.replace(path + ".tmp", path)
+
+
+def value(text: str, pattern: str) -> float | None:
+    """The number ``pattern``'s first group matches in ``text`` (metrics), or None."""
+    m = re.search(pattern, text, re.M)
+    return None if m is None else float(m.group(1))
+
+
+def shared_node(env: dict[str, str]):
+    """The simulated node as the stand-in NVML library reads it now (nodesim.nvml_shm.Node)."""
+    import ctypes
+
+    from nodesim.nvml_shm import Node
+
+    with open(env["NODED_SIM_NVML"], "rb") as f:
+        return Node.from_buffer_copy(f.read(ctypes.sizeof(Node)))
+
+
+def compute_modes(env: dict[str, str]) -> list[int]:
+    """Each simulated GPU's compute mode as the driver holds it now (0: DEFAULT)."""
+    node = shared_node(env)
+    return [node.driver.compute_mode[i] for i in range(node.published.gpu_count)]
+
+
+def slow_ms(env: dict[str, str], call: str, gpu: int = 0) -> int:
+    """How long ``call`` on ``gpu`` is made to take now (an injected fault in force: 0, none)."""
+    from nodesim.nvml_shm import CALL_INDEX
+
+    return shared_node(env).published.gpus[gpu].slow_ms[CALL_INDEX[call]]

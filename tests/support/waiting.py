@@ -1,0 +1,49 @@
+"""Waiting on a condition with a deadline, never a fixed sleep: a condition polled
+(``wait_for``) or a line a process prints (``read_until``)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01, what: str = "condition"):
+    """``predicate()``'s first truthy value, polled every ``interval`` until ``timeout``
+    seconds have passed; past it, AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)  # polling, against the deadline above
+
+
+_readers: dict[int, tuple] = {}
+
+
+def read_until(stream, text, what, timeout=30.0):
+    """The next line of a process's output holding ``text``. Fails at EOF or at the
+    deadline with everything read so far: a reader never spins on EOF nor waits forever.
+    (A thread per stream feeds a queue, so lines Python has buffered are never missed.)"""
+    if id(stream) not in _readers:
+        q: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [q.put(line) for line in iter(stream.readline, "")] + [q.put(None)],
+                         daemon=True).start()
+        _readers[id(stream)] = (stream, q, [])
+    _, q, seen = _readers[id(stream)]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no {what} within {timeout}s; output so far:\n{''.join(seen)}") from None
+        if line is None:
+            q.put(None)
+            raise AssertionError(f"the process ended before {what}; its output:\n{''.join(seen)}")
+        seen.append(line)
+        if text in line:
+            return line

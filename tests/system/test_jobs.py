@@ -1,0 +1,232 @@
+"""Job discovery: cgroup v2-shaped trees, the real v1 cpuset hierarchy, registered
+process trees, labels, and new processes through the process-events connector."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support.waiting import wait_for
+from noded.jobs import CgroupSource, JobDiscovery, JobMeta, LabelFile, ProcessEvents, cgroup_version
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+@pytest.fixture
+def v2_tree(tmp_path, sleeper):
+    """A cgroup v2-shaped tree (the kernel here gives v1): Slurm, Kubernetes, systemd."""
+    root = tmp_path / "cgroup"
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    a, b, c, d = sleeper(), sleeper(), sleeper(), sleeper()
+    write(root / "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/cgroup.procs", f"{a.pid}\n{b.pid}\n")
+    write(root / "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs", f"{c.pid}\n")
+    write(root / "system.slice/slurmstepd.scope/job_17/cgroup.procs", "")  # no processes: no job
+    write(root / "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c_33d4.slice/cri-x.scope/cgroup.procs",
+          f"{d.pid}\n")
+    write(root / "system.slice/train.service/cgroup.procs", f"{d.pid}\n")
+    return str(root), (a, b, c, d)
+
+
+def test_v2_layouts_are_found_with_their_processes(v2_tree):
+    root, (a, b, c, d) = v2_tree
+    assert cgroup_version(root) == 2
+    sources = [CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root),
+               CgroupSource.create("systemd", root, ["system.slice/*.service"])]
+    jobs = JobDiscovery(sources).discover()
+    assert set(jobs) == {"slurm:4242", "k8s:1b2c-33d4", "systemd:train.service"}
+    assert jobs["slurm:4242"].pids == {a.pid, b.pid, c.pid} and jobs["slurm:4242"].source == "slurm"
+    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}
+    # Identity is stable across ticks.
+    assert JobDiscovery(sources).discover()["slurm:4242"] == jobs["slurm:4242"]
+
+
+def test_a_job_whose_subtree_cannot_be_read_is_held_and_blinds_no_other_job(v2_tree, sleeper):
+    # Whoever owns a delegated subtree shapes it: one job's unreadable cgroup (here a
+    # cgroup.procs that is a directory: EISDIR from the kernel) must not make every job
+    # unknown, nor make that job look ended.
+    root, (a, b, c, d) = v2_tree
+    discovery = JobDiscovery([CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root)])
+    before = discovery.discover()
+    assert before["slurm:4242"].pids == {a.pid, b.pid, c.pid} and discovery.unreadable == {}
+    bad = os.path.join(root, "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/bad")
+    os.makedirs(os.path.join(bad, "cgroup.procs"))
+    new = os.path.join(root, "system.slice/slurmstepd.scope/job_5")  # a new job, unreadable from the start
+    os.makedirs(os.path.join(new, "cgroup.procs"))
+    jobs = discovery.discover()
+    assert jobs["slurm:4242"] is before["slurm:4242"]  # held as last seen
+    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}  # the others as they are now
+    assert "slurm:5" not in jobs  # never seen: nothing to hold
+    assert set(discovery.unreadable) == {"slurm:4242", "slurm:5"}
+    assert "Is a directory" in discovery.unreadable["slurm:4242"] and bad in discovery.unreadable["slurm:4242"]
+    e = sleeper()
+    with open(os.path.join(root, "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs"), "a") as f:
+        f.write(f"{e.pid}\n")
+    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid}  # still held, not re-read
+    os.rmdir(os.path.join(bad, "cgroup.procs"))
+    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid, e.pid}
+    assert discovery.unreadable == {"slurm:5": discovery.unreadable["slurm:5"]}
+
+
+HELD_SCRIPT = """
+import json, os, sys
+from noded.jobs import CgroupSource, JobDiscovery
+base, step = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("slurm", base)])
+first = d.discover()
+os.chmod(step, 0o700)  # the subtree's owner shuts noded out (CAP_FOWNER is kept, as the unit keeps it)
+second = d.discover()
+print(json.dumps({"first": sorted(first["slurm:8"].pids), "second": sorted(second["slurm:8"].pids),
+                  "held": second["slurm:8"] is first["slurm:8"], "unreadable": d.unreadable}))
+"""
+
+
+def test_eacces_below_a_real_job_cgroup_holds_that_job_as_the_unit_runs_noded(v1_cpuset, sleeper):
+    # noded's unit runs it as root without CAP_DAC_OVERRIDE: a subtree's owner (a
+    # delegated user) can make their cgroups unreadable to it; setpriv drops the same
+    # capabilities here, and the kernel answers EACCES for real.
+    base, mkcg = v1_cpuset
+    job, step = mkcg("slurm/uid_0/job_8"), mkcg("slurm/uid_0/job_8/step_0")
+    a, b = sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    write(f"{step}/cgroup.procs", str(b.pid))
+    os.chown(step, 65534, 65534)
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", HELD_SCRIPT, base, step],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        os.chmod(step, 0o755)
+        os.chown(step, 0, 0)
+    got = json.loads(out)
+    assert got["first"] == got["second"] == sorted({a.pid, b.pid}) and got["held"]
+    assert "Permission denied" in got["unreadable"]["slurm:8"]
+
+
+def test_source_configuration_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="job source 'systemd' at .* needs explicit patterns"):
+        CgroupSource.create("systemd", str(tmp_path))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        CgroupSource.create("lsf", str(tmp_path))
+    with pytest.raises(ValueError, match="must be relative"):
+        CgroupSource.create("cgroup", str(tmp_path), ["../etc/*"])
+
+
+def test_process_cgroup_paths_match_their_job():
+    src = CgroupSource("slurm", "/sys/fs/cgroup", ("system.slice/slurmstepd.scope/job_*",), 2)
+    assert src.match("/system.slice/slurmstepd.scope/job_9/step_0/user/task_0") == "system.slice/slurmstepd.scope/job_9"
+    assert src.match("/system.slice/sshd.service") is None
+    assert src.match("/") is None
+
+
+def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_42")
+    p = sleeper()
+    write(f"{job}/cgroup.procs", str(p.pid))
+    src = CgroupSource.create("slurm", base)
+    assert src.version == 1 and src.hierarchy == "cpuset"
+    jobs = JobDiscovery([src]).discover()
+    assert set(jobs) == {"slurm:42"} and jobs["slurm:42"].pids == {p.pid}
+    with open(f"/proc/{p.pid}/cgroup") as f:
+        assert src.match(next(l for l in f.read().splitlines() if ":cpuset:" in l).split(":", 2)[2]) \
+            == "slurm/uid_0/job_42"
+
+
+def test_processes_in_child_cgroups_on_the_real_hierarchy_count_from_the_tick_their_cgroup_appears(
+        v1_cpuset, sleeper):
+    # read_procs lists a cgroup only where its link count says it has children: the
+    # kernel's count must be what makes a new step's processes part of the job.
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_7")
+    a, b, c = sleeper(), sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+    assert discovery.discover()["slurm:7"].pids == {a.pid}
+    step = mkcg("slurm/uid_0/job_7/step_0")
+    write(f"{step}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["slurm:7"].pids == {a.pid, b.pid}
+    task = mkcg("slurm/uid_0/job_7/step_0/task_0")
+    write(f"{task}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["slurm:7"].pids == {a.pid, b.pid, c.pid}
+
+
+def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
+    code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "up\n"
+        d = JobDiscovery([])
+        jid = d.register(p.pid, "train-1", JobMeta(category="NLP"))
+        job = d.discover()["train-1"]
+        assert p.pid in job.pids and len(job.pids) == 3 and job.meta.category == "NLP"
+    finally:
+        for pid in job.pids:
+            os.kill(pid, 9)
+        p.wait()
+    wait_for(lambda: "train-1" not in d.discover(), what="the job to end with its tree")
+    with pytest.raises(ValueError, match="no such process"):
+        d.register(p.pid)
+
+
+def test_label_file_applies_and_a_broken_one_keeps_the_last_good(tmp_path, sleeper):
+    labels = tmp_path / "labels.yaml"
+    p = sleeper()
+    labels.write_text(f"'pid:{p.pid}': {{category: NLP, exempt: true, requested_cores: 4}}\n")
+    lf = LabelFile(str(labels))
+    d = JobDiscovery([], labels=lf)
+    d.register(p.pid)
+    assert d.discover()[f"pid:{p.pid}"].meta == JobMeta(category="NLP", requested_cores=4, exempt=True)
+    labels.write_text(f"'pid:{p.pid}': {{category: NLP, exmept: true}}\n")
+    os.utime(labels, (time.time() + 5, time.time() + 5))
+    assert d.discover()[f"pid:{p.pid}"].meta.exempt  # kept
+    assert "unknown label key(s) ['exmept']" in lf.error
+
+
+def test_new_process_lands_in_its_job_through_the_connector(v1_cpuset):
+    base, mkcg = v1_cpuset
+    job_dir = mkcg("slurm/uid_0/job_7")
+    d = JobDiscovery([CgroupSource.create("slurm", base)])
+    seen = []
+    events = ProcessEvents(lambda pid: seen.append(d.job_of_new_process(pid, {})))
+    if not events.start():
+        pytest.skip(f"connector unavailable here: {events.unavailable}")
+    try:
+        p = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
+        job = wait_for(lambda: next((j for j in seen if j and p.pid in j.pids), None), what="the exec event")
+        assert job.id == "slurm:7" and job.cgroup == job_dir
+    finally:
+        events.stop()
+        p.kill()
+        p.wait()
+
+
+def test_connector_unavailable_outside_the_initial_network_namespace():
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root")
+    code = ("from noded.jobs import ProcessEvents\n"
+            "e = ProcessEvents(lambda pid: None)\n"
+            "print(e.start(timeout=5), e.unavailable)")
+    out = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False ") and "polling only" in out.stderr
+
+
+def test_right_sizing_hints_are_labels_and_reach_the_allocator_as_it_reads_them(tmp_path):
+    from noded.rightsize.allocator import JobSpec
+
+    meta = JobMeta.from_mapping({"category": "CV", "pipelined": True, "heavy_preprocessing": True}, "labels.yaml:3")
+    assert meta.hints() == {"pipelined": True, "heavy_preprocessing": True}
+    spec = JobSpec("slurm:1", max_cores=8, category=meta.category, labels=meta.hints())
+    assert spec.hint_delta() == 0  # -1 + 1
+    assert JobSpec("slurm:2", max_cores=8, labels=JobMeta(many_weights=True).hints()).hint_delta() == -1
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="labels.yaml:3: "):
+            JobMeta.from_mapping({"pipelined": bad}, "labels.yaml:3")

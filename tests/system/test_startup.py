@@ -1,0 +1,176 @@
+"""Startup and shutdown are transactions (issue #11, items 6 and 7): `noded run` as a
+process: a second noded on the same resctrl mount or cgroups is refused whatever its
+runtime directory, and a start that fails half-way leaves nothing behind."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from support.sockets import NotifySocket
+from support.waiting import wait_for
+
+pytestmark = pytest.mark.fuse
+
+
+def config(tmp_path, name, **extra):
+    lines = {"tick_s": "0.1", "state_dir": str(tmp_path / name / "state"), "runtime_dir": str(tmp_path / name / "run"),
+             "metrics": "{address: 127.0.0.1, port: 0}", "nvml": "false"}
+    lines.update(extra)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in lines.items()))
+    return path
+
+
+def run(cfg, *extra, **kw):
+    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p, timeout=30):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"noded did not exit within {timeout}s:\n{out}\n{err}") from None
+    return p.returncode, out, err
+
+
+def mon_groups(emu):
+    return sorted(n for n in os.listdir(os.path.join(emu.root, "mon_groups")) if n.startswith("noded-"))
+
+
+@pytest.fixture
+def node(tmp_path, emulator, v1_cpuset, sleeper):
+    """A resctrl mount and a cgroup tree with one job in it."""
+    emu = emulator("intel")
+    base, mkcg = v1_cpuset
+    job = mkcg("job_1")
+    p = sleeper()
+    with open(f"{job}/cgroup.procs", "w") as f:
+        f.write(str(p.pid))
+    shared = {"resctrl": f"{{root: {emu.root}, mounts: {emu.mounts_file}}}",
+              "jobs": f"{{sources: [{{kind: cgroup, root: {base}, patterns: [job_*]}}], process_events: false}}"}
+    return emu, shared
+
+
+def test_a_second_noded_with_another_runtime_dir_is_refused_and_touches_nothing(tmp_path, node):
+    emu, shared = node
+    first = run(config(tmp_path, "first", **shared))
+    try:
+        assert first.stdout.readline().startswith("noded: metrics at ")
+        wait_for(lambda: mon_groups(emu), timeout=20, what="the first noded's group for the job")
+        groups = mon_groups(emu)
+        bind = tmp_path / "resctrl-again"
+        bind.mkdir()
+        subprocess.run(["mount", "--bind", emu.root, str(bind)], check=True)
+        base = shared["jobs"].split("root: ")[1].split(",")[0]
+        for name, extra in (("second", shared),  # the same resctrl mount and cgroups
+                            ("third", {"jobs": shared["jobs"]}),  # the same cgroups only
+                            ("fourth", {"resctrl": f"{{root: {bind}}}"}),  # resctrl through a bind mount
+                            # another root in the same cgroup hierarchy
+                            ("fifth", {"jobs": f"{{sources: [{{kind: cgroup, root: {os.path.dirname(base)}, "
+                                               f"patterns: [none]}}], process_events: false}}"})):
+            code, out, err = finish(run(config(tmp_path, name, **extra)))
+            # the first among the holders named (another noded on the host, a `make demo`, may hold a
+            # subtree of the same cgroup hierarchy too)
+            holders = re.search(r"another noded \(pid ([0-9, ]+)\) holds", err)
+            assert code == 1 and holders and str(first.pid) in holders.group(1).split(", "), err
+            assert "Traceback" not in err, err
+        assert mon_groups(emu) == groups and first.poll() is None
+    finally:
+        subprocess.run(["umount", str(tmp_path / "resctrl-again")], capture_output=True)
+        first.terminate()
+        code, out, err = finish(first)
+    assert code == 0, err
+    assert mon_groups(emu) == []
+
+
+def test_a_port_in_use_fails_clearly_and_leaves_nothing(tmp_path, node):
+    emu, shared = node
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = config(tmp_path, "busy", **shared, metrics=f"{{address: 127.0.0.1, port: {taken.getsockname()[1]}}}")
+        code, out, err = finish(run(cfg))
+        assert code == 1 and "Traceback" not in err, err
+        assert f"noded run: metrics.port: metrics: port {taken.getsockname()[1]} on 127.0.0.1 is already in use" in err
+        assert mon_groups(emu) == [] and os.listdir(emu.root + "/mon_groups") == []
+        assert not os.path.exists(tmp_path / "busy" / "run" / "noded.pid")
+    finally:
+        taken.close()
+    # Nothing is held either: the same config starts now.
+    p = run(config(tmp_path, "busy", **shared))
+    try:
+        assert p.stdout.readline().startswith("noded: metrics at ")
+    finally:
+        p.terminate()
+        assert finish(p)[0] == 0
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, sig):
+    import signal
+
+    emu, shared = node
+    notify = NotifySocket(tmp_path / "notify")
+    try:
+        p = run(config(tmp_path, "n", **shared), env={**os.environ, "NOTIFY_SOCKET": notify.path})
+        notify.until("STATUS", "starting")  # the handlers are in place from here on
+        p.send_signal(getattr(signal, sig))
+        if sig == "SIGHUP":
+            # Remembered, and a reload once the daemon exists; noded goes on.
+            notify.until("READY", "1")
+            assert p.poll() is None
+            p.terminate()
+        code, out, err = finish(p)
+        assert code == 0, err
+        assert "noded: stopped" in out or out == "", out
+        if sig == "SIGHUP":
+            assert "config reloaded" in err, err
+        assert mon_groups(emu) == [] and not os.path.exists(tmp_path / "n" / "run" / "noded.pid")
+    finally:
+        notify.close()
+
+
+def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
+    from support.mps import STANDIN, processes_serving
+
+    pipe_dir, log_dir = tmp_path / "mps", tmp_path / "mps-log"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"metrics: {{port: {taken.getsockname()[1]}}}\n"
+                       f"colocation: {{enabled: true, mps: {{control: {STANDIN}, pipe_dir: {pipe_dir}, "
+                       f"log_dir: {log_dir}}}}}\n")
+        p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", "scenarios/demo.yaml", "--config",
+                              str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        code, out, err = finish(p, timeout=60)
+    finally:
+        taken.close()
+    assert code == 1 and "is already in use" in err and "Traceback" not in err, err
+    assert processes_serving(str(pipe_dir)) == [] and not pipe_dir.exists()
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("runtime_dir", "/etc/passwd", "not a directory"),
+    ("state_dir", "NOBODYS/state", "owned by uid 65534"),
+    ("jobs", "{sources: [{kind: cgroup, root: /tmp, patterns: [x]}]}", "is not in a cgroup hierarchy (it is on"),
+])
+def test_check_config_refuses_what_run_refuses_on_this_host(tmp_path, key, value, reason):
+    nobodys = tmp_path / "nobodys"
+    nobodys.mkdir()
+    os.chown(nobodys, 65534, 65534)
+    cfg = config(tmp_path, "c", **{key: value.replace("NOBODYS", str(nobodys))})
+    check = subprocess.run([sys.executable, "-m", "noded", "check-config", str(cfg)], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and reason in check.stderr and "Traceback" not in check.stderr, check.stderr
+    code, out, err = finish(run(cfg))
+    assert code == 1 and reason in err and "Traceback" not in err, err
