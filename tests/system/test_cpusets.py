@@ -183,6 +183,10 @@ CRASHING = """
 import sys, time
 from types import MappingProxyType
 from noded.actuators.cpusets import CpuSetOwner
+from noded.jobs.model import Job, JobMeta
+from noded.samplers.sample import JobSample, Sample
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.stores.originals import OriginalValues
 
 state, job_id, cgroup, pid, wanted = sys.argv[1:]
 job = Job(job_id, "slurm", frozenset({int(pid)}), cgroup if cgroup != "-" else None)

@@ -51,6 +51,7 @@ from noded.actuators.cpusets import CpuSetOwner
 from noded.jobs.model import Job, JobMeta
 from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
+from noded.stores.originals import OriginalValues
 
 state, job_id, cgroup, pids, wishes, at, action = sys.argv[1:]
 count = 0

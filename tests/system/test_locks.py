@@ -23,6 +23,7 @@ NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mounts, chown to another user")
 
 HOLDER = """
+import sys
 from noded.stores.lockfile import HostLock
 lock = HostLock(sys.argv[2:], lock_dir=sys.argv[1]).acquire()
 print("locked", flush=True)

@@ -192,6 +192,7 @@ def test_a_hostile_memory_record_is_moved_aside_at_start(tmp_path, originals, wr
 # -- nothing but cgroup files, never blocking
 
 RESTORE = """
+import sys
 from noded.actuators.memsoft import MemorySoftLimits
 from noded.stores.originals import OriginalValues
 owner = MemorySoftLimits(OriginalValues(sys.argv[1]), mounts=sys.argv[2])
@@ -312,7 +313,10 @@ def test_a_wish_noded_would_not_write_is_refused_before_anything_is_recorded(v1_
 
 KILLED_AT = """
 import os, sys, json
+from noded.actuators.memsoft import MemorySoftLimits
+from noded.jobs.model import JobMeta
 from noded.samplers.sample import JobSample
+from noded.stores.originals import OriginalValues
 
 state, cgroup, pid, wishes, at = sys.argv[1:]
 count = 0

@@ -15,6 +15,7 @@ import pytest
 from support.host import noded_lock_holder, skip_if_another_noded
 
 HOLDER = """
+import sys
 from noded.stores.lockfile import HostLock
 lock = HostLock.for_filesystems(sys.argv[1:]).acquire()  # as a noded on that subtree holds it
 print("locked", flush=True)
