@@ -52,9 +52,13 @@ def load(variant):
 
 
 def _shutdown_all():
-    lib = pynvml.nvmlLib
-    while lib is not None and lib.nvmlShutdown() == 0:
-        pass
+    """Every init of the stand-in library in this process undone, whoever made it (another
+    test in this worker may have left one, through a handle pynvml no longer holds): the
+    next init reads this test's shared memory, not the one the library still has open."""
+    libs = [pynvml.nvmlLib] + [ctypes.CDLL(library_path(variant)) for variant in ("current", "no_v3")]
+    for lib in libs:
+        while lib is not None and lib.nvmlShutdown() == 0:
+            pass
 
 
 def us(t):
