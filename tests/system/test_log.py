@@ -81,7 +81,10 @@ def test_the_first_throttles_reason_names_the_rate_the_hog_runs_at(dry_run_of_th
     named = [float(m.group(1)) for line in dry_run_of_the_demo if (m := RATE.search(line))]
     assert len(named) >= 3, dry_run_of_the_demo
     ran = statistics.median(named[1:])
-    assert 0.8 * ran <= named[0] <= 1.2 * ran, named
+    # Within half of it either way: the bug read a 16 GB/s hog as 0.1 (a factor of 160), and the
+    # emulator's counters advance in a process of its own that a loaded machine starves for a
+    # while (12.3 of 16 once beside stress-ng --cpu 2 and the demo)
+    assert 0.5 * ran <= named[0] <= 1.5 * ran, named
 
 
 @pytest.mark.xdist_group("demo-dry-run")  # one run of the demo (the module fixture) for both
