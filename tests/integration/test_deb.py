@@ -42,7 +42,8 @@ case "$1" in is-enabled) echo disabled; exit 1;; is-active) exit 3;; esac
 exit 0
 """
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("packaging")]
 
 
 def need_tools():

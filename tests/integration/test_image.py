@@ -30,7 +30,8 @@ def daemonset_config() -> str:
     v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
     return os.path.join(KUBERNETES, "base" if v2 else "overlays/cgroup-v1", "noded.yaml")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("packaging")]
 
 
 @pytest.fixture(scope="module")
