@@ -29,6 +29,10 @@ ResNet-50: {256: {C: 38.0e6, M: 30.0e6, window_us: 1.0e6}}
 
 
 @pytest.mark.fuse
+# in the worker of the SIGKILL tests (one of which starts MPS and admits too): an admission left
+# unanswered for 10 s in 3 of 5 loaded parallel runs, cause not found; run apart from the other
+# MPS users while it is looked for
+@pytest.mark.xdist_group("sigkill")
 def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
     from support.eliminator import Harness
 
