@@ -736,12 +736,14 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
         # holds it there; the policy's throttle makes NodedThrottleHeldLong pending.
         def contended() -> bool:
             d.alive()
+            # the admission's series too: contention may be in force before the scrape after it
             return (api.has_data("max_over_time(noded_contention_triggered[5m]) == 1")
+                    and api.has_data("noded_colocation_jobs == 1")
                     and api.has_data('noded_job_throttle_level{job_id="cgroup:hog"} > 0')
                     and api.has_data('ALERTS{alertname="NodedThrottleHeldLong", job_id="cgroup:hog"}'))
 
         try:
-            wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog and a pending alert")
+            wait_for(contended, timeout=60, interval=0.5, what="contention, a throttled hog, a pending alert and the admitted job scraped")
         except AssertionError as e:
             raise AssertionError(f"{e}; {d.output()}") from None
 

@@ -47,3 +47,14 @@ def read_until(stream, text, what, timeout=30.0):
         seen.append(line)
         if text in line:
             return line
+
+
+def thread_stacks() -> str:
+    """Every thread's stack in this process, for the message of a test that timed out
+    waiting on something another thread should have done."""
+    import sys
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())

@@ -4,6 +4,7 @@ reservation lifecycle."""
 import json
 import os
 import shutil
+import time
 from types import MappingProxyType
 
 import pynvml
@@ -17,7 +18,7 @@ from noded.jobs.model import JobMeta
 from noded.samplers.sample import JobSample, Sample
 from noded.samplers.nvml import GpuSample
 
-from support.waiting import wait_for
+from support.waiting import thread_stacks, wait_for
 from support.mps import STANDIN, processes_serving
 
 PROFILES = """
@@ -71,10 +72,15 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         said = {}
 
         def admit(job, model, bs):
+            began = time.monotonic()
             code = nodectl.main(["--socket", server.path, "admit", "--job", job, "--model", model,
                                  "--batch-size", str(bs)])
             out = capsys.readouterr()
-            said["err"] = out.err  # what nodectl said on stderr, for an assertion's message
+            # what nodectl said on stderr, how long it took, the server's counts and every
+            # thread's stack, for an assertion's message (an unanswered admission, seen only
+            # in full parallel runs, has no cause found yet)
+            said["err"] = (f"{out.err} after {time.monotonic() - began:.1f}s; server {server.server.stats}"
+                           + ("" if code in (0, nodectl.ADMIT_REFUSED) else "\n" + thread_stacks()))
             return code, out.out
 
         code, out = admit("slurm:1", "VGG11", 64)

@@ -14,7 +14,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodesim import curvegen
@@ -260,6 +260,7 @@ def test_flat_curves_with_iteration_jitter_end_at_two_cores_at_most():
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10 ** 6), cores=st.sampled_from((8, 16)))
+@example(seed=20848, cores=16)
 def test_a_change_mid_run_is_noticed_within_three_windows_and_resized_from_the_top(seed, cores):
     c = curvegen.generate(seed, cores, change_after_s=math.inf)
     job = Job(c, seed)
@@ -283,7 +284,11 @@ def test_a_change_mid_run_is_noticed_within_three_windows_and_resized_from_the_t
     state = job.sizing.state
     assert state.points == () and state.start.source == al.FROM_DRIFT  # nothing from before the change
     again = job.size()
-    assert again.reason in (al.SEARCHED, al.LIMITED) and job.sizing.watch is not None
+    # a slow curve after the change may use up the search's time budget (seed 20848 on 16 cores:
+    # a cliff at 13 cores, seven windows); the answer is then the best measured, as on any search
+    assert again.reason in (al.SEARCHED, al.LIMITED, al.TIME_LIMIT) and job.sizing.watch is not None
+    measured = dict(again.curve_points)
+    assert measured[again.cores] >= (1 - MARGIN) * max(measured.values()) - 1e-9
 
 
 def test_one_noisy_window_is_not_a_drift_and_a_sized_jobs_watch_round_trips():
