@@ -22,6 +22,7 @@ every job's CPUs (``cpu_wishes``, then ``cpus_applied`` once the owner wrote the
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
@@ -31,6 +32,7 @@ from noded.capping.cores import kept, next_level
 from noded.capping.holder import NODED, CapHolder
 from noded.capping.plan import OVERRIDE, Cap, plan_caps
 from noded.util.journal import log_change
+from noded.jobs.model import Job
 from noded.samplers.sample import Sample
 
 if TYPE_CHECKING:  # what the owner of CPUs hands back: a type, not an arrow up
@@ -222,6 +224,31 @@ class CapService:
             else:
                 self.core_levels.pop(job, None)
         return wishes
+
+    def placements_wanted(self, jobs: Mapping[str, Job], record_keys: Iterable[str]) -> set[str]:
+        """The jobs whose CPUs a tick must read where only caps change CPUs: the capped ones
+        (a cap set since the last tick is read from the next) and every job the owner holds a
+        record of (``record_keys``: its originals' keys), whose CPUs it may put back."""
+        wanted = {j for j in self.caps if j in jobs}
+        by_cgroup = {job.cgroup: j for j, job in jobs.items() if job.cgroup}
+        by_pid: dict[int, str] | None = None  # made at the first record of a process
+        for key in record_keys:
+            kind, _, where = key.partition(":")
+            if kind == "affinity_job" and where in jobs:
+                wanted.add(where)
+            elif kind == "cpuset":  # the job's cgroup or one below it
+                path = where
+                while path not in by_cgroup and os.path.dirname(path) != path:
+                    path = os.path.dirname(path)
+                if path in by_cgroup:
+                    wanted.add(by_cgroup[path])
+            elif kind == "affinity":  # a process of a job without a cpuset: its pid among the job's
+                if by_pid is None:
+                    by_pid = {pid: j for j, job in jobs.items() for pid in job.pids}
+                pid_text = where.partition(":")[0]
+                if pid_text.isdigit() and int(pid_text) in by_pid:
+                    wanted.add(by_pid[int(pid_text)])
+        return wanted
 
     @staticmethod
     def cpus_recorded(owner) -> bool:

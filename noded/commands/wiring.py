@@ -129,9 +129,11 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     caps = isinstance(throttle, MbaThrottle)  # bandwidth caps are held through MBA's groups
     # where each job's CPUs are: what halving cores, right-sizing and a cap's fewer cores read
     # (observe, don't believe)
+    cap_service = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run,
+                             places=lambda: throttle.cap_places) if caps else None
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
                           exec_events_per_uid=config.jobs.exec_events_per_uid,
-                          cpus=CpuPlacementSampler() if throttle is cores or rightsize or caps else None)
+                          cpus=_placement_sampler(throttle is cores or rightsize, cap_service, cores))
     sizing = _rightsize_parts(config, state, cores, memory, clock, dry_run, notes) if rightsize else {}
     if caps and not rightsize:
         sizing["cpu_owner"] = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
@@ -146,8 +148,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
     parts = Parts(
         telemetry=telemetry, throttle=throttle, baselines=baselines,
-        caps=CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run,
-                        places=lambda: throttle.cap_places) if caps else None,
+        caps=cap_service,
         colocation=colocation, overrides=overrides,
         # the labels job managers' hooks register: admin state, as the overrides are
         registered_labels=telemetry.discovery.registered_labels,
@@ -163,6 +164,16 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, state, notes, notes_for_operators)
+
+
+def _placement_sampler(every_job: bool, caps: CapService | None, cores: CoreHalving) -> CpuPlacementSampler | None:
+    """Where each job's CPUs are, for whatever may change them: every job's where cores are
+    halved or right-sized; where only caps do, the capped jobs' and those the owner recorded."""
+    if every_job:
+        return CpuPlacementSampler()
+    if caps is None:
+        return None
+    return CpuPlacementSampler(wanted=lambda jobs: caps.placements_wanted(jobs, (k for k, _ in cores.owner.originals.items())))
 
 
 def _rightsize_parts(config: Config, state: SecureDir, cores: CoreHalving, memory: MemorySoftLimits,

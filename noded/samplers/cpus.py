@@ -12,7 +12,7 @@ import errno
 import logging
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 from resctrl.cpulist import parse_cpu_list
 
@@ -104,12 +104,19 @@ class CpuPlacementSampler:
 
     name = "cpus"
 
-    def __init__(self, proc: str = "/proc"):
+    def __init__(self, proc: str = "/proc", wanted: Callable[[Mapping[str, Job]], Iterable[str]] | None = None):
         self.proc = proc
+        # Which jobs' CPUs this tick's plan may read (None: every job's). Where only caps change
+        # CPUs (an MBA host without right-sizing), that is the capped jobs and those whose
+        # CPUs noded recorded: reading every job's cpuset tree was most of a tick's own CPU.
+        self.wanted = wanted
         self.unreadable: dict[str, str] = {}  # job id -> why its CPUs could not be read, last sample
 
     def sample(self, jobs: Mapping[str, Job]) -> dict[str, CpuPlacement]:
         out, unreadable = {}, {}
+        if self.wanted is not None:
+            names = set(self.wanted(jobs))
+            jobs = {j: job for j, job in jobs.items() if j in names}
         for job_id, job in jobs.items():
             try:
                 if has_cpuset(job.cgroup):

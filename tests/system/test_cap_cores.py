@@ -55,7 +55,8 @@ def affinity(pid):
 def test_a_cap_below_the_lowest_mba_value_is_met_on_fewer_cores_and_the_cores_come_back(tmp_path):
     # "intel": the whole group held at value/100 x peak: 10 % of 50 GB/s is 5 GB/s a domain,
     # and the hog asks 7 a domain on all its CPUs (3.5 on half of them: the node follows them)
-    h = Harness(tmp_path, "  - {at: 0, start: {id: hog, cpu_gbps: 14}}\n", profile="intel", peak=50)
+    h = Harness(tmp_path, "  - {at: 0, start: {id: hog, cpu_gbps: 14}}\n  - {at: 0, start: {id: quiet, cpu_gbps: 0.1}}\n",
+                profile="intel", peak=50)
     try:
         clock = WallClock()
         h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
@@ -70,6 +71,8 @@ def test_a_cap_below_the_lowest_mba_value_is_met_on_fewer_cores_and_the_cores_co
         # recorded before the first write, as every change of a job's CPUs is
         assert h.daemon.parts.cpu_owner.originals.get(affinity_key(pid, start)) == REAL
         r = h.until(lambda r: r.caps["sim:hog"].cpus == f"{len(half)} of {len(REAL)} CPUs", 2, "the cores explained")
+        # only caps change CPUs on this host: the capped job's are read, not every job's
+        assert r.sample.jobs["sim:hog"].cpus is not None and r.sample.jobs["sim:quiet"].cpus is None
         group = h.daemon.parts.throttle.cap_name("sim:hog")
         wait_for(lambda: group_bandwidth_over(h.rc(), group, 1.0) <= 1.05 * cap, timeout=10,
                  what="the hog at its cap or under on fewer cores")

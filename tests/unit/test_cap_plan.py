@@ -94,3 +94,20 @@ def test_explain_says_how_many_threads_a_cap_steers_on_and_the_cores_it_is_held_
     waiting = CapState(2e9, "override", "an operator's cap", "noded", 2.4e9, "10", unreachable=True, busy_threads=1)
     assert "1 busy thread," not in _cap_why(waiting) and "1 busy thread;" in _cap_why(waiting)
     assert "fewer cores come next" in _cap_why(waiting)
+
+
+def test_where_only_caps_change_cpus_the_capped_jobs_and_the_recorded_ones_are_read():
+    from noded.capping.plan import Cap
+    from noded.capping.service import CapService
+    from noded.jobs.model import Job
+
+    jobs = {"a": Job("a", "cgroup", frozenset({10}), "/cg/a"), "b": Job("b", "cgroup", frozenset({20}), "/cg/b"),
+            "ab": Job("ab", "cgroup", frozenset({30}), "/cg/ab"), "p": Job("p", "pid", frozenset({40, 41})),
+            "q": Job("q", "pid", frozenset({50})), "idle": Job("idle", "cgroup", frozenset({60}), "/cg/idle")}
+    caps = CapService(lambda: None, lambda j: j)
+    caps.caps = {"a": Cap(1 * GB, OVERRIDE, "test"), "gone": Cap(1 * GB, OVERRIDE, "test")}
+    assert caps.placements_wanted(jobs, []) == {"a"}  # a capped job no longer there is not
+    records = ["cpuset:/cg/b/step_0/task", "affinity:41:12345", "affinity_job:q", "gpu:0:compute_mode",
+               "cpuset:/elsewhere", "affinity:notapid:1", "affinity_job:gone"]
+    # a record below a job's cgroup is its ("/cg/ab" is not below "/cg/a"); a process's by pid
+    assert caps.placements_wanted(jobs, records) == {"a", "b", "p", "q"}
