@@ -6,11 +6,9 @@ a hard limit can OOM-kill a job, a soft one only makes the kernel reclaim the jo
 cache (v1: under memory pressure only) or, on v2 above ``memory.high``, slow its
 allocations. What the limit is comes from ``noded.rightsize.memsplit``.
 
-* **Where.** A job's memory cgroup is its own cgroup's path in the memory hierarchy: the
-  same directory on v2 (where ``memory.high`` exists there), the same path below the v1
-  memory mount (from the mounts file) otherwise. It must hold the job's processes, as
-  ``/proc/PID/cgroup`` says; a job without a cgroup, or whose processes are elsewhere, is
-  not limited (``MemoryCgroupError`` says why).
+* **Where.** A job's memory cgroup as this tick's Sample found it
+  (``noded.samplers.memcgroups``: it must hold the job's processes); a job without one is
+  not limited, and the reason says why.
 * **Record before you touch.** The value in force before noded's first write goes durably
   into ``originals.json`` (``memory:<directory>``) and every value noded is about to write
   into ``memory_written.json``; when either cannot be written nothing is written.
@@ -41,64 +39,28 @@ import errno
 import logging
 import os
 import re
-import stat
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from resctrl.mounts import parse_mounts
-
-from noded.jobs.cgroups import read_process_cgroups
-from noded.jobs.proccgroup import ProcCgroupError
 from noded.rightsize.memquantum import QUANTUM
+from noded.samplers.memcgroups import KEY, V1_FILE, V2_FILE, MemoryCgroup, NotACgroupFile, cgroup_devices
+from noded.samplers.memcgroups import open_cgroup_file, read_cgroup_file
 from noded.util.journal import log_change
-from noded.samplers.sample import JobSample
 from noded.stores.securedir import SecureDir
 from noded.stores.originals import OriginalValues, StateWriteError
 
 log = logging.getLogger(__name__)
 
-KEY = "memory:"
-V1_FILE = "memory.soft_limit_in_bytes"
-V2_FILE = "memory.high"
 WRITTEN_FILE = "memory_written.json"
 _MAX_VALUES = 2  # the value in force (when noded's) and the one about to be written
-_MAX_STAT = 1 << 16  # memory.stat is a few hundred bytes; never read more
 _DECIMAL = re.compile(r"[1-9][0-9]{0,19}")
-CGROUP_FSTYPES = ("cgroup", "cgroup2")
 
 
 def noded_shaped(value: str) -> bool:
     """Whether ``value`` is one noded could have written: a positive multiple of QUANTUM."""
     v = value.strip()
     return bool(_DECIMAL.fullmatch(v)) and int(v) % QUANTUM == 0
-
-
-class NotACgroupFile(OSError):
-    """The path names something other than a regular file of a cgroup filesystem."""
-
-
-class MemoryCgroupError(Exception):
-    """A job's memory cgroup cannot be found or read (the message says where and why)."""
-
-
-@dataclass(frozen=True)
-class MemoryCgroup:
-    """A job's memory cgroup as the kernel showed it this tick."""
-
-    path: str
-    version: int
-    limit: str  # the soft limit's file as read, e.g. "max" (v2) or "9223372036854771712" (v1)
-    anon_bytes: int  # anonymous memory: the job's process memory, which a cache share comes on top of
-    file_bytes: int  # page cache: the data cache a soft limit reclaims first
-
-    @property
-    def limit_file(self) -> str:
-        return os.path.join(self.path, V2_FILE if self.version == 2 else V1_FILE)
-
-    @property
-    def key(self) -> str:
-        return KEY + self.path
 
 
 @dataclass(frozen=True)
@@ -125,124 +87,15 @@ class MemoryResult:
         return tuple(c for c in self.changes if c.error)
 
 
-def cgroup_devices(mounts: str = "/proc/mounts") -> frozenset[int]:
-    """The devices of the cgroup filesystems ``mounts`` lists (each v1 hierarchy and the v2
-    tree is a filesystem of its own). Raises OSError when the file cannot be read."""
-    with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
-        listed = [m.target for m in parse_mounts(f.read(1 << 22)) if m.fstype in CGROUP_FSTYPES]
-    devices = set()
-    for target in listed:
-        try:
-            devices.add(os.stat(target).st_dev)
-        except OSError:
-            continue  # listed but not reachable from here: nothing of it can be opened either
-    return frozenset(devices)
-
-
-def _open_cgroup_file(path: str, flags: int, devices: frozenset[int]) -> int:
-    """A descriptor of ``path`` only if it is a regular file of a cgroup filesystem: no link
-    followed, no blocking open (a FIFO), no truncation before it is known what it is.
-    Raises OSError (NotACgroupFile for anything else)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_dev not in devices:
-            raise NotACgroupFile(errno.EXDEV, "not a file of a cgroup filesystem the mounts file lists", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_cgroup_file(path: str, devices: frozenset[int]) -> str:
-    """At most 64 KiB of a cgroup file (see ``_open_cgroup_file``); OSError as the kernel says."""
-    fd = _open_cgroup_file(path, os.O_RDONLY, devices)
-    try:
-        return os.read(fd, _MAX_STAT).decode("ascii", "replace")
-    finally:
-        os.close(fd)
-
-
 def write_limit(path: str, text: str, devices: frozenset[int]) -> None:
-    """Write a soft limit into a cgroup file (see ``_open_cgroup_file``), replacing what is
+    """Write a soft limit into a cgroup file (see ``open_cgroup_file``), replacing what is
     there as a shell's > does; OSError as the kernel says."""
-    fd = _open_cgroup_file(path, os.O_WRONLY, devices)
+    fd = open_cgroup_file(path, os.O_WRONLY, devices)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-def parse_memory_stat(text: str, version: int) -> tuple[int, int]:
-    """(anonymous, page cache) bytes from memory.stat; v1 counts the hierarchy below (total_*).
-    Raises ValueError naming the field that is missing or not a number."""
-    fields = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        fields[name] = value
-    names = ("anon", "file") if version == 2 else ("total_rss", "total_cache")
-    out = []
-    for name in names:
-        try:
-            out.append(int(fields[name]))
-        except (KeyError, ValueError):
-            raise ValueError(f"memory.stat has no number for {name!r}") from None
-    return out[0], out[1]
-
-
-def _mount_of(path: str) -> str:
-    while not os.path.ismount(path) and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def _in_cgroup(proc: str, pid: int, controller: str, mount_rel: str) -> bool:
-    """Whether the process's cgroup in ``controller``'s hierarchy is ``mount_rel`` or below
-    it. A /proc/PID/cgroup the parser refuses (a forged record in a cgroup name) is not."""
-    try:
-        where = read_process_cgroups(proc, pid).get(controller)
-    except ProcCgroupError:
-        return False
-    return where is not None and (where + "/").startswith(mount_rel.rstrip("/") + "/")
-
-
-def find_memory_cgroup(js: JobSample, *, proc: str = "/proc", mounts: str = "/proc/mounts",
-                       devices: frozenset[int] | None = None) -> MemoryCgroup:
-    """The job's memory cgroup and what it holds now (``devices``: the cgroup filesystems',
-    read from ``mounts`` when not given). Raises MemoryCgroupError."""
-    if js.cgroup is None:
-        raise MemoryCgroupError("the job has no cgroup of its own (a registered process tree)")
-    if os.path.exists(os.path.join(js.cgroup, V2_FILE)):
-        version, path, controller = 2, js.cgroup, ""
-    else:
-        try:
-            with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
-                memory = [m for m in parse_mounts(f.read()) if m.fstype == "cgroup" and "memory" in m.options]
-        except OSError as e:
-            raise MemoryCgroupError(f"{mounts}: {e.strerror}") from None
-        if not memory:
-            raise MemoryCgroupError(f"no memory cgroup: {V2_FILE} is not in {js.cgroup} and {mounts} lists no v1 "
-                                    "memory hierarchy")
-        rel = os.path.relpath(js.cgroup, _mount_of(js.cgroup))
-        version, path, controller = 1, os.path.normpath(os.path.join(memory[-1].target, rel)), "memory"
-    mount_rel = "/" + os.path.relpath(path, _mount_of(path)).removeprefix(".")
-    inside = [pid for pid in sorted(js.pids) if _in_cgroup(proc, pid, controller, mount_rel)]
-    if js.pids and not inside:
-        raise MemoryCgroupError(f"none of the job's processes is in the memory cgroup {path}")
-    try:
-        if devices is None:
-            devices = cgroup_devices(mounts)
-    except OSError as e:
-        raise MemoryCgroupError(f"{mounts}: {e.strerror or e}") from None
-    try:
-        limit = read_cgroup_file(os.path.join(path, V2_FILE if version == 2 else V1_FILE), devices).strip()
-        anon, cached = parse_memory_stat(read_cgroup_file(os.path.join(path, "memory.stat"), devices), version)
-    except OSError as e:
-        raise MemoryCgroupError(f"{e.filename or path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise MemoryCgroupError(f"{path}: {e}") from None
-    return MemoryCgroup(path, version, limit, anon, cached)
 
 
 def _same(a: str, b: str) -> bool:
@@ -284,20 +137,6 @@ class MemorySoftLimits:
     def _devices(self) -> frozenset[int]:
         """The cgroup filesystems now (observe, don't believe); OSError when they cannot be known."""
         return cgroup_devices(self.mounts)
-
-    def observe(self, jobs: Mapping[str, JobSample]) -> tuple[dict[str, MemoryCgroup], dict[str, str]]:
-        """Each job's memory cgroup now, and why a job has none."""
-        found, unplaced = {}, {}
-        try:
-            devices = self._devices() if jobs else frozenset()
-        except OSError as e:
-            return {}, {job: f"{self.mounts}: {e.strerror or e}" for job in jobs}
-        for job, js in sorted(jobs.items()):
-            try:
-                found[job] = find_memory_cgroup(js, proc=self.proc, mounts=self.mounts, devices=devices)
-            except MemoryCgroupError as e:
-                unplaced[job] = str(e)
-        return found, unplaced
 
     def _set_written(self, key: str, values: list[str] | None) -> None:
         """What noded may leave in ``key``'s file (None: nothing); entries whose record is gone

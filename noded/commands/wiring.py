@@ -31,6 +31,7 @@ from noded.jobs import CgroupSource, JobDiscovery, LabelFile, RegisteredLabels
 from noded.samplers.mongroups import JobMonitor
 from noded.loop.metrics import make_registry
 from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.memcgroups import MemoryCgroupSampler
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession
 from noded.server.budget import METRICS
@@ -129,12 +130,15 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     caps = isinstance(throttle, MbaThrottle)  # bandwidth caps are held through MBA's groups
     # where each job's CPUs are: what halving cores, right-sizing and a cap's fewer cores read
     # (observe, don't believe)
+    sizing = _rightsize_parts(config, state, cores, memory, clock, dry_run, notes) if rightsize else {}
+    sized_memory = sizing.get("memory")
     cap_service = CapService(lambda: throttle.session.rc, throttle.cap_name, dry_run=throttle.dry_run,
                              places=lambda: throttle.cap_places) if caps else None
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
                           exec_events_per_uid=config.jobs.exec_events_per_uid,
-                          cpus=_placement_sampler(throttle is cores or rightsize, cap_service, cores))
-    sizing = _rightsize_parts(config, state, cores, memory, clock, dry_run, notes) if rightsize else {}
+                          cpus=_placement_sampler(throttle is cores or rightsize, cap_service, cores),
+                          memory=MemoryCgroupSampler() if sized_memory is not None else None,
+                          memory_jobs=sizing["rightsize"].gpu_jobs if sized_memory is not None else lambda s: ())
     if caps and not rightsize:
         sizing["cpu_owner"] = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
     colocation = None

@@ -292,7 +292,12 @@ class Daemon:
         except SplitError as e:
             log.warning("rightsize: no memory split this tick (nothing changed): %s", e)
             return MemoryView(None, None, str(e))
-        cgroups, unplaced = self.parts.memory.observe({j: jobs[j] for j in split.units})
+        # the cgroups the Sample read (none where its memory sampler failed: an error is not
+        # "no limit wished", so each job of the split is then held as it is)
+        reading = sample.memory
+        cgroups = {j: reading.cgroups[j] for j in split.units if reading is not None and j in reading.cgroups}
+        unplaced = {j: reading.unplaced.get(j, "its memory cgroup was not read this tick") if reading is not None
+                    else "the jobs' memory cgroups could not be read this tick" for j in split.units if j not in cgroups}
         headroom = int(cfg.headroom_gb * GIB)
         wishes = {j: soft_limit_bytes(cg.anon_bytes, split.units[j], split.unit_bytes, headroom)
                   for j, cg in cgroups.items()}

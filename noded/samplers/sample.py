@@ -17,6 +17,7 @@ from noded.samplers.mongroups import MonitorReport
 from noded.samplers import SamplerStatus
 from noded.samplers.bandwidth import BandwidthSample
 from noded.samplers.cpus import CpuPlacement
+from noded.samplers.memcgroups import MemoryReading
 from noded.samplers.resctrl import ResctrlFacts
 from noded.samplers.nvml import GpuSample, NvmlSample
 
@@ -68,6 +69,8 @@ class Sample:
     job_errors: tuple[tuple[str, str, str], ...] = ()
     # the job sources discovery read ("kind root" each): none, and no job, is a noded that watches no job
     job_sources: tuple[str, ...] = ()
+    # the memory cgroups of the jobs right-sizing's memory is for (None: memory is not sized)
+    memory: MemoryReading | None = None
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterable
 
 from noded.jobs.discovery import JobDiscovery
 from noded.jobs.model import Job
@@ -27,6 +27,7 @@ from noded.samplers.sample import GPU, Sample, build_sample
 from noded.samplers import SamplerStatus, run_sampler
 from noded.samplers.bandwidth import BandwidthSampler
 from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.memcgroups import MemoryCgroupSampler
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_facts
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 class Telemetry:
     def __init__(self, discovery: JobDiscovery, session: ResctrlSession, monitor: JobMonitor,
                  nvml: NvmlSampler | None, *, cpus: CpuPlacementSampler | None = None,
+                 memory: MemoryCgroupSampler | None = None, memory_jobs: Callable[[Sample], Iterable[str]] = lambda s: (),
                  clock: Callable[[], float] = time.monotonic, process_events: bool = True,
                  exec_events_per_uid: int = DEFAULT_PER_UID):
         self.discovery = discovery
@@ -43,6 +45,9 @@ class Telemetry:
         self.monitor = monitor
         self.nvml = nvml
         self.cpus = cpus
+        # the memory cgroups of the jobs right-sizing's memory is for (``memory_jobs``: which,
+        # once the sample knows each job's kind)
+        self.memory, self.memory_jobs = memory, memory_jobs
         self.bandwidth = BandwidthSampler(monitor, clock=clock)
         self.clock = clock
         self._known: dict[str, Job] = {}
@@ -99,7 +104,12 @@ class Telemetry:
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
                               unavailable=unavailable,
                               job_sources=tuple(f"{s.kind} {s.root}" for s in self.discovery.sources))
-        return self._sticky_gpu_jobs(sample)
+        sample = self._sticky_gpu_jobs(sample)
+        if self.memory is not None and sample.jobs_known:
+            jobs = {j: sample.jobs[j] for j in self.memory_jobs(sample)}
+            memory = run("memory", lambda: self.memory.sample(jobs))
+            sample = replace(sample, memory=memory, samplers=tuple(statuses))
+        return sample
 
     def _sticky_gpu_jobs(self, sample: Sample) -> Sample:
         # A job seen holding a GPU stays a GPU job even while NVML cannot see it

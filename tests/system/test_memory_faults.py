@@ -26,6 +26,8 @@ from noded.samplers.cpus import CpuPlacement
 from noded.stores.securedir import SecureDir
 from noded.stores.originals import OriginalValues, StateWriteError, parse_originals
 
+from support.memory import observe
+
 REPO = Path(__file__).resolve().parents[2]
 V1_MEMORY = "/sys/fs/cgroup/memory"
 V1_CPUSET = "/sys/fs/cgroup/cpuset"
@@ -86,7 +88,7 @@ def _owner(state, **kw):
 
 def _tick(owner, js, want):
     """One tick of the daemon's part: observe, then wish ``want`` bytes (None: no wish)."""
-    cgroups, unplaced = owner.observe({js.id: js})
+    cgroups, unplaced = observe(owner, {js.id: js})
     return owner.apply({} if want is None else {js.id: want}, cgroups, unplaced)
 
 
@@ -255,7 +257,7 @@ def test_a_job_whose_limit_file_is_not_a_cgroup_file_is_not_limited(fake_v2, tmp
         (tmp_path / "via").symlink_to(tmp_path / "fake")
         victim = tmp_path / "fake" / "memory.high"
     owner = fake_v2.owner()
-    cgroups, unplaced = owner.observe({js.id: js})
+    cgroups, unplaced = observe(owner, {js.id: js})
     assert cgroups == {} and js.id in unplaced
     assert owner.apply({js.id: 2 * QUANTUM}, cgroups, unplaced).changes == ()
     assert victim.read_text() == "max\n" and _records(fake_v2.state) == ({}, {})
@@ -267,7 +269,7 @@ def test_a_job_whose_limit_file_is_not_a_cgroup_file_is_not_limited(fake_v2, tmp
 def test_a_value_someone_writes_between_observe_and_apply_is_theirs(v1_job):
     owner = _owner(v1_job.state)
     for first in (True, False):
-        cgroups, unplaced = owner.observe({v1_job.js.id: v1_job.js})
+        cgroups, unplaced = observe(owner, {v1_job.js.id: v1_job.js})
         _write(f"{v1_job.mem}/{SOFT}", 7 * QUANTUM + 4096)  # the operator, between noded's read and write
         result = owner.apply({v1_job.js.id: (2 if first else 3) * QUANTUM}, cgroups, unplaced)
         assert result.changes == () and _read(f"{v1_job.mem}/{SOFT}") == str(7 * QUANTUM + 4096)
@@ -280,7 +282,7 @@ def test_a_value_someone_writes_between_observe_and_apply_is_theirs(v1_job):
 
 def test_a_cgroup_removed_between_observe_and_apply_takes_its_records_with_it(v1_job):
     owner = _owner(v1_job.state)
-    cgroups, unplaced = owner.observe({v1_job.js.id: v1_job.js})
+    cgroups, unplaced = observe(owner, {v1_job.js.id: v1_job.js})
     v1_job.move_out()
     os.rmdir(v1_job.mem)
     result = owner.apply({v1_job.js.id: 2 * QUANTUM}, cgroups, unplaced)
@@ -314,6 +316,7 @@ def test_a_wish_noded_would_not_write_is_refused_before_anything_is_recorded(v1_
 KILLED_AT = """
 import os, sys, json
 from noded.actuators.memsoft import MemorySoftLimits
+from noded.samplers.memcgroups import MemoryCgroupSampler
 from noded.jobs.model import JobMeta
 from noded.samplers.sample import JobSample
 from noded.stores.originals import OriginalValues
@@ -339,8 +342,8 @@ js = JobSample("slurm:1", "slurm", frozenset([int(pid)]), JobMeta(), "gpu", (), 
 owner = MemorySoftLimits(OriginalValues(state))
 sys.addaudithook(hook)
 for wish in json.loads(wishes):
-    cgroups, unplaced = owner.observe({js.id: js})
-    result = owner.apply({js.id: wish} if wish is not None else {}, cgroups, unplaced)
+    found = MemoryCgroupSampler().sample({js.id: js})
+    result = owner.apply({js.id: wish} if wish is not None else {}, found.cgroups, found.unplaced)
     assert not result.failed, result.failed
 print("done", count, flush=True)
 """

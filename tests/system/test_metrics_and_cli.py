@@ -16,7 +16,8 @@ from prometheus_client import generate_latest
 
 from noded.loop.watching import Watch
 from noded.actuators.cpusets import CpuSetResult
-from noded.actuators.memsoft import MemoryCgroup, MemoryResult
+from noded.actuators.memsoft import MemoryResult
+from noded.samplers.memcgroups import MemoryCgroup
 from noded.actuators.plan import Applied
 from noded.loop.overrides import Override
 from resctrl import MbFlavour

@@ -5,6 +5,7 @@ and after a crash, and left alone once someone else changes them."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -17,12 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noded.actuators.memsoft import (MemoryCgroupError, MemorySoftLimits, find_memory_cgroup, parse_memory_stat)
+from noded.actuators.memsoft import MemorySoftLimits
+from noded.samplers.memcgroups import MemoryCgroupError, find_memory_cgroup, parse_memory_stat
 from noded.jobs.model import JobMeta
 from noded.rightsize.memsplit import QUANTUM, CacheJob, cache_curve, soft_limit_bytes, split_memory
 from noded.samplers.sample import GPU, JobSample, Sample
 from noded.samplers.cpus import CpuPlacement
 from noded.stores.originals import OriginalValues, parse_originals
+from support.memory import observe
 from support.paths import REPO_ROOT
 
 V1_MEMORY = "/sys/fs/cgroup/memory"
@@ -161,16 +164,16 @@ def _owner(state):
 def test_a_soft_limit_is_recorded_then_written_and_put_back_when_no_longer_wished(v1_job):
     owner = _owner(v1_job.state)
     hard = _read(f"{v1_job.mem}/memory.limit_in_bytes")
-    cgroups, unplaced = owner.observe({"slurm:1": v1_job.js})
+    cgroups, unplaced = observe(owner, {"slurm:1": v1_job.js})
     assert unplaced == {} and cgroups["slurm:1"].path == v1_job.mem and cgroups["slurm:1"].version == 1
     result = owner.apply({"slurm:1": 2 * QUANTUM}, cgroups)
     assert [(c.limit_from, c.limit, c.error) for c in result.changes] == [(UNLIMITED_V1, str(2 * QUANTUM), None)]
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == str(2 * QUANTUM)
     assert _read(f"{v1_job.mem}/memory.limit_in_bytes") == hard  # never a hard limit
     assert OriginalValues(str(v1_job.state)).get(f"memory:{v1_job.mem}")["original"] == UNLIMITED_V1
-    again = owner.apply({"slurm:1": 2 * QUANTUM}, owner.observe({"slurm:1": v1_job.js})[0])
+    again = owner.apply({"slurm:1": 2 * QUANTUM}, observe(owner, {"slurm:1": v1_job.js})[0])
     assert again.changes == () and again.limits == {"slurm:1": str(2 * QUANTUM)}  # only differences are written
-    gone = owner.apply({}, owner.observe({"slurm:1": v1_job.js})[0])
+    gone = owner.apply({}, observe(owner, {"slurm:1": v1_job.js})[0])
     assert [c.limit for c in gone.changes] == [UNLIMITED_V1]
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
     assert OriginalValues(str(v1_job.state)).items() == []
@@ -178,9 +181,9 @@ def test_a_soft_limit_is_recorded_then_written_and_put_back_when_no_longer_wishe
 
 def test_a_limit_someone_else_set_is_theirs(v1_job):
     owner = _owner(v1_job.state)
-    owner.apply({"slurm:1": 2 * QUANTUM}, owner.observe({"slurm:1": v1_job.js})[0])
+    owner.apply({"slurm:1": 2 * QUANTUM}, observe(owner, {"slurm:1": v1_job.js})[0])
     _write(f"{v1_job.mem}/memory.soft_limit_in_bytes", str(5 * QUANTUM))  # the operator's
-    result = owner.apply({"slurm:1": 3 * QUANTUM}, owner.observe({"slurm:1": v1_job.js})[0])
+    result = owner.apply({"slurm:1": 3 * QUANTUM}, observe(owner, {"slurm:1": v1_job.js})[0])
     assert result.changes == () and _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == str(5 * QUANTUM)
     assert owner.release_all() == [] and _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == str(5 * QUANTUM)
     assert OriginalValues(str(v1_job.state)).items() == []
@@ -190,7 +193,7 @@ def test_nothing_is_written_when_the_original_cannot_be_recorded(v1_job, tmpfs):
     state = tmpfs(name="state")
     owner = MemorySoftLimits(OriginalValues(str(state)))
     subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
-    result = owner.apply({"slurm:1": 2 * QUANTUM}, owner.observe({"slurm:1": v1_job.js})[0])
+    result = owner.apply({"slurm:1": 2 * QUANTUM}, observe(owner, {"slurm:1": v1_job.js})[0])
     assert [c.error.startswith("original not recorded") for c in result.changes] == [True]
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
 
@@ -201,12 +204,13 @@ def test_after_sigkill_the_next_start_puts_the_original_back(v1_job):
         import os, signal
         from noded.actuators.memsoft import MemorySoftLimits
         from noded.jobs.model import JobMeta
+        from noded.samplers.memcgroups import MemoryCgroupSampler
         from noded.samplers.sample import JobSample
         from noded.stores.originals import OriginalValues
         js = JobSample("slurm:1", "slurm", frozenset([{v1_job.pid}]), JobMeta(), "gpu", (), None, None, "none",
                        cgroup={v1_job.cs!r})
         owner = MemorySoftLimits(OriginalValues({str(v1_job.state)!r}))
-        owner.apply({{"slurm:1": {3 * QUANTUM}}}, owner.observe({{"slurm:1": js}})[0])
+        owner.apply({{"slurm:1": {3 * QUANTUM}}}, MemoryCgroupSampler().sample({{"slurm:1": js}}).cgroups)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT)
@@ -253,7 +257,7 @@ def test_on_v2_memory_high_is_written_and_max_put_back(tmp_path):
     mounts = tmp_path / "mounts"  # the fake tree stands for a cgroup2 mount: noded opens cgroup files only
     mounts.write_text(f"cgroup2 {tmp_path / 'cg'} cgroup2 rw 0 0\n")
     owner = MemorySoftLimits(OriginalValues(str(state)), proc=str(proc), mounts=str(mounts))
-    cgroups, _ = owner.observe({"slurm:9": js})
+    cgroups, _ = observe(owner, {"slurm:9": js})
     cg = cgroups["slurm:9"]
     assert (cg.version, cg.anon_bytes, cg.file_bytes, cg.limit) == (2, 3 << 30, 1 << 30, "max")
     want = soft_limit_bytes(cg.anon_bytes, 2, 1 << 30, 1 << 30)
@@ -284,7 +288,10 @@ def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
     daemon = built.daemon
     try:
         img = JobSample(**{**v1_job.js.__dict__, "meta": JobMeta(dataset_gb=16.0, uncached_share=0.5)})
-        view = daemon._memory(_sample({"slurm:1": img}))
+        # the sample as the daemon's telemetry makes it: the job's memory cgroup read with it
+        sample = dataclasses.replace(_sample({"slurm:1": img}),
+                                     memory=daemon.parts.telemetry.memory.sample({"slurm:1": img}))
+        view = daemon._memory(sample)
         units = view.split.units["slurm:1"]
         assert 0 < units <= 8
         limit = int(_read(f"{v1_job.mem}/memory.soft_limit_in_bytes"))
@@ -297,10 +304,14 @@ def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
         from noded.admin.commands import _memory_json
         shown = _memory_json("slurm:1", view)
         assert shown["soft_limit"] == str(limit) and f"{units} units of cache" in shown["why"]
+        # a tick whose memory sampler failed (no reading): the limit is held, not put back
+        held = daemon._memory(_sample({"slurm:1": img}))
+        assert int(_read(f"{v1_job.mem}/memory.soft_limit_in_bytes")) == limit
+        assert "could not be read this tick" in held.result.unplaced["slurm:1"]
         # the label goes: the job's curve is no longer declared, its limit is put back
         view = daemon._memory(_sample({"slurm:1": v1_job.js}))
         assert dict(view.split.units) == {} and _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
-        daemon._memory(_sample({"slurm:1": img}))
+        daemon._memory(sample)
     finally:
         daemon.shutdown()  # puts the limit back
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
