@@ -50,7 +50,8 @@ import statistics
 import sys
 from dataclasses import asdict
 
-from noded.rightsize.allocator import (CODA, SYNERGY, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed)
+from noded.rightsize.jobsizing import begin_job, feed
+from noded.rightsize.sizing import CODA, SYNERGY, AllocatorConfig, JobSpec, Probe, Sized
 from nodesim import curvegen
 from noded.rightsize.curves import BENCH_CURVES, MODEL_CURVES, CoreCurve
 from noded.rightsize.history import HistoryView, Remembered

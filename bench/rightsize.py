@@ -60,7 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.allocator_search import GeneratedJob
-from noded.rightsize.allocator import CODA, FLOOR, AllocatorConfig, JobSpec, Probe, Sized, begin_job, feed, limit_job
+from noded.rightsize.jobsizing import begin_job, feed, limit_job
+from noded.rightsize.sizing import CODA, FLOOR, AllocatorConfig, JobSpec, Probe, Sized
 from nodesim import curvegen
 from noded.rightsize.history import HistoryView
 from noded.rightsize.history import Remembered

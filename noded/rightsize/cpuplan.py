@@ -54,7 +54,7 @@ from noded.rightsize.history import HistoryView
 from noded.util.halving import kept_cpus
 
 if TYPE_CHECKING:
-    from noded.rightsize.allocator import Probe, Sized
+    from noded.rightsize.sizing import Probe, Sized
 
 GPU = "gpu"
 CPU = "cpu"
@@ -120,8 +120,8 @@ class GpuJob:
                        current: Iterable[int] = ()) -> "GpuJob":
         """From the allocator's last request for the job: a Probe's cores are probing, a
         Sized's are sized (pinned when the operator pinned them); None: no target yet."""
-        from noded.rightsize.allocator import PINNED as PINNED_REASON
-        from noded.rightsize.allocator import Probe
+        from noded.rightsize.sizing import PINNED as PINNED_REASON
+        from noded.rightsize.sizing import Probe
         if out is None:
             return cls(job, gpus, None, None, frozenset(current))
         if isinstance(out, Probe):
@@ -260,13 +260,7 @@ def plan(view: NodeView, config: PlanConfig) -> CpuPlan:
     PlanError when there are more GPU jobs than CPUs (they cannot each have one of their own)."""
     cpus = view.cpus
     per_gpu = config.cores_per_gpu
-    if config.reserve_cores is not None:
-        reserve = min(len(cpus), config.reserve_cores)
-    else:
-        reserve = min(len(cpus), per_gpu * view.node_gpus) if per_gpu else len(cpus)
-    gpu_array = cpus[len(cpus) - reserve:]
-    cpu_array = cpus[:len(cpus) - reserve]
-    in_gpu_array = frozenset(gpu_array)
+    reserve, gpu_array, cpu_array = _arrays(view, config)
     in_cpu_array = frozenset(cpu_array)
     gpu_jobs = sorted(view.gpu_jobs, key=lambda j: j.job)
     cpu_jobs = sorted(view.cpu_jobs, key=lambda j: j.job)
@@ -276,9 +270,43 @@ def plan(view: NodeView, config: PlanConfig) -> CpuPlan:
     asked = {j.job: min(len(cpus), j.target if j.target is not None else
                         (per_gpu * j.gpus if per_gpu else view.share(j.gpus))) for j in gpu_jobs}
     wants = _fit(asked, {j.job: view.share(j.gpus) for j in gpu_jobs}, len(cpus))
+    placed = _place_gpu_jobs(gpu_jobs, cpu_jobs, wants, gpu_array, cpu_array)
 
-    # where GPU jobs go: the GPU array from the top, then the CPU array from the top, a CPU
-    # job's last CPU of its own in the CPU array only when nothing else is left
+    gpu_cpus = frozenset(c for mine in placed.values() for c in mine)
+    lendable = tuple(c for c in gpu_array if c not in gpu_cpus)
+    out: dict[str, JobCpus] = {}
+    for j in gpu_jobs:
+        out[j.job] = _gpu_job_cpus(j, tuple(sorted(placed[j.job])), wants[j.job], asked, len(cpus), reserve,
+                                   in_cpu_array)
+    lent_out: set[int] = set()
+    for j in cpu_jobs:
+        out[j.job] = _cpu_job_cpus(j, config, in_cpu_array, gpu_cpus, lendable)
+        if LENT in out[j.job].reasons:
+            lent_out.update(lendable)
+
+    return CpuPlan(MappingProxyType(out), reserve, gpu_array, cpu_array, tuple(sorted(gpu_cpus)),
+                   tuple(c for c in lendable if c in lent_out), tuple(c for c in lendable if c not in lent_out))
+
+
+def _arrays(view: NodeView, config: PlanConfig) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The reserve's size, the GPU array (the node's last CPUs, that many) and the CPU array
+    (the rest)."""
+    cpus = view.cpus
+    per_gpu = config.cores_per_gpu
+    if config.reserve_cores is not None:
+        reserve = min(len(cpus), config.reserve_cores)
+    else:
+        reserve = min(len(cpus), per_gpu * view.node_gpus) if per_gpu else len(cpus)
+    return reserve, cpus[len(cpus) - reserve:], cpus[:len(cpus) - reserve]
+
+
+def _place_gpu_jobs(gpu_jobs: list[GpuJob], cpu_jobs: list[CpuJob], wants: Mapping[str, int],
+                    gpu_array: tuple[int, ...], cpu_array: tuple[int, ...]) -> dict[str, list[int]]:
+    """Each GPU job's CPUs, ``wants`` of them: first what it has now within the GPU array;
+    then the GPU array from the top, then the CPU array from the top, a CPU job's last CPU of
+    its own in the CPU array only when nothing else is left."""
+    in_gpu_array = frozenset(gpu_array)
+    in_cpu_array = frozenset(cpu_array)
     last_own = {min(j.own & in_cpu_array) for j in cpu_jobs if j.own & in_cpu_array}
     order = ([*reversed(gpu_array)] + [c for c in reversed(cpu_array) if c not in last_own]
              + [c for c in reversed(cpu_array) if c in last_own])
@@ -294,59 +322,58 @@ def plan(view: NodeView, config: PlanConfig) -> CpuPlan:
             c = next(free)
             placed[j.job].append(c)
             taken.add(c)
+    return placed
 
-    gpu_cpus = frozenset(taken)
-    lendable = tuple(c for c in gpu_array if c not in gpu_cpus)
-    out: dict[str, JobCpus] = {}
-    for j in gpu_jobs:
-        mine = tuple(sorted(placed[j.job]))
-        reasons = [j.sizing or RESERVE]
-        words = [f"{len(mine)} CPUs, {j.sizing or RESERVE}" + (f" at {j.target}" if j.target else "")]
-        if wants[j.job] < asked[j.job]:
-            reasons.append(TRIMMED)
-            words.append(f"trimmed from {asked[j.job]}: the GPU jobs ask for {sum(asked.values())} of {len(cpus)}")
-        beyond = sum(1 for c in mine if c in in_cpu_array)
-        if beyond:
-            reasons.append(BEYOND_RESERVE)
-            words.append(f"{beyond} beyond the reserve of {reserve}")
-        out[j.job] = JobCpus(j.job, GPU, mine, mine, tuple(reasons), "; ".join(words))
 
-    lent_out: set[int] = set()
-    for j in cpu_jobs:
-        share = j.own & in_cpu_array
-        granted = share - gpu_cpus
-        reasons, words = [], []
-        if granted:
-            reasons.append(OWN)
-            words.append(f"{len(granted)} of its own in the CPU array")
-        if j.source in config.lend_to and lendable:
-            granted = granted | frozenset(lendable)
-            lent_out.update(lendable)
-            reasons.append(LENT)
-            words.append(f"{len(lendable)} lent from the GPU array")
-        if not granted:
-            if share:
-                granted = share
-                reasons.append(KEPT_SHARE)
-                words.append(f"kept its {len(share)} CPU-array CPUs: GPU jobs need all of them")
-            else:
-                spare = sorted(j.own - gpu_cpus)
-                granted = frozenset([spare[0] if spare else min(j.own)])
-                reasons.append(KEPT_ONE)
-                words.append(f"kept CPU {min(granted)} of its own: it has none in the CPU array"
-                             + ("" if spare else "; a GPU job has it too"))
-        if j.current is not None and j.current & gpu_cpus:
-            reasons.append(TAKEN_BACK)
-            words.append(f"{len(j.current & gpu_cpus)} taken back for GPU jobs")
-        granted_t = tuple(sorted(granted))
-        mine = tuple(kept_cpus(list(granted_t), j.level)) if j.level else granted_t
-        if j.level:
-            reasons.append(HALVED)
-            words.append(f"halved for contention, level {j.level}: {len(mine)} of {len(granted_t)}")
-        out[j.job] = JobCpus(j.job, CPU, mine, granted_t, tuple(reasons), "; ".join(words))
+def _gpu_job_cpus(j: GpuJob, mine: tuple[int, ...], wants: int, asked: Mapping[str, int], cpus: int, reserve: int,
+                  in_cpu_array: frozenset[int]) -> JobCpus:
+    """A GPU job's entry: its CPUs and why (its sizing, trimmed to fit, beyond the reserve)."""
+    reasons = [j.sizing or RESERVE]
+    words = [f"{len(mine)} CPUs, {j.sizing or RESERVE}" + (f" at {j.target}" if j.target else "")]
+    if wants < asked[j.job]:
+        reasons.append(TRIMMED)
+        words.append(f"trimmed from {asked[j.job]}: the GPU jobs ask for {sum(asked.values())} of {cpus}")
+    beyond = sum(1 for c in mine if c in in_cpu_array)
+    if beyond:
+        reasons.append(BEYOND_RESERVE)
+        words.append(f"{beyond} beyond the reserve of {reserve}")
+    return JobCpus(j.job, GPU, mine, mine, tuple(reasons), "; ".join(words))
 
-    return CpuPlan(MappingProxyType(out), reserve, gpu_array, cpu_array, tuple(sorted(gpu_cpus)),
-                   tuple(c for c in lendable if c in lent_out), tuple(c for c in lendable if c not in lent_out))
+
+def _cpu_job_cpus(j: CpuJob, config: PlanConfig, in_cpu_array: frozenset[int], gpu_cpus: frozenset[int],
+                  lendable: tuple[int, ...]) -> JobCpus:
+    """A CPU job's entry: its own CPUs in the CPU array the GPU jobs left, the GPU array's idle
+    CPUs lent to it (``LENT``, its source willing), else what it keeps; halved for contention."""
+    share = j.own & in_cpu_array
+    granted = share - gpu_cpus
+    reasons, words = [], []
+    if granted:
+        reasons.append(OWN)
+        words.append(f"{len(granted)} of its own in the CPU array")
+    if j.source in config.lend_to and lendable:
+        granted = granted | frozenset(lendable)
+        reasons.append(LENT)
+        words.append(f"{len(lendable)} lent from the GPU array")
+    if not granted:
+        if share:
+            granted = share
+            reasons.append(KEPT_SHARE)
+            words.append(f"kept its {len(share)} CPU-array CPUs: GPU jobs need all of them")
+        else:
+            spare = sorted(j.own - gpu_cpus)
+            granted = frozenset([spare[0] if spare else min(j.own)])
+            reasons.append(KEPT_ONE)
+            words.append(f"kept CPU {min(granted)} of its own: it has none in the CPU array"
+                         + ("" if spare else "; a GPU job has it too"))
+    if j.current is not None and j.current & gpu_cpus:
+        reasons.append(TAKEN_BACK)
+        words.append(f"{len(j.current & gpu_cpus)} taken back for GPU jobs")
+    granted_t = tuple(sorted(granted))
+    mine = tuple(kept_cpus(list(granted_t), j.level)) if j.level else granted_t
+    if j.level:
+        reasons.append(HALVED)
+        words.append(f"halved for contention, level {j.level}: {len(mine)} of {len(granted_t)}")
+    return JobCpus(j.job, CPU, mine, granted_t, tuple(reasons), "; ".join(words))
 
 
 def _fit(asked: Mapping[str, int], shares: Mapping[str, int], cpus: int) -> dict[str, int]:

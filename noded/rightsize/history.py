@@ -36,7 +36,7 @@ from noded.stores.securedir import SecureDir
 from noded.rightsize.signal import KINDS
 
 if TYPE_CHECKING:
-    from noded.rightsize.allocator import JobSpec, Sized
+    from noded.rightsize.sizing import JobSpec, Sized
 
 FILE = "rightsize.json"
 VERSION = 1

@@ -49,16 +49,22 @@ from noded.config import RightsizeConfig
 from noded.util.journal import log_change
 from noded.samplers.sample import CPU, GPU, Sample
 from noded.stores.originals import StateWriteError
-from noded.rightsize import allocator as alloc
 from noded.rightsize import cpuplan
 from noded.rightsize.controls import SizeControls, StoredControl
 from noded.rightsize.history import SizingHistory
 from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window
+from noded.rightsize.jobsizing import JobSizing, begin_job, feed, limit_job, pin_job, reprobe_job, stop_job
+from noded.rightsize.sizing import LIMITED as LIMITED_REASON
+from noded.rightsize.sizing import PINNED as PINNED_PHASE
+from noded.rightsize.sizing import PROBING as PROBING_PHASES
+from noded.rightsize.sizing import STOPPED as STOPPED_PHASE
+from noded.rightsize.sizing import AllocatorConfig, JobSpec, OutOfRange, Probe, Sized, SizingError, SizingState
+from noded.rightsize.starts import UNKNOWN_START
 
 log = logging.getLogger(__name__)
 
 #: the GPU array's cores per GPU without configuration or history
-DEFAULT_RESERVE_PER_GPU = alloc.UNKNOWN_START
+DEFAULT_RESERVE_PER_GPU = UNKNOWN_START
 #: iteration times kept per job between two ticks (a job reporting faster drops the oldest)
 MAX_QUEUED = 4096
 
@@ -75,25 +81,25 @@ class NotSized(ValueError):
     """An operator control for a job right-sizing does not size (the message says why)."""
 
 
-def allocator_config(config: RightsizeConfig) -> alloc.AllocatorConfig:
-    return alloc.AllocatorConfig(method=config.method, noise_margin=config.noise_margin,
+def allocator_config(config: RightsizeConfig) -> AllocatorConfig:
+    return AllocatorConfig(method=config.method, noise_margin=config.noise_margin,
                                  signal=SignalConfig(tolerance=config.tolerance, max_window_s=config.max_window_s,
                                                      warmup_s=config.warmup_s))
 
 
-def _means(state: alloc.SizingState) -> tuple[tuple[int, float], ...]:
+def _means(state: SizingState) -> tuple[tuple[int, float], ...]:
     """Every core count measured, with the mean of its windows, in the order first measured."""
     return tuple((c, state.value(c)) for c in dict.fromkeys(c for c, _ in state.points))
 
 
-def state_of(state: alloc.SizingState) -> str:
-    if state.phase in alloc.PROBING:
+def state_of(state: SizingState) -> str:
+    if state.phase in PROBING_PHASES:
         return PROBING
-    if state.phase == alloc.PINNED:
+    if state.phase == PINNED_PHASE:
         return PINNED
-    if state.phase == alloc.STOPPED:
+    if state.phase == STOPPED_PHASE:
         return STOPPED
-    return LIMITED if state.reason == alloc.LIMITED else SIZED
+    return LIMITED if state.reason == LIMITED_REASON else SIZED
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,7 @@ class RightsizeView:
 class _Job:
     """The service's record of one sized job (under the service's lock)."""
 
-    def __init__(self, sizing: alloc.JobSizing, out: alloc.Probe | alloc.Sized):
+    def __init__(self, sizing: JobSizing, out: Probe | Sized):
         self.sizing = sizing
         self.out = out
         self.control: Control | None = None
@@ -231,7 +237,7 @@ class RightSizing:
         return [j for j in self.gpu_jobs(sample) if sample.jobs[j].cpus is not None]
 
     def tick(self, sample: Sample, have: Mapping[str, int], originals: Mapping[str, Iterable[int]],
-             now: float, node_cpus: int, node_gpus: int) -> dict[str, alloc.Probe | alloc.Sized]:
+             now: float, node_cpus: int, node_gpus: int) -> dict[str, Probe | Sized]:
         """Begin, feed and end sizings for this Sample; returns every sized job's request.
         ``have``: per job, how many CPUs the Sample shows it holding; ``originals``: per job,
         its CPUs before noded changed them; ``node_cpus``/``node_gpus``: what the plan shares."""
@@ -283,12 +289,12 @@ class RightSizing:
         gpus = max(1, len(js.gpus))
         meta = js.meta
         try:
-            spec = alloc.JobSpec(job, max_cores, gpus, owner=job_owner(self.proc, js.pids), category=meta.category,
-                                 model=meta.model, batch_size=meta.batch_size, signal=GPU_UTILISATION,
-                                 labels=MappingProxyType(meta.hints()),
-                                 share=max(1, node_cpus * gpus // max(1, node_gpus)))
-            out, sizing = alloc.begin_job(spec, self.history.view() if self.history else None, self.alloc_config, now)
-        except (ValueError, alloc.SizingError) as e:
+            spec = JobSpec(job, max_cores, gpus, owner=job_owner(self.proc, js.pids), category=meta.category,
+                           model=meta.model, batch_size=meta.batch_size, signal=GPU_UTILISATION,
+                           labels=MappingProxyType(meta.hints()),
+                           share=max(1, node_cpus * gpus // max(1, node_gpus)))
+            out, sizing = begin_job(spec, self.history.view() if self.history else None, self.alloc_config, now)
+        except (ValueError, SizingError) as e:
             log.warning("job=%s cannot be sized: %s", job, e)
             return None
         self._announce(job, None, out, sizing, f"begins: {max_cores} CPUs, {gpus} GPU{'s' * (gpus > 1)}, start "
@@ -298,7 +304,7 @@ class RightSizing:
         kept = self.controls.get(job) if self.controls is not None else None
         if kept is not None:  # an operator's pin or stop from before a restart holds again
             cores = min(kept.cores, max_cores)
-            out, sizing = alloc.pin_job(sizing, cores, alloc.PINNED if kept.kind == "pin" else alloc.STOPPED)
+            out, sizing = pin_job(sizing, cores, PINNED_PHASE if kept.kind == "pin" else STOPPED_PHASE)
             self._controlled(job, r, out, sizing, Control(kept.kind, kept.uid, kept.reason, now, cores),
                              note="kept from before noded's restart")
             return r
@@ -313,7 +319,7 @@ class RightSizing:
             spec = replace(sizing.spec, signal=ITERATION_TIME)
             window = Window(ITERATION_TIME, sizing.state.cores, now) if sizing.window is not None else None
             state = replace(sizing.state, per_iteration=True)  # the time budget counts its iterations
-            sizing = r.sizing = alloc.JobSizing(spec, state, window)
+            sizing = r.sizing = JobSizing(spec, state, window)
             log.info("job=%s reports its iteration times: measured by them from now", job)
         if sizing.window is None:
             return
@@ -326,7 +332,7 @@ class RightSizing:
         else:
             samples = [(t, gpu_util)] if gpu_util is not None else []
         try:
-            out, new, measured = alloc.feed(sizing, samples, now, self.alloc_config)
+            out, new, measured = feed(sizing, samples, now, self.alloc_config)
         except BadSample as e:
             log.warning("job=%s a sample was refused: %s", job, e)
             return
@@ -336,7 +342,7 @@ class RightSizing:
         note = (f"measured {measured.mean:.4g} at {measured.cores} cores over {measured.elapsed_s:.1f}s "
                 f"({measured.samples} samples{'' if measured.steady else ', not steady'})"
                 if measured is not None and measured.mean is not None else "no sample in the window")
-        if isinstance(r.out, alloc.Sized) and isinstance(out, alloc.Probe):
+        if isinstance(r.out, Sized) and isinstance(out, Probe):
             note = f"its throughput moved beyond the margin ({note}): searched again from the top"
             r.remembered = False  # the new answer is remembered in its turn
         self._announce(job, r.out, out, new, note)
@@ -344,7 +350,7 @@ class RightSizing:
         self._maybe_remember(job, r)
 
     def _maybe_remember(self, job: str, r: _Job) -> None:
-        if self.history is None or not isinstance(r.out, alloc.Sized) or r.remembered:
+        if self.history is None or not isinstance(r.out, Sized) or r.remembered:
             return
         try:
             r.remembered = self.history.record(r.sizing.spec, r.out)
@@ -352,10 +358,10 @@ class RightSizing:
             self.history_errors += 1
             log.warning("job=%s its answer (%d cores) could not be remembered: %s", job, r.out.cores, e)
 
-    def _announce(self, job: str, before: alloc.Probe | alloc.Sized | None, out: alloc.Probe | alloc.Sized,
-                  sizing: alloc.JobSizing, note: str) -> None:
+    def _announce(self, job: str, before: Probe | Sized | None, out: Probe | Sized,
+                  sizing: JobSizing, note: str) -> None:
         was = None if before is None else before.cores
-        if isinstance(out, alloc.Probe):
+        if isinstance(out, Probe):
             self.probes += 1
             log_change("probe", job, cores_from=was, cores=out.cores, phase=out.phase, reason=note)
         else:
@@ -363,12 +369,12 @@ class RightSizing:
             log_change("size", job, cores_from=was, cores=out.cores, state=state_of(sizing.state),
                        reason=f"{out.reason} after {out.steps} step{'s' * (out.steps != 1)}; {note}")
 
-    def limit(self, job: str, cores: int, now: float) -> alloc.Probe | alloc.Sized:
+    def limit(self, job: str, cores: int, now: float) -> Probe | Sized:
         """The plan can give ``job`` at most ``cores`` now: a probe above is cut (the search
         resumes within). Returns the job's request after it."""
         with self._lock:
             r = self._jobs[job]
-            out, sizing = alloc.limit_job(r.sizing, cores, self.alloc_config, now)
+            out, sizing = limit_job(r.sizing, cores, self.alloc_config, now)
             if out is not None:
                 self._announce(job, r.out, out, sizing, f"the node can give it at most {cores} now")
                 r.out = out
@@ -390,8 +396,8 @@ class RightSizing:
         with self._lock:
             r = self._control(job)
             try:
-                out, sizing = alloc.pin_job(r.sizing, cores)
-            except alloc.OutOfRange as e:
+                out, sizing = pin_job(r.sizing, cores)
+            except OutOfRange as e:
                 raise ValueError(str(e)) from None
             self._keep(job, StoredControl("pin", cores, uid, reason))
             return self._controlled(job, r, out, sizing, Control("pin", uid, reason, self.clock(), cores))
@@ -400,14 +406,14 @@ class RightSizing:
         """Stop probing ``job``: it keeps the cores it has now (an ended search stays as it is)."""
         with self._lock:
             r = self._control(job)
-            if r.sizing.state.phase not in alloc.PROBING:
+            if r.sizing.state.phase not in PROBING_PHASES:
                 # nothing to stop: a pin or an answer stays as it is, and so does who set it
                 st = state_of(r.sizing.state)
                 return {"job": job, "state": st, "phase": r.sizing.state.phase, "cores": r.out.cores,
                         "cores_before": r.out.cores, "control": None, "reason": reason,
                         "note": f"not probing ({st} at {r.out.cores} cores): nothing to stop"
                                 + ("; `nodectl size JOB --reprobe` undoes a pin" if st == PINNED else "")}
-            out, sizing = alloc.stop_job(r.sizing)
+            out, sizing = stop_job(r.sizing)
             self._keep(job, StoredControl("stop", out.cores, uid, reason))
             return self._controlled(job, r, out, sizing, Control("stop", uid, reason, self.clock()))
 
@@ -419,7 +425,7 @@ class RightSizing:
             if unsaved:
                 log.warning("job=%s reprobed, but its pin or stop could not be forgotten in the state directory: a "
                             "restart would bring it back: %s", job, unsaved)
-            out, sizing = alloc.reprobe_job(r.sizing, self.alloc_config, self.clock())
+            out, sizing = reprobe_job(r.sizing, self.alloc_config, self.clock())
             r.remembered = False
             return self._controlled(job, r, out, sizing, Control("reprobe", uid, reason, self.clock()))
 
@@ -428,7 +434,7 @@ class RightSizing:
         if self.controls is not None:
             self.controls.set(job, control)
 
-    def _controlled(self, job: str, r: _Job, out, sizing: alloc.JobSizing, control: Control, note: str = "") -> dict:
+    def _controlled(self, job: str, r: _Job, out, sizing: JobSizing, control: Control, note: str = "") -> dict:
         before = r.out
         r.sizing, r.out, r.control = sizing, out, control
         why = control.reason or f"by uid {control.uid}"

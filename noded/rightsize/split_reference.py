@@ -146,34 +146,15 @@ def tune_split(progress, gpus, proportional, cores: int, memory_units: int, satu
     alloc: dict[int, tuple[int, int]] = {}
     placed: list[int] = []
     free = [cores, memory_units]
-
-    def fits(want):
-        return want[0] <= free[0] and want[1] <= free[1]
-
-    def switch_to_share(i):
-        free[0] += alloc[i][0] - proportional[i][0]
-        free[1] += alloc[i][1] - proportional[i][1]
-        alloc[i] = proportional[i]
-
     for j in order:
         want = demand[j]
         share = proportional[j]
         at_or_below_share = want[0] <= share[0] and want[1] <= share[1]
-        if not fits(want) and not at_or_below_share:
+        if not _fits(want, free) and not at_or_below_share:
             want = share  # step 1
-        if not fits(want):  # step 2a
-            above = [i for i in placed if alloc[i][0] > proportional[i][0] or alloc[i][1] > proportional[i][1]]
-            released = {i: (alloc[i][0] - proportional[i][0], alloc[i][1] - proportional[i][1]) for i in above}
-            alone = [i for i in above
-                     if want[0] <= free[0] + released[i][0] and want[1] <= free[1] + released[i][1]]
-            if alone:
-                switch_to_share(min(alone, key=lambda i: (released[i], placed.index(i))))
-            else:
-                for i in reversed(above):
-                    switch_to_share(i)
-                    if fits(want):
-                        break
-            if not fits(want):
+        if not _fits(want, free):  # step 2a
+            _make_room(want, placed, alloc, proportional, free)
+            if not _fits(want, free):
                 return _nothing(n)  # only when less than the whole node is available
         alloc[j] = want
         placed.append(j)
@@ -182,3 +163,32 @@ def tune_split(progress, gpus, proportional, cores: int, memory_units: int, satu
     alloc_c = [alloc[j][0] for j in range(n)]
     alloc_m = [alloc[j][1] for j in range(n)]
     return alloc_c, alloc_m, objective_of(progress, alloc_c, alloc_m)
+
+
+def _fits(want, free) -> bool:
+    return want[0] <= free[0] and want[1] <= free[1]
+
+
+def _switch_to_share(i, alloc, proportional, free) -> None:
+    """Job ``i`` placed above its share goes back to it; what it held beyond is free again."""
+    free[0] += alloc[i][0] - proportional[i][0]
+    free[1] += alloc[i][1] - proportional[i][1]
+    alloc[i] = proportional[i]
+
+
+def _make_room(want, placed, alloc, proportional, free) -> None:
+    """TUNE's step 2a: switch placed jobs above their share back to it until ``want`` fits:
+    the one whose switch alone is enough and frees the least (cores, then memory; the
+    earliest placed among equals), else from the last placed back. ``free`` may still be
+    short after (less than the whole node available)."""
+    above = [i for i in placed if alloc[i][0] > proportional[i][0] or alloc[i][1] > proportional[i][1]]
+    released = {i: (alloc[i][0] - proportional[i][0], alloc[i][1] - proportional[i][1]) for i in above}
+    alone = [i for i in above
+             if want[0] <= free[0] + released[i][0] and want[1] <= free[1] + released[i][1]]
+    if alone:
+        _switch_to_share(min(alone, key=lambda i: (released[i], placed.index(i))), alloc, proportional, free)
+        return
+    for i in reversed(above):
+        _switch_to_share(i, alloc, proportional, free)
+        if _fits(want, free):
+            return

@@ -220,7 +220,7 @@ def test_connector_unavailable_outside_the_initial_network_namespace():
 
 
 def test_right_sizing_hints_are_labels_and_reach_the_allocator_as_it_reads_them(tmp_path):
-    from noded.rightsize.allocator import JobSpec
+    from noded.rightsize.sizing import JobSpec
 
     meta = JobMeta.from_mapping({"category": "CV", "pipelined": True, "heavy_preprocessing": True}, "labels.yaml:3")
     assert meta.hints() == {"pipelined": True, "heavy_preprocessing": True}

@@ -12,8 +12,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from noded.rightsize import allocator as al
-from noded.rightsize.allocator import (CODA, SYNERGY, AllocatorConfig, HintError, JobSizing, JobSpec, NotProbing,
-                                       OutOfRange, Probe, Sized, SizingState)
+from noded.rightsize.jobsizing import JobSizing
+from noded.rightsize.sizing import (CODA, SYNERGY, AllocatorConfig, HintError, JobSpec, NotProbing, OutOfRange, Probe,
+                                    Sized, SizingState)
 from noded.rightsize.curves import BENCH_CURVES, CATEGORY_CACHE, CATEGORY_CURVES, MODEL_CURVES, curve_for
 from noded.rightsize.history import FILE, HistoryView, Remembered, SizingHistory, parse_history
 from noded.rightsize.signal import GPU_UTILISATION, ITERATION_TIME, BadSample, SignalConfig, Window, t_quantile

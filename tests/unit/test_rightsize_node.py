@@ -11,8 +11,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from noded.actuators.cores import kept_cpus
-from noded.rightsize.allocator import PINNED as PINNED_REASON
-from noded.rightsize.allocator import Probe, Sized
+from noded.rightsize.sizing import PINNED as PINNED_REASON
+from noded.rightsize.sizing import Probe, Sized
 from noded.rightsize.cpuplan import (BEYOND_RESERVE, CPU, FALLBACKS, GPU, HALVED, KEPT_ONE, KEPT_SHARE, LENT, OWN,
                                      PINNED, PROBING, RESERVE, SIZED, TAKEN_BACK, TRIMMED, CpuJob, GpuJob, NodeView,
                                      PlanConfig, PlanError, plan, reserve_from_history)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from nodesim import curvegen
 from noded.rightsize import allocator as al
-from noded.rightsize.allocator import AllocatorConfig, JobSizing, JobSpec, Probe, Sized, begin_job, feed
+from noded.rightsize.jobsizing import JobSizing, begin_job, feed
+from noded.rightsize.sizing import AllocatorConfig, JobSpec, Probe, Sized
 from nodesim.curvegen import GeneratedCurve
 from noded.rightsize.history import HistoryView, Remembered
 
