@@ -19,7 +19,7 @@ class JobMeta:
     requested_cores: int | None = None
     priority: int = 0
     exempt: bool = False  # never throttled
-    # CODA V-B's hints for a GPU job's first core count (noded.rightsize.allocator.HINTS):
+    # CODA V-B's hints for a GPU job's first core count (noded.rightsize.sizing.HINTS):
     # pipelined input -1 core per GPU, many weights -1, heavy per-iteration processing +1
     pipelined: bool = False
     many_weights: bool = False
