@@ -1,5 +1,5 @@
-"""``python -m bench.allocator_search``: the allocator's search over generated curves (the simulation, shared with the tests, is
-nodesim.allocator_search; this is the benchmark's command)."""
+"""``python -m bench.allocator_search``: the allocator's search over generated curves. The
+simulation, which the tests share, is nodesim.allocator_search; this is the benchmark's command."""
 
 import sys
 

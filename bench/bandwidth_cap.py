@@ -1,5 +1,5 @@
-"""``python -m bench.bandwidth_cap``: holding a job at a bandwidth cap on the emulator's kernel (the simulation, shared with the tests, is
-nodesim.bandwidth_cap; this is the benchmark's command)."""
+"""``python -m bench.bandwidth_cap``: holding a job at a bandwidth cap on the emulator's kernel.
+The simulation, which the tests share, is nodesim.bandwidth_cap; this is the benchmark's command."""
 
 import sys
 

@@ -1,5 +1,5 @@
-"""``python -m bench.rightsize``: right-sizing on one simulated node against an oracle (the simulation, shared with the tests, is
-nodesim.rightsize_node; this is the benchmark's command)."""
+"""``python -m bench.rightsize``: right-sizing on one simulated node against an oracle. The
+simulation, which the tests share, is nodesim.rightsize_node; this is the benchmark's command."""
 
 import sys
 
