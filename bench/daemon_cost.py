@@ -56,12 +56,12 @@ import time
 
 from bench.bare_tick import mbm_files
 from bench.host_costs import time_reads
-from bench.timing import wait_for
+from nodesim.waiting import wait_for
 from resctrl.groups import DEFAULT_PREFIX, MonGroup, Resctrl
 from resctrl.info import read_capabilities
 from resctrl.mbm import MBM_TOTAL, STATES, MbmReader
-from bench.simnode import (CLK_TCK, REPO, DaemonProcess, Lines, count_series, cpu_seconds, metric, node_and_daemon,
-                           stop, tree_cpu_seconds, tree_delta)
+from bench.measure import CLK_TCK, REPO, count_series, cpu_seconds, metric, tree_cpu_seconds, tree_delta
+from nodesim.launch import DaemonProcess, Lines, node_and_daemon, stop
 
 #: light GPU models (0.5-2 GB/s each in nodesim.workload): 50 of them are ~58 GB/s
 MODELS = ["BiDAF", "Transformer", "DeepSpeech", "VGG16"]

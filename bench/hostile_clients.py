@@ -3,7 +3,7 @@
 
 One noded (tick 0.1 s, co-location on so the report socket exists), started as a host
 runs it (`noded run --config`) beside a simulated node of its own (`noded sim-node`,
-another process: bench.simnode), is measured twice in the same run: a baseline with no
+another process: nodesim.launch), is measured twice in the same run: a baseline with no
 attacker, then under attack, where three children of this process drop to `nobody` and
 each keeps --slow connections to one endpoint (the metrics port, the admin socket, the
 report socket), sending a byte every --every seconds and reconnecting whatever noded drops. Each phase counts tick
@@ -38,7 +38,8 @@ import urllib.request
 
 import yaml
 
-from bench.simnode import cpu_seconds, metric, node_and_daemon, tail
+from bench.measure import cpu_seconds, metric
+from nodesim.launch import node_and_daemon, tail
 from noded.admin import nodectl
 from noded.colocation.client import report_iteration
 
@@ -59,7 +60,7 @@ events:
 
 class Noded:
     """A simulated node and noded beside it, each a process of its own, as on a host
-    (bench.simnode): ``noded sim-node`` with SCENARIO, then ``noded run --config``."""
+    (nodesim.launch): ``noded sim-node`` with SCENARIO, then ``noded run --config``."""
 
     def __init__(self, tick_s: float):
         self._stack = contextlib.ExitStack()

@@ -21,7 +21,7 @@ import re
 import statistics
 import sys
 
-from bench.simnode import node_and_daemon
+from nodesim.launch import node_and_daemon
 
 JOBS = 100
 LEVEL = re.compile(r'^noded_job_throttle_level\{job_id="([^"]+)",method="([^"]*)"\} (\S+)$', re.M)

@@ -32,8 +32,9 @@ import sys
 import time
 
 from bench.daemon_cost import histogram_ms, jobs_running
-from bench.simnode import DaemonProcess, count_series, cpu_seconds, metric, node_and_daemon
-from bench.timing import wait_for
+from bench.measure import count_series, cpu_seconds, metric
+from nodesim.launch import DaemonProcess, node_and_daemon
+from nodesim.waiting import wait_for
 
 NOBODY = 65534
 #: the flooder runs as another user: an interpreter any user may run, with no module of noded's

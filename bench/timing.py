@@ -27,17 +27,3 @@ def first_call_s(code: str, cache_dir: str) -> float:
     env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return float(out.stdout)
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01, what: str = "condition"):
-    """``predicate()``'s first truthy value, polled every ``interval`` until ``timeout``
-    seconds have passed; past it, AssertionError naming ``what``. The tests (conftest, the
-    Slurm harness) and the benchmarks wait with this one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # polling, against the deadline above

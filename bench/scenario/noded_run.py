@@ -23,7 +23,8 @@ from typing import Mapping
 
 import yaml
 
-from bench.simnode import DaemonProcess, cpu_seconds, tail
+from bench.measure import cpu_seconds
+from nodesim.launch import DaemonProcess, tail
 from noded.commands.wiring import build_daemon
 from noded.config import Config, ContentionConfig
 from noded.jobs.discovery import JobDiscovery

@@ -13,14 +13,16 @@ finds. Client commands find this cluster through ``SLURM_CONF`` (``env``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
+
+from nodesim import waiting
+from nodesim.launch import stop
 
 #: the Debian packages this harness needs (Makefile SLURM_PACKAGES installs them)
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
@@ -57,19 +59,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05, what: str = "condition"):
-    """``predicate()``'s first truthy value, polled every ``interval`` (50 ms: most of what
-    the harness polls runs a Slurm command) until ``timeout``; past it, AssertionError naming
-    ``what``. The harness's own (tests/support's, which the benchmark that shares this
-    folder cannot import), so that it depends on neither the tests' helpers nor bench."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # polling, against the deadline above
+#: the harness's polls: most of them run a Slurm command, so every 50 ms rather than the
+#: 10 ms of nodesim.waiting.wait_for (the one implementation, which this only parametrises)
+SLURM_POLL_S = 0.05
+wait_for = functools.partial(waiting.wait_for, interval=SLURM_POLL_S)
 
 
 class SlurmCluster:
@@ -206,13 +199,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
             p = self.procs.pop(name, None)
             if p is None:
                 continue
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop(p, 30)  # SIGTERM, then SIGKILL past 30 s
         # Slurm removes each job's cgroups, not its root and the users' below it: empty, they go.
         for root in self.cgroup_roots():
             for uid_dir in os.listdir(root):

@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
 
 import yaml
 
+from nodesim.launch import Lines, spawn, stop
 from slurm_cluster import CPUSET, SlurmCluster, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,38 +31,6 @@ HOOKS = os.path.join(REPO, "integrations", "slurm")
 PEAK_GBPS = 10.0
 #: a profile for the admission tests (compact profile format: model -> batch size -> C, M, window)
 PROFILES = "BiDAF: {32: {C: 12.0e6, M: 10.0e6, window_us: 1.0e6}}\n"
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> int:
-    """SIGTERM, then wait for the exit (SIGKILL past ``timeout``): its exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
-def read_line(stream, text: str, what: str, timeout: float) -> str:
-    """The next line of ``stream`` holding ``text``, within ``timeout`` (a thread reads)."""
-    found: list[str] = []
-    seen: list[str] = []
-
-    def read():
-        for line in iter(stream.readline, ""):
-            seen.append(line)
-            if text in line:
-                found.append(line)
-                return
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    t.join(timeout)
-    if not found:
-        raise AssertionError(f"no {what} within {timeout}s; output so far:\n{''.join(seen)}")
-    return found[0]
 
 
 class SlurmNode:
@@ -137,11 +105,9 @@ class SlurmNode:
         with open(path, "w") as f:
             yaml.safe_dump(self.config(), f)
         self.socket = os.path.join(self.dir, "run", "noded.sock")
-        self.daemon = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", path],
-                                       env={**os.environ, **self.sim.nvml_env}, cwd="/", stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
-        read_line(self.daemon.stdout, "admin socket at", "noded's admin socket", 90)
-        threading.Thread(target=lambda: [None for _ in iter(self.daemon.stdout.readline, "")], daemon=True).start()
+        self.daemon = spawn(["run", "--config", path], stderr=subprocess.STDOUT, cwd="/",
+                            env={**os.environ, **self.sim.nvml_env})
+        Lines(self.daemon.stdout).wait_for(lambda line: "admin socket at" in line, "noded's admin socket", 90)
 
     def write_hooks_conf(self, on_refusal: str) -> None:
         """The site's hooks config (read by each hook run: a change holds from the next job)."""
@@ -190,7 +156,7 @@ class SlurmNode:
             self.slurm.stop()
             self.slurm = None
         if self.daemon is not None:
-            stop_process(self.daemon, 60)  # SIGTERM, then SIGKILL past 60 s
+            stop(self.daemon)  # SIGTERM, then SIGKILL past 60 s
         self._stop.set()
         if self._stepper is not None:
             self._stepper.join()

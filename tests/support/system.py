@@ -1,20 +1,19 @@
 """What the system tests share: a simulated node (`noded sim-node`) and noded beside it as
-a host runs it (`noded run --config`), each a process of its own, and what is left in the
-kernel afterwards."""
+a host runs it (`noded run --config`), each a process of its own, started and stopped by
+nodesim.launch (the launcher `noded run --sim` and the benchmarks use), and what is left in
+the kernel afterwards."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
 import urllib.request
 
+from nodesim import launch
+from nodesim.launch import DaemonProcess, SimNodeProcess, leftovers
 from support.host import skip_if_another_noded
-from support.waiting import read_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"
@@ -22,50 +21,40 @@ CPUSET = "/sys/fs/cgroup/cpuset"
 
 def start_sim_node(tmp_path, scenario="scenarios/contention.yaml",
                    config="scenarios/demo-config.yaml") -> tuple[subprocess.Popen, dict[str, str]]:
+    """``noded sim-node SCENARIO --config CONFIG`` (run from the repository: paths relative
+    to it) in ``tmp_path/node``, ready: (its process, the environment it printed)."""
+    node = _sim_node(tmp_path, scenario, config)
+    return node.proc, node.env
+
+
+def _sim_node(tmp_path, scenario, config) -> SimNodeProcess:
     os.makedirs(tmp_path / "node")
-    proc = subprocess.Popen([sys.executable, "-m", "noded", "sim-node", str(scenario),
-                             "--config", str(config), "--workdir", str(tmp_path / "node")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    env = {}
-    while "READY" not in env:
-        line = read_until(proc.stdout, "=", "the simulated node's environment", timeout=60).strip()
-        name, _, value = line.partition("=")
-        env[name] = value
-    return proc, env
+    return SimNodeProcess(scenario, config, tmp_path / "node", hold=False, cwd=REPO, timeout=60)
 
 
 @contextlib.contextmanager
-def running_node(tmp_path, *args):
+def running_node(tmp_path, scenario="scenarios/contention.yaml", config="scenarios/demo-config.yaml"):
     """A simulated node for the test (``start_sim_node``'s arguments): its environment; at
-    the end it is stopped (SIGTERM) and must leave nothing behind."""
-    node, env = start_sim_node(tmp_path, *args)
+    the end it is stopped (SIGTERM, SIGKILL past 60 s) and must leave nothing behind."""
+    node = _sim_node(tmp_path, scenario, config)
     try:
-        yield env
+        yield node.env
     finally:
-        node.send_signal(signal.SIGTERM)
-        code = node.wait(timeout=60)
-    assert code == 0, node.stderr.read()
-    assert leftovers(env) == []
+        code, _ = node.stop()
+    assert code == 0, node.said()
+    assert leftovers(node.env) == []
 
 
 def start_daemon(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """noded as a host runs it: its config and the driver's library path, nothing else; and
-    the metrics URL it prints first."""
-    nvml = {k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
-                         env={**os.environ, **nvml}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """noded as a host runs it (nodesim.launch.DaemonProcess: its config and the driver's
+    library path, nothing else; its stderr the caller's to read); and the metrics URL it
+    prints first. Skips the test where it refused to run beside another noded."""
     try:
-        url = read_until(p.stdout, "http://", "the metrics URL", timeout=60)
-    except AssertionError:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            raise
-        skip_if_another_noded(p.stderr.read())  # it refused to run beside another noded: say whose
-        raise
-    return p, re.search(r"http://\S+", url).group(0)
+        daemon = DaemonProcess(env, timeout=60)
+    except RuntimeError as e:
+        skip_if_another_noded(str(e))  # it refused to run beside another noded: say whose
+        raise AssertionError(str(e)) from None
+    return daemon.proc, daemon.url
 
 
 @contextlib.contextmanager
@@ -83,18 +72,10 @@ def daemon_process(env: dict[str, str]):
 
 def stop(daemon: subprocess.Popen, bound_s: float = 5.0) -> tuple[float, str]:
     """SIGTERM; (the seconds until it exited, cleanly, within ``bound_s``; its stderr). The
-    unit allows 15 s before SIGKILL."""
-    t0 = time.monotonic()
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        code = daemon.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        daemon.wait()
-        raise AssertionError(f"SIGTERM did not stop noded within 30 s: {daemon.stderr.read()}") from None
-    took = time.monotonic() - t0
+    unit allows 15 s before SIGKILL; this, 30."""
+    code, took = launch.stop(daemon, 30)
     err = daemon.stderr.read()
-    assert code == 0, err
+    assert code == 0, f"noded exited with {code} {took:.1f}s after SIGTERM (SIGKILL past 30 s): {err}"
     assert took < bound_s, f"SIGTERM took {took:.1f}s: {err[-2000:]}"
     return took, err
 
@@ -110,15 +91,8 @@ def running_daemon(env: dict[str, str]):
         daemon.kill()
         daemon.wait()
         raise
-    daemon.send_signal(signal.SIGTERM)
-    assert daemon.wait(timeout=30) == 0, daemon.stderr.read()
-
-
-def leftovers(env: dict[str, str]) -> list[str]:
-    with open("/proc/mounts") as f:
-        mounts = [line for line in f if env["NODED_SIM_RESCTRL"] in line]
-    cgroups = [env["NODED_SIM_CGROUP"]] if os.path.exists(env["NODED_SIM_CGROUP"]) else []
-    return mounts + cgroups
+    code, _ = launch.stop(daemon, 30)
+    assert code == 0, daemon.stderr.read()
 
 
 def scrape(url: str) -> str:

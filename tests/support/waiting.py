@@ -1,25 +1,16 @@
 """Waiting on a condition with a deadline, never a fixed sleep: a condition polled
-(``wait_for``) or a line a process prints (``read_until``)."""
+(``wait_for``, nodesim.waiting's, the one the benchmarks use too) or a line a process
+prints (``read_until``)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
-from typing import Callable
 
+from nodesim.waiting import wait_for
 
-def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01, what: str = "condition"):
-    """``predicate()``'s first truthy value, polled every ``interval`` until ``timeout``
-    seconds have passed; past it, AssertionError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # polling, against the deadline above
+__all__ = ["read_until", "thread_stacks", "wait_for"]
 
 
 _readers: dict[int, tuple] = {}

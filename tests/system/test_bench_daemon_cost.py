@@ -11,7 +11,7 @@ import pytest
 
 from bench.bare_tick import mbm_files
 from bench.daemon_cost import MirrorSampler, mirror_resctrl
-from bench.simnode import REPO
+from support.system import REPO
 from nodesim.nvml_lib import library_dir
 from nodesim.nvml_shm import ENV, GpuState, NodeState, SharedGpus
 from resctrl.mbm import parse_counter

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nodesim.with_daemon import NotReady, StderrTail, not_ready_message, read_environment
+from nodesim.launch import NotReady, StderrTail, not_ready_message, read_environment
 
 
 def test_a_node_that_exits_first_is_not_reported_as_slow():

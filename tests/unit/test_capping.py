@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.bandwidth_cap import PHASE_S, PROFILE_NAMES, RESERVE, Bench, FakeProc, measure, one_run
+from nodesim.bandwidth_cap import PHASE_S, PROFILE_NAMES, RESERVE, Bench, FakeProc, measure, one_run
 from noded.capping.controller import AMD_UNIT_BYTES, CapController, Hold, KernelStyleController
 from noded.capping.curve import LevelCurve
 

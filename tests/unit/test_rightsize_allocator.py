@@ -480,7 +480,7 @@ def test_a_dry_run_reads_the_history_but_never_writes_it(tmp_path):
 
 
 def test_the_benchmark_runs(tmp_path, capsys):
-    from bench import allocator_search
+    from nodesim import allocator_search
     assert allocator_search.main(["--catalogue", "--runs", "1", "--out", str(tmp_path / "out.json")]) == 0
     printed = capsys.readouterr().out
     assert "best answer" in printed and "fastest search" in printed

@@ -289,7 +289,7 @@ def test_property_halving_is_a_function_of_what_was_granted_at_level_zero(view, 
 
 
 def test_bench_rightsize_smoke(tmp_path, capsys):
-    from bench import rightsize
+    from nodesim import rightsize_node as rightsize
     out = tmp_path / "rightsize.json"
     assert rightsize.main(["--hours", "0.5", "--seed", "1", "--curves", "2", "--json", str(out)]) == 0
     lines = capsys.readouterr().out.rstrip("\n").split("\n")

@@ -317,7 +317,7 @@ def test_one_noisy_window_is_not_a_drift_and_a_sized_jobs_watch_round_trips():
 
 
 def test_the_benchmark_runs_on_generated_curves_and_ends_with_its_summary(tmp_path, capsys):
-    from bench import allocator_search
+    from nodesim import allocator_search
     assert allocator_search.main(["--curves", "10", "--out", str(tmp_path / "out.json")]) == 0
     last = capsys.readouterr().out.rstrip("\n").splitlines()[-1]
     assert last.startswith("within 3 % of oracle: ") and " % of runs, worst " in last and ", median steps " in last
