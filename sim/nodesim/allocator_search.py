@@ -314,10 +314,11 @@ def generated(args) -> int:
                   f"{row['steps_max']:>3} {row['probe_s_median']:>7.0f} {row['probe_s_p95']:>6.0f} "
                   f"{row['probe_s_max']:>6.0f}")
         flat = [r for r in runs if r["shape"] == curvegen.FLAT]
-        flat_cores[name] = (max(r["cores"] for r in flat), sum(r["cores"] <= 2 for r in flat) / len(flat),
-                            {n: sum(r["cores"] <= 2 for r in flat if r["noise"] == n) /
-                             max(1, sum(r["noise"] == n for r in flat)) for n in GENERATED_NOISE},
-                            statistics.median(r["cores"] for r in flat))
+        if flat:
+            flat_cores[name] = (max(r["cores"] for r in flat), sum(r["cores"] <= 2 for r in flat) / len(flat),
+                                {n: sum(r["cores"] <= 2 for r in flat if r["noise"] == n) /
+                                 max(1, sum(r["noise"] == n for r in flat)) for n in GENERATED_NOISE},
+                                statistics.median(r["cores"] for r in flat))
         out["methods"][name] = {"table": table, "runs": runs}
     print("  within: true throughput at the answer >= 97 % of the oracle's; tp: found/oracle throughput; cores: "
           "found/oracle cores (median); probe s: simulated seconds (median, 95th percentile, max), the best at 1 "
