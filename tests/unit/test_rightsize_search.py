@@ -262,6 +262,7 @@ def test_flat_curves_with_iteration_jitter_end_at_two_cores_at_most():
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10 ** 6), cores=st.sampled_from((8, 16)))
 @example(seed=20848, cores=16)
+@example(seed=23223, cores=8)  # a false alarm at rest, from a reference that came out high
 def test_a_change_mid_run_is_noticed_within_three_windows_and_resized_from_the_top(seed, cores):
     c = curvegen.generate(seed, cores, change_after_s=math.inf)
     job = Job(c, seed)
