@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any, Callable
 
-from noded.actuators.cores import max_level as max_core_level
+from noded.util.halving import max_level as max_core_level
 from noded.capping.units import format_bandwidth
 from noded.loop.control import ControlState
 from noded.loop.daemon import TickFailure, TickResult
