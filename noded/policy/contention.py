@@ -103,7 +103,7 @@ class _Levels:
     def of(self, job: str) -> int:
         return self.throttles[job].level if job in self.throttles else 0
 
-    def set(self, job: str, level: int, cause: str, reason: str) -> None:
+    def set_level(self, job: str, level: int, cause: str, reason: str) -> None:
         throttles = self.throttles
         old = throttles[job].level if job in throttles else 0
         if level == old:
@@ -195,16 +195,16 @@ def _standing_rules(levels: _Levels, jobs: Mapping[str, Any], max_levels: Mappin
     throttles = levels.throttles
     for job_id, js in jobs.items():
         if job_id in overrides:
-            levels.set(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
+            levels.set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
                        f"operator override to level {overrides[job_id]}")
         elif job_id in capped and job_id in throttles:
-            levels.set(job_id, 0, "capped", "held at a bandwidth cap instead of a level")
+            levels.set_level(job_id, 0, "capped", "held at a bandwidth cap instead of a level")
         elif js.kind == GPU and job_id in throttles:
-            levels.set(job_id, 0, "gpu_job", "is a GPU job: never throttled")
+            levels.set_level(job_id, 0, "gpu_job", "is a GPU job: never throttled")
         elif js.meta.exempt and job_id in throttles:
-            levels.set(job_id, 0, "exempt", "marked exempt")
+            levels.set_level(job_id, 0, "exempt", "marked exempt")
         elif job_id in throttles and throttles[job_id].cause == OVERRIDE:
-            levels.set(job_id, 0, "override_ended", "operator override ended")
+            levels.set_level(job_id, 0, "override_ended", "operator override ended")
 
 
 def _learned_baselines(state: PolicyState, jobs: Mapping[str, Any], throttles: Mapping[str, Throttle],
@@ -251,7 +251,7 @@ def _contention_step(levels: _Levels, sample: Sample, share: float | None, confi
     if missing_for is not None and missing_for >= config.missing_release_s:
         note = f"fail safe: node bandwidth unknown for {format_age(missing_for)}, throttles released"
         for job in [j for j, t in levels.throttles.items() if t.cause != OVERRIDE]:
-            levels.set(job, 0, "inputs_missing", note)
+            levels.set_level(job, 0, "inputs_missing", note)
         return note, False
     if share is None:
         return "holding: node bandwidth unknown", False
@@ -261,7 +261,7 @@ def _contention_step(levels: _Levels, sample: Sample, share: float | None, confi
             return NOTHING_LEFT_TO_THROTTLE, False
         job = candidates[0]
         worst = min(slowed, key=lambda j: jobs[j].gpu_util / baselines[j])
-        levels.set(job, levels.of(job) + 1, CONTENTION,
+        levels.set_level(job, levels.of(job) + 1, CONTENTION,
                    f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
                    f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%"
                    f"{'' if sources.get(worst) == LEARNED else f' (from its {sources.get(worst)} history)'}"
@@ -283,7 +283,7 @@ def _cap_steps(levels: _Levels, sample: Sample, config: ContentionConfig,
     for job_id in sorted(jobs):
         bw = jobs[job_id].bandwidth_bps
         if bw is not None and bw > cap and throttleable(job_id) and not any(a.job == job_id for a in levels.actions):
-            levels.set(job_id, levels.of(job_id) + 1, CAP if job_id not in throttles or throttles[job_id].cause == CAP
+            levels.set_level(job_id, levels.of(job_id) + 1, CAP if job_id not in throttles or throttles[job_id].cause == CAP
                        else throttles[job_id].cause,
                        f"{bw / GB:.1f} GB/s above the per-job cap {config.cpu_job_cap_gbps:g} GB/s")
             stepped = True
@@ -301,7 +301,7 @@ def _release_step(levels: _Levels, sample: Sample, share: float, config: Content
     if not releasable:
         return False
     job = min(releasable, key=lambda j: (throttles[j].level, j))
-    levels.set(job, throttles[job].level - 1, "calm",
+    levels.set_level(job, throttles[job].level - 1, "calm",
                f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {format_age(calm_for)}")
     return True
 
