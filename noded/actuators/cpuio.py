@@ -1,6 +1,6 @@
 """The kernel's side of a job's CPUs, raw: a cgroup's ``cpuset.cpus`` read and written (never
 through a link, never creating a file) and the affinity of every thread of a process; a
-refusal raised as OSError naming the file or thread, with the kernel's message."""
+refused write raised as OSError naming the file or thread, with the kernel's message."""
 
 from __future__ import annotations
 
