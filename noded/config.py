@@ -429,29 +429,41 @@ def _convert(tp: Any, value: Any, key: str, where: str, doc: Document, errors: l
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key, where, doc, errors)
     if origin is tuple:
-        if not isinstance(value, list):
-            raise ConfigError(where, key, line, f"expected a list, got {_shown(value)}")
-        item_type, item_rule = typing.get_args(tp)[0], _ITEM_RULES.get(_rule_key(key))
-        items, bad = [], False
-        for i, v in enumerate(value):
-            item_key = f"{key}[{i}]"
-            try:
-                item = _convert(item_type, v, item_key, where, doc, errors)
-            except _Recorded:
-                bad = True
-                continue
-            except ConfigError as e:
-                errors.append(e)
-                bad = True
-                continue
-            reason = item_rule(item) if item_rule else None
-            if reason:
-                errors.append(ConfigError(where, item_key, doc.line_of(item_key), reason))
-                bad = True
-            items.append(item)
-        if bad:  # the whole list is left out: a list with items missing would shift their indices
-            raise _Recorded()
-        return tuple(items)
+        return _convert_list(tp, value, key, where, doc, errors, line)
+    return _convert_scalar(tp, value, key, where, line)
+
+
+def _convert_list(tp: Any, value: Any, key: str, where: str, doc: Document, errors: list[ConfigError],
+                  line: int | None) -> tuple:
+    """A list as a tuple of ``tp``'s item type, each item checked by its rule (``_ITEM_RULES``);
+    every bad item recorded in ``errors``, and then _Recorded raised: the list is left out whole."""
+    if not isinstance(value, list):
+        raise ConfigError(where, key, line, f"expected a list, got {_shown(value)}")
+    item_type, item_rule = typing.get_args(tp)[0], _ITEM_RULES.get(_rule_key(key))
+    items, bad = [], False
+    for i, v in enumerate(value):
+        item_key = f"{key}[{i}]"
+        try:
+            item = _convert(item_type, v, item_key, where, doc, errors)
+        except _Recorded:
+            bad = True
+            continue
+        except ConfigError as e:
+            errors.append(e)
+            bad = True
+            continue
+        reason = item_rule(item) if item_rule else None
+        if reason:
+            errors.append(ConfigError(where, item_key, doc.line_of(item_key), reason))
+            bad = True
+        items.append(item)
+    if bad:  # the whole list is left out: a list with items missing would shift their indices
+        raise _Recorded()
+    return tuple(items)
+
+
+def _convert_scalar(tp: Any, value: Any, key: str, where: str, line: int | None) -> Any:
+    """A number (finite), an integer, true or false, or a string; ConfigError for anything else."""
     if tp is float and isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value):
         raise ConfigError(where, key, line, f"expected a number, got {_shown(value)}: YAML 1.1 reads an exponent "
                                             "as a number only with a dot before it and a sign in it (1.5e+9)")

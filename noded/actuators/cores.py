@@ -26,12 +26,11 @@ from typing import Mapping
 
 from noded.samplers.sample import CPU, Sample
 from noded.stores.originals import OriginalValues
-from noded.actuators.cpusets import (CpuSetOwner, affinity_job_key, affinity_key, cpuset_key, kept_cpus,  # noqa: F401 (re-exported)
-                      max_level, read_cpuset, set_affinity, write_cpuset)
+from noded.actuators.cpusets import CpuSetOwner
 from noded.actuators.plan import UNKNOWN, UNSETTLED, LevelThrottle
-
-# After kept_cpus is defined here: cpuplan imports it from this module.
-from noded.rightsize import cpuplan  # noqa: E402,I001
+from noded.rightsize import cpuplan
+from noded.util.halving import kept_cpus
+from noded.util.halving import max_level
 
 
 def consistent_levels(original: list[int], now: frozenset[int]) -> list[int]:

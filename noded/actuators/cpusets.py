@@ -44,158 +44,35 @@ import logging
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 
+from noded.actuators.cpuio import read_cpuset
+from noded.actuators.cpuio import set_affinity
+from noded.actuators.cpuio import write_cpuset
+from noded.actuators.cpurecords import WrittenValues
+from noded.actuators.cpurecords import affinity_job_key
+from noded.actuators.cpurecords import affinity_key
+from noded.actuators.cpurecords import cpus_of
+from noded.actuators.cpurecords import cpuset_key
 from noded.jobs.cgroups import read_procs
-from noded.util.halving import kept_cpus, max_level  # noqa: F401 (re-exported)
-from noded.jobs.discovery import descendants, read_ppids
+from noded.jobs.discovery import descendants
+from noded.jobs.discovery import read_ppids
+from noded.samplers.sample import JobSample
+from noded.samplers.sample import Sample
+from noded.stores.originals import OriginalValues
+from noded.stores.originals import StateWriteError
+from noded.util.cputree import CpuSet
+from noded.util.cputree import cpuset_steps
+from noded.util.cputree import derived
+from noded.util.cputree import fitted
+from noded.util.halving import halvings
 from noded.util.journal import log_change
-from noded.util.procstat import STARTTIME, stat_fields
-from noded.samplers.sample import JobSample, Sample
-from noded.stores.securedir import SecureDir
-from noded.stores.originals import OriginalValues, StateWriteError
+from noded.util.procstat import STARTTIME
+from noded.util.procstat import stat_fields
 
 log = logging.getLogger(__name__)
-
-#: what noded wrote (or was about to write) into each cpuset and affinity it recorded
-WRITTEN_FILE = "cpus_written.json"
-_MAX_CPU = 1 << 16
-_MAX_VALUES = 8  # values kept per record: a change leaves at most four (now, shrunk, union, target)
-_KINDS = ("cpuset", "affinity", "affinity_job")
-
-CpuSet = frozenset  # of CPU ids
-
-
-# -- pure: halving levels, what a child gets, the order of cpuset writes
-
-
-def halvings(original: Iterable[int]) -> list[CpuSet]:
-    """Every set core halving can leave of ``original`` (levels 1 and up)."""
-    cpus = sorted(original)
-    return [frozenset(kept_cpus(cpus, lvl)) for lvl in range(1, max_level(len(cpus)) + 1)]
-
-
-def derived(own_original: CpuSet, parent_original: CpuSet, parent_value: CpuSet) -> CpuSet:
-    """What a child (a cgroup below the job's, or a process of the job) gets when its
-    parent gets ``parent_value``: the CPUs of its own original the parent still has, and
-    whatever the parent got beyond its original; all of the parent's where that is none."""
-    return ((own_original & parent_value) | (parent_value - parent_original)) or parent_value
-
-
-def fitted(nodes: Sequence[Any], targets: Sequence[CpuSet]) -> list[CpuSet]:
-    """``targets`` (parents first), each cgroup's kept inside its parent's: a value its
-    owner chose beyond what the parent gets back (CPUs noded lent, taken back) keeps what
-    the parent has of it (``derived``). ``nodes``: each with ``parent`` and ``original``."""
-    out = list(targets)
-    for i, n in enumerate(nodes):
-        if n.parent is not None and not out[i] <= out[n.parent]:
-            out[i] = derived(out[i], nodes[n.parent].original, out[n.parent])
-    return out
-
-
-def cpuset_steps(tree: Sequence[tuple[CpuSet, CpuSet, int | None]]) -> list[tuple[int, CpuSet]]:
-    """The writes that take a cpuset tree from what it holds to its targets, each one valid
-    (a child inside its parent, never empty) when made in order: (index, value).
-
-    ``tree``: (now, target, index of the parent or None) per cgroup, parents first; every
-    child's now inside its parent's now and its target inside its parent's target. First
-    what shrinks, children first (to what it keeps of its target, and at least what its
-    children keep); then what grows, parents first (to the union of that and its target);
-    then, children first, each to its target."""
-    n = len(tree)
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i, (_now, _target, parent) in enumerate(tree):
-        if parent is not None:
-            children[parent].append(i)
-    cur = [now for now, _t, _p in tree]
-    steps: list[tuple[int, CpuSet]] = []
-    for i in reversed(range(n)):
-        keep = frozenset().union(cur[i] & tree[i][1], *(cur[c] for c in children[i])) or cur[i]
-        if keep != cur[i]:
-            steps.append((i, keep))
-            cur[i] = keep
-    for i in range(n):
-        union = cur[i] | tree[i][1]
-        if union != cur[i]:
-            steps.append((i, union))
-            cur[i] = union
-    for i in reversed(range(n)):
-        if cur[i] != tree[i][1]:
-            steps.append((i, tree[i][1]))
-            cur[i] = tree[i][1]
-    return steps
-
-
-# -- the records' keys (the format of originals.json: noded.stores.originals.parse_originals)
-
-
-def cpuset_key(path: str) -> str:
-    return f"cpuset:{path}"
-
-
-def affinity_key(pid: int, starttime: str) -> str:
-    # The start time tells a reused pid from the process we recorded.
-    return f"affinity:{pid}:{starttime}"
-
-
-def affinity_job_key(job: str) -> str:
-    return f"affinity_job:{job}"
-
-
-def _cpus_of(value: Any) -> CpuSet:
-    return frozenset(parse_cpu_list(value)) if isinstance(value, str) else frozenset(value)
-
-
-# -- what noded wrote, durably
-
-
-def parse_written(data: Any) -> dict[str, list[list[int]]]:
-    """``cpus_written.json``: a record's key (as in originals.json) -> the CPU sets noded may
-    have left there, each a sorted list of CPU ids. Raises ValueError."""
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, found {type(data).__name__}")
-    for key, values in data.items():
-        if key.partition(":")[0] not in _KINDS or not key.partition(":")[2]:
-            raise ValueError(f"unknown record {key[:200]!r}")
-        if not isinstance(values, list) or len(values) > _MAX_VALUES or not all(
-                isinstance(v, list) and v and all(type(c) is int and 0 <= c < _MAX_CPU for c in v) for v in values):
-            raise ValueError(f"{key[:200]}: expected up to {_MAX_VALUES} lists of CPU numbers")
-    return data
-
-
-class WrittenValues:
-    """Per record, the CPU sets noded wrote or was about to write there (see the module's
-    docstring); what noded may have left in the kernel, so a value that is none of them
-    is someone else's. Memory follows the file: ``update`` raises StateWriteError and then
-    changes nothing. ``notes`` says what was found corrupt at load."""
-
-    def __init__(self, directory: SecureDir):
-        self.dir = directory
-        loaded, note = directory.load_json(WRITTEN_FILE, "the CPUs noded wrote", parse_written)
-        self._values: dict[str, tuple[CpuSet, ...]] = {
-            k: tuple(frozenset(v) for v in vs) for k, vs in (loaded or {}).items()}
-        self.notes: list[str] = [note] if note else []
-
-    def get(self, key: str) -> tuple[CpuSet, ...] | None:
-        return self._values.get(key)
-
-    def keys(self) -> list[str]:
-        return list(self._values)
-
-    def update(self, changes: Mapping[str, Sequence[CpuSet] | None]) -> None:
-        """Set (a sequence) or drop (None) records, in one durable write when anything differs."""
-        values = dict(self._values)
-        for key, new in changes.items():
-            if new is None or not new:
-                values.pop(key, None)
-            else:
-                values[key] = tuple(dict.fromkeys(new))[-_MAX_VALUES:]
-        if values == self._values:
-            return
-        self.dir.write_json(WRITTEN_FILE, {k: [sorted(v) for v in vs] for k, vs in values.items()})
-        self._values = values
 
 
 # -- one job as noded sees it: the kernel's values now, and the records
@@ -297,7 +174,7 @@ class CpuSetOwner:
 
     def _recorded(self, key: str) -> CpuSet | None:
         value = self.originals.get(key)
-        return None if value is None else _cpus_of(value)
+        return None if value is None else cpus_of(value)
 
     def original_cpus(self, js: JobSample) -> list[int]:
         """The job's CPUs before noded touched them: recorded, else as they are now."""
@@ -633,7 +510,7 @@ class CpuSetOwner:
                 continue
             parent = next((i for i in range(len(nodes) - 1, -1, -1) if d.startswith(str(nodes[i].where) + os.sep)),
                           None)
-            nodes.append(_Node(key, d, now, _cpus_of(records[key]), parent))
+            nodes.append(_Node(key, d, now, cpus_of(records[key]), parent))
         if not nodes:
             return done
         v = _JobView("", None, True, tuple(nodes), nodes[0].original)  # type: ignore[arg-type]
@@ -687,39 +564,3 @@ class CpuSetOwner:
         if root and self._alive(int(root[0]), str(root[1])):
             return descendants(int(root[0]), read_ppids(self.proc))
         return set()
-
-
-def read_cpuset(path: str) -> str:
-    """A cgroup's cpuset.cpus, never through a link (only records noded made name cgroups)."""
-    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 65536).decode()
-    finally:
-        os.close(fd)
-
-
-def write_cpuset(path: str, text: str) -> None:
-    """Write a cgroup's cpuset.cpus: never creating a file, never through a link."""
-    fd = os.open(os.path.join(path, "cpuset.cpus"), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    except OSError as e:  # the kernel's refusal (EBUSY, EINVAL): say which file and what
-        raise OSError(e.errno, f"{e.strerror} writing {text!r} into", os.path.join(path, "cpuset.cpus")) from None
-    finally:
-        os.close(fd)
-
-
-def set_affinity(proc: str, pid: int, cpus) -> None:
-    """Every thread of a process (new threads and children inherit it)."""
-    try:
-        tids = [int(t) for t in os.listdir(f"{proc}/{pid}/task")]
-    except FileNotFoundError:
-        return  # exited
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except ProcessLookupError:
-            pass
-        except OSError as e:  # EINVAL: none of them allowed by its cpuset; EPERM
-            raise OSError(e.errno, f"{e.strerror}: sched_setaffinity of thread {tid} of {pid} to "
-                          f"{format_cpu_list(sorted(cpus))}") from None

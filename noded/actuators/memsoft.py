@@ -36,12 +36,13 @@ allocations. What the limit is comes from ``noded.rightsize.memsplit``.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from noded.rightsize.memquantum import QUANTUM
 from noded.samplers.memcgroups import KEY, V1_FILE, V2_FILE, MemoryCgroup, NotACgroupFile, cgroup_devices
@@ -171,7 +172,7 @@ class MemorySoftLimits:
         changes: list[MemoryChange] = []
         limits: dict[str, str] = {}
         wished_keys = set()
-        devices: frozenset[int] | OSError | None = None
+        devices = functools.cache(self._devices_or_error)  # read once, and only when a write is due
         for job, want in sorted(wishes.items()):
             cg = cgroups.get(job)
             if cg is None:
@@ -192,35 +193,50 @@ class MemorySoftLimits:
             if self.dry_run:
                 changes.append(MemoryChange(job, cg.path, cg.limit, text, None))
                 continue
-            # what noded may leave there: the value in force when it is noded's, and the new one
-            in_force = [cg.limit] if rec is not None and not _same(cg.limit, rec["original"]) else []
-            try:
-                self.originals.record(cg.key, {"job": job, "original": cg.limit.strip(), "version": cg.version})
-                self._set_written(cg.key, in_force + [text])
-            except StateWriteError as e:
-                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"original not recorded: {e}"))
-                continue
-            if devices is None:
-                try:
-                    devices = self._devices()
-                except OSError as e:
-                    devices = e
-            if isinstance(devices, OSError):
-                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"{self.mounts}: {devices.strerror}"))
-                continue
-            try:  # observed a moment ago: a value someone wrote since is theirs
-                now = read_cgroup_file(cg.limit_file, devices).strip()
-            except OSError as e:
-                changes.append(MemoryChange(job, cg.path, cg.limit, text, f"{cg.limit_file}: {e.strerror or e}"))
-                continue
-            if not _same(now, cg.limit) and not self._ours(cg.key, now):
-                self._theirs(job, cg, now)
-                limits[job] = now
-                continue
-            changes.append(self._write(job, cg.path, cg.limit_file, now, text, devices))
-            if changes[-1].error is None:
-                limits[job] = text
-        held = set(unplaced or ())  # a cgroup not read this tick is not "no limit wished": held as it is
+            change, limits[job] = self._record_and_write(job, cg, rec, text, devices)
+            if change is not None:
+                changes.append(change)
+        # a cgroup not read this tick is not "no limit wished": held as it is
+        changes.extend(self._restore_unwished(wished_keys, set(unplaced or ())))
+        self._prune()
+        return MemoryResult(tuple(changes), MappingProxyType(dict(cgroups)), MappingProxyType(limits),
+                            MappingProxyType(dict(unplaced or {})))
+
+    def _devices_or_error(self) -> frozenset[int] | OSError:
+        try:
+            return self._devices()
+        except OSError as e:
+            return e
+
+    def _record_and_write(self, job: str, cg: MemoryCgroup, rec: Mapping[str, Any] | None, text: str,
+                          devices: Callable[[], frozenset[int] | OSError]) -> tuple[MemoryChange | None, str]:
+        """One job's limit to ``text``: its original recorded first, then written where the
+        value is still the one observed (or one noded wrote). Returns the change (None: the
+        value is someone else's now, and left) and the limit in force after it."""
+        # what noded may leave there: the value in force when it is noded's, and the new one
+        in_force = [cg.limit] if rec is not None and not _same(cg.limit, rec["original"]) else []
+        try:
+            self.originals.record(cg.key, {"job": job, "original": cg.limit.strip(), "version": cg.version})
+            self._set_written(cg.key, in_force + [text])
+        except StateWriteError as e:
+            return MemoryChange(job, cg.path, cg.limit, text, f"original not recorded: {e}"), cg.limit
+        found = devices()
+        if isinstance(found, OSError):
+            return MemoryChange(job, cg.path, cg.limit, text, f"{self.mounts}: {found.strerror}"), cg.limit
+        try:  # observed a moment ago: a value someone wrote since is theirs
+            now = read_cgroup_file(cg.limit_file, found).strip()
+        except OSError as e:
+            return MemoryChange(job, cg.path, cg.limit, text, f"{cg.limit_file}: {e.strerror or e}"), cg.limit
+        if not _same(now, cg.limit) and not self._ours(cg.key, now):
+            self._theirs(job, cg, now)
+            return None, now
+        change = self._write(job, cg.path, cg.limit_file, now, text, found)
+        return change, text if change.error is None else cg.limit
+
+    def _restore_unwished(self, wished_keys: set[str], held: set[str]) -> list[MemoryChange]:
+        """Every recorded limit no longer wished for put back, but a held job's (its cgroup
+        not read this tick) left as it is; a held record whose file is gone dropped."""
+        changes = []
         for key, rec in self.originals.items():
             if not key.startswith(KEY) or key in wished_keys:
                 continue
@@ -230,9 +246,7 @@ class MemorySoftLimits:
                     changes.append(c)
             elif not self.dry_run and not os.path.lexists(self._file(key, rec)):
                 self._drop(key, "gone")  # held, but nothing is left to hold
-        self._prune()
-        return MemoryResult(tuple(changes), MappingProxyType(dict(cgroups)), MappingProxyType(limits),
-                            MappingProxyType(dict(unplaced or {})))
+        return changes
 
     def _theirs(self, job: str, cg: MemoryCgroup, now: str) -> None:
         log.warning("job=%s its memory soft limit in %s is %s now, neither its original nor one noded wrote: "

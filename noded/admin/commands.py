@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any, Callable
 
-from noded.actuators.cores import max_level as max_core_level
+from noded.util.halving import max_level as max_core_level
 from noded.capping.units import format_bandwidth
 from noded.loop.control import ControlState
 from noded.loop.daemon import TickFailure, TickResult
@@ -69,50 +69,72 @@ class AdminCommands:
             raise RequestError(f"process {pid} is not part of job {job!r}: a job reports only for itself")
 
     def dispatch(self, command: str, args: dict[str, Any], uid: int) -> Any:
-        if command == "status":
-            return self.status()
-        if command == "jobs":
-            return self.status()["jobs"]
-        if command == "explain":
-            return self.explain(args["job"])
-        if command == "pause":
-            reason = args.get("reason") or f"paused by uid {uid}"
-            self.control.pause(reason)
-            log_change("pause", None, uid=uid, reason=reason)
-            return {"paused": reason}
-        if command == "resume":
-            self.control.resume()
-            log_change("resume", None, uid=uid, reason="automatic throttling resumes")
-            return {"paused": None}
-        if command == "admit":
-            return self.admit(args, uid)
-        if command == "report" and self.rightsize is not None:
+        handler = self._handlers().get(command)
+        if handler is None:  # throttle and exempt: an override of that kind
+            return self._override(command, args, uid)
+        return handler(args, uid)
+
+    def _handlers(self) -> dict[str, Callable[[dict[str, Any], int], Any]]:
+        """Each command but the overrides, and what answers it: ``(args, uid)`` -> the answer."""
+        return {
+            "status": lambda args, uid: self.status(),
+            "jobs": lambda args, uid: self.status()["jobs"],
+            "explain": lambda args, uid: self.explain(args["job"]),
+            "pause": self._pause,
+            "resume": self._resume,
+            "admit": self.admit,
+            "report": self._report_iteration,
+            "model_fit": self._model_fit,
+            "size": self.size,
+            "label": lambda args, uid: self.label(args["job"], args["labels"], uid),
+            "forget": lambda args, uid: self.forget(args["job"], uid),
+            "cap": self.cap,
+            "release": self._release,
+        }
+
+    def _pause(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        reason = args.get("reason") or f"paused by uid {uid}"
+        self.control.pause(reason)
+        log_change("pause", None, uid=uid, reason=reason)
+        return {"paused": reason}
+
+    def _resume(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        self.control.resume()
+        log_change("resume", None, uid=uid, reason="automatic throttling resumes")
+        return {"paused": None}
+
+    def _report_iteration(self, args: dict[str, Any], uid: int) -> Any:
+        """A job's iteration time: right-sizing's (and co-location's where on too), else co-location's."""
+        if self.rightsize is not None:
             return self._report(args)
-        if command in ("report", "model_fit"):
-            service = self.colocation
-            if service is None:
-                raise RequestError("co-location is not enabled on this node (colocation.enabled)")
-            try:
-                if command == "model_fit":
-                    log.warning("colocation model fit requested by uid %d", uid)
-                    return service.fit()
-                last = self.last()
-                return service.report(args["job"], args["iteration_s"], last.sample if last else None)
-            except ValueError as e:
-                raise RequestError(str(e)) from None
-        if command == "size":
-            return self.size(args, uid)
-        if command == "label":
-            return self.label(args["job"], args["labels"], uid)
-        if command == "forget":
-            return self.forget(args["job"], uid)
-        if command == "cap":
-            return self.cap(args, uid)
-        if command == "release":
-            cleared, unsaved = self.store.clear(args["job"], uid)
-            # the jobs that hold one still: what a release of the wrong id would have wanted
-            return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved,
-                    "overrides": sorted(self.store.active())}
+        service = self._colocation_service()
+        try:
+            last = self.last()
+            return service.report(args["job"], args["iteration_s"], last.sample if last else None)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+
+    def _model_fit(self, args: dict[str, Any], uid: int) -> Any:
+        service = self._colocation_service()
+        try:
+            log.warning("colocation model fit requested by uid %d", uid)
+            return service.fit()
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+
+    def _colocation_service(self):
+        if self.colocation is None:
+            raise RequestError("co-location is not enabled on this node (colocation.enabled)")
+        return self.colocation
+
+    def _release(self, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        cleared, unsaved = self.store.clear(args["job"], uid)
+        # the jobs that hold one still: what a release of the wrong id would have wanted
+        return {"job": args["job"], "override_cleared": cleared, "not_saved": unsaved,
+                "overrides": sorted(self.store.active())}
+
+    def _override(self, command: str, args: dict[str, Any], uid: int) -> dict[str, Any]:
+        """An override of kind ``command`` (throttle: at a level, or a number of cores; exempt)."""
         job = args["job"]
         last = self._known(job)
         level, max_level = 0, None
@@ -339,6 +361,13 @@ class AdminCommands:
         r = self.last()
         if r is None or job not in r.sample.jobs:
             raise RequestError(self._unknown_job(job, r))
+        why = self._policy_reasons(job, r)
+        sizing, borrowed, memory = _rightsizing_reasons(job, r, why)
+        return self._explanation(job, r, why, sizing, borrowed, memory)
+
+    def _policy_reasons(self, job: str, r: TickResult) -> list[str]:
+        """Why the policy throttles the job or leaves it alone: its kind, labels, an
+        override or a cap, a pause, the decision's note, or the values it was judged by."""
         js = r.sample.jobs[job]
         why: list[str] = []
         if js.kind == "gpu":
@@ -359,7 +388,7 @@ class AdminCommands:
             why.append(f"the eliminator is paused: {paused}")
         if r.decision.note:
             why.append(r.decision.note)
-        d, cfg = r.decision, r.config.contention if r.config else None
+        cfg = r.config.contention if r.config else None
         level = r.levels.get(job, 0)
         if js.kind == "unknown":
             why.append("kind unknown: some GPU's processes could not be read this tick, and this job was never seen "
@@ -367,22 +396,17 @@ class AdminCommands:
         elif js.kind != "gpu" and not level and not js.meta.exempt and o is None and not paused and cfg is not None \
                 and cap is None:
             why.append(self._not_throttled(job, r))
+        return why
+
+    def _explanation(self, job: str, r: TickResult, why: list[str], sizing: dict[str, Any] | None,
+                     borrowed: list[int] | None, memory: dict[str, Any] | None) -> dict[str, Any]:
+        """``nodectl explain``'s answer: the job's values, the reasons, its decisions, its sizing and cap."""
+        js = r.sample.jobs[job]
+        d, cfg = r.decision, r.config.contention if r.config else None
+        level = r.levels.get(job, 0)
+        cap = r.caps.get(job)
         now = r.t
         baseline, source = r.baselines.get(job, (None, None))
-        sizing, borrowed, memory = None, None, None
-        if r.rightsize is not None:
-            v = r.rightsize.jobs.get(job)
-            if v is not None:
-                sizing = _sizing_json(v)
-                why.append(sizing["why"])
-            memory = _memory_json(job, r.memory) if r.memory is not None and v is not None else None
-            if memory is not None:
-                why.append(memory["why"])
-            if js.kind != "gpu":
-                borrowed = list(r.rightsize.borrowed.get(job, ()))
-                if borrowed:
-                    why.append(f"borrows {len(borrowed)} idle CPU{'s' * (len(borrowed) > 1)} of the GPU array "
-                               f"({_cpu_list(borrowed)}), given back at once when a GPU job needs them")
         return {
             "job": job, "kind": js.kind, "level": level, "bandwidth_bytes_per_s": js.bandwidth_bps,
             "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
@@ -423,6 +447,28 @@ class AdminCommands:
                     f"GPU job is more than {c.gpu_drop_margin:.0%} below its baseline (contention.gpu_drop_margin)")
         return "contention: heavier CPU jobs are throttled first, one step every contention.settle_s " \
                f"({c.settle_s:g}s)"
+
+
+def _rightsizing_reasons(job: str, r: TickResult, why: list[str]
+                         ) -> tuple[dict[str, Any] | None, list[int] | None, dict[str, Any] | None]:
+    """Right-sizing's part of an explanation (its reasons appended to ``why``): the job's
+    sizing, the CPUs a CPU job borrows, and its memory; each None where it does not apply."""
+    js = r.sample.jobs[job]
+    sizing, borrowed, memory = None, None, None
+    if r.rightsize is not None:
+        v = r.rightsize.jobs.get(job)
+        if v is not None:
+            sizing = _sizing_json(v)
+            why.append(sizing["why"])
+        memory = _memory_json(job, r.memory) if r.memory is not None and v is not None else None
+        if memory is not None:
+            why.append(memory["why"])
+        if js.kind != "gpu":
+            borrowed = list(r.rightsize.borrowed.get(job, ()))
+            if borrowed:
+                why.append(f"borrows {len(borrowed)} idle CPU{'s' * (len(borrowed) > 1)} of the GPU array "
+                           f"({_cpu_list(borrowed)}), given back at once when a GPU job needs them")
+    return sizing, borrowed, memory
 
 
 def _cap_why(c) -> str:

@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from noded.util import ages
 from noded.util.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
@@ -285,61 +285,91 @@ def build_parser() -> argparse.ArgumentParser:
     def cmd(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=description or help)
 
-    def job_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("job", help="the job's id as `nodectl jobs` lists it, e.g. slurm:4242 (cgroup:hog in "
-                                   "`make demo`)")
-
-    def reason_arg(p: argparse.ArgumentParser, what: str) -> None:
-        p.add_argument("--reason", default="", help=f"why, for noded's log and `nodectl status` ({what})")
-
     cmd("status", "node bandwidth, GPUs, jobs, throttles, overrides")
     cmd("jobs", "the jobs and their throttle levels")
+    _throttle_command(cmd)
+    _cap_command(cmd)
+    p = cmd("release", "drop the override on a job; the policy decides again")
+    _job_arg(p)
+    p = cmd("exempt", "never throttle a job (an override)")
+    _job_arg(p)
+    _ttl_arg(p)
+    _reason_arg(p, "default: none")
+    p = cmd("pause", "stop automatic throttling and right-sizing's probing (overrides, pins and sizes hold)")
+    _reason_arg(p, "default: 'paused by uid N'")
+    cmd("resume", "resume automatic throttling")
+    p = cmd("explain", "why a job is throttled or not, with the values")
+    _job_arg(p)
+    _size_command(cmd)
+    _admit_command(cmd)
+    _label_command(cmd)
+    p = cmd("forget", "a job ended: drop its registered labels and its co-location reservation (an end hook)")
+    _job_arg(p)
+    p = cmd("model", "the co-location speedup model")
+    p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
+    _top_command(cmd)
+    return ap
+
+
+_Command = Callable[..., argparse.ArgumentParser]  # a command's parser added: (name, help, description=None)
+
+
+def _job_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="the job's id as `nodectl jobs` lists it, e.g. slurm:4242 (cgroup:hog in "
+                               "`make demo`)")
+
+
+def _reason_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--reason", default="", help=f"why, for noded's log and `nodectl status` ({what})")
+
+
+def _ttl_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
+                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
+
+
+def _throttle_command(cmd: _Command) -> None:
     p = cmd("throttle", "hold a job at a throttle level (an override)",
             description="Hold a job at a throttle level: an override that wins over the policy until it expires or "
                         "is released. noded refuses a job it does not know and a level its throttle does not have.")
-    job_arg(p)
+    _job_arg(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--level", type=_positive_int, help="the level, 1 (mildest) up to the number of levels of noded's "
                    "throttle (MBA: the entries of contention.mba_levels; cores: halvings until one CPU is left)")
     g.add_argument("--cores", type=_positive_int, help="hosts without MBA: leave the job at most this many of its "
                    "CPUs (fewer than it has)")
-    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
-                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
-    reason_arg(p, "default: none")
+    _ttl_arg(p)
+    _reason_arg(p, "default: none")
+
+
+def _cap_command(cmd: _Command) -> None:
     p = cmd("cap", "hold a CPU job at a bandwidth, e.g. 6GB/s (an override), or --release it",
             description="Hold a CPU job's memory bandwidth at a cap: noded gives it a control group of its own and "
                         "steers its MBA value every 100 ms (or hands the cap to the kernel's mba_MBps where "
                         "resctrl is mounted so). The throttle's levels leave a capped job alone. Units, spelled "
                         "exactly: GB/s and MB/s (decimal), GiB/s and MiB/s (binary), e.g. 6GB/s, 6.5GB/s, 512MiB/s.")
-    job_arg(p)
+    _job_arg(p)
     p.add_argument("bandwidth", nargs="?", type=_bandwidth_arg, help="the cap, e.g. 6GB/s")
     p.add_argument("--release", action="store_true", help="lift the job's cap")
-    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
-                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
-    reason_arg(p, "default: none")
-    p = cmd("release", "drop the override on a job; the policy decides again")
-    job_arg(p)
-    p = cmd("exempt", "never throttle a job (an override)")
-    job_arg(p)
-    p.add_argument("--ttl", type=_positive_duration, metavar="DURATION",
-                   help="expire after this long, e.g. 90, 30s, 15m, 2h, 1d (default: until released)")
-    reason_arg(p, "default: none")
-    p = cmd("pause", "stop automatic throttling and right-sizing's probing (overrides, pins and sizes hold)")
-    reason_arg(p, "default: 'paused by uid N'")
-    cmd("resume", "resume automatic throttling")
-    p = cmd("explain", "why a job is throttled or not, with the values")
-    job_arg(p)
+    _ttl_arg(p)
+    _reason_arg(p, "default: none")
+
+
+def _size_command(cmd: _Command) -> None:
     p = cmd("size", "pin a GPU job's cores, stop probing it, or probe it again (right-sizing)",
             description="Control right-sizing of a GPU job: hold it at a number of cores (no probing until "
                         "--reprobe), stop probing it (it keeps the cores it has), or search its size again. Kept "
                         "while the job runs (not across a restart of noded); `nodectl explain JOB` shows its sizing.")
-    job_arg(p)
+    _job_arg(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--cores", type=_positive_int, help="pin the job at this many cores (1 up to the CPUs it had "
                    "at start)")
     g.add_argument("--stop", action="store_true", help="stop probing: it keeps the cores it has now")
     g.add_argument("--reprobe", action="store_true", help="search again from the cores it has (undoes a pin or stop)")
-    reason_arg(p, "default: none")
+    _reason_arg(p, "default: none")
+
+
+def _admit_command(cmd: _Command) -> None:
     p = cmd("admit", "ask whether a GPU job may share a GPU; prints the environment it must use")
     p.add_argument("--job", required=True, help="the job's id as noded will see it, e.g. slurm:$SLURM_JOB_ID "
                                                 "(required)")
@@ -350,26 +380,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="auto", help="auto (noded picks), or a GPU UUID")
     p.add_argument("--uid", type=int, help="the user the job runs as; MPS serves one user per GPU (default: not "
                                            "said: no check of the GPU's users)")
+
+
+def _label_command(cmd: _Command) -> None:
     p = cmd("label", "register a job's labels (model, batch size, category, ...): a job manager's start hook",
             description="Register a job's labels, e.g. `nodectl label slurm:42 model=BiDAF batch_size=32 "
                         "category=NLP`, before or while it runs (a Slurm prolog does). They replace any registered "
                         "before; the label file (jobs.labels) wins for a job it lists. Kept in memory until "
                         "`nodectl forget` (or a restart of noded). Never exempt or priority: those are the "
                         "operator's.")
-    job_arg(p)
+    _job_arg(p)
     p.add_argument("labels", nargs="+", metavar="KEY=VALUE", help="labels: category, model, batch_size, "
                    "requested_cores, pipelined, many_weights, heavy_preprocessing, dataset_gb, uncached_share")
-    p = cmd("forget", "a job ended: drop its registered labels and its co-location reservation (an end hook)")
-    job_arg(p)
-    p = cmd("model", "the co-location speedup model")
-    p.add_argument("action", choices=["fit"], help="fit: refit from the co-location records on this host")
+
+
+def _top_command(cmd: _Command) -> None:
     p = cmd("top", "a live status view, refreshed until Ctrl-C",
             description="A live status view. On a terminal the screen is redrawn; into a pipe or file each refresh "
                         "is appended (with --json: one JSON document a line).")
     p.add_argument("--interval", type=_positive_duration, default=1.0, metavar="DURATION",
                    help="seconds between refreshes (default: 1s)")
     p.add_argument("--iterations", type=_count, default=0, help="stop after N refreshes (default: 0, until Ctrl-C)")
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,20 +533,35 @@ def _cap_args(args) -> dict[str, Any]:
 
 
 def _run(args) -> int:
-    path = args.socket
     cmd = args.command
     if cmd == "top":
         return _top(args)
     if cmd == "admit":
         return _admit(args)
     if cmd == "model":
-        m = request(path, "model_fit", timeout=args.timeout)
-        if args.json:
-            print(json.dumps(m, indent=2, sort_keys=True))
-        else:
-            print(f"fitted from {m['records']} records; mean absolute error of the predicted speedup "
-                  f"{m['mean_abs_error']:.3f}")
+        return _model_fit(args)
+    result = request(args.socket, cmd, _request_args(args), timeout=args.timeout)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
         return 0
+    _print_result(cmd, shown(result))
+    return 0
+
+
+def _model_fit(args) -> int:
+    """``nodectl model fit``: the co-location model refit, and how well it predicts."""
+    m = request(args.socket, "model_fit", timeout=args.timeout)
+    if args.json:
+        print(json.dumps(m, indent=2, sort_keys=True))
+    else:
+        print(f"fitted from {m['records']} records; mean absolute error of the predicted speedup "
+              f"{m['mean_abs_error']:.3f}")
+    return 0
+
+
+def _request_args(args) -> dict[str, Any]:
+    """The arguments of the request a command makes (its labels checked here first)."""
+    cmd = args.command
     call_args: dict[str, Any] = {}
     if cmd in ("throttle", "release", "exempt", "explain", "size", "label", "forget", "cap"):
         call_args["job"] = args.job
@@ -540,11 +586,11 @@ def _run(args) -> int:
         call_args["reason"] = args.reason
     if cmd == "cap":
         call_args.update(_cap_args(args))
-    result = request(path, cmd, call_args, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
-        return 0
-    result = shown(result)
+    return call_args
+
+
+def _print_result(cmd: str, result: dict[str, Any]) -> None:
+    """A command's answer as text."""
     if cmd == "status":
         sys.stdout.write(format_status(result))
     elif cmd == "jobs":
@@ -572,7 +618,6 @@ def _run(args) -> int:
                   "its state directory is writable again would bring the override back", file=sys.stderr)
     else:
         print("paused: " + result["paused"] if result["paused"] else "resumed")
-    return 0
 
 
 ADMIT_REFUSED = 3  # exit status of `nodectl admit` when the job is refused

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # what the owner of CPUs hands back: a type, not an arrow up
     from noded.actuators.cpusets import CpuSetResult
 
 log = logging.getLogger(__name__)
-#: the owner's records of a job's CPUs (noded.actuators.cpusets: the keys of originals.json)
+#: the owner's records of a job's CPUs (noded.actuators.cpurecords: the keys of originals.json)
 CPU_RECORDS = ("cpuset", "affinity", "affinity_job")
 #: a reserve's cap moves a little every tick with what the GPU jobs use: the journal says
 #: a change of more than this share (the holder follows every one)

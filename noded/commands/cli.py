@@ -102,76 +102,104 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "calibrate":
-        if not 2 <= args.seconds < float("inf"):
-            cal.error(f"--seconds must be a finite number of at least 2 (the first second is not counted), "
-                      f"got {args.seconds:g}")
-        if args.size < 1:
-            cal.error(f"--size must be at least 1 MiB, got {args.size}")
-        if args.threads is not None and args.threads < 1:
-            cal.error(f"--threads must be at least 1, got {args.threads}")
-        import shlex
-
-        from noded.commands.calibrate import main as calibrate
-
-        shown = sys.argv[1:] if argv is None else argv
-        return calibrate(args.state_dir, args.seconds, args.size, args.threads,
-                         " ".join(["noded", *map(shlex.quote, shown)]))
+        return _calibrate(args, argv, cal)
     if args.command == "run" and args.sim:
-        from nodesim.scenario import ScenarioError, load_scenario
-        from nodesim.with_daemon import run_with_sim_node
-
-        try:
-            duration = args.duration or load_scenario(args.sim).duration_s
-        except (OSError, ScenarioError) as e:
-            print(f"noded run: {e}", file=sys.stderr)
-            return 1
-        return run_with_sim_node(args.sim, duration, args.config, dry_run=args.dry_run, verbose=args.verbose)
+        return _run_beside_a_simulated_node(args)
     if args.command == "run":
-        # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
-        # never kills noded half-started (see noded.commands.signals).
-        from noded.commands.sdnotify import SystemdNotifier
-        from noded.commands.signals import Signals
-
-        signals = Signals().install()
-        SystemdNotifier().status("starting")
-        from noded.commands.run import main_run
-
-        return main_run(args, signals)
+        return _run(args)
     if args.command in ("sim", "sim-node"):
-        from noded.util.journal import configure_logging
-        from nodesim.scenario import ScenarioError, load_scenario
-
-        configure_logging(args.verbose)
-        try:
-            scenario = load_scenario(args.scenario)
-        except (OSError, ScenarioError) as e:
-            print(f"noded {args.command}: {e}", file=sys.stderr)
-            return 2
-        from nodesim.nvml_lib import BuildError, library_dir
-
-        try:  # the node's GPUs need the stand-in NVML library: built (once) before anything starts
-            library_dir(scenario.node.nvml)
-        except BuildError as e:
-            print(f"noded {args.command}: {e}", file=sys.stderr)
-            return 2
-        if args.command == "sim":
-            from nodesim.run import run_scenario
-
-            return run_scenario(scenario)
-        from nodesim.sim_node import run_sim_node
-
-        return run_sim_node(scenario, args.config, args.workdir, hold=args.hold, watch=args.watch)
+        return _simulated_node(args)
     if args.command == "tour":
-        from nodesim.resctrl_emulator.profiles import PROFILES
-
-        from nodesim.tour import run_tour
-
-        if args.profile not in PROFILES:
-            tour.error(f"--profile must be one of {', '.join(sorted(PROFILES))}, not {args.profile!r}")
-        if args.window <= 0:
-            tour.error(f"--window must be positive, got {args.window}")
-        return run_tour(args.profile, args.window)
+        return _tour(args, tour)
     return 2
+
+
+def _calibrate(args: argparse.Namespace, argv: list[str] | None, cal: argparse.ArgumentParser) -> int:
+    """``noded calibrate``: its arguments checked, then the measurement (the command line
+    as given goes into the calibration file)."""
+    if not 2 <= args.seconds < float("inf"):
+        cal.error(f"--seconds must be a finite number of at least 2 (the first second is not counted), "
+                  f"got {args.seconds:g}")
+    if args.size < 1:
+        cal.error(f"--size must be at least 1 MiB, got {args.size}")
+    if args.threads is not None and args.threads < 1:
+        cal.error(f"--threads must be at least 1, got {args.threads}")
+    import shlex
+
+    from noded.commands.calibrate import main as calibrate
+
+    shown = sys.argv[1:] if argv is None else argv
+    return calibrate(args.state_dir, args.seconds, args.size, args.threads,
+                     " ".join(["noded", *map(shlex.quote, shown)]))
+
+
+def _run_beside_a_simulated_node(args: argparse.Namespace) -> int:
+    """``noded run --sim SCENARIO``: the daemon beside the scenario's simulated node."""
+    from nodesim.scenario import ScenarioError, load_scenario
+    from nodesim.with_daemon import run_with_sim_node
+
+    try:
+        duration = args.duration or load_scenario(args.sim).duration_s
+    except (OSError, ScenarioError) as e:
+        print(f"noded run: {e}", file=sys.stderr)
+        return 1
+    return run_with_sim_node(args.sim, duration, args.config, dry_run=args.dry_run, verbose=args.verbose)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """``noded run``: the daemon on this host."""
+    # Signals before anything heavy is imported: a SIGTERM or SIGHUP from here on
+    # never kills noded half-started (see noded.commands.signals).
+    from noded.commands.sdnotify import SystemdNotifier
+    from noded.commands.signals import Signals
+
+    signals = Signals().install()
+    SystemdNotifier().status("starting")
+    from noded.commands.run import main_run
+
+    return main_run(args, signals)
+
+
+def _simulated_node(args: argparse.Namespace) -> int:
+    """``noded sim`` (a scenario run through) and ``noded sim-node`` (a simulated node held
+    for a daemon): the scenario loaded and the stand-in NVML library built first."""
+    from noded.util.journal import configure_logging
+    from nodesim.scenario import ScenarioError, load_scenario
+
+    configure_logging(args.verbose)
+    try:
+        scenario = load_scenario(args.scenario)
+    except (OSError, ScenarioError) as e:
+        print(f"noded {args.command}: {e}", file=sys.stderr)
+        return 2
+    from nodesim.nvml_lib import BuildError, library_dir
+
+    try:  # the node's GPUs need the stand-in NVML library: built (once) before anything starts
+        library_dir(scenario.node.nvml)
+    except BuildError as e:
+        print(f"noded {args.command}: {e}", file=sys.stderr)
+        return 2
+    if args.command == "sim":
+        from nodesim.run import run_scenario
+
+        return run_scenario(scenario)
+    from nodesim.sim_node import run_sim_node
+
+    return run_sim_node(scenario, args.config, args.workdir, hold=args.hold, watch=args.watch)
+
+
+def _tour(args: argparse.Namespace, tour: argparse.ArgumentParser) -> int:
+    """``noded tour``: a scripted tour of the resctrl library against the emulator, its
+    arguments checked first."""
+    from nodesim.resctrl_emulator.profiles import PROFILES
+
+    from nodesim.tour import run_tour
+
+    if args.profile not in PROFILES:
+        tour.error(f"--profile must be one of {', '.join(sorted(PROFILES))}, not {args.profile!r}")
+    if args.window <= 0:
+        tour.error(f"--window must be positive, got {args.window}")
+    return run_tour(args.profile, args.window)
 
 
 def _duration(text: str) -> float:

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from noded.util.journal import printable
 from noded.util.procstat import PPID, stat_fields
@@ -273,37 +273,9 @@ class JobDiscovery:
         listed: set[str] = set()  # every job directory the sources list now, read or not
         try:
             for poll in self._polls:
-                src = poll.scanner.source
                 found = poll.scanner.scan()
                 listed.update(found)
-                chosen = poll.choose(found, woken)
-                for job_id in chosen:
-                    path = found[job_id]
-                    try:
-                        pids = frozenset(read_procs(path, most=poll.max_polled))
-                    except OSError as e:
-                        if e.errno in NODED_SHORT_OF:
-                            raise
-                        unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
-                        held = self._last.get(job_id)
-                        if held is not None:
-                            jobs[job_id] = held
-                        poll.read(job_id, held is not None)  # to the back of its line, as any read
-                        continue
-                    poll.read(job_id, bool(pids))
-                    if pids:
-                        pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
-                        jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
-                read = set(chosen)
-                for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
-                    if job_id in found and job_id not in read:
-                        unreadable[job_id] = why
-                for job_id in poll.held(read):  # over the budget: not read this tick
-                    if (held := self._last.get(job_id)) is not None:
-                        jobs[job_id] = held
-                        if held.pod is not None:
-                            self._pods.identify(src.root, held.cgroup, held.pids)
-                cost.append(poll.cost(len(found), len(chosen)))
+                cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable))
         finally:
             self._pods.forget_unseen()
         for job_id in unreadable.keys() - self.unreadable.keys():
@@ -311,6 +283,50 @@ class JobDiscovery:
         self.unreadable = unreadable
         self.cost = tuple(cost)
         self._last = {j: job for j, job in jobs.items()}
+        jobs.update(self._registered_jobs(labels))
+        if self.sources:  # only a node that lists job directories can tell a job is gone
+            self.registered_labels.forget_absent(listed | jobs.keys(), self.clock())
+        return jobs
+
+    def _read_listed(self, poll: SourcePoll, found: Mapping[str, str], woken: set[str],
+                     labels: Mapping[str, JobMeta], jobs: dict[str, Job], unreadable: dict[str, str]) -> SourceCost:
+        """One source's jobs into ``jobs``: those its poll chooses this tick read (one that
+        cannot be read held as last seen, and said in ``unreadable``), the rest held as last
+        seen. Returns the poll's cost."""
+        src = poll.scanner.source
+        chosen = poll.choose(found, woken)
+        for job_id in chosen:
+            path = found[job_id]
+            try:
+                pids = frozenset(read_procs(path, most=poll.max_polled))
+            except OSError as e:
+                if e.errno in NODED_SHORT_OF:
+                    raise
+                unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
+                held = self._last.get(job_id)
+                if held is not None:
+                    jobs[job_id] = held
+                poll.read(job_id, held is not None)  # to the back of its line, as any read
+                continue
+            poll.read(job_id, bool(pids))
+            if pids:
+                pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
+                jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+        read = set(chosen)
+        for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
+            if job_id in found and job_id not in read:
+                unreadable[job_id] = why
+        for job_id in poll.held(read):  # over the budget: not read this tick
+            if (held := self._last.get(job_id)) is not None:
+                jobs[job_id] = held
+                if held.pod is not None:
+                    self._pods.identify(src.root, held.cgroup, held.pids)
+        return poll.cost(len(found), len(chosen))
+
+    def _registered_jobs(self, labels: Mapping[str, JobMeta]) -> dict[str, Job]:
+        """The jobs registered by their process tree, each with every process under its root;
+        one whose tree is gone has ended, and is forgotten."""
+        jobs: dict[str, Job] = {}
         with self._lock:
             registered = dict(self._registered)
         if registered:
@@ -323,8 +339,6 @@ class JobDiscovery:
                     continue
                 meta = labels.get(job_id, meta)
                 jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
-        if self.sources:  # only a node that lists job directories can tell a job is gone
-            self.registered_labels.forget_absent(listed | jobs.keys(), self.clock())
         return jobs
 
     def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:

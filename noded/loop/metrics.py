@@ -154,7 +154,13 @@ class NodedCollector:
         if totals is None:
             totals = r.totals if r is not None else Totals()
         colo = r.colocation if r is not None else None
+        yield from self._decision_counters(r, control, colo)
+        yield from self._tick_counters(r, totals)
+        yield from self._error_counters(totals, colo)
+        yield from self._time_counters(totals)
 
+    def _decision_counters(self, r: TickResult | None, control: ControlSnapshot, colo):
+        """Throttle steps, admission decisions and right-sizing's probes and answers."""
         actions = CounterMetricFamily("noded_throttle_actions", "Throttle and release steps taken, by cause",
                                       labels=["action", "cause"])
         for (kind, cause), n in sorted(_with_zeros(ACTIONS, control.actions).items()):
@@ -180,6 +186,10 @@ class NodedCollector:
                                          "remembered (the state directory's rightsize.json could not be written)")
             unkept.add_metric([], rs.history_errors if rs is not None else 0)
             yield unkept
+
+    @staticmethod
+    def _tick_counters(r: TickResult | None, totals: Totals):
+        """Ticks done, overrun and failed, and jobs held by an error in their part of one."""
         ticks = CounterMetricFamily("noded_ticks", "Control-loop ticks completed")
         ticks.add_metric([], r.tick if r is not None else 0)
         yield ticks
@@ -196,6 +206,10 @@ class NodedCollector:
         for stage, n in sorted(_with_zeros(JOB_ERROR_STAGES, totals.job_errors).items()):
             held.add_metric([stage], n)
         yield held
+
+    @staticmethod
+    def _error_counters(totals: Totals, colo):
+        """Changes and sampler runs that failed."""
         errors = CounterMetricFamily("noded_actuator_errors", "Changes that failed: a throttle level up or down "
                                      "(mba, cores), a control group not removed (mba remove), an original not "
                                      "recorded (cores record), an MPS control daemon restarted or not started (mps), a "
@@ -213,6 +227,10 @@ class NodedCollector:
         for name, n in sorted(_with_zeros(SAMPLERS, totals.sampler_errors).items()):
             serr.add_metric([name], n)
         yield serr
+
+    @staticmethod
+    def _time_counters(totals: Totals):
+        """The time ticks, stages and samplers took."""
         yield _histogram("noded_tick_duration_seconds", "Time ticks spent in each stage (total: the whole tick)",
                          "stage", STAGES, totals.tick_durations)
         yield _histogram("noded_sampler_duration_seconds", "Time each sampler took per tick", "sampler", SAMPLERS,
@@ -225,6 +243,24 @@ class NodedCollector:
         yield cpu
 
     def _state(self, r: TickResult, control: ControlSnapshot):
+        yield from self._control_gauges(r, control)
+        yield from self._colocation_gauges(r)
+        yield from self._sampler_gauges(r)
+        yield from self._node_gauges(r)
+        yield from self._job_gauges(r)
+        yield from _cap_metrics(r)
+        yield from self._baseline_gauges(r)
+        yield from self._gpu_gauges(r.sample)
+        yield from self._resctrl_gauges(r.sample.resctrl)
+        if r.rightsize is not None:
+            yield from self._rightsize(r)
+        if r.memory is not None:
+            yield from self._memory(r)
+        yield from self._state_dir_gauges(r)
+
+    @staticmethod
+    def _control_gauges(r: TickResult, control: ControlSnapshot):
+        """What operators decided (overrides, a pause) and the configured peak and thresholds."""
         cfg = r.config
         active = GaugeMetricFamily("noded_override_active", "Operator overrides in force (1 each), and who set them",
                                    labels=["job_id", "kind", "uid"])
@@ -244,6 +280,10 @@ class NodedCollector:
             thr.add_metric(["throttle"], cfg.contention.threshold)
             thr.add_metric(["release"], cfg.contention.release_threshold)
             yield thr
+
+    @staticmethod
+    def _colocation_gauges(r: TickResult):
+        """Jobs admitted per GPU, and whether the MPS control daemon answers."""
         colo = r.colocation
         if colo is not None:
             held = GaugeMetricFamily("noded_colocation_jobs", "Jobs admitted onto each GPU by noded",
@@ -255,6 +295,9 @@ class NodedCollector:
             mps.add_metric([], 1.0 if colo.mps_state == "ok" else 0.0)
             yield mps
 
+    @staticmethod
+    def _sampler_gauges(r: TickResult):
+        """Whether each sampler succeeded, inputs missing, NVML, and what noded watches."""
         s = r.sample
         ok = GaugeMetricFamily("noded_sampler_success", "Whether the sampler succeeded in the last tick (1/0)",
                                labels=["sampler"])
@@ -275,6 +318,10 @@ class NodedCollector:
                 watched.add_metric([w.what], 1.0 if w.watching else 0.0)
             yield watched
 
+    @staticmethod
+    def _node_gauges(r: TickResult):
+        """The node's bandwidth per domain, its busiest share of the peak, and contention."""
+        s = r.sample
         node = GaugeMetricFamily("noded_node_memory_bandwidth_bytes_per_second",
                                  "Memory bandwidth of the node, per L3 domain (MBM)", labels=["domain"])
         for dom, v in sorted(s.node_bandwidth_bps.items()):
@@ -291,6 +338,10 @@ class NodedCollector:
         contended.add_metric([], 1.0 if r.decision.triggered else 0.0)
         yield contended
 
+    @staticmethod
+    def _job_gauges(r: TickResult):
+        """Per job: its bandwidth, throttle level, monitoring mode and GPU utilisation."""
+        s = r.sample
         jbw = GaugeMetricFamily("noded_job_memory_bandwidth_bytes_per_second", "Memory bandwidth of a job (MBM)",
                                 labels=["job_id", "kind"])
         level = GaugeMetricFamily("noded_job_throttle_level", "Throttle level in force (0 = none)",
@@ -313,7 +364,11 @@ class NodedCollector:
         yield level
         yield mon
         yield jutil
-        yield from _cap_metrics(r)
+
+    @staticmethod
+    def _baseline_gauges(r: TickResult):
+        """Per GPU job: whether its uncontended utilisation is known, and its value and source."""
+        s = r.sample
         known = GaugeMetricFamily("noded_job_gpu_baseline_known",
                                   "1 when a GPU job's uncontended utilisation is known (its slowdown can be seen)",
                                   labels=["job_id"])
@@ -331,6 +386,9 @@ class NodedCollector:
         yield known
         yield base
 
+    @staticmethod
+    def _gpu_gauges(s):
+        """Each GPU's utilisation."""
         gutil = GaugeMetricFamily("noded_gpu_utilization_ratio", "GPU utilisation (NVML, 0..1; dcgm-exporter's "
                                   "DCGM_FI_DEV_GPU_UTIL is this times 100)", labels=["gpu", "UUID"])
         for g in s.gpus:
@@ -339,7 +397,9 @@ class NodedCollector:
                 gutil.add_metric([str(g.index), g.uuid], util)
         yield gutil
 
-        facts = s.resctrl
+    @staticmethod
+    def _resctrl_gauges(facts):
+        """The RMIDs and CLOSIDs the hardware offers and noded holds."""
         if facts is not None and facts.num_rmids is not None:
             cap = GaugeMetricFamily("noded_resctrl_rmids_capacity",
                                     "RMIDs the hardware offers (monitoring IDs; the root group holds one)")
@@ -356,10 +416,10 @@ class NodedCollector:
             used = GaugeMetricFamily("noded_resctrl_closids_used_by_noded", "CLOSIDs held by noded's control groups")
             used.add_metric([], len(facts.groups.ctrl_tasks))
             yield used
-        if r.rightsize is not None:
-            yield from self._rightsize(r)
-        if r.memory is not None:
-            yield from self._memory(r)
+
+    @staticmethod
+    def _state_dir_gauges(r: TickResult):
+        """Whether originals can be recorded."""
         writable = GaugeMetricFamily("noded_state_writable",
                                      "1 while originals can be recorded in the state directory; at 0 noded changes "
                                      "nothing new")

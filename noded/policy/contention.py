@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from noded.util.ages import format_age
 from noded.policy.baselines import LEARNED, Known
@@ -93,6 +93,31 @@ def node_share(sample: Sample, peak_bytes_per_domain: float) -> float | None:
     return max(values) / peak_bytes_per_domain
 
 
+class _Levels:
+    """The throttles as this tick changes them, and every change made (an Action each)."""
+
+    def __init__(self, throttles: dict[str, Throttle]):
+        self.throttles = throttles
+        self.actions: list[Action] = []
+
+    def of(self, job: str) -> int:
+        return self.throttles[job].level if job in self.throttles else 0
+
+    def set_level(self, job: str, level: int, cause: str, reason: str) -> None:
+        throttles = self.throttles
+        old = throttles[job].level if job in throttles else 0
+        if level == old:
+            if level and job in throttles and throttles[job].cause != cause:
+                throttles[job] = Throttle(level, cause)
+            return
+        self.actions.append(Action(job, old, level, reason, cause))
+        if level:
+            kept = throttles[job].cause if job in throttles and level < old else cause
+            throttles[job] = Throttle(level, kept)
+        else:
+            throttles.pop(job, None)
+
+
 def decide(
     sample: Sample,
     state: PolicyState,
@@ -112,38 +137,82 @@ def decide(
     forgotten; only the operators' overrides hold (the caller gives no other limits)."""
     jobs = sample.jobs
     share = node_share(sample, peak_bytes_per_domain)
-    throttles = {j: t for j, t in state.throttles.items() if j in jobs and (not paused or j in overrides)}
-    actions: list[Action] = []
+    levels = _Levels({j: t for j, t in state.throttles.items() if j in jobs and (not paused or j in overrides)})
+    _standing_rules(levels, jobs, max_levels, overrides, capped)
+    baselines, sources, slowed = _learned_baselines(state, jobs, levels.throttles, share, config, known)
 
-    def set_level(job: str, level: int, cause: str, reason: str) -> None:
-        old = throttles[job].level if job in throttles else 0
-        if level == old:
-            if level and job in throttles and throttles[job].cause != cause:
-                throttles[job] = Throttle(level, cause)
-            return
-        actions.append(Action(job, old, level, reason, cause))
-        if level:
-            kept = throttles[job].cause if job in throttles and level < old else cause
-            throttles[job] = Throttle(level, kept)
-        else:
-            throttles.pop(job, None)
+    def throttleable(job_id: str) -> bool:
+        js = jobs[job_id]
+        return (js.kind == CPU and not js.meta.exempt and job_id not in overrides and job_id not in capped
+                and js.bandwidth_bps is not None and levels.of(job_id) < max_levels.get(job_id, 0))
 
-    # What nobody may throttle, and what operators decided.
+    triggered = share is not None and share >= config.threshold and bool(slowed)
+    settled = state.last_step is None or now - state.last_step >= config.settle_s
+    missing_since = (state.missing_since if state.missing_since is not None else now) if share is None else None
+    note, stepped = _contention_step(levels, sample, share, config, triggered=triggered, settled=settled,
+                                     missing_for=None if missing_since is None else now - missing_since,
+                                     slowed=slowed, baselines=baselines, sources=sources, throttleable=throttleable)
+    if config.cpu_job_cap_gbps is not None and settled:
+        stepped = _cap_steps(levels, sample, config, throttleable) or stepped
+
+    # Release, one step of one job per hold period, once the node is calm.
+    calm_since = state.calm_since
+    if share is not None and share < config.release_threshold and not triggered:
+        calm_since = calm_since if calm_since is not None else now
+    else:
+        calm_since = None
+    last = now if stepped else state.last_step
+
+    def predicted_share(job: str) -> float:
+        # What the node would run at once this job got one step more bandwidth:
+        # releasing into a new contention is the oscillation hysteresis must avoid.
+        level = levels.throttles[job].level
+        bw = jobs[job].bandwidth_bps or 0.0
+        extra = bw * (level_share(level - 1) / level_share(level) - 1.0)
+        return share + extra / peak_bytes_per_domain / max(1, len(sample.domains))
+
+    if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
+        if _release_step(levels, sample, share, config, calm_for=now - calm_since, predicted_share=predicted_share):
+            last = now
+
+    throttles = levels.throttles
+    held = {j: held_because(j, t, share=share, triggered=triggered, slowed=tuple(slowed), calm_since=calm_since,
+                            last_step=last, missing_since=missing_since, now=now, config=config,
+                            bandwidth_bps=jobs[j].bandwidth_bps,
+                            predicted_share=predicted_share(j) if share is not None else None,
+                            moved=[a for a in levels.actions if a.to_level < a.from_level])
+            for j, t in throttles.items()}
+    decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(levels.actions),
+                        triggered, share, tuple(slowed), note, MappingProxyType(held))
+    return decision, replace(state, baselines=MappingProxyType(baselines), baseline_sources=MappingProxyType(sources),
+                             throttles=MappingProxyType(throttles),
+                             calm_since=calm_since, last_step=last, missing_since=missing_since)
+
+
+def _standing_rules(levels: _Levels, jobs: Mapping[str, Any], max_levels: Mapping[str, int],
+                    overrides: Mapping[str, int], capped: frozenset[str]) -> None:
+    """What nobody may throttle, and what operators decided."""
+    throttles = levels.throttles
     for job_id, js in jobs.items():
         if job_id in overrides:
-            set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
-                      f"operator override to level {overrides[job_id]}")
+            levels.set_level(job_id, min(overrides[job_id], max_levels.get(job_id, 0)), OVERRIDE,
+                       f"operator override to level {overrides[job_id]}")
         elif job_id in capped and job_id in throttles:
-            set_level(job_id, 0, "capped", "held at a bandwidth cap instead of a level")
+            levels.set_level(job_id, 0, "capped", "held at a bandwidth cap instead of a level")
         elif js.kind == GPU and job_id in throttles:
-            set_level(job_id, 0, "gpu_job", "is a GPU job: never throttled")
+            levels.set_level(job_id, 0, "gpu_job", "is a GPU job: never throttled")
         elif js.meta.exempt and job_id in throttles:
-            set_level(job_id, 0, "exempt", "marked exempt")
+            levels.set_level(job_id, 0, "exempt", "marked exempt")
         elif job_id in throttles and throttles[job_id].cause == OVERRIDE:
-            set_level(job_id, 0, "override_ended", "operator override ended")
+            levels.set_level(job_id, 0, "override_ended", "operator override ended")
 
-    # Baselines: learned while the node is quiet and no contention throttle is
-    # propping it up; a job that gets faster raises its baseline at any time.
+
+def _learned_baselines(state: PolicyState, jobs: Mapping[str, Any], throttles: Mapping[str, Throttle],
+                       share: float | None, config: ContentionConfig, known: Mapping[str, Known],
+                       ) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """Each GPU job's baseline and its source, and the GPU jobs below theirs (sorted).
+    Baselines are learned while the node is quiet and no contention throttle is propping it
+    up; a job that gets faster raises its baseline at any time."""
     baselines = {j: b for j, b in state.baselines.items() if j in jobs and jobs[j].kind == GPU}
     sources = {j: s for j, s in state.baseline_sources.items() if j in baselines}
     quiet = share is not None and share < config.threshold and not any(
@@ -168,89 +237,73 @@ def decide(
             baselines[job_id] = base + config.baseline_alpha * (js.gpu_util - base)
             sources[job_id] = LEARNED
     slowed.sort()
+    return baselines, sources, slowed
 
-    def throttleable(job_id: str) -> bool:
-        js = jobs[job_id]
-        level = throttles[job_id].level if job_id in throttles else 0
-        return (js.kind == CPU and not js.meta.exempt and job_id not in overrides and job_id not in capped
-                and js.bandwidth_bps is not None and level < max_levels.get(job_id, 0))
 
-    triggered = share is not None and share >= config.threshold and bool(slowed)
-    settled = state.last_step is None or now - state.last_step >= config.settle_s
-    note = ""
-    stepped = False
-    missing_since = (state.missing_since if state.missing_since is not None else now) if share is None else None
-    if share is None and now - missing_since >= config.missing_release_s:
-        note = f"fail safe: node bandwidth unknown for {format_age(now - missing_since)}, throttles released"
-        for job in [j for j, t in throttles.items() if t.cause != OVERRIDE]:
-            set_level(job, 0, "inputs_missing", note)
-    elif share is None:
-        note = "holding: node bandwidth unknown"
-    elif triggered and settled:
+def _contention_step(levels: _Levels, sample: Sample, share: float | None, config: ContentionConfig, *,
+                     triggered: bool, settled: bool, missing_for: float | None, slowed: list[str],
+                     baselines: Mapping[str, float], sources: Mapping[str, str],
+                     throttleable: Callable[[str], bool]) -> tuple[str, bool]:
+    """The heaviest throttleable CPU job one step down when contention is on and the last
+    step settled, or every throttle but an operator's released when node bandwidth stayed
+    unknown too long. Returns the note (why nothing happened) and whether a step was taken."""
+    jobs = sample.jobs
+    if missing_for is not None and missing_for >= config.missing_release_s:
+        note = f"fail safe: node bandwidth unknown for {format_age(missing_for)}, throttles released"
+        for job in [j for j, t in levels.throttles.items() if t.cause != OVERRIDE]:
+            levels.set_level(job, 0, "inputs_missing", note)
+        return note, False
+    if share is None:
+        return "holding: node bandwidth unknown", False
+    if triggered and settled:
         candidates = sorted((j for j in jobs if throttleable(j)), key=lambda j: (-jobs[j].bandwidth_bps, j))
-        if candidates:
-            job = candidates[0]
-            worst = min(slowed, key=lambda j: jobs[j].gpu_util / baselines[j])
-            level = (throttles[job].level if job in throttles else 0) + 1
-            set_level(job, level, CONTENTION,
-                      f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
-                      f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%"
-                      f"{'' if sources.get(worst) == LEARNED else f' (from its {sources.get(worst)} history)'}"
-                      f"; heaviest CPU job "
-                      f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
+        if not candidates:
+            return NOTHING_LEFT_TO_THROTTLE, False
+        job = candidates[0]
+        worst = min(slowed, key=lambda j: jobs[j].gpu_util / baselines[j])
+        levels.set_level(job, levels.of(job) + 1, CONTENTION,
+                   f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
+                   f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%"
+                   f"{'' if sources.get(worst) == LEARNED else f' (from its {sources.get(worst)} history)'}"
+                   f"; heaviest CPU job "
+                   f"({jobs[job].bandwidth_bps / GB:.1f} GB/s)")
+        return "", True
+    if triggered:
+        return "contention: waiting for the last step to settle", False
+    return "", False
+
+
+def _cap_steps(levels: _Levels, sample: Sample, config: ContentionConfig,
+               throttleable: Callable[[str], bool]) -> bool:
+    """Every CPU job above the per-job cap one step down (unless it moved this tick);
+    whether any did."""
+    jobs, throttles = sample.jobs, levels.throttles
+    cap = config.cpu_job_cap_gbps * GB
+    stepped = False
+    for job_id in sorted(jobs):
+        bw = jobs[job_id].bandwidth_bps
+        if bw is not None and bw > cap and throttleable(job_id) and not any(a.job == job_id for a in levels.actions):
+            levels.set_level(job_id, levels.of(job_id) + 1, CAP if job_id not in throttles or throttles[job_id].cause == CAP
+                       else throttles[job_id].cause,
+                       f"{bw / GB:.1f} GB/s above the per-job cap {config.cpu_job_cap_gbps:g} GB/s")
             stepped = True
-        else:
-            note = NOTHING_LEFT_TO_THROTTLE
-    elif triggered:
-        note = "contention: waiting for the last step to settle"
+    return stepped
 
-    if config.cpu_job_cap_gbps is not None and settled:
-        cap = config.cpu_job_cap_gbps * GB
-        for job_id in sorted(jobs):
-            bw = jobs[job_id].bandwidth_bps
-            if bw is not None and bw > cap and throttleable(job_id) and not any(a.job == job_id for a in actions):
-                level = (throttles[job_id].level if job_id in throttles else 0) + 1
-                set_level(job_id, level, CAP if job_id not in throttles or throttles[job_id].cause == CAP
-                          else throttles[job_id].cause,
-                          f"{bw / GB:.1f} GB/s above the per-job cap {config.cpu_job_cap_gbps:g} GB/s")
-                stepped = True
 
-    # Release, one step of one job per hold period, once the node is calm.
-    calm_since = state.calm_since
-    if share is not None and share < config.release_threshold and not triggered:
-        calm_since = calm_since if calm_since is not None else now
-    else:
-        calm_since = None
-    last = now if stepped else state.last_step
-
-    def predicted_share(job: str) -> float:
-        # What the node would run at once this job got one step more bandwidth:
-        # releasing into a new contention is the oscillation hysteresis must avoid.
-        level = throttles[job].level
-        bw = jobs[job].bandwidth_bps or 0.0
-        extra = bw * (level_share(level - 1) / level_share(level) - 1.0)
-        return share + extra / peak_bytes_per_domain / max(1, len(sample.domains))
-
-    if calm_since is not None and now - calm_since >= config.hold_s and (last is None or now - last >= config.hold_s):
-        releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(jobs[j], config)
-                      and predicted_share(j) < config.release_threshold]
-        if releasable:
-            job = min(releasable, key=lambda j: (throttles[j].level, j))
-            set_level(job, throttles[job].level - 1, "calm",
-                      f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {format_age(now - calm_since)}")
-            last = now
-
-    held = {j: held_because(j, t, share=share, triggered=triggered, slowed=tuple(slowed), calm_since=calm_since,
-                            last_step=last, missing_since=missing_since, now=now, config=config,
-                            bandwidth_bps=jobs[j].bandwidth_bps,
-                            predicted_share=predicted_share(j) if share is not None else None,
-                            moved=[a for a in actions if a.to_level < a.from_level])
-            for j, t in throttles.items()}
-    decision = Decision(MappingProxyType({j: t.level for j, t in throttles.items()}), tuple(actions), triggered,
-                        share, tuple(slowed), note, MappingProxyType(held))
-    return decision, replace(state, baselines=MappingProxyType(baselines), baseline_sources=MappingProxyType(sources),
-                             throttles=MappingProxyType(throttles),
-                             calm_since=calm_since, last_step=last, missing_since=missing_since)
+def _release_step(levels: _Levels, sample: Sample, share: float, config: ContentionConfig, *, calm_for: float,
+                  predicted_share: Callable[[str], float]) -> bool:
+    """One step of one job released (the lowest level first), of those no operator holds,
+    not over the per-job cap and predicted to keep the node below the release threshold;
+    whether one was."""
+    throttles = levels.throttles
+    releasable = [j for j, t in throttles.items() if t.cause != OVERRIDE and not _over_cap(sample.jobs[j], config)
+                  and predicted_share(j) < config.release_threshold]
+    if not releasable:
+        return False
+    job = min(releasable, key=lambda j: (throttles[j].level, j))
+    levels.set_level(job, throttles[job].level - 1, "calm",
+               f"node bandwidth {share:.0%} below {config.release_threshold:.0%} for {format_age(calm_for)}")
+    return True
 
 
 def held_because(job: str, throttle: Throttle, *, share: float | None, triggered: bool, slowed: tuple[str, ...],

@@ -4,7 +4,7 @@ without MBA, the CPU plan, a bandwidth cap below MBA's lowest value): level L ke
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 
 def kept_cpus(original: Sequence[int], level: int) -> list[int]:
@@ -15,3 +15,9 @@ def kept_cpus(original: Sequence[int], level: int) -> list[int]:
 
 def max_level(ncpus: int) -> int:
     return max(0, ncpus.bit_length() - 1)  # halvings until one CPU is left
+
+
+def halvings(original: Iterable[int]) -> list[frozenset[int]]:
+    """Every set core halving can leave of ``original`` (levels 1 and up)."""
+    cpus = sorted(original)
+    return [frozenset(kept_cpus(cpus, lvl)) for lvl in range(1, max_level(len(cpus)) + 1)]

@@ -11,7 +11,7 @@ from support.waiting import wait_for
 from test_caps import WallClock, group_bandwidth_over
 from support.eliminator import Harness
 
-from noded.actuators.cpusets import affinity_key
+from noded.actuators.cpurecords import affinity_key
 from noded.loop.overrides import Override, OverrideStore
 from noded.capping.cores import RELEASE_SHARE, UNREACHABLE_S, CoreStep, next_level
 from noded.util.procstat import STARTTIME, stat_fields

@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from noded.actuators.cores import CoreHalving, kept_cpus, max_level
+from noded.actuators.cores import CoreHalving
 from noded.jobs.model import Job
 from noded.stores.originals import OriginalValues
+from noded.util.halving import kept_cpus
+from noded.util.halving import max_level
 from resctrl.cpulist import format_cpu_list, parse_cpu_list
 from support.cpus import ForkOnRequest, observe
 

@@ -14,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.waiting import read_until
-from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner, cpuset_steps, derived
+from noded.actuators.cpurecords import WRITTEN_FILE
+from noded.actuators.cpusets import CpuSetOwner
+from noded.util.cputree import cpuset_steps
+from noded.util.cputree import derived
 from noded.jobs.model import Job
 from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from noded.actuators.cpusets import WRITTEN_FILE, CpuSetOwner
+from noded.actuators.cpurecords import WRITTEN_FILE
+from noded.actuators.cpusets import CpuSetOwner
 from noded.jobs.model import Job
 from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list

@@ -292,14 +292,15 @@ def colocation_node_exposition(tmp_path) -> bytes:
 
 def literal_args(path, func, index):
     """The string constants (and module constants named) at argument ``index`` of every
-    call to ``func`` in a module's source."""
+    call to ``func`` (a function, or a method of that name) in a module's source."""
     import ast
     import importlib
 
     module = importlib.import_module(path)
     found = set()
     for node in ast.walk(ast.parse(open(module.__file__).read())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == func and len(node.args) > index:
+        if isinstance(node, ast.Call) and len(node.args) > index and \
+                (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == func:
             for leaf in ast.walk(node.args[index]):
                 if isinstance(leaf, ast.Constant) and isinstance(leaf.value, str):
                     found.add(leaf.value)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from noded.actuators.cores import kept_cpus
+from noded.util.halving import kept_cpus
 from noded.rightsize.sizing import PINNED as PINNED_REASON
 from noded.rightsize.sizing import Probe, Sized
 from noded.rightsize.cpuplan import (BEYOND_RESERVE, CPU, FALLBACKS, GPU, HALVED, KEPT_ONE, KEPT_SHARE, LENT, OWN,
