@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from noded.jobs.model import Job
 from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list
 from support.cpus import observe
+from support.forking import ForkedRuns
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
@@ -43,11 +43,11 @@ def records(state) -> tuple[dict, dict]:
 # cpuset.cpus or a state file's temp for writing, renaming the temp over the state file,
 # listing a process's threads to set their affinity) kills itself (SIGKILL), or plays the
 # job's owner writing a cpuset there and then goes on. An audit hook counts the steps: what
-# the owner runs is unchanged. Each run is a process forked for it from one that imported
-# noded once per module (a fresh interpreter for each of a test's 40-odd kill points was
-# most of these tests' time): nothing of the owner has run in the parent before the fork.
+# the owner runs is unchanged. Each run is a process forked from one that imported noded
+# once per module (support.forking): a fresh interpreter for each of a test's 40-odd kill
+# points was most of these tests' time.
 KILLED_AT = """
-import os, sys, json, subprocess, traceback
+import os, sys, json, subprocess
 from types import MappingProxyType
 from noded.actuators.cpusets import CpuSetOwner
 from noded.jobs.model import Job, JobMeta
@@ -97,53 +97,10 @@ def run(state, job_id, cgroup, pids, wishes, at, action):
         assert action != "kill" and count >= int(at) or not result.failed, result.failed
     return count
 
-
-# one run per line of arguments: its own process, forked; its end said in one line
-for line in sys.stdin:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            print("done", run(*json.loads(line)), flush=True)
-            os._exit(0)
-        except BaseException:
-            print("error", json.dumps(traceback.format_exc()), flush=True)
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    print("exit", os.waitstatus_to_exitcode(status), flush=True)
 """
 
 
-class KillPoints:
-    """The process that forks each run of ``KILLED_AT``'s owner (started at the first)."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-
-    def run(self, args: list[str]) -> tuple[int, list[str]]:
-        """(the run's exit code, -9 for a SIGKILL; the lines it printed)."""
-        if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, "-c", KILLED_AT], cwd=REPO, text=True,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         env={**os.environ, "PYTHONPATH": str(REPO)})
-        self.proc.stdin.write(json.dumps(args) + "\n")
-        self.proc.stdin.flush()
-        said = []
-        while True:
-            line = self.proc.stdout.readline()
-            assert line, f"the forking process ended ({self.proc.wait()})"
-            if line.startswith("exit "):
-                return int(line.split()[1]), said
-            said.append(line)
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.stdout.close()
-            self.proc.wait(timeout=60)
-            self.proc = None
-
-
-_kill_points = KillPoints()
+_kill_points = ForkedRuns(KILLED_AT, str(REPO))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -155,13 +112,12 @@ def _kill_points_closed():
 def run_killed_at(state, job: Job, wishes: list, k: int, action: str = "kill") -> bool:
     """Run the wishes, killed (or ``action``: "PATH=VALUE", that written) at the k-th step;
     True if it was killed, or the write done (False: it finished before the k-th step)."""
-    code, said = _kill_points.run([str(state), job.id, job.cgroup or "-", ",".join(str(p) for p in sorted(job.pids)),
-                                   json.dumps(wishes), str(k), action])
+    code, said = _kill_points.run(str(state), job.id, job.cgroup or "-", ",".join(str(p) for p in sorted(job.pids)),
+                                  json.dumps(wishes), str(k), action)
     if code == -signal.SIGKILL:
         return True
-    assert code == 0, "".join(json.loads(line.split(" ", 1)[1]) if line.startswith("error ") else line
-                              for line in said)
-    return action != "kill" and int(said[-1].split()[-1]) >= k
+    assert code == 0, said
+    return action != "kill" and said >= k
 
 
 def every_kill_point(state, job: Job, wishes: list, reset, check):
