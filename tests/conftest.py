@@ -3,6 +3,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 # bench/slurm_latency.py finds it; its tests, in tests/integration/, import it from there.
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
+from support import numba_cache
 from support.eliminator import Harness
 from support.host import CPUSET
 from support.waiting import wait_for
@@ -22,6 +24,37 @@ if not os.path.exists("/dev/fuse"):
     FUSE_MISSING = "/dev/fuse is absent on this machine"
 elif shutil.which("fusermount3") is None:
     FUSE_MISSING = "fusermount3 (Debian package fuse3) is not installed"
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the tiers whose tests start noded (or its co-location) in processes of their own
+_STARTS_PROCESSES = tuple(os.path.join(REPO, "tests", tier) + os.sep for tier in ("system", "integration"))
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the run's first process (a worker's comes from it)
+        config._numba_warming = numba_cache.start_warming(REPO)
+
+
+def pytest_unconfigure(config):
+    numba_cache.finish(getattr(config, "_numba_warming", None))
+
+
+def _may_compile_kernels(item) -> bool:
+    """The test starts processes that may (a daemon with co-location or right-sizing), or
+    calls the kernels itself (its module holds theirs)."""
+    if str(item.path).startswith(_STARTS_PROCESSES):
+        return True
+    module = getattr(item, "module", None)
+    return module is not None and any(isinstance(v, types.ModuleType) and v.__name__ in numba_cache.KERNEL_MODULES
+                                      for v in vars(module).values())
+
+
+def pytest_runtest_setup(item):
+    # a cold cache is compiled once, by the run's first process, not by each daemon and
+    # worker at the same time
+    if _may_compile_kernels(item):
+        numba_cache.wait_until_warm()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -75,3 +75,14 @@ def util(r, job):
 
 NLP_AND_HOG = ("  - {at: 0, start: {id: bert, model: BiDAF, gpu: 0}}\n"
                "  - {at: 1.5, start: {id: hog, cpu: hog}}\n")
+
+
+def end_threads_as_a_kill_would(daemon) -> None:
+    """The threads of a daemon a test treats as SIGKILLed (none of its stop runs) ended, as
+    its process's end would end them: its process events' listener and its NVML worker.
+    No group is removed and nothing put back: that is the next start's work."""
+    telemetry = daemon.parts.telemetry
+    if telemetry.events is not None:
+        telemetry.events.stop()
+    if telemetry.nvml is not None:
+        telemetry.nvml.close()

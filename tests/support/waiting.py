@@ -22,10 +22,11 @@ def read_until(stream, text, what, timeout=30.0):
     (A thread per stream feeds a queue, so lines Python has buffered are never missed.)"""
     if id(stream) not in _readers:
         q: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [q.put(line) for line in iter(stream.readline, "")] + [q.put(None)],
-                         daemon=True).start()
-        _readers[id(stream)] = (stream, q, [])
-    _, q, seen = _readers[id(stream)]
+        reader = threading.Thread(target=lambda: [q.put(line) for line in iter(stream.readline, "")] + [q.put(None)],
+                                  daemon=True)
+        reader.start()
+        _readers[id(stream)] = (stream, q, [], reader)
+    _, q, seen, _ = _readers[id(stream)]
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -39,6 +40,19 @@ def read_until(stream, text, what, timeout=30.0):
         if text in line:
             return line
 
+
+
+def stop_reading(stream, timeout=30.0) -> None:
+    """``read_until``'s reader of ``stream`` ended and ``stream`` closed, once the process
+    and every process that inherited the stream are gone (the reader ends at their EOF), so
+    that a test's reader thread and pipe do not outlive it. A stream some process still
+    holds after ``timeout`` is left open: closing it under its reader would break the read."""
+    entry = _readers.pop(id(stream), None)
+    if entry is not None:
+        entry[3].join(timeout)
+        if entry[3].is_alive():
+            return
+    stream.close()
 
 def thread_stacks() -> str:
     """Every thread's stack in this process, for the message of a test that timed out

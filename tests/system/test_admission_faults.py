@@ -320,7 +320,7 @@ def test_a_model_fitted_before_a_restart_decides_after_it(tmp_path):
     finally:
         for d in daemons:
             d.shutdown()
-        h.sim.stop()
+        h.stop()  # the harness's own daemon too: its threads (process events, NVML) end with it
 
 
 @pytest.mark.parametrize("content,problem", [

@@ -228,12 +228,13 @@ def test_with_a_reserve_the_gpu_job_runs_at_solo_speed_beside_a_hog(tmp_path):
 def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_start(tmp_path):
     """As after a SIGKILL: no shutdown ran, the cap group stays in the kernel; the next
     noded's start removes it with every group of noded's, and caps the job anew."""
-    from support.eliminator import NLP_AND_HOG, Harness
+    from support.eliminator import NLP_AND_HOG, Harness, end_threads_as_a_kill_would
 
     from conftest import rebuilt
     from noded.commands.wiring import build_daemon
 
     h = Harness(tmp_path, NLP_AND_HOG)
+    killed = None
     try:
         clock = WallClock()
         h.rebuild(overrides=OverrideStore(h.config.state_dir, clock))
@@ -241,7 +242,8 @@ def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_
         h.daemon.control.overrides.set(Override("sim:hog", 0, 0, "", clock(), None, 6e9))
         h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped")
         group = h.daemon.parts.throttle.cap_name("sim:hog")
-        h.daemon.parts.caps.stop_all()  # its thread ends with the process; nothing else of a stop runs
+        killed = h.daemon
+        killed.parts.caps.stop_all()  # its thread ends with the process; nothing else of a stop runs
         assert group in [g.name for g in h.rc().list_ctrl_groups()]
         again = build_daemon(h.config, discovery=h.sim.discovery)
         assert group not in [g.name for g in h.rc().list_ctrl_groups()]
@@ -251,4 +253,8 @@ def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_
         h.until(lambda r: r.caps.get("sim:hog") is not None and r.caps["sim:hog"].mode == "noded", 5, "capped anew")
         assert group in [g.name for g in h.rc().list_ctrl_groups()]
     finally:
+        # the killed daemon's other threads (process events, NVML) would have ended with
+        # its process too; stopped here, after the test, so that none outlives it
+        if killed is not None:
+            end_threads_as_a_kill_would(killed)
         h.stop()

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from support.admin import nodectl_run
 from support.clocks import WallClock
-from support.waiting import read_until, wait_for
+from support.waiting import read_until, stop_reading, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
 from noded.loop.overrides import OverrideStore
@@ -474,6 +474,8 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stderr.close()
+        stop_reading(p.stdout)
     assert p.returncode == 0, err
     assert not re.search(r"Traceback|ERROR", err), err
     # The emulator lived until noded stopped it: nothing saw resctrl vanish, nothing went

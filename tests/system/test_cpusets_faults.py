@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from noded.jobs.model import Job
 from noded.stores.originals import OriginalValues
 from resctrl.cpulist import parse_cpu_list
 from support.cpus import observe
+from support.forking import ForkedRuns
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
@@ -44,7 +44,9 @@ def records(state) -> tuple[dict, dict]:
 # cpuset.cpus or a state file's temp for writing, renaming the temp over the state file,
 # listing a process's threads to set their affinity) kills itself (SIGKILL), or plays the
 # job's owner writing a cpuset there and then goes on. An audit hook counts the steps: what
-# the owner runs is unchanged.
+# the owner runs is unchanged. Each run is a process forked from one that imported noded
+# once per module (support.forking): a fresh interpreter for each of a test's 40-odd kill
+# points was most of these tests' time.
 KILLED_AT = """
 import os, sys, json, subprocess
 from types import MappingProxyType
@@ -54,59 +56,69 @@ from noded.samplers.sample import JobSample, Sample
 from noded.samplers.cpus import CpuPlacementSampler
 from noded.stores.originals import OriginalValues
 
-state, job_id, cgroup, pids, wishes, at, action = sys.argv[1:]
-count = 0
 
-def hook(event, args):
-    global count
-    if event == "open":
-        path, _mode, flags = args
-        if not isinstance(path, str) or not flags & (os.O_WRONLY | os.O_RDWR):
-            return
-        if not (path.endswith("/cpuset.cpus") or path.endswith(".tmp")):
-            return
-    elif event == "os.listdir":
-        if not str(args[0]).endswith("/task"):
-            return
-    elif event != "os.rename":
-        return
-    count += 1
-    if count == int(at) and action == "kill":
-        os.kill(os.getpid(), 9)
-    elif count == int(at) and action == "remount-ro":
-        subprocess.run(["mount", "-o", "remount,ro", state], check=True)
-    elif count == int(at):
-        where, value = action.split("=")
-        try:
-            with open(where, "w") as f:
-                f.write(value)
-        except OSError:
-            pass  # the kernel refused the owner's write (outside its parent's CPUs)
+def run(state, job_id, cgroup, pids, wishes, at, action):
+    count = 0
 
-job = Job(job_id, "slurm", frozenset(int(p) for p in pids.split(",")), cgroup if cgroup != "-" else None)
-owner = CpuSetOwner(OriginalValues(state))
-sys.addaudithook(hook)
-for wish in json.loads(wishes):
-    placement = CpuPlacementSampler().sample({job.id: job})[job.id]
-    js = JobSample(job.id, job.source, job.pids, JobMeta(), "cpu", (), None, 1e9, "own", job.cgroup, None, placement)
-    sample = Sample(0.0, MappingProxyType({job.id: js}), (), False, None, (), MappingProxyType({}), (), ())
-    result = owner.apply({job.id: wish} if wish is not None else {}, sample)
-    assert action != "kill" and count >= int(at) or not result.failed, result.failed
-print("done", count, flush=True)
+    def hook(event, args):
+        nonlocal count
+        if event == "open":
+            path, _mode, flags = args
+            if not isinstance(path, str) or not flags & (os.O_WRONLY | os.O_RDWR):
+                return
+            if not (path.endswith("/cpuset.cpus") or path.endswith(".tmp")):
+                return
+        elif event == "os.listdir":
+            if not str(args[0]).endswith("/task"):
+                return
+        elif event != "os.rename":
+            return
+        count += 1
+        if count == int(at) and action == "kill":
+            os.kill(os.getpid(), 9)
+        elif count == int(at) and action == "remount-ro":
+            subprocess.run(["mount", "-o", "remount,ro", state], check=True)
+        elif count == int(at):
+            where, value = action.split("=")
+            try:
+                with open(where, "w") as f:
+                    f.write(value)
+            except OSError:
+                pass  # the kernel refused the owner's write (outside its parent's CPUs)
+
+    job = Job(job_id, "slurm", frozenset(int(p) for p in pids.split(",")), cgroup if cgroup != "-" else None)
+    owner = CpuSetOwner(OriginalValues(state))
+    sys.addaudithook(hook)
+    for wish in json.loads(wishes):
+        placement = CpuPlacementSampler().sample({job.id: job})[job.id]
+        js = JobSample(job.id, job.source, job.pids, JobMeta(), "cpu", (), None, 1e9, "own", job.cgroup, None,
+                       placement)
+        sample = Sample(0.0, MappingProxyType({job.id: js}), (), False, None, (), MappingProxyType({}), (), ())
+        result = owner.apply({job.id: wish} if wish is not None else {}, sample)
+        assert action != "kill" and count >= int(at) or not result.failed, result.failed
+    return count
+
 """
+
+
+_kill_points = ForkedRuns(KILLED_AT, str(REPO))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kill_points_closed():
+    yield
+    _kill_points.close()
 
 
 def run_killed_at(state, job: Job, wishes: list, k: int, action: str = "kill") -> bool:
     """Run the wishes, killed (or ``action``: "PATH=VALUE", that written) at the k-th step;
     True if it was killed, or the write done (False: it finished before the k-th step)."""
-    proc = subprocess.run([sys.executable, "-c", KILLED_AT, str(state), job.id, job.cgroup or "-",
-                           ",".join(str(p) for p in sorted(job.pids)), json.dumps(wishes), str(k), action],
-                          cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    if proc.returncode == -signal.SIGKILL:
+    code, said = _kill_points.run(str(state), job.id, job.cgroup or "-", ",".join(str(p) for p in sorted(job.pids)),
+                                  json.dumps(wishes), str(k), action)
+    if code == -signal.SIGKILL:
         return True
-    assert proc.returncode == 0, proc.stderr
-    return action != "kill" and int(proc.stdout.split()[-1]) >= k
+    assert code == 0, said
+    return action != "kill" and said >= k
 
 
 def every_kill_point(state, job: Job, wishes: list, reset, check):

@@ -25,6 +25,7 @@ from noded.samplers.sample import GPU, JobSample
 from noded.samplers.cpus import CpuPlacement
 from noded.stores.securedir import SecureDir
 from noded.stores.originals import OriginalValues, StateWriteError, parse_originals
+from support.forking import ForkedRuns
 
 from support.memory import observe
 
@@ -313,6 +314,9 @@ def test_a_wish_noded_would_not_write_is_refused_before_anything_is_recorded(v1_
 
 # -- SIGKILL at every step
 
+# Each run a process forked from one that imported noded once (support.forking), killed
+# (SIGKILL) by an audit hook at its k-th step: a limit's or a state file's temp opened for
+# writing, the temp renamed over the state file.
 KILLED_AT = """
 import os, sys, json
 from noded.actuators.memsoft import MemorySoftLimits
@@ -321,53 +325,57 @@ from noded.jobs.model import JobMeta
 from noded.samplers.sample import JobSample
 from noded.stores.originals import OriginalValues
 
-state, cgroup, pid, wishes, at = sys.argv[1:]
-count = 0
 
-def hook(event, args):
-    global count
-    if event == "open":
-        path, _mode, flags = args
-        if not isinstance(path, str) or not flags & (os.O_WRONLY | os.O_RDWR):
-            return
-        if not (path.endswith("/memory.soft_limit_in_bytes") or path.endswith(".tmp")):
-            return
-    elif event != "os.rename":
-        return
-    count += 1
-    if count == int(at):
-        os.kill(os.getpid(), 9)
+def run(state, cgroup, pid, wishes, at):
+    count = 0
 
-js = JobSample("slurm:1", "slurm", frozenset([int(pid)]), JobMeta(), "gpu", (), None, None, "none", cgroup=cgroup)
-owner = MemorySoftLimits(OriginalValues(state))
-sys.addaudithook(hook)
-for wish in json.loads(wishes):
-    found = MemoryCgroupSampler().sample({js.id: js})
-    result = owner.apply({js.id: wish} if wish is not None else {}, found.cgroups, found.unplaced)
-    assert not result.failed, result.failed
-print("done", count, flush=True)
+    def hook(event, args):
+        nonlocal count
+        if event == "open":
+            path, _mode, flags = args
+            if not isinstance(path, str) or not flags & (os.O_WRONLY | os.O_RDWR):
+                return
+            if not (path.endswith("/memory.soft_limit_in_bytes") or path.endswith(".tmp")):
+                return
+        elif event != "os.rename":
+            return
+        count += 1
+        if count == int(at):
+            os.kill(os.getpid(), 9)
+
+    js = JobSample("slurm:1", "slurm", frozenset([int(pid)]), JobMeta(), "gpu", (), None, None, "none",
+                   cgroup=cgroup)
+    owner = MemorySoftLimits(OriginalValues(state))
+    sys.addaudithook(hook)
+    for wish in json.loads(wishes):
+        found = MemoryCgroupSampler().sample({js.id: js})
+        result = owner.apply({js.id: wish} if wish is not None else {}, found.cgroups, found.unplaced)
+        assert not result.failed, result.failed
+    return count
 """
 
 
 def test_a_sigkill_at_any_step_leaves_what_a_clean_start_leaves(v1_job):
     wishes = [2 * QUANTUM, 3 * QUANTUM, 2 * QUANTUM, None, 4 * QUANTUM]
-    k = 0
-    while True:
-        k += 1
-        assert k < 100, "the owner never finished"
-        _write(f"{v1_job.mem}/{SOFT}", UNLIMITED_V1)
-        done = subprocess.run([sys.executable, "-c", KILLED_AT, str(v1_job.state), v1_job.cs, str(v1_job.pid),
-                               json.dumps(wishes), str(k)], cwd=REPO, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert done.returncode in (0, -signal.SIGKILL), done.stderr
-        _owner(v1_job.state).restore_all()
-        assert _read(f"{v1_job.mem}/{SOFT}") == UNLIMITED_V1, k
-        assert _records(v1_job.state) == ({}, {}), k
-        leftovers = [n for n in os.listdir(v1_job.state) if "corrupt" in n]
-        assert leftovers == [], (k, leftovers)
-        if done.returncode == 0:
-            assert k > 5
-            return
+    runs = ForkedRuns(KILLED_AT, str(REPO))
+    try:
+        k = 0
+        while True:
+            k += 1
+            assert k < 100, "the owner never finished"
+            _write(f"{v1_job.mem}/{SOFT}", UNLIMITED_V1)
+            code, said = runs.run(str(v1_job.state), v1_job.cs, str(v1_job.pid), json.dumps(wishes), str(k))
+            assert code in (0, -signal.SIGKILL), said
+            _owner(v1_job.state).restore_all()
+            assert _read(f"{v1_job.mem}/{SOFT}") == UNLIMITED_V1, k
+            assert _records(v1_job.state) == ({}, {}), k
+            leftovers = [n for n in os.listdir(v1_job.state) if "corrupt" in n]
+            assert leftovers == [], (k, leftovers)
+            if code == 0:
+                assert k > 5
+                return
+    finally:
+        runs.close()
 
 
 # -- labels and the split

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 
 from noded.commands.wiring import build_daemon
 from noded.loop.metrics import make_registry
-from support.eliminator import NLP_AND_HOG, Harness
+from support.eliminator import NLP_AND_HOG, Harness, end_threads_as_a_kill_would
 
 pytestmark = [pytest.mark.fuse,
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to halve")]
@@ -44,12 +44,12 @@ def test_a_read_only_state_dir_changes_nothing_until_it_is_writable(tmp_path, st
         assert len(os.sched_getaffinity(hog)) < len(everything)
         assert f"affinity:{hog}:" in (state_on_tmpfs / "originals.json").read_text()
         # SIGKILL here: nothing of the daemon runs again. The next start puts the hog back.
-        if h.daemon.parts.telemetry.events:
-            h.daemon.parts.telemetry.events.stop()
+        end_threads_as_a_kill_would(h.daemon)
         rebuilt = build_daemon(h.config, discovery=h.sim.discovery)
         assert os.sched_getaffinity(hog) == everything
         rebuilt.daemon.shutdown()
     finally:
+        end_threads_as_a_kill_would(h.daemon)  # a second time does nothing
         h.sim.stop()
 
 
