@@ -196,12 +196,13 @@ class GeneratedJob:
     drawn when the window opens (``curve.window_noise``), each iteration jittered."""
 
     def __init__(self, curve: curvegen.GeneratedCurve, config: AllocatorConfig, seed: int,
-                 history: HistoryView | None = None, model: str | None = None):
+                 history: HistoryView | None = None, model: str | None = None, *, spec: JobSpec | None = None,
+                 rng: random.Random | None = None):
         self.curve, self.config = curve, config
-        self.rng = random.Random(f"job:{seed}")
+        self.rng = rng or random.Random(f"job:{seed}")
         self.now = 0.0
         self.factor = curve.window_factor(self.rng)
-        self.spec = JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=model or curve.name)
+        self.spec = spec or JobSpec(f"gen:{curve.name}", curve.max_cores, 1, owner="bench", model=model or curve.name)
         self.out, self.sizing = begin_job(self.spec, history, config, self.now)
         self.windows = 0  # windows ended (probing and passive)
 

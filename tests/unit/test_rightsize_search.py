@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from nodesim import curvegen
 from noded.rightsize import allocator as al
-from noded.rightsize.jobsizing import JobSizing, begin_job, feed
+from noded.rightsize.jobsizing import JobSizing, begin_job
 from noded.rightsize.sizing import AllocatorConfig, JobSpec, Probe, Sized
+from nodesim.allocator_search import GeneratedJob
 from nodesim.curvegen import GeneratedCurve
 from noded.rightsize.history import HistoryView, Remembered
 
@@ -28,29 +29,14 @@ CONFIG = AllocatorConfig()  # the default: the top search
 MARGIN = CONFIG.noise_margin
 
 
-class Job:
-    """A simulated GPU job on a generated curve: each window's mean off by a factor drawn
-    when the window opens, each iteration jittered; time in seconds (the best at 1 it/s)."""
+class Job(GeneratedJob):
+    """A simulated GPU job on a generated curve (nodesim's, seeded by ``seed`` itself, as the
+    examples below were found), sized at most for ``limit_s`` simulated seconds."""
 
     def __init__(self, curve: GeneratedCurve, seed: int = 0, history: HistoryView | None = None,
                  config: AllocatorConfig = CONFIG, spec: JobSpec | None = None):
-        self.curve, self.config, self.rng = curve, config, random.Random(seed)
-        self.now = 0.0
-        self.factor = curve.window_factor(self.rng)
-        self.spec = spec or JobSpec("j", curve.max_cores, owner="alice", model="m")
-        self.out, self.sizing = begin_job(self.spec, history, config, self.now)
-        self.windows = 0
-
-    def tick(self):
-        dt = self.curve.at(self.now).iteration_time(self.sizing.state.cores, self.factor, self.rng)
-        self.now += dt
-        step, self.sizing, measured = feed(self.sizing, [(self.now, dt)], self.now, self.config)
-        if measured is not None or step is not None:
-            self.windows += 1
-            self.factor = self.curve.window_factor(self.rng)
-        if step is not None:
-            self.out = step
-        return step
+        super().__init__(curve, config, seed, history, spec=spec or JobSpec("j", curve.max_cores, owner="alice",
+                                                                             model="m"), rng=random.Random(seed))
 
     def size(self, limit_s: float = 20000.0) -> Sized:
         while isinstance(self.out, Probe):
