@@ -54,7 +54,7 @@ ACTUATOR_OPERATIONS: tuple[tuple[str, str], ...] = (
     ("cores", "record"), ("mps", "restart"), ("mps", "start"), ("memory", "write"), ("memory", "record"),
 )
 #: the samplers a tick runs (telemetry.Telemetry.sample)
-SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")
+SAMPLERS = ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl", "memory")
 #: the stages of a tick (daemon.Daemon.tick)
 STAGES = ("sample", "decide", "act", "total")
 #: where one job's part of a tick can fail alone, that job held (daemon.JOB_ERROR_STAGES)

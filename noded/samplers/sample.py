@@ -120,6 +120,7 @@ def build_sample(
     *,
     resctrl: ResctrlFacts | None = None,
     cpus: Mapping[str, CpuPlacement] | None = None,
+    cpus_unreadable: Mapping[str, str] = MappingProxyType({}),  # job -> why its CPUs could not be read
     unavailable: tuple[str, ...] = (),
     job_sources: tuple[str, ...] = (),
 ) -> Sample:
@@ -158,15 +159,14 @@ def build_sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
         tuple(missing), samplers, jobs is not None, resctrl,
-        _job_errors(jobs, monitor, cpus), tuple(job_sources),
+        _job_errors(monitor, cpus_unreadable), tuple(job_sources),
     )
 
 
-def _job_errors(jobs: Mapping[str, Job] | None, monitor: MonitorReport | None,
-                cpus: Mapping[str, CpuPlacement] | None) -> tuple[tuple[str, str, str], ...]:
+def _job_errors(monitor: MonitorReport | None, cpus_unreadable: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
     """The jobs whose own part of sampling failed (each held, the others sampled): its
-    monitoring group's sync; its CPUs, which the sampler reads for every job it can."""
+    monitoring group's sync; its CPUs, where the sampler was asked for them and could not
+    read them (a job whose CPUs nothing may change this tick is not asked: not an error)."""
     out = [("monitor", job, why) for job, why in sorted(monitor.errors.items())] if monitor else []
-    if cpus is not None:
-        out += [("cpus", job, "its CPUs could not be read") for job in sorted(set(jobs or {}) - set(cpus))]
+    out += [("cpus", job, f"its CPUs could not be read: {why}") for job, why in sorted(cpus_unreadable.items())]
     return tuple(out)

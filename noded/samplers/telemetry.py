@@ -102,6 +102,7 @@ class Telemetry:
             groups = report.groups if report is not None else self.monitor.groups()
             bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups))
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
+                              cpus_unreadable=self.cpus.unreadable if cpus is not None else {},
                               unavailable=unavailable,
                               job_sources=tuple(f"{s.kind} {s.root}" for s in self.discovery.sources))
         sample = self._sticky_gpu_jobs(sample)

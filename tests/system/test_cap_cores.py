@@ -73,6 +73,7 @@ def test_a_cap_below_the_lowest_mba_value_is_met_on_fewer_cores_and_the_cores_co
         r = h.until(lambda r: r.caps["sim:hog"].cpus == f"{len(half)} of {len(REAL)} CPUs", 2, "the cores explained")
         # only caps change CPUs on this host: the capped job's are read, not every job's
         assert r.sample.jobs["sim:hog"].cpus is not None and r.sample.jobs["sim:quiet"].cpus is None
+        assert r.sample.job_errors == ()  # not asked for is not "could not be read"
         group = h.daemon.parts.throttle.cap_name("sim:hog")
         wait_for(lambda: group_bandwidth_over(h.rc(), group, 1.0) <= 1.05 * cap, timeout=10,
                  what="the hog at its cap or under on fewer cores")

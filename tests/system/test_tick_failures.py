@@ -181,7 +181,7 @@ from noded.samplers.sample import build_sample
 jobs = {j: Job(j, "cgroup", frozenset(), path) for j, path in json.loads(sys.argv[1]).items()}
 sampler = CpuPlacementSampler()
 placed = sampler.sample(jobs)
-sample = build_sample(1.0, jobs, None, None, None, cpus=placed)
+sample = build_sample(1.0, jobs, None, None, None, cpus=placed, cpus_unreadable=sampler.unreadable)
 print(json.dumps({"placed": {j: sorted(p.held()) for j, p in placed.items()}, "unreadable": sampler.unreadable,
                   "job_errors": sample.job_errors}))
 """
@@ -211,5 +211,5 @@ def test_a_tenant_that_shuts_noded_out_of_its_subtree_blinds_noded_to_its_own_cp
     got = json.loads(out.stdout)
     assert set(got["placed"]) == {"cgroup:fine"} and got["placed"]["cgroup:fine"]
     assert "Permission denied" in got["unreadable"]["cgroup:shut"]
-    assert got["job_errors"] == [["cpus", "cgroup:shut", "its CPUs could not be read"]]
+    assert got["job_errors"] == [["cpus", "cgroup:shut", f"its CPUs could not be read: {got['unreadable']['cgroup:shut']}"]]
     assert "CPUs unreadable" in out.stderr and out.stderr.count("job=cgroup:shut") == 1
