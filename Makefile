@@ -123,11 +123,11 @@ deb:
 # python3-pip, or PYTHON=.venv/bin/python). Prints the wheel's path.
 WHEELDIR ?= build/packaging/wheel
 wheel:
-	@rm -rf build/packaging/wheel-src && mkdir -p $(WHEELDIR)
-	@$(PYTHON) packaging/stage.py tree build/packaging/wheel-src pyproject.toml README.md LICENSE noded resctrl mps
-	@$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w build/packaging/wheel-src/dist build/packaging/wheel-src
-	@wheel=$$(ls build/packaging/wheel-src/dist/*.whl) && mv "$$wheel" $(WHEELDIR)/ && rm -rf build/packaging/wheel-src \
-	  && echo "$(WHEELDIR)/$$(basename "$$wheel")"
+	@mkdir -p $(WHEELDIR) build/packaging && src=$$(mktemp -d build/packaging/wheel-src.XXXXXX) \
+	  && trap 'rm -rf "$$src"' EXIT \
+	  && $(PYTHON) packaging/stage.py tree "$$src" pyproject.toml README.md LICENSE noded resctrl mps \
+	  && $(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w "$$src/dist" "$$src" \
+	  && wheel=$$(ls "$$src"/dist/*.whl) && mv "$$wheel" $(WHEELDIR)/ && echo "$(WHEELDIR)/$$(basename "$$wheel")"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli build/packaging tests/kubernetes/node_modules
