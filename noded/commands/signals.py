@@ -3,14 +3,15 @@
 ``noded run`` installs these before it imports anything heavy: until the loop runs,
 SIGTERM and SIGINT only ask it to stop and a SIGHUP is remembered as a reload, so no
 signal can kill noded half-started (with groups made, cpusets shrunk or an MPS daemon
-running) by its default action. This module imports nothing but the standard library.
+running) by its default action. This module imports nothing but the standard library and noded.util.signalflag.
 """
 
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Protocol
+
+from noded.util.signalflag import SignalFlag
 
 
 class Reloadable(Protocol):
@@ -19,7 +20,7 @@ class Reloadable(Protocol):
 
 class Signals:
     def __init__(self):
-        self.stop = threading.Event()
+        self.stop = SignalFlag()  # set from a handler: no lock taken (see SignalFlag)
         self._target: Reloadable | None = None
         self._hup_early = False
         self._previous: dict = {}

@@ -22,6 +22,7 @@ from noded.capping.service import CapState
 from noded.colocation.view import ColocationView
 from noded.config import GB, Config
 from noded.loop.control import ControlSnapshot, ControlState
+from noded.util.signalflag import SignalFlag
 from noded.util.journal import NOTICE, log_change
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
@@ -151,7 +152,7 @@ class Daemon:
         self.stats = TickStats()  # the loop's own counters; each TickResult carries a snapshot
         self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
-        self._reload = threading.Event()
+        self._reload = SignalFlag()  # set by SIGHUP's handler: no lock taken (see SignalFlag)
         self._state_failures_seen = 0
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None

@@ -24,11 +24,11 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 
 import yaml
 
 from noded.config import ConfigError, parse_config
+from noded.util.signalflag import SignalFlag
 from noded.util.yamlsafe import YamlError, read_yaml_file
 from nodesim.mps_standin import write_launcher
 from nodesim.node import SimNode, SimState
@@ -161,7 +161,7 @@ def run_sim_node(scenario: Scenario, base_config: str | None, workdir: str | Non
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="noded-sim-node-")
     os.chmod(workdir, 0o755)
-    stop = threading.Event()
+    stop = SignalFlag()  # set by the handlers below: no lock taken (see SignalFlag)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     root = find_cpuset_root()

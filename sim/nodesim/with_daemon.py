@@ -21,6 +21,7 @@ import sys
 import threading
 
 from noded.util.cliopts import say
+from noded.util.signalflag import SignalFlag
 from nodesim.launch import (STOP_TIMEOUT_S, NotReady, StderrTail, daemon_environment, not_ready_message,
                             read_environment, spawn, stop)
 
@@ -31,7 +32,9 @@ READY_TIMEOUT_S = 60.0
 def run_with_sim_node(scenario_path: str, duration_s: float, config: str | None, *, dry_run: bool = False,
                       verbose: bool = False) -> int:
     """Exit status: the daemon's (2 where the node could not start)."""
-    ending = threading.Event()  # the run is to end: its duration, a signal, the daemon gone, no reader
+    # the run is to end: its duration, a signal, the daemon gone, no reader (set by the signal
+    # handlers too: a SignalFlag takes no lock, where a second SIGTERM deadlocked an Event)
+    ending = SignalFlag()
     previous = {sig: signal.signal(sig, lambda *_: ending.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     node = daemon = None
     try:
