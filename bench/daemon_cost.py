@@ -68,6 +68,8 @@ MODELS = ["BiDAF", "Transformer", "DeepSpeech", "VGG16"]
 PEAK_GBPS = 100  # per L3 domain (2 in the intel profile): the node runs at about a third
 WARMUP_TICKS = 3
 SCRAPES = 20
+#: the shortest measured window: below it, /proc's clock ticks (10 ms) round a share of ~1 % of a core to 0
+MIN_WINDOW_S = 5.0
 JBW = "noded_job_memory_bandwidth_bytes_per_second"
 
 
@@ -257,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", type=float, default=1.0)
     ap.add_argument("--json", default="bench/out/daemon_cost.json")
     args = ap.parse_args(argv)
+    if args.seconds < MIN_WINDOW_S or args.node_seconds < MIN_WINDOW_S:
+        ap.error(f"--seconds and --node-seconds must be at least {MIN_WINDOW_S:g} "
+                 f"(got {args.seconds:g} and {args.node_seconds:g})")
     if os.geteuid() != 0:
         raise SystemExit("bench.daemon_cost: needs root (the simulated node mounts FUSE and makes cgroups)")
     gpu_jobs = (args.jobs + 1) // 2
