@@ -103,6 +103,24 @@ def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
     return None
 
 
+def _gpus_held(jobs: Mapping[str, Job], gpus: tuple[GpuSample, ...] | list[GpuSample]) -> dict[str, list[GpuSample]]:
+    """job id -> the GPUs any of its processes is on, in the GPUs' order. From each GPU
+    process to the jobs holding it (a process may be in a cgroup job and a registered
+    tree both), so the cost follows the processes, not jobs x GPUs a tick."""
+    if not gpus:
+        return {}
+    on_gpu = {pid for g in gpus for pid in g.pids()}
+    jobs_of: dict[int, list[str]] = {}
+    for job in jobs.values():
+        for pid in on_gpu.intersection(job.pids):
+            jobs_of.setdefault(pid, []).append(job.id)
+    held: dict[str, list[GpuSample]] = {}
+    for g in gpus:
+        for job_id in {j for pid in g.pids() for j in jobs_of.get(pid, ())}:
+            held.setdefault(job_id, []).append(g)
+    return held
+
+
 def _ctrl_groups(job: Job, resctrl: ResctrlFacts | None) -> frozenset[str] | None:
     if resctrl is None:
         return None
@@ -138,9 +156,9 @@ def build_sample(
     else:  # NVML off (a CPU-only node), unless its sampler failed this tick
         processes_known = not any(s.name == "nvml" and not s.ok for s in samplers)
     out: dict[str, JobSample] = {}
-    gpu_pids = [(g, g.pids()) for g in gpus]  # once, not once per job
+    held_by = _gpus_held(jobs or {}, gpus)
     for job in (jobs or {}).values():
-        held = [g for g, pids in gpu_pids if not pids.isdisjoint(job.pids)]
+        held = held_by.get(job.id, ())
         utils = [_job_gpu_util(job.pids, g) for g in held]
         util = None if not utils or any(u is None for u in utils) else sum(utils) / len(utils)
         bw = None

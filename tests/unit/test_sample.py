@@ -56,3 +56,22 @@ def test_unknowns_are_none_and_named():
 def test_cpu_only_node():
     s = build_sample(0.0, {"a": job("a", 1)}, None, NvmlSample(False, "NVML library not found", None, ()), None)
     assert s.jobs["a"].kind == CPU and not s.nvml_available and s.missing == ("nvml: NVML library not found",)
+
+
+from hypothesis import given, settings, strategies as st
+
+_pids = st.frozensets(st.integers(1, 30), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_pids, min_size=1, max_size=6), st.lists(_pids, max_size=5))
+def test_each_job_holds_exactly_the_gpus_one_of_its_processes_is_on_in_gpu_order(job_pids, gpu_pids):
+    """A GPU is a job's when any of its processes is on it; processes shared between jobs
+    (a registered tree inside a cgroup job) count for both. Against the definition, GPU by GPU."""
+    jobs = {f"j{i}": job(f"j{i}", *pids) for i, pids in enumerate(job_pids)}
+    gpus = tuple(gpu(i, [GpuProcess(p, 1) for p in sorted(pids)]) for i, pids in enumerate(gpu_pids))
+    s = build_sample(0.0, jobs, None, NvmlSample(True, None, "550", gpus), None)
+    for jid, j in jobs.items():
+        expected = tuple(g.uuid for g in gpus if {p.pid for p in g.processes} & j.pids)
+        assert s.jobs[jid].gpus == expected
+        assert s.jobs[jid].kind == (GPU if expected else CPU)
