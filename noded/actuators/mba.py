@@ -143,6 +143,19 @@ class MbaThrottle(LevelThrottle):
             return int(tail)
         return None
 
+    def _wholly_capped(self, job: str, names: set[str]) -> bool:
+        """Whether the groups a job's tasks are in are exactly its cap place: its own cap
+        group, the group it shares, or none at all where it is held nowhere ("")."""
+        place = self._places.get(job)
+        if not names:
+            return place is not None and place.group == ""
+        if len(names) != 1:
+            return False
+        (name,) = names
+        # asked for every job every tick: a name is hashed only where it could be a cap group's
+        return (place is not None and name == place.group) \
+            or (self.is_cap_group(name) and name == self.cap_name(job))
+
     def levels_in_force(self, sample: Sample) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
         for job, js in sample.jobs.items():
@@ -152,11 +165,11 @@ class MbaThrottle(LevelThrottle):
             # Where its tasks are; a job with its own monitoring group is where that group
             # is, and any task of it found elsewhere makes it unsettled.
             names = set(js.ctrl_groups) | ({js.mon_parent} if js.mon_parent else set())
-            levels = {self.level_of(n) for n in names}
-            if names == {self.cap_name(job)} or names == {self.cap_group_of(job)} \
-                    or (not names and self.cap_group_of(job) == ""):
+            if self._wholly_capped(job, names):
                 out[job] = CAPPED  # wholly in its own cap group (anywhere else of ours: unsettled)
-            elif js.mon_parent == "" and names:
+                continue
+            levels = {self.level_of(n) for n in names}
+            if js.mon_parent == "" and names:
                 out[job] = UNSETTLED  # its group is at the root, some of its tasks in a level
             elif not levels:
                 out[job] = 0
