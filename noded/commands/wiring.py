@@ -150,6 +150,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
         colocation = build_colocation(config, clock, originals)
     overrides = OverrideStore(state, wall_clock, persist=not dry_run)
     notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
+    # the controllers that are on follow from these parts (Parts.tick_controllers); a new
+    # controller is a file of its package, registered here in controllers=(...)
     parts = Parts(
         telemetry=telemetry, throttle=throttle, baselines=baselines,
         caps=cap_service,

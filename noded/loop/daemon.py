@@ -1,4 +1,7 @@
-"""The loop: sample -> decide (pure) -> apply the difference -> publish the result.
+"""The loop: sample -> decide (each controller proposes) -> one plan per knob -> apply ->
+publish the result. The controllers are the parts' (noded.loop.parts.Parts.tick_controllers),
+the planners noded.loop.planners', the writers noded.loop.applying's: a new controller is a
+file of its package, never a branch here.
 
 Fixed-rate on a monotonic clock; a tick that overruns skips the missed slots
 rather than bunching up. ``stop`` (a threading.Event) interrupts the wait at once.
@@ -12,27 +15,27 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from noded.actuators.cpusets import CpuSetResult
 from noded.actuators.memsoft import MemoryResult
-from noded.actuators.plan import CAPPED, UNKNOWN, Applied, ApplyResult
+from noded.actuators.plan import CAPPED, Applied, ApplyResult
 from noded.policy.baselines import LEARNED
 from noded.capping.service import CapState
 from noded.colocation.view import ColocationView
-from noded.config import GB, Config
+from noded.config import Config
+from noded.knobs.controller import Outcome, Plans, Proposals, Reading
+from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.signalflag import SignalFlag
 from noded.util.journal import NOTICE, log_change
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
 from noded.loop.parts import Parts
-from noded.policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
-from noded.util.ratelimit import RateLimitedLog
-from noded.rightsize.cpuplan import CpuPlan, PlanError
+from noded.loop.planners import found, plan_knobs
+from noded.policy.contention import Decision, PolicyState
 from noded.rightsize.service import RightsizeView
 from noded.samplers.sample import GPU, Sample
-from noded.samplers.telemetry import Telemetry
 from noded.loop.tickstats import TickStats, Totals
 from noded.loop.watching import Watch, watching
 
@@ -99,12 +102,11 @@ class MemoryView:
 
 @dataclass(frozen=True)
 class Decided:
-    """What a tick decided: contention's decision, the levels in force it was made against,
-    the caps planned (job -> cap) and why contention lasts with nothing left to throttle."""
+    """What a tick decided: contention's decision, the levels in force it was made against
+    and why contention lasts with nothing left to throttle."""
 
     decision: Decision
     in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))
-    caps: Mapping = field(default_factory=lambda: MappingProxyType({}))
     stuck: str | None = None
 
 
@@ -119,33 +121,17 @@ class Acted:
     memory: MemoryView | None = None
 
 
-def nothing_left_to_throttle(decision: Decision) -> str | None:
-    """Why contention lasts with nothing left to throttle, while it does (an alert's text)."""
-    if decision.note != NOTHING_LEFT_TO_THROTTLE:
-        return None
-    return (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
-            f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
-            "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
-            "unknown): `nodectl explain JOB` says which")
-
-
-def limits_while_unwritable(limits: Mapping[str, int], in_force: Mapping[str, int | None]) -> dict[str, int]:
-    """No new original can be recorded: no level may rise above what is in force. A job
-    whose level is unknown (None) or unsettled (a change left half done, -1) is at no
-    level: nothing may rise there either, and no limit is below 0."""
-    return {j: min(lvl, max(0, in_force.get(j) or 0)) for j, lvl in limits.items()}
-
-
 class Daemon:
     def __init__(self, config: Config, parts: Parts, *, clock: Callable[[], float] = time.monotonic,
                  extra_info: Mapping[str, str] | None = None):
         self.config = config
         self.parts = parts  # frozen, whole: which parts are on is decided by the wiring, not here
         self.clock = clock
-        self.state = PolicyState()
+        # the controllers that are on, in the order they propose; the policy's (contention's) state is its own
+        self.policy, self.controllers = parts.tick_controllers(clock)
+        self.appliers = Appliers(parts.throttle, parts.cpu_owner, parts.memory)  # each knob's one writer
         # overrides, pause, decision history: what the admin socket changes (read once a tick)
         self.control = ControlState(parts.overrides, parts.registered_labels)
-        self._plan_log = RateLimitedLog(log, 60.0, clock)  # a node short of CPUs says so once a minute, not a tick
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
@@ -157,13 +143,18 @@ class Daemon:
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
         #: per CPU job, what right-sizing's last plan granted it before halving: a cores host
-        #: reads its levels in force against it (written once a tick, by _rightsize)
+        #: reads its levels in force against it (written once a tick, by _apply)
         self._granted: Mapping[str, tuple[int, ...]] = MappingProxyType({})
         self.lasting = LastingStates()  # states an alert can see: logged when each begins and ends
         self.liveness = Liveness(clock)  # when the loop's rounds end: /healthz and noded_last_tick_timestamp_seconds
         #: the last tick that raised, kept once ticks complete again (`nodectl status` says when it was)
         self.last_failure: TickFailure | None = None
         self.failures_in_a_row = 0  # ticks failed since the last that completed: 0 while ticks complete
+
+    @property
+    def state(self) -> PolicyState:
+        """The policy's state as its last tick left it (throttles, baselines)."""
+        return self.policy.state
 
     def request_reload(self) -> None:
         """Safe from a signal handler: the reload happens between two ticks."""
@@ -248,94 +239,6 @@ class Daemon:
             return throttle.levels_in_force(sample, self._granted)
         return throttle.levels_in_force(sample)
 
-    def _rightsize(self, sample: Sample, decision: Decision, paused: str | None,
-                   now: float) -> tuple[CpuPlan | None, RightsizeView]:
-        """Right-sizing's part of a tick: its sizings fed from this Sample, and the node's
-        plan of CPUs (None: nothing to plan, or no plan possible: the view says why)."""
-        owner, rs = self.parts.cpu_owner, self.parts.rightsize
-        originals, have = {}, {}
-        for job, js in sample.jobs.items():
-            v = owner.view(job, js)
-            if v is not None:
-                originals[job], have[job] = sorted(v.original), len(v.now)
-        node_cpus = len(set().union(*map(set, originals.values()))) if originals else 0
-        if paused:
-            rs.hold(now)  # paused: no probe begins or moves on; every job keeps the size it asks for now
-        else:
-            rs.tick(sample, have, originals, now, node_cpus, max(1, len(sample.gpus)))
-        cores = self.parts.throttle is not None and self.parts.throttle.kind == "cores"
-        error = None
-        try:
-            plan = rs.plan(sample, originals, decision.levels if cores else {}, self.config.rightsize.lend_to, now)
-        except PlanError as e:
-            plan, error = None, str(e)
-            self._plan_log.log(logging.WARNING, "plan", "rightsize: no plan of CPUs this tick: %s", e)
-        # the next tick's levels in force are read against what the plan grants CPU jobs (lent CPUs included)
-        self._granted = MappingProxyType({} if plan is None else {
-            j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"})
-        return plan, rs.view(have, plan, error)
-
-    def _memory(self, sample: Sample) -> MemoryView:
-        """Right-sizing's memory: the exact split of ``rightsize.memory.cache_gb`` between the
-        sized jobs that declare a cache curve, each carried out as a soft limit on its memory
-        cgroup; limits no longer wished for are put back. A job whose cgroup could not be read
-        this tick keeps what it has (an error is not "no limit")."""
-        from noded.rightsize.memsplit import GIB, CacheJob, cache_curve, soft_limit_bytes, split_memory
-        from noded.rightsize.split import SplitError
-
-        cfg = self.config.rightsize.memory
-        # every GPU job of an enabled source, whether or not its CPUs could be read this tick
-        jobs = {j: sample.jobs[j] for j in self.parts.rightsize.gpu_jobs(sample)}
-        wanted = [CacheJob(j, max(1, len(js.gpus)), cache_curve(js.meta.dataset_gb, js.meta.uncached_share))
-                  for j, js in jobs.items()]
-        try:
-            split = split_memory(wanted, max(1, len(sample.gpus)), cfg.units, cfg.cache_gb)
-        except SplitError as e:
-            log.warning("rightsize: no memory split this tick (nothing changed): %s", e)
-            return MemoryView(None, None, str(e))
-        # the cgroups the Sample read (none where its memory sampler failed: an error is not
-        # "no limit wished", so each job of the split is then held as it is)
-        reading = sample.memory
-        cgroups = {j: reading.cgroups[j] for j in split.units if reading is not None and j in reading.cgroups}
-        unplaced = {j: reading.unplaced.get(j, "its memory cgroup was not read this tick") if reading is not None
-                    else "the jobs' memory cgroups could not be read this tick" for j in split.units if j not in cgroups}
-        headroom = int(cfg.headroom_gb * GIB)
-        wishes = {j: soft_limit_bytes(cg.anon_bytes, split.units[j], split.unit_bytes, headroom)
-                  for j, cg in cgroups.items()}
-        result = self.parts.memory.apply(wishes, cgroups, unplaced)
-        for c in result.failed:
-            self.stats.actuator_error("memory", "record" if c.error.startswith("original not recorded") else "write")
-        return MemoryView(split, result)
-
-    def _apply_plan(self, plan: CpuPlan, levels: Mapping[str, int], in_force: Mapping[str, int | None],
-                    sample: Sample) -> tuple[ApplyResult, CpuSetResult]:
-        """Every job's CPUs from the plan, through the one owner: one writer a tick. On a host
-        that halves cores the plan holds the levels too (the throttle does not write then); on
-        an MBA host the throttle still applies its levels, and the owner only sizes and lends."""
-        wishes = {job: plan.cpus_of(job) for job in plan.jobs}
-        if self.parts.caps is not None:  # a capped job below MBA's lowest value: fewer of the plan's CPUs
-            wishes = self.parts.caps.cpu_wishes(sample, self.parts.cpu_owner, wishes)
-        cpus = self.parts.cpu_owner.apply(wishes, sample)
-        if self.parts.throttle is None or self.parts.throttle.kind != "cores":
-            throttle = self.parts.throttle
-            result = throttle.apply(levels, sample) if throttle else ApplyResult((), MappingProxyType({}))
-            return result, cpus
-        changed = {c.job: c for c in cpus.applied}
-        applied, after = [], {}
-        cpu_jobs = {j for j, js in sample.jobs.items() if js.kind != GPU}
-        for job in sorted((set(levels) | {j for j, lvl in in_force.items() if lvl}) & cpu_jobs):
-            want, was = levels.get(job, 0), in_force.get(job)
-            c = changed.get(job)
-            if c is not None and c.error:
-                if was is not UNKNOWN and was > 0:
-                    after[job] = was
-            elif want > 0:
-                after[job] = want
-            if c is not None and was != want:
-                applied.append(Applied(job, want, c.writes, c.error, was))
-        failed = tuple(a for a in applied if a.error)
-        return ApplyResult(tuple(applied), MappingProxyType(after), failed, cpus.housekeeping_failed), cpus
-
     def tick(self) -> TickResult:
         """sample -> decide (each controller proposes) -> one plan per knob -> apply -> result."""
         t0 = self.clock()
@@ -344,103 +247,62 @@ class Daemon:
         control = self.control.read()  # what operators set, once: every step below sees this reading
         unwritable = self._state_check(t1)
         if sample.jobs_known:
-            decided = self._decide(sample, control, unwritable, t0)
+            reading = self._reading(sample, control, unwritable, t0)
+            proposed = tuple(self._propose(reading))
+            plans = plan_knobs(proposed)
             t2 = self.clock()
-            acted = self._act(sample, decided, control.paused, t0)
+            outcome = self._apply(reading, plans)
+            decided, acted = self._decided(reading, proposed), self._acted(plans, outcome, proposed)
         else:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
-            decided, acted = self._holding(), Acted(ApplyResult((), MappingProxyType({})))
+            decided, acted = Decided(self.policy.holding()), Acted(ApplyResult((), MappingProxyType({})))
             t2 = self.clock()
         t3 = self.clock()
         durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}
         return self._publish(t0, sample, control, decided, acted, durations)
 
-    def _holding(self) -> Decided:
-        """The decision while the jobs are unknown: every level as it stands."""
-        return Decided(Decision(MappingProxyType({j: t.level for j, t in self.state.throttles.items()}), (),
-                                False, None, (), "holding: jobs unknown (discovery failed), nothing changed"))
-
-    def _decide(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Decided:
-        """Contention's levels and the bandwidth caps, from this Sample and the operators' reading."""
+    def _reading(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Reading:
+        """What every controller sees of this tick: the Sample, the operators' one reading and
+        what the throttle has in force (read once, here)."""
         throttle = self.parts.throttle
         in_force = self._levels_in_force(sample)
-        limits = throttle.max_levels(sample) if throttle else {}
-        if unwritable:
-            limits = limits_while_unwritable(limits, in_force)
-        active = {o.job: o for o in control.overrides}
-        overrides = {j: o.level for j, o in active.items() if o.cap_bps is None}
-        paused = control.paused
-        caps = self._plan_caps(sample, active, in_force, unwritable, paused)
-        if paused:
-            # Paused: nothing is throttled automatically (the policy still learns its
-            # baselines); only what operators set explicitly holds.
-            limits = {j: lvl for j, lvl in limits.items() if j in overrides}
-        metas = {j: js.meta for j, js in sample.jobs.items() if js.kind == GPU}
-        baselines = self.parts.baselines
-        known = baselines.known(metas) if baselines else MappingProxyType({})
-        decision, self.state = decide(sample, self.state, self.config.contention, self.config.peak_bytes_per_domain,
-                                      limits, now, MappingProxyType(overrides),
-                                      throttle.level_share if throttle else (lambda level: 1.0), known,
-                                      frozenset(caps), paused=bool(paused))
-        stuck = nothing_left_to_throttle(decision)
-        if baselines:
-            baselines.update(self.state.baselines, self.state.baseline_sources, metas)
-        if paused:
-            decision = replace(decision, note=f"paused: {paused}")
-        elif unwritable:
-            decision = replace(decision, note=f"state directory not writable ({unwritable}): no new throttles"
-                               + (f"; {decision.note}" if decision.note else ""))
-        for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
-            log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause, reason=a.reason)
-        return Decided(decision, in_force, caps, stuck)
+        return Reading(sample, self.config, now, control.paused, MappingProxyType({o.job: o for o in control.overrides}),
+                       unwritable, throttle.kind if throttle else None, MappingProxyType(in_force),
+                       frozenset(j for j, lvl in in_force.items() if lvl == CAPPED),
+                       MappingProxyType(throttle.max_levels(sample) if throttle else {}),
+                       throttle.level_share if throttle else (lambda level: 1.0))
 
-    def _act(self, sample: Sample, decided: Decided, paused: str | None, now: float) -> Acted:
-        """Right-sizing's plan of CPUs, then each knob written once: levels and caps (or the
-        plan's CPUs), memory soft limits, co-location's view of the GPUs."""
-        plan, rightsize = None, None
-        if self.parts.rightsize is not None:
-            plan, rightsize = self._rightsize(sample, decided.decision, paused, now)
-        result, cpus = self._apply_levels(sample, decided, plan)
-        memory = None
-        if self.parts.memory is not None and self.parts.rightsize is not None:
-            memory = self._memory(sample)
-        if self.parts.colocation is not None:
-            self.parts.colocation.tick(sample)
-        return Acted(result, cpus, rightsize, memory)
+    def _propose(self, reading: Reading) -> Iterator[Proposals]:
+        """Each controller's proposals, in order; each sees those made before its own."""
+        proposed: tuple[Proposals, ...] = ()
+        for controller in self.controllers:
+            proposed += (controller.propose(reading, proposed),)
+            yield proposed[-1]
 
-    def _apply_levels(self, sample: Sample, decided: Decided,
-                      plan: CpuPlan | None) -> tuple[ApplyResult, CpuSetResult | None]:
-        """The levels and caps decided: through the plan of CPUs where right-sizing made one,
-        else through the throttle; the caps' holders told before and after."""
-        caps, in_force = decided.caps, decided.in_force
-        # where each job's tasks go: its level's group, or its cap's own (decided here, once)
-        places = {**decided.decision.levels, **{j: CAPPED for j in caps}}
-        if self.parts.caps is not None:
-            self.parts.caps.before_apply(caps)
-        cpus = None
-        if plan is not None:
-            result, cpus = self._apply_plan(plan, places, in_force, sample)
-        else:
-            throttle = self.parts.throttle
-            result = throttle.apply(places, sample) if throttle else ApplyResult((), MappingProxyType({}))
-            cpus = self._cap_cores(sample)
-        if self.parts.caps is not None and cpus is not None:
-            self.parts.caps.cpus_applied(cpus)
-        if self.parts.caps is not None:
-            failed = {a.job for a in result.failed} | set(result.job_errors)
-            self.parts.caps.after_apply(caps, lambda j: j not in failed and (
-                in_force.get(j) == CAPPED or any(a.job == j and a.level == CAPPED for a in result.applied)))
-        return result, cpus
+    def _apply(self, reading: Reading, plans: Plans) -> Outcome:
+        """The plans written, each knob by its one writer; the controllers told before and after."""
+        # the next tick's levels in force are read against what the plan of CPUs grants CPU jobs
+        self._granted = plans.cpus.granted if plans.cpus is not None else MappingProxyType({})
+        for controller in self.controllers:
+            controller.before_apply(reading, plans)
+        outcome = self.appliers.apply(reading.sample, plans, reading.in_force, self.stats)
+        for controller in self.controllers:
+            controller.after_apply(reading, plans, outcome)
+        return outcome
 
-    def _cap_cores(self, sample: Sample) -> CpuSetResult | None:
-        """Without a plan of CPUs: a capped job below MBA's lowest value on fewer cores,
-        through the one owner of every job's CPUs (None: nothing to write or put back)."""
-        caps, owner = self.parts.caps, self.parts.cpu_owner
-        if caps is None or owner is None:
-            return None
-        wishes = caps.cpu_wishes(sample, owner, {})
-        return owner.apply(wishes, sample) if wishes or caps.cpus_recorded(owner) else None
+    def _decided(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Decided:
+        """The policy's decision (the tick's), the levels in force it was made against."""
+        policy = proposed[self.controllers.index(self.policy)]
+        return Decided(policy.decision, reading.in_force, stuck=policy.stuck)
+
+    @staticmethod
+    def _acted(plans: Plans, outcome: Outcome, proposed: tuple[Proposals, ...]) -> Acted:
+        """What was written, with right-sizing's view and its memory's for the result."""
+        wished, memory = plans.memory, None
+        if wished is not None:
+            memory = MemoryView(wished.split, outcome.memory, wished.error)
+        return Acted(outcome.levels, outcome.cpus, found(proposed, "view"), memory)
 
     def _publish(self, t0: float, sample: Sample, control: ControlSnapshot, decided: Decided, acted: Acted,
                  durations: dict[str, float]) -> TickResult:
@@ -497,21 +359,6 @@ class Daemon:
         if stuck:
             states["contention_nothing_left_to_throttle"] = stuck
         return states
-
-    def _plan_caps(self, sample: Sample, active: Mapping, in_force: Mapping[str, int | None],
-                   unwritable: str | None, paused: str | None) -> dict:
-        """This tick's caps (noded.capping.plan). Paused: operators' caps only. State
-        directory unwritable: no new cap, as no new level (those in force hold)."""
-        if self.parts.caps is None:
-            return {}
-        c = self.config
-        caps = self.parts.caps.plan(sample, active, {s.kind: s.cap_gbps * GB for s in c.jobs.sources
-                                                if s.cap_gbps is not None},
-                              None if c.contention.gpu_reserve_gbps is None else c.contention.gpu_reserve_gbps * GB,
-                              c.peak_bytes_per_domain, automatic=not paused)
-        if unwritable:
-            caps = {j: cap for j, cap in caps.items() if in_force.get(j) == CAPPED}
-        return caps
 
     def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:
         """Jobs held this tick by an error of their own (the others went on): counted by

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from noded.actuators.plan import ApplyResult
+from noded.knobs.controller import Controller
+from noded.policy.contention_controller import Contention
 from noded.samplers.sample import Sample
 
 if TYPE_CHECKING:  # annotations only: co-location loads numba and MPS, the others sit above the loop
@@ -76,6 +78,9 @@ class Parts:
     reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
     notifier: Notifier | None = None  # told RELOADING=1, then READY=1, around each reload
     report_budget: ReportBudget | None = None  # the report socket's, where it listens: its counts are metrics
+    # controllers beyond those the parts above are (a new controller is a file of its package
+    # and a line in the wiring): they propose after the built-in ones, in this order
+    controllers: tuple[Controller, ...] = ()
 
     def __post_init__(self):
         if self.rightsize is not None and self.cpu_owner is None:
@@ -84,3 +89,30 @@ class Parts:
             raise ValueError("the owner of jobs' CPUs serves right-sizing or caps' fewer cores: give one of them")
         if self.memory is not None and self.rightsize is None:
             raise ValueError("right-sizing's memory needs right-sizing")
+
+    def tick_controllers(self, clock: Callable[[], float]) -> tuple[Contention, tuple[Controller, ...]]:
+        """The controllers that are on, made afresh for one Daemon, in the order they propose:
+        the caps (contention must know which jobs are capped), contention (the policy, always
+        on; returned first as well: the tick's decision is its), right-sizing's CPUs (they carry
+        contention's levels where cores are halved), its memory, co-location, then those
+        registered in ``controllers``."""
+        policy = Contention(self.baselines)
+        on: list[Controller] = []
+        if self.caps is not None:
+            from noded.capping.caps_controller import Caps
+
+            on.append(Caps(self.caps))
+        on.append(policy)
+        if self.rightsize is not None:
+            from noded.rightsize.cpus_controller import CpuSizing
+
+            on.append(CpuSizing(self.rightsize, self.cpu_owner, clock))
+        if self.memory is not None:
+            from noded.rightsize.memory_controller import MemorySizing
+
+            on.append(MemorySizing(self.rightsize))
+        if self.colocation is not None:
+            from noded.colocation.colocation_controller import Colocating  # numba and MPS: only where it is on
+
+            on.append(Colocating(self.colocation))
+        return policy, (*on, *self.controllers)

@@ -256,7 +256,7 @@ def test_a_throttle_is_one_decision_entry_and_one_write_entry(tmp_path, journal,
     [d] = decisions
     assert (d["NODED_ACTION"], d["NODED_LEVEL_FROM"], d["NODED_LEVEL"], d["NODED_CAUSE"], d["PRIORITY"]) == \
         ("throttle", "0", "1", "contention", "5")
-    assert d["CODE_FILE"].endswith(os.path.join("noded", "loop", "daemon.py"))
+    assert d["CODE_FILE"].endswith(os.path.join("noded", "policy", "contention_controller.py"))  # the policy says why
     assert d["MESSAGE"].startswith("noded.changes: throttle job=sim:hog level=0->1 cause=contention: ")
     # The actuator's line: what was written for it, nothing about why.
     [w] = [e for e in hog if e is not d]

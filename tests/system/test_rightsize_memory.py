@@ -274,6 +274,18 @@ def _sample(jobs):
     return Sample(1.0, MappingProxyType(jobs), (), True, None, (), MappingProxyType({}), (), ())
 
 
+def memory_tick(daemon, sample):
+    """Right-sizing's memory alone for one Sample, as a tick runs it: its controller proposes,
+    the knob's planner plans, the knob's one writer writes; the view the tick's result shows."""
+    from noded.knobs.controller import Reading
+    from noded.loop.daemon import MemoryView
+    from noded.loop.planners import plan_knobs
+
+    memory = next(c for c in daemon.controllers if c.name == "memory")
+    plans = plan_knobs((memory.propose(Reading(sample, daemon.config, sample.t), ()),))
+    return MemoryView(plans.memory.split, daemon.appliers.apply_memory(plans, daemon.stats), plans.memory.error)
+
+
 def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
     from prometheus_client.core import Metric
 
@@ -291,7 +303,7 @@ def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
         # the sample as the daemon's telemetry makes it: the job's memory cgroup read with it
         sample = dataclasses.replace(_sample({"slurm:1": img}),
                                      memory=daemon.parts.telemetry.memory.sample({"slurm:1": img}))
-        view = daemon._memory(sample)
+        view = memory_tick(daemon, sample)
         units = view.split.units["slurm:1"]
         assert 0 < units <= 8
         limit = int(_read(f"{v1_job.mem}/memory.soft_limit_in_bytes"))
@@ -305,13 +317,13 @@ def test_the_daemon_limits_a_sized_job_with_a_cache_curve_and_shows_it(v1_job):
         shown = _memory_json("slurm:1", view)
         assert shown["soft_limit"] == str(limit) and f"{units} units of cache" in shown["why"]
         # a tick whose memory sampler failed (no reading): the limit is held, not put back
-        held = daemon._memory(_sample({"slurm:1": img}))
+        held = memory_tick(daemon, _sample({"slurm:1": img}))
         assert int(_read(f"{v1_job.mem}/memory.soft_limit_in_bytes")) == limit
         assert "could not be read this tick" in held.result.unplaced["slurm:1"]
         # the label goes: the job's curve is no longer declared, its limit is put back
-        view = daemon._memory(_sample({"slurm:1": v1_job.js}))
+        view = memory_tick(daemon, _sample({"slurm:1": v1_job.js}))
         assert dict(view.split.units) == {} and _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1
-        daemon._memory(sample)
+        memory_tick(daemon, sample)
     finally:
         daemon.shutdown()  # puts the limit back
     assert _read(f"{v1_job.mem}/memory.soft_limit_in_bytes") == UNLIMITED_V1

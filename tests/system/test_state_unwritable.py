@@ -55,7 +55,7 @@ def test_a_read_only_state_dir_changes_nothing_until_it_is_writable(tmp_path, st
 
 def test_while_unwritable_no_level_rises_and_none_goes_below_zero():
     from noded.actuators.plan import UNKNOWN, UNSETTLED
-    from noded.loop.daemon import limits_while_unwritable
+    from noded.policy.contention_controller import limits_while_unwritable
 
     limits = {"held": 3, "free": 3, "unknown": 3, "unsettled": 3, "absent": 3, "low": 1}
     in_force = {"held": 2, "free": 0, "unknown": UNKNOWN, "unsettled": UNSETTLED, "low": 2}

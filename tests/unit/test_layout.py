@@ -20,6 +20,7 @@ LAYERS = (
     ("noded.jobs",),
     ("noded.config",),
     ("noded.samplers", "noded.server"),
+    ("noded.knobs",),  # what a controller reads and may propose, per knob: the controllers' one vocabulary
     # the controllers: each proposes on its own, none knows another
     ("noded.policy", "noded.rightsize", "noded.capping", "noded.colocation"),
     ("noded.actuators",),

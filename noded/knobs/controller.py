@@ -1,0 +1,158 @@
+"""A controller, the tick's reading it proposes from, and what it may propose, per knob.
+
+A tick reads: sample -> each controller proposes (in the order the wiring registered them,
+each seeing what those before it proposed) -> one plan per knob, merged by the knob's
+planner (noded.loop.planners) -> the actuators apply each plan -> the tick's result.
+
+No controller holds an actuator: a knob's only writer is the actuator its planner hands
+the plan to. Precedence where two controllers propose on one knob (the planners say it too):
+
+* where a CPU job's tasks go (its ``levels``' group, or its cap's own: ``capped``): a cap
+  over contention's level (contention's levels carry the operators' level overrides; the
+  caps carry the operators' caps, and an operator's level is never capped);
+* each job's CPUs: right-sizing's plan (``cpus``), then each ``fewer_cores`` on top (a
+  capped job's cores halved from whatever the plan gave it);
+* memory soft limits: right-sizing's memory alone (``memory``).
+
+Among several proposals of one kind on one job, the controller registered later wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+
+from noded.samplers.sample import Sample
+
+if TYPE_CHECKING:  # annotations only: these are the controllers' own words, above this layer
+    from noded.config import Config
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What every controller sees of a tick, read once before any proposes: the Sample, the
+    operators' one reading (pause, overrides by job), and what the throttle has in force."""
+
+    sample: Sample
+    config: Config
+    now: float
+    paused: str | None = None  # why the eliminator is paused, or None
+    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # job -> loop.overrides.Override
+    unwritable: str | None = None  # why the state directory cannot be written (nothing new may change), or None
+    throttle_kind: str | None = None  # mba | cores | None (nothing can throttle here)
+    in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))  # levels read now
+    capped_in_force: frozenset[str] = frozenset()  # jobs in a cap's own group now
+    max_levels: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # as far as each may go
+    level_share: Callable[[int], float] = lambda level: 1.0  # the bandwidth a level leaves
+
+
+class CpuRecords(Protocol):
+    """What a controller may read of the one owner of every job's CPUs (never write)."""
+
+    originals: Any
+
+    def view(self, job: str, js: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CpuWishes:
+    """A plan of every planned job's CPUs (right-sizing's), and what it granted each CPU
+    job before halving: a cores host reads the next tick's levels in force against it."""
+
+    cpus: Mapping[str, tuple[int, ...]]
+    granted: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class FewerCores(Protocol):
+    """A change on top of the plan of CPUs: ``wishes`` from the CPUs wished so far (``base``,
+    the plan's or none); ``has_records``: whether the owner holds CPUs of its to put back,
+    so that with no wish left there is still something to write."""
+
+    def wishes(self, base: Mapping[str, Iterable[int] | None], owner: CpuRecords) -> dict: ...
+
+    def has_records(self, owner: CpuRecords) -> bool: ...
+
+
+@dataclass(frozen=True)
+class MemoryWishes:
+    """Soft limits wished (job -> bytes) on the memory cgroups read (job -> cgroup); jobs
+    of the split whose cgroup was not read (job -> why) keep what they have. ``split`` and
+    ``error`` are for the tick's result: the split made, or why none could be (then nothing
+    is wished and nothing changes)."""
+
+    wishes: Mapping[str, int] | None
+    cgroups: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    unplaced: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    split: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """What one controller proposes this tick, per knob (None: nothing on that knob), and
+    what it found for the tick's result."""
+
+    levels: Mapping[str, int] | None = None  # where CPU jobs go: a level per job (0: none)
+    capped: Mapping[str, Any] | None = None  # where CPU jobs go: held at a cap (job -> capping.plan.Cap)
+    cpus: CpuWishes | None = None  # each planned job's CPUs
+    fewer_cores: FewerCores | None = None  # on top of the plan of CPUs
+    memory: MemoryWishes | None = None  # memory soft limits
+    # found, for the tick's result: contention's decision and why it is stuck, right-sizing's view
+    decision: Any = None
+    stuck: str | None = None
+    view: Any = None
+
+
+NOTHING = Proposals()
+
+
+@dataclass(frozen=True)
+class Plans:
+    """One plan per knob, merged from every controller's proposals by the loop's planners:
+    what the actuators write this tick."""
+
+    places: Mapping[str, int]  # where each CPU job goes: its level, or actuators.plan.CAPPED
+    capped: Mapping[str, Any]  # job -> the cap it is held at (its place is CAPPED)
+    cpus: CpuWishes | None  # each planned job's CPUs (None: no plan of CPUs this tick)
+    fewer_cores: tuple[FewerCores, ...]  # on top of the plan's CPUs, in order
+    memory: MemoryWishes | None  # memory soft limits (None: not sized)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the actuators did with the plans: the levels' result (actuators.plan.ApplyResult),
+    the owner of CPUs' (None: nothing written), the soft limits' (None: nothing written),
+    and the capped jobs that are in their cap's group now."""
+
+    levels: Any
+    cpus: Any = None
+    memory: Any = None
+    in_cap_group: frozenset[str] = frozenset()
+
+
+class Controller(Protocol):
+    """One controller: a file of its package, registered by the wiring (noded.loop.parts).
+    ``propose`` may read what the controllers before it proposed (``proposed``, in order),
+    never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
+    writes (a cap's holder steers its group between ticks): most do nothing there."""
+
+    name: str
+
+    def propose(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Proposals: ...
+
+    def before_apply(self, reading: Reading, plans: Plans) -> None: ...
+
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None: ...
+
+
+class Proposer:
+    """A controller that only proposes: told nothing around the writes."""
+
+    name = "controller"
+
+    def before_apply(self, reading: Reading, plans: Plans) -> None:
+        pass
+
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None:
+        pass

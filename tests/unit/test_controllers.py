@@ -1,0 +1,109 @@
+"""Controllers as files (issue #25, item 1): a tick is sample -> each controller proposes ->
+one plan per knob -> apply -> result, and a new controller (a bandwidth cap, network
+shaping) is a file of its package registered in the wiring, not a branch in the tick.
+
+Here a toy controller, registered through Parts and nothing else, proposes on a knob, and
+the knob's planner and its one writer apply it; the tick, the planners and the writers are
+the product's, unchanged. Before, Parts had no controllers to register (a new controller was
+a branch of ``Daemon._decide``/``_act``)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from noded.actuators.plan import CAPPED, Applied, ApplyResult
+from noded.config import Config
+from noded.knobs.controller import Proposals, Proposer
+from noded.loop.daemon import Daemon
+from noded.loop.parts import Parts
+from noded.loop.planners import plan_knobs
+
+from test_tick_snapshot import JOB, OneCpuJob
+
+
+class RecordingThrottle:
+    """A throttle (loop.parts.Throttle) that records each plan of levels it is handed and
+    takes it whole: the knob's one writer, as the tick drives it."""
+
+    kind = "mba"
+
+    def __init__(self):
+        self.handed: list[dict[str, int]] = []
+        self.in_force: dict[str, int] = {}
+
+    def max_levels(self, sample):
+        return {j: 4 for j in sample.jobs}
+
+    def levels_in_force(self, sample):
+        return {j: self.in_force.get(j, 0) for j in sample.jobs}
+
+    def level_share(self, level):
+        return 0.5 ** level
+
+    def apply(self, levels, sample):
+        self.handed.append(dict(levels))
+        applied = tuple(Applied(j, lvl, 1, None, self.in_force.get(j, 0)) for j, lvl in sorted(levels.items())
+                        if self.in_force.get(j, 0) != lvl)
+        self.in_force = {j: lvl for j, lvl in levels.items() if lvl}
+        return ApplyResult(applied, MappingProxyType(dict(self.in_force)))
+
+    def release_all(self):
+        return []
+
+    def use_peak(self, peak):
+        pass
+
+
+class HoldAtTwo(Proposer):
+    """A toy controller, one file's worth: every CPU job at level 2, and told after the writes."""
+
+    name = "hold-at-two"
+
+    def __init__(self):
+        self.told: list[object] = []
+
+    def propose(self, reading, proposed):
+        return Proposals(levels={j: 2 for j, js in reading.sample.jobs.items() if js.kind == "cpu"})
+
+    def after_apply(self, reading, plans, outcome):
+        self.told.append(outcome.levels)
+
+
+def test_a_controller_registered_through_parts_proposes_and_its_knobs_writer_applies_it():
+    throttle, toy = RecordingThrottle(), HoldAtTwo()
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=throttle, controllers=(toy,)))
+    result = daemon.tick()
+    assert throttle.handed == [{JOB: 2}]  # contention asked nothing (no GPU job starved): the toy's plan
+    assert result.levels == {JOB: 2} and [(a.job, a.level) for a in result.applied] == [(JOB, 2)]
+    assert len(toy.told) == 1 and toy.told[0].levels == {JOB: 2}  # told what was written
+    assert [c.name for c in daemon.controllers] == ["contention", "hold-at-two"]
+
+
+def test_without_it_the_same_tick_writes_nothing():
+    throttle = RecordingThrottle()
+    result = Daemon(Config(), Parts(OneCpuJob(), throttle=throttle)).tick()
+    assert throttle.handed == [{}] and result.levels == {} and result.applied == ()
+
+
+def test_one_plan_per_knob_a_cap_over_a_level_and_the_later_controller_over_the_earlier():
+    plans = plan_knobs((Proposals(capped={"b": "cap of b"}), Proposals(levels={"a": 1, "b": 3, "c": 2}),
+                        Proposals(levels={"c": 1})))
+    assert dict(plans.places) == {"a": 1, "b": CAPPED, "c": 1} and dict(plans.capped) == {"b": "cap of b"}
+    assert plans.cpus is None and plans.memory is None and plans.fewer_cores == ()
+
+
+def test_controllers_hold_no_actuator_the_loop_hands_each_knob_to_its_one_writer():
+    """The types say who writes: a controller gets a Reading and returns Proposals (frozen);
+    only the loop's appliers are given the throttle, the owner of CPUs, the soft limits."""
+    import dataclasses
+
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle()))
+    proposals = Proposals(levels={JOB: 1})
+    try:
+        proposals.levels = {}  # type: ignore[misc]
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("a controller's proposals could be changed after it made them")
+    assert daemon.appliers.throttle is daemon.parts.throttle
+    assert all(not hasattr(c, "throttle") and not hasattr(c, "apply") for c in daemon.controllers)
