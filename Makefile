@@ -165,7 +165,9 @@ install:
 	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(DOCDIR)/docs
 	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/  # where the README's links and the alerts' runbook_url point
-	test -e $(DESTDIR)$(CONFDIR)/noded.yaml || install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml
+	@if test -e $(DESTDIR)$(CONFDIR)/noded.yaml; then \
+	  echo "kept $(CONFDIR)/noded.yaml: keys new in this version take their defaults (config/noded.yaml lists every key); before the restart: noded check-config $(CONFDIR)/noded.yaml"; \
+	else install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml; fi
 	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
 	for hook in prolog epilog task-prolog; do \
 	  sed 's|/opt/noded/bin/python|$(APPDIR)/bin/python|; s|/etc/noded/slurm-hooks.conf|$(CONFDIR)/slurm-hooks.conf|' \

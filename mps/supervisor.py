@@ -69,6 +69,7 @@ class MpsSupervisor:
         return self
 
     def _run(self) -> None:
+        went_down = False  # since MPS last answered: a restart, or a start that failed
         while not self._stop.is_set():
             if self.failures:
                 delay = self.backoff_s[min(self.failures - 1, len(self.backoff_s) - 1)]
@@ -85,16 +86,24 @@ class MpsSupervisor:
                 self.failures += 1
                 self.start_failures += 1
                 self.state, self.last_error = "down", str(e)
+                went_down = True
                 log.error("mps=start_failed attempt=%d retry_in=%gs error=%s", self.failures,
                           self.backoff_s[min(self.failures - 1, len(self.backoff_s) - 1)], e)
                 continue
             started = self.clock()
+            if went_down:
+                went_down = False
+                # the end of the episode its restarting line began (what NodedMpsDown sees), at the
+                # same level, so the log says when MPS answered again and not only when it went
+                log.warning("mps=up again pid=%s (since noded started: %d restarts, %d failed starts)",
+                            self.control.pid(), self.restarts, self.start_failures)
             self.state, self.last_error = "ok", None
             reason = self._watch()
             if reason is None:
                 break  # closing
             self.last_error = self.last_restart_reason = reason
             self.state = "down"
+            went_down = True
             self.failures = self.failures + 1 if self.clock() - started < self.stable_s else 0
             log.warning("mps=restarting reason=%r restarts=%d", reason, self.restarts + 1)
             try:

@@ -27,6 +27,8 @@ class Board:
         self.panels: list[dict] = []
         self.x = self.y = 0
         self.row_h = 0
+        self._open_row: dict | None = None  # the row panels are added to now
+        self._ids = 0
 
     def _place(self, w: int, h: int) -> dict:
         if self.x + w > 24:
@@ -37,17 +39,28 @@ class Board:
         self.row_h = max(self.row_h, h)
         return pos
 
-    def row(self, title: str) -> None:
-        if self.x:
+    def row(self, title: str, *, collapsed: bool = False) -> None:
+        """A row; ``collapsed`` for a feature that is off by default (co-location,
+        right-sizing): shut, its panels inside it, so a host without the feature shows one
+        line instead of empty panels, and Grafana opens it where it is on."""
+        if self._open_row is not None and self._open_row["collapsed"]:
+            self.x, self.y = 0, self._open_row["gridPos"]["y"] + 1  # a shut row takes one line
+        elif self.x:
             self.x, self.y = 0, self.y + self.row_h
-        self.panels.append({"collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
-                            "id": len(self.panels) + 1, "panels": [], "title": title, "type": "row"})
+        self._open_row = {"collapsed": collapsed, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                          "id": self._next_id(), "panels": [], "title": title, "type": "row"}
+        self.panels.append(self._open_row)
         self.y += 1
         self.row_h = 0
 
     def add(self, panel: dict, w: int, h: int) -> None:
-        panel = {"datasource": DS, "gridPos": self._place(w, h), "id": len(self.panels) + 1, **panel}
-        self.panels.append(panel)
+        panel = {"datasource": DS, "gridPos": self._place(w, h), "id": self._next_id(), **panel}
+        inside_shut_row = self._open_row is not None and self._open_row["collapsed"]
+        (self._open_row["panels"] if inside_shut_row else self.panels).append(panel)
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
 
 
 def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, fmt: str = "time_series") -> dict:
@@ -97,11 +110,14 @@ def timeseries(title: str, description: str, tgts: list[dict], unit: str, *, min
 
 
 def stat(title: str, description: str, tgts: list[dict], unit: str = "none", *, steps=None, mappings=None,
-         text_mode: str = "auto", graph: bool = False, decimals=None) -> dict:
+         text_mode: str = "auto", graph: bool = False, decimals=None, no_value: str | None = None) -> dict:
+    """``no_value``: what it shows where its series does not exist (a feature that is off)."""
     defaults = {"unit": unit, "color": {"mode": "thresholds"},
                 "thresholds": steps or thresholds(("green", None)), "mappings": mappings or []}
     if decimals is not None:
         defaults["decimals"] = decimals
+    if no_value is not None:
+        defaults["noValue"] = no_value
     return {"type": "stat", "title": title, "description": description, "targets": tgts,
             "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
@@ -204,8 +220,8 @@ def host() -> dict:
                steps=thresholds(("green", None), ("red", 1)), decimals=0), 3, 4)
     b.add(stat("NVML", "Whether NVML answers; 0 on a CPU-only host is expected.",
                targets((f"noded_nvml_available{{{HOST}}}", "")), mappings=UP_DOWN), 3, 4)
-    b.add(stat("MPS", "The MPS control daemon (only where co-location is on; empty otherwise).",
-               targets((f"noded_mps_up{{{HOST}}}", "")), mappings=UP_DOWN), 3, 4)
+    b.add(stat("MPS", "The MPS control daemon (only where co-location is on; \"off\" otherwise).",
+               targets((f"noded_mps_up{{{HOST}}}", "")), mappings=UP_DOWN, no_value="off"), 3, 4)
 
     b.row("Memory bandwidth")
     b.add(timeseries(
@@ -270,7 +286,7 @@ def host() -> dict:
                 "until they expire or are released.",
                 f"noded_override_active{{{HOST}}}", {"job_id": "job", "kind": "kind", "uid": "set by uid"}), 12, 8)
 
-    b.row("Co-location (MPS)")
+    b.row("Co-location (MPS)", collapsed=True)
     b.add(timeseries(
         "Admission decisions", "`nodectl admit` decisions per minute by result.",
         targets((f"sum by (result) (rate(noded_admission_decisions_total{{{HOST}}}[$__rate_interval])) * 60",
@@ -285,7 +301,7 @@ def host() -> dict:
         "MPS control daemon", "1 while it answers; noded's supervisor restarts it with backoff.",
         targets((f"noded_mps_up{{{HOST}}}", "MPS up")), "none", min_=0, max_=1, stepped=True), 6, 8)
 
-    b.row("Right-sizing")
+    b.row("Right-sizing", collapsed=True)
     b.add(stat("GPU jobs by sizing state", "GPU jobs right-sizing sizes, by state: probing (searching), sized, "
                "limited (sized at what the node had), pinned or stopped by an operator (`nodectl size`). "
                "Empty where rightsize.sources is empty.",
@@ -450,7 +466,7 @@ def fleet() -> dict:
         targets(("sum by (instance) (noded:job_gpu_utilization:ratio_of_baseline < bool 0.9)", "{{instance}}")),
         "none", min_=0, decimals=0), 12, 8)
 
-    b.row("Right-sizing")
+    b.row("Right-sizing", collapsed=True)
     b.add(timeseries(
         "GPU jobs by sizing state", "Across the fleet (hosts where rightsize.sources is set).",
         targets(("sum by (state) (noded:rightsize_jobs:count)", "{{state}}")), "none", min_=0, stepped=True,
@@ -465,13 +481,15 @@ def fleet() -> dict:
                 ("noded:rightsize_probes_per_answer:ratio1h", "{{instance}} probes per answer")),
         "none", min_=0, dashed=".* probes per answer$"), 8, 8)
 
-    b.row("Co-location and noded's health")
+    b.row("Co-location (MPS)", collapsed=True)
     b.add(timeseries(
         "Admission decisions in the last hour", "Across the fleet, by result.",
-        targets(("sum by (result) (noded:admission_decisions:increase1h)", "{{result}}")), "none", min_=0), 8, 8)
+        targets(("sum by (result) (noded:admission_decisions:increase1h)", "{{result}}")), "none", min_=0), 16, 8)
     b.add(stat("MPS down", "Hosts with co-location on whose MPS control daemon does not answer.",
                targets(("sum(1 - noded_mps_up)", "")), steps=thresholds(("green", None), ("red", 1)), decimals=0),
-          4, 8)
+          8, 8)
+
+    b.row("noded's health")
     b.add(timeseries(
         "Ticks overrunning (top 10 hosts)", "Share of ticks that took longer than tick_s (NodedTickOverruns over "
         "10 % for 15 minutes).",

@@ -30,6 +30,7 @@ from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
 from noded.capping.threads import BusyThreads
+from noded.util.journal import log_change
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -94,14 +95,20 @@ class CapHolder:
         return self
 
     def _hand_to_kernel(self) -> None:
+        event, why_local = "mbm_total_bytes", None
         try:
             with open(f"{self.group.path}/mba_MBps_event", "w") as f:
                 f.write("mbm_total_bytes\n")
         except OSError as e:
-            log.info("cap %s: mba_MBps_event stays local (%s): the kernel caps local traffic only", self.job, e)
+            event, why_local = "mbm_local_bytes", e.strerror or str(e)
         self.group.set_mb(max(1, int(self.cap / MIB)))
-        log.info("cap %s: %.2f GB/s held by the kernel's mba_MBps controller (one step a second), not noded's",
-                 self.job, self.cap / 1e9)
+        # Said as a change (at notice, whatever the verbosity): who steers this job's MB value
+        # is not noded here, and the kernel's rule is slower (one step a second) and coarser.
+        log_change("cap-kernel", self.job, cap_bps=round(self.cap), event=event,
+                   reason="resctrl is mounted with mba_MBps: the kernel's controller owns the MB value and steers "
+                          "it one step a second toward the cap; noded only writes the cap as its target"
+                          + (f" (by local traffic only: mba_MBps_event refused total: {why_local})" if why_local
+                             else ""))
 
     def set_cap(self, cap_bps: float) -> None:
         self.cap = cap_bps

@@ -125,11 +125,12 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     signals.attach(daemon)
     server, url = serve_metrics(daemon, config.metrics.address, config.metrics.port)
     stack.callback(server.shutdown)
-    say(f"noded: metrics at {url}")  # first thing, before anything else speaks
-    say(f"noded: node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})")
+    head = "noded: [dry-run]" if args.dry_run else "noded:"  # a dry run marks every line, these too
+    say(f"{head} metrics at {url}")  # first thing, before anything else speaks
+    say(f"{head} node peak {config.peak_gbps_per_domain:g} GB/s per L3 domain ({peak_note})")
     log.info("%s", budget.describe())
     for note in built.operator_notes:
-        print(f"noded: {note}", file=sys.stderr, flush=True)
+        print(f"{head} {note}", file=sys.stderr, flush=True)
     admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
                                    timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
     stack.callback(admin.stop)
@@ -139,7 +140,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
                                          budget=daemon.parts.report_budget),
                              "report socket", config.report_socket)
         stack.callback(reports.stop)
-    say(f"noded: admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
+    say(f"{head} admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     if args.duration:
         timer = threading.Timer(args.duration, signals.stop.set)
         timer.daemon = True
@@ -149,7 +150,8 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     on_tick, on_failed = _notifier_hooks(notifier)
     daemon.run(signals.stop, on_tick=on_tick, on_failed=on_failed)
     stack.close()
-    say("noded: stopped; throttles released, groups removed.")
+    say("noded: [dry-run] stopped; nothing was throttled or changed, its monitoring groups removed." if args.dry_run
+        else "noded: stopped; throttles released, groups removed.")
     return 0
 
 

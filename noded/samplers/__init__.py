@@ -32,6 +32,7 @@ def run_sampler(name: str, read: Callable[[], T], clock: Callable[[], float] = t
     try:
         value = read()
     except Exception as e:  # a sampler's failure must never stop the tick
-        log.warning("sampler=%s error=%r", name, e)
+        # said once when it begins and once when it ends (noded.samplers.missing), not a line a tick
+        log.debug("sampler=%s error=%r", name, e, exc_info=True)
         return None, SamplerStatus(name, False, clock() - t0, f"{type(e).__name__}: {e}", cpu_clock() - c0)
     return value, SamplerStatus(name, True, clock() - t0, None, cpu_clock() - c0)

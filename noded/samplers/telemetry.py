@@ -28,6 +28,7 @@ from noded.samplers import SamplerStatus, run_sampler
 from noded.samplers.bandwidth import BandwidthSampler
 from noded.samplers.cpus import CpuPlacementSampler
 from noded.samplers.memcgroups import MemoryCgroupSampler
+from noded.samplers.missing import MissingInputs
 from noded.samplers.nvml import NvmlSampler
 from noded.samplers.resctrl import ResctrlSession, read_facts
 
@@ -50,6 +51,7 @@ class Telemetry:
         self.memory, self.memory_jobs = memory, memory_jobs
         self.bandwidth = BandwidthSampler(monitor, clock=clock)
         self.clock = clock
+        self.missing = MissingInputs()  # each input missing: logged when it goes and when it is back
         self._known: dict[str, Job] = {}
         self._ever_gpu: set[str] = set()
         self._lock = threading.Lock()
@@ -110,6 +112,8 @@ class Telemetry:
             jobs = {j: sample.jobs[j] for j in self.memory_jobs(sample)}
             memory = run("memory", lambda: self.memory.sample(jobs))
             sample = replace(sample, memory=memory, samplers=tuple(statuses))
+        # every failed sampler too: memory's ran after the Sample's missing was made
+        self.missing.update(sample.missing + tuple(f"sampler {s.name}: {s.error}" for s in statuses if not s.ok), now)
         return sample
 
     def _sticky_gpu_jobs(self, sample: Sample) -> Sample:

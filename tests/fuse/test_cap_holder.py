@@ -2,12 +2,14 @@
 its own control group, counters read every 100 ms on their own schedule, and, where the
 kernel's mba_MBps is mounted, the kernel's controller left to steer (issue #27, item 3)."""
 
+import logging
 import time
 
 import pytest
 
 from support.waiting import wait_for
 from noded.capping.holder import KERNEL_MBPS, NODED, CapHolder
+from noded.util.journal import NOTICE
 
 pytestmark = pytest.mark.fuse
 GB = 1e9
@@ -43,13 +45,19 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
 
 
 def test_where_the_kernels_mba_mbps_is_mounted_it_steers_and_noded_only_sets_the_target(
-        emulator, open_resctrl, sleeper):
+        emulator, open_resctrl, sleeper, caplog):
     emu = emulator("intel-mbps", "--peak-gbps", "1000")
     rc = open_resctrl(emu)
     job = sleeper()
-    holder = CapHolder(rc, "j2", [job.pid], 6 * GB).start()
+    with caplog.at_level(logging.DEBUG, logger="noded.changes"):
+        holder = CapHolder(rc, "j2", [job.pid], 6 * GB).start()
     try:
         assert holder.mode == KERNEL_MBPS and holder.controller is None
+        # and says so in the journal, at notice as a change (issue #27: "use it and say so")
+        said = [r for r in caplog.records if getattr(r, "noded_action", None) == "cap-kernel"]
+        assert len(said) == 1 and said[0].levelno == NOTICE and said[0].noded_job == "j2", caplog.text
+        assert said[0].noded_event == "mbm_total_bytes" and "the kernel's controller owns the MB value" in \
+            said[0].getMessage()
         path = f"{rc.root}/{rc.prefix}cap-j2"
         assert open(f"{path}/schemata").read().splitlines()[-1] == f"MB:0={int(6e9 / 2**20)};1={int(6e9 / 2**20)}"
         assert open(f"{path}/mba_MBps_event").read() == "mbm_total_bytes\n"  # its total, not local only

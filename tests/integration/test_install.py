@@ -233,8 +233,13 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
     assert subprocess.run([staged_python, "-c", "import noded.integrations.slurm"], cwd=tmp_path).returncode == 0
     # An operator's config survives a reinstall.
     (stage / "etc/noded/noded.yaml").write_text("tick_s: 0.5\n")
-    subprocess.run(["make", "install", f"DESTDIR={stage}"], capture_output=True, timeout=600, check=True, cwd=REPO)
+    again = subprocess.run(["make", "install", f"DESTDIR={stage}"], capture_output=True, text=True, timeout=600,
+                           check=True, cwd=REPO)
     assert (stage / "etc/noded/noded.yaml").read_text() == "tick_s: 0.5\n"
+    # and the upgrade says so, with what to do about keys the new version added (issue #26)
+    assert "kept /etc/noded/noded.yaml: keys new in this version take their defaults" in again.stdout, again.stdout
+    assert "noded check-config /etc/noded/noded.yaml" in again.stdout
+    assert "kept" not in p.stdout  # the first install had nothing to keep
     subprocess.run(["make", "-s", "install-remote-scrape", f"DESTDIR={stage}", "PROM_NET=10.20.0.0/24"],
                    capture_output=True, timeout=60, check=True, cwd=REPO)
     p = subprocess.run(["make", "uninstall", f"DESTDIR={stage}"], capture_output=True, text=True, timeout=120,

@@ -265,11 +265,42 @@ def test_right_sizing_has_recording_rules_alerts_and_a_row_in_both_dashboards():
         assert "Right-sizing" in rows, name
         # and every panel that reads right-sizing's series is in that row
         row = None
-        for p in board["panels"]:
+        for p in panels(board):
             if p["type"] == "row":
                 row = p["title"]
             elif any(reads_rightsizing(t["expr"]) for t in p["targets"]):
                 assert row == "Right-sizing", f"{name}: {p['title']}"
+
+
+#: the rows of features that are off by default, and series only those features export
+OFF_BY_DEFAULT_ROWS = {"Co-location (MPS)", "Right-sizing"}
+COLOCATION_SERIES = {"noded_admission_decisions_total", "noded:admission_decisions:increase1h",
+                     "noded_colocation_jobs", "noded_mps_up"}
+
+
+def test_the_rows_of_features_off_by_default_are_shut_with_their_panels_inside():
+    # Issue #26: on a host without co-location or right-sizing (the default) those rows were
+    # open and empty. Shut, a row holds its panels in its own "panels" (Grafana's model) and
+    # takes one line; every other row is open, and the next row starts on the line below.
+    for name, board in load_dashboards().items():
+        rows = [p for p in board["panels"] if p["type"] == "row"]
+        assert OFF_BY_DEFAULT_ROWS <= {r["title"] for r in rows}, name
+        for row in rows:
+            shut = row["title"] in OFF_BY_DEFAULT_ROWS
+            assert row["collapsed"] is shut, f"{name}: {row['title']}"
+            assert bool(row["panels"]) is shut, f"{name}: {row['title']} (a shut row holds its panels, an open one none)"
+        top = board["panels"]
+        for row, following in zip(top, top[1:]):
+            if row["type"] == "row" and row["collapsed"]:
+                assert following["gridPos"]["y"] == row["gridPos"]["y"] + 1, f"{name}: after {row['title']}"
+        row = None
+        for p in panels(board):
+            if p["type"] == "row":
+                row = p["title"]
+            elif any(n in COLOCATION_SERIES for t in p["targets"] for n, _ in selectors(t["expr"])):
+                # in its row, or a tile of the "Now" row that says "off" rather than "No data"
+                assert row == "Co-location (MPS)" or p["fieldConfig"]["defaults"].get("noValue") == "off", \
+                    f"{name}: {p['title']}"
 
 
 def label_values_metric(query: str) -> tuple[str, str]:

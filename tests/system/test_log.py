@@ -71,7 +71,12 @@ def dry_run_of_the_demo():
                         "scenarios/demo-config.yaml", "--dry-run", "--duration", "10"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT})
     assert p.returncode == 0, p.stderr
-    return [line for line in (p.stdout + p.stderr).splitlines() if re.match(r"<\d>", line)]
+    # its log lines and what it says to whoever started it (not the simulated node's t= lines)
+    return [line for line in (p.stdout + p.stderr).splitlines() if re.match(r"<\d>|noded: ", line)]
+
+
+#: the one line of `run --sim` that is the simulated node's, not the daemon's
+SIM_NODES_OWN = "noded: simulated node torn down."
 
 
 @pytest.mark.xdist_group("demo-dry-run")  # one run of the demo (the module fixture) for both
@@ -91,8 +96,11 @@ def test_the_first_throttles_reason_names_the_rate_the_hog_runs_at(dry_run_of_th
 def test_a_dry_run_marks_every_line_and_says_at_its_start_what_it_cannot_know(dry_run_of_the_demo):
     logged = dry_run_of_the_demo
     assert any(re.match(r"<5>noded\.changes: \[dry-run\] throttle job=cgroup:hog", line) for line in logged), logged
-    unmarked = [line for line in logged if not re.match(r"<\d>[\w.]+: \[dry-run\] ", line)]
+    unmarked = [line for line in logged if not re.match(r"(<\d>[\w.]+|noded): \[dry-run\] ", line)
+                and line != SIM_NODES_OWN]
     assert not unmarked, unmarked
+    # and its last line does not claim throttles were released: none was made
+    assert "noded: [dry-run] stopped; nothing was throttled or changed, its monitoring groups removed." in logged
     start = next(line for line in logged if "what it cannot know" in line)
     assert "each later step assumes the earlier ones had no effect" in start
     assert logged.index(start) < min(i for i, line in enumerate(logged) if "throttle job=" in line)

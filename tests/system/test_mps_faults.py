@@ -4,6 +4,7 @@ MPS does. Each test ends with nothing left: no process serving the test's pipe
 directory, no zombie child, no pipe directory, compute modes back."""
 
 import dataclasses
+import logging
 import os
 import signal
 import time
@@ -99,7 +100,8 @@ def test_a_start_that_hangs_holds_neither_the_tick_nor_the_stop(service, gpus):
     close_timed(s)  # kills the hung `-d` (and reaps it) instead of waiting out its 10 s
 
 
-def test_a_restart_that_hangs_is_killed_at_its_deadline_and_retried(service, gpus):
+def test_a_restart_that_hangs_is_killed_at_its_deadline_and_retried(service, gpus, caplog):
+    caplog.set_level(logging.WARNING, logger="mps.supervisor")
     s = service(ready_timeout=1.0).start()
     wait_for(lambda: s.mps_state == "ok", timeout=15, what="MPS up")
     first = s.mps.control.pid()
@@ -115,6 +117,13 @@ def test_a_restart_that_hangs_is_killed_at_its_deadline_and_retried(service, gpu
     s.mps.control.extra_env["NODED_MPS_STANDIN"] = ""
     wait_for(lambda: s.mps_state == "ok", timeout=20, what="MPS back once `-d` works again")
     assert gone(first) and processes_serving(s.mps.pipe_dir) == [s.mps.control.pid()]
+    # the log says when it went (restarting, start_failed) and, once, when it answered again
+    # (issue #26: a lasting state NodedMpsDown sees is logged on entry and exit)
+    said = [r.getMessage() for r in caplog.records if r.name == "mps.supervisor"]
+    assert any(m.startswith("mps=restarting") for m in said), said
+    assert [m for m in said if m.startswith("mps=up again")] == [f"mps=up again pid={s.mps.control.pid()} (since noded "
+                                                                  f"started: {s.mps.restarts} restarts, "
+                                                                  f"{s.mps.start_failures} failed starts)"], said
     close_timed(s)
 
 

@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 from bench.scenario.contention import describe_actions, table
+from bench.scenario.plot import figure
 from bench.scenario.cpuset_node import CpusetNode, find_cpuset_root
 from noded.commands.wiring import with_node_peak
 from noded.stores.calibration import read_calibration
@@ -130,6 +131,36 @@ def test_the_table_normalises_to_the_victim_alone_and_names_noded_actions():
     assert "      none   off        1.00       1.0     10%         -  -" in text
     assert "    100%    on        0.95       7.0     70%      1.2%  halved cores at 2.5s" in text
     assert describe_actions([], "mba") == "none" and describe_actions([], None) == "-"
+
+
+def _cell(share, noded, victim, node_share, actions=()):
+    return {"share": share, "noded": noded, "victim_normalised": victim, "node_gbps": 1.0,
+            "node_share_of_peak": node_share, "actions": list(actions), "throttle": "mba" if noded else None}
+
+
+THROTTLED = {"t": 3.5, "job": "cgroup:stressor", "kind": "throttle", "from": 0, "to": 1, "reason": "x"}
+
+
+def test_each_panel_names_what_its_node_measures_and_a_cell_without_action_says_why():
+    # Issue #26: the simulated node's panel read "tokenise victim" where that node measures
+    # the GPU job's utilisation, and a cell where noded took no action said nothing of why.
+    results = [{"node": "this machine", "unit": "samples/s", "cells": [
+                    _cell(None, False, 1.0, 0.02), _cell(0.5, False, 0.42, 0.51), _cell(0.5, True, 0.41, 0.51),
+                    _cell(1.0, False, 0.39, 0.77), _cell(1.0, True, 0.94, 0.53, [THROTTLED])]},
+               {"node": "simulated node", "unit": "GPU utilisation, %", "cells": [
+                    _cell(None, False, 1.0, 0.02), _cell(0.5, False, 1.0, 0.52), _cell(0.5, True, 1.0, 0.52),
+                    _cell(1.0, False, 0.45, 1.0), _cell(1.0, True, 0.95, 0.64, [THROTTLED])]}]
+    fig = figure(results, "tokenise", threshold=0.75)
+    mine, sim = fig.axes[:2]
+    assert "samples/s" in mine.get_ylabel() and "tokenise victim" in mine.get_ylabel()
+    assert "GPU utilisation" in sim.get_ylabel() and "tokenise victim" not in sim.get_ylabel()
+    for ax, share in ((mine, "51%"), (sim, "52%")):
+        half, full = [t.get_text() for t in ax.get_xticklabels()]
+        assert "no action" in half and f"node {share} of peak" in half and "< 75% threshold" in half, half
+        assert full == "100%", full  # noded acted there: nothing to explain
+    text = table({"node": "n", "unit": "samples/s", "peak_gbps": 10.0, "victim_solo": 100.0,
+                  "cells": results[0]["cells"]}, threshold=0.75)
+    assert "none: node at 51% of peak, under the 75% threshold" in text
 
 
 def test_a_sim_job_runs_its_command_as_its_process():

@@ -220,3 +220,56 @@ def test_a_task_in_someone_elses_control_group_is_left_there(node, sleeper):
     with open(f"{emu.root}/their-group/tasks") as f:
         assert f.read().split() == [str(p.pid)]
     assert monitor.groups()["j"].read_tasks() == []
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_an_input_missing_is_logged_once_when_it_goes_and_once_when_it_is_back(node, sleeper, caplog):
+    # Issue #26, item 5's class: NodedBlind sees an input missing for 5 minutes and sends the
+    # operator to the journal, where a lost GPU said nothing at all (a failing sampler said
+    # itself every tick). Now: one line when it goes, none while it stays, one when it has
+    # been back for the grace period.
+    emu, rc, monitor = node()
+    gpus = SimGpus(os.path.join(emu.workdir, "nvml.shm"), make_gpus(2))
+    gpus.install()
+    clock = Clock()
+    telemetry = telemetry_for(rc, JobDiscovery([]), monitor, process_events=False, clock=clock)
+
+    def states():
+        return [(r.noded_state_change, r.getMessage()) for r in caplog.records
+                if getattr(r, "noded_state", None) == "input_missing"]
+
+    def sample_for(seconds):
+        for _ in range(int(seconds)):
+            clock.t += 1.0
+            telemetry.sample()
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="noded.changes"):
+            sample_for(3)
+            assert states() == []
+            gpus[1].lost = True
+            gpus.publish()
+            sample_for(telemetry.missing.grace_s - 1)  # not yet: one missing a moment is not said
+            assert states() == []
+            sample_for(20)
+            assert [(c, m.split(": ", 1)[1]) for c, m in states()] == [("entered", "gpu 1: GpuIsLost (for 10s)")]
+            gpus[1].lost = False
+            gpus.publish()
+            sample_for(telemetry.missing.grace_s - 1)  # back, but not yet for the grace period
+            assert len(states()) == 1
+            sample_for(2)
+            changes = states()
+            assert [c for c, _ in changes] == ["entered", "ended"], changes
+            assert "gpu 1 measured again" in changes[1][1] and "GpuIsLost" in changes[1][1]
+            sample_for(10)
+            assert len(states()) == 2
+    finally:
+        telemetry.close()
+        gpus.close()
