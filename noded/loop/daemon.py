@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
@@ -28,7 +29,7 @@ from noded.knobs.controller import Outcome, Plans, Proposals, Reading
 from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.signalflag import SignalFlag
-from noded.util.journal import NOTICE, log_change
+from noded.util.journal import NOTICE, log_change, printable
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
 from noded.loop.parts import Parts
@@ -49,6 +50,12 @@ log = logging.getLogger(__name__)
 STATE_PROBE_S = 10.0
 
 #: where in a tick one job's part can fail alone (that job held, the others go on), in words
+#: lasting states logged as their alerts see them (monitoring/prometheus/noded-rules.yml): more
+#: than OVERRUN_SHARE of the last OVERRUN_WINDOW ticks overran (NodedTickOverruns); noded's
+#: groups hold more than RMIDS_NEARLY_EXHAUSTED of the RMIDs (NodedRmidsNearlyExhausted)
+OVERRUN_WINDOW = 60
+OVERRUN_SHARE = 0.1
+RMIDS_NEARLY_EXHAUSTED = 0.9
 JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading", "act": "change"}
 
 
@@ -135,6 +142,8 @@ class Daemon:
         self.last: TickResult | None = None  # swapped whole each tick: what metrics and the admin socket read
         self.ticks = 0
         self.overruns = 0
+        # the overrun count at each of the last ticks: a share of them overrunning is a lasting state
+        self._overrun_marks: deque[int] = deque(maxlen=OVERRUN_WINDOW + 1)
         self.stats = TickStats()  # the loop's own counters; each TickResult carries a snapshot
         self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
@@ -334,7 +343,8 @@ class Daemon:
         self.last = result
         self.totals = result.totals
         # a state away for less than hold_s has not ended (contention flickers around its thresholds)
-        self.lasting.update(self._lasting_states(result, decided.stuck), t0, self.config.contention.hold_s)
+        self._overrun_marks.append(self.overruns)
+        self.lasting.update(self._lasting_states(result, decided.stuck, acted), t0, self.config.contention.hold_s)
         return result
 
     def _count_errors(self, sample: Sample, acted: Acted) -> None:
@@ -352,12 +362,24 @@ class Daemon:
             for operation in cpus.housekeeping_failed:
                 self.stats.actuator_error("cpusets", operation)
 
-    @staticmethod
-    def _lasting_states(result: TickResult, stuck: str | None) -> dict[str, str]:
+    def _lasting_states(self, result: TickResult, stuck: str | None, acted: Acted) -> dict[str, str]:
         """The states an alert can see that are in force after this tick, with why."""
         states = {f"not_watching_{w.what}": w.why for w in result.watching if not w.watching}
         if stuck:
             states["contention_nothing_left_to_throttle"] = stuck
+        held = sorted({job for _, job, _ in result.sample.job_errors} | set(acted.result.job_errors))
+        if held:  # NodedJobsHeld
+            states["jobs_held"] = (f"{len(held)} job(s) held by an error of their own, the others go on: "
+                                   f"{', '.join(printable(j) for j in held[:5])}{' ...' if len(held) > 5 else ''}")
+        overran = self._overrun_marks[-1] - self._overrun_marks[0]
+        if len(self._overrun_marks) == self._overrun_marks.maxlen and overran > OVERRUN_SHARE * (len(self._overrun_marks) - 1):
+            states["ticks_overrunning"] = (f"{overran} of the last {len(self._overrun_marks) - 1} ticks took longer "
+                                           f"than the {self.config.tick_s:g}s period")  # NodedTickOverruns
+        facts = result.sample.resctrl
+        if facts is not None and facts.num_rmids and \
+                facts.rmids_used_by_noded > RMIDS_NEARLY_EXHAUSTED * facts.num_rmids:  # NodedRmidsNearlyExhausted
+            states["rmids_nearly_exhausted"] = (f"noded's groups hold {facts.rmids_used_by_noded} of the "
+                                                f"{facts.num_rmids} RMIDs the hardware offers")
         return states
 
     def _count_job_errors(self, sample: Sample, result: ApplyResult) -> None:

@@ -406,7 +406,7 @@ class NodedCollector:
             cap.add_metric([], facts.num_rmids)
             yield cap
             used = GaugeMetricFamily("noded_resctrl_rmids_used_by_noded", "RMIDs held by noded's resctrl groups")
-            used.add_metric([], len(facts.groups.mon_parent) + len(facts.groups.ctrl_tasks))
+            used.add_metric([], facts.rmids_used_by_noded)
             yield used
         if facts is not None and facts.max_ctrl_groups:
             cap = GaugeMetricFamily("noded_resctrl_closids_capacity",

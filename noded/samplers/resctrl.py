@@ -97,6 +97,11 @@ class ResctrlFacts:
     mb_flavour: MbFlavour | None  # None: no MBA on this host
     groups: GroupsView
 
+    @property
+    def rmids_used_by_noded(self) -> int:
+        """RMIDs noded's groups hold: one each monitoring group, one each control group."""
+        return len(self.groups.mon_parent) + len(self.groups.ctrl_tasks)
+
 
 def _vanished(e: OSError) -> bool:
     return e.errno in (errno.ENOENT, errno.ENODEV)
