@@ -13,9 +13,12 @@ top and the classification of every point follows.
 top's measured mean, where a point measured more than once counts with the mean of its
 windows. **The noise in view**: a window's mean has an error the window itself reports
 (its confidence interval from the iteration jitter) and one it cannot see (a background
-load that comes and goes between windows). Both are estimated from the windows: the widest
-interval seen, and the spread of a core count measured twice. When the answer's distance
-from the margin lies inside the combined interval of the answer and the top (a *tie*),
+load that comes and goes between windows). Both are estimated from the windows: each
+point's own windows' intervals (those of the two points compared, not the widest seen: a
+slow point's long window with few samples made every comparison a tie, and its recheck
+cost a step), and the spread of the core counts measured more than once, pooled over the
+job. When the answer's distance from the margin lies inside the combined interval of the
+answer and the top (a *tie*),
 the one of the two with fewer windows (the top on equal terms) is measured again before
 the search ends, at most ``rechecks`` times per search; what the means say then decides.
 
@@ -26,6 +29,13 @@ above the top is halved; where the point above falls and the one below is within
 margin, the gap below too (the wider first), until the top's neighbours are measured. A
 fall above the top with nothing measured below it is searched below first: the bisection
 goes there anyway, and past a peak the windows above it are the slow ones.
+
+**A peak hidden above the answer.** Three points cannot tell a knee from a peak: where the
+curve rises into the answer from the point below so steeply that, continued halfway into a
+gap of ``HIDDEN_GAP`` or more cores to the next point measured above, it would pass the top
+by more than ``HIDDEN_RISE``, the middle of that gap is measured before the search ends (a
+peak at 6 of 8 cores with 4 and 8 measured alike, the answer 4 at 0.86 of the best, with no
+window noise at all; the gap is halved again while the rule holds).
 
 Where to start: a remembered answer or a category's default (``hint``) is the first point
 tried after the top. This job's own remembered answer (``confirm``) holds when it is clearly
@@ -50,6 +60,10 @@ Z = 1.96
 SMOOTH = 0.3
 #: a window whose interval is unknown (fewer than 2 samples) counts as this wide
 UNKNOWN_WIDTH = 0.5
+#: a peak may hide above the answer in a gap of this many cores or more to the next point
+HIDDEN_GAP = 3
+#: when the rise into the answer, continued halfway into that gap, passes the top by this share
+HIDDEN_RISE = 0.10
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class Point:
     cores: int
     mean: float
     windows: int
+    error: float = 0.0  # the relative standard error of the mean from its windows' own intervals
 
 
 @dataclass(frozen=True)
@@ -70,19 +85,30 @@ class Decision:
     recheck: bool = False  # the probe measures a core count again
 
 
-def points_of(measured: tuple[tuple[int, float], ...], bound: int) -> dict[int, Point]:
-    """Per core count within ``bound``: the mean of its windows."""
+def points_of(measured: tuple[tuple[int, float], ...], bound: int,
+              widths: tuple[float, ...] = ()) -> dict[int, Point]:
+    """Per core count within ``bound``: the mean of its windows, and that mean's error from
+    the windows' own intervals (``widths``, relative half-widths; none given: 0)."""
     sums: dict[int, list[float]] = {}
-    for cores, value in measured:
+    squares: dict[int, float] = {}
+    for i, (cores, value) in enumerate(measured):
         if cores <= bound:
             sums.setdefault(cores, []).append(value)
-    return {c: Point(c, math.fsum(v) / len(v), len(v)) for c, v in sums.items()}
+            own = min(widths[i], UNKNOWN_WIDTH) / Z if i < len(widths) else 0.0
+            squares[cores] = squares.get(cores, 0.0) + own * own
+    return {c: Point(c, math.fsum(v) / len(v), len(v), math.sqrt(squares[c]) / len(v)) for c, v in sums.items()}
 
 
 def window_error(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...]) -> float:
     """One window mean's relative standard error: the larger of what the windows' own
     intervals say (the widest) and the spread of core counts measured more than once."""
     own = max((min(w, UNKNOWN_WIDTH) for w in widths), default=0.0) / Z
+    return max(own, between_error(measured))
+
+
+def between_error(measured: tuple[tuple[int, float], ...]) -> float:
+    """The error no window's own interval shows (a load that moves whole windows): the
+    spread of the core counts measured more than once, pooled over all of them (0 without)."""
     groups: dict[int, list[float]] = {}
     for cores, value in measured:
         groups.setdefault(cores, []).append(value)
@@ -92,8 +118,7 @@ def window_error(measured: tuple[tuple[int, float], ...], widths: tuple[float, .
             mean = math.fsum(values) / len(values)
             squares += math.fsum((v / mean - 1) ** 2 for v in values)
             dof += len(values) - 1
-    between = math.sqrt(squares / dof) if dof else 0.0
-    return max(own, between)
+    return math.sqrt(squares / dof) if dof else 0.0
 
 
 def top_of(points: dict[int, Point]) -> Point:
@@ -121,10 +146,11 @@ def confirmed(points: dict[int, Point], hint: int, bound: int, margin: float, er
 
 
 def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
-    """The point's distance from the margin is inside the two points' combined interval."""
+    """The point's distance from the margin is inside the two points' combined interval: their
+    own windows' errors and ``error``, the error between windows, per window averaged."""
     if p.cores == top.cores:
         return False
-    spread = Z * error * math.sqrt(1 / p.windows + 1 / top.windows)
+    spread = Z * math.sqrt(p.error ** 2 + top.error ** 2 + error ** 2 * (1 / p.windows + 1 / top.windows))
     return abs(p.mean / top.mean - (1 - margin)) <= spread
 
 
@@ -155,6 +181,20 @@ def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | 
     return max(gaps)[1] if gaps else None
 
 
+def hidden_peak(points: dict[int, Point], top: Point, answer: int) -> int | None:
+    """The middle of the gap above ``answer`` when a peak may hide there: the rise into the
+    answer from the point below, continued to that middle, passes the top by more than
+    HIDDEN_RISE (a curve that still climbs that fast has not levelled off yet, or only just)."""
+    above = min((c for c in points if c > answer), default=None)
+    below = max((c for c in points if c < answer), default=None)
+    if above is None or below is None or above - answer < HIDDEN_GAP:
+        return None
+    middle = (answer + above) // 2
+    at = points[answer].mean
+    slope = (at - points[below].mean) / (answer - below)
+    return middle if at + slope * (middle - answer) > (1 + HIDDEN_RISE) * top.mean else None
+
+
 def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int) -> int:
     """The next core count to try in lo..hi-1: where the line between the point outside the
     margin below (lo - 1) and the one inside (hi) crosses the margin, rounded up (a smooth
@@ -182,11 +222,11 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
     (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far;
     ``confirm``: the hint is this job's own remembered answer, kept when the top and it are
     all that is measured and it is clearly within the margin of the top."""
-    points = points_of(measured, bound)
+    points = points_of(measured, bound, widths)
     if bound not in points:
         return Decision(bound, False)
     top = top_of(points)
-    error = window_error(measured, widths)
+    error = between_error(measured)
     if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step):
         return Decision(hint, True)
     peak = past_the_peak(points, top, margin)
@@ -210,7 +250,10 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         if neighbour and hint == hi and below is not None and lo <= below < hi and below not in points:
             return Decision(below, False)
         return Decision(split(points, top, margin, lo, hi), False)
-    # lo == hi: the answer, unless a tie decided it and a recheck is left
+    # lo == hi: the answer, unless a peak may hide above it, or a tie decided it and a recheck is left
+    hidden = hidden_peak(points, top, hi)
+    if hidden is not None:
+        return Decision(hidden, False)
     if rechecked < rechecks:
         p = points[hi]
         if is_tie(p, top, margin, error):

@@ -157,15 +157,17 @@ def test_a_stale_remembered_answer_on_a_curve_that_now_falls_is_overturned():
 def test_a_tie_inside_the_windows_intervals_is_measured_again_before_it_decides():
     from noded.rightsize import topsearch
     # the top at 16 measured once; 8 sits at the margin, inside the two windows' intervals
-    measured = ((16, 1.0), (8, 0.972), (4, 0.5), (6, 0.8), (7, 0.9))
-    widths = (0.02,) * 5
+    # (10 and 12 measured too: the steep rise into 8 could otherwise hide a peak above it)
+    measured = ((16, 1.0), (8, 0.972), (4, 0.5), (6, 0.8), (7, 0.9), (12, 0.985), (10, 0.98))
+    widths = (0.02,) * 7
     decision = topsearch.decide(measured, widths, 16, MARGIN)
     assert decision == topsearch.Decision(16, False, recheck=True)
     # measured again, the top is lower: 8 is within the margin, clearly
     again = topsearch.decide(measured + ((16, 0.98),), widths + (0.02,), 16, MARGIN, rechecked=1)
     assert again.cores == 8 and (again.answer or again.recheck)
     # far from the margin: no tie, no recheck
-    clear = topsearch.decide(((16, 1.0), (8, 0.995), (4, 0.5), (6, 0.8), (7, 0.9)), (0.01,) * 5, 16, MARGIN)
+    clear = topsearch.decide(((16, 1.0), (8, 0.995), (4, 0.5), (6, 0.8), (7, 0.9), (12, 0.985), (10, 0.98)),
+                             (0.01,) * 7, 16, MARGIN)
     assert clear == topsearch.Decision(8, True)
 
 
