@@ -13,9 +13,12 @@ top and the classification of every point follows.
 top's measured mean, where a point measured more than once counts with the mean of its
 windows. **The noise in view**: a window's mean has an error the window itself reports
 (its confidence interval from the iteration jitter) and one it cannot see (a background
-load that comes and goes between windows). Both are estimated from the windows: the widest
-interval seen, and the spread of a core count measured twice. When the answer's distance
-from the margin lies inside the combined interval of the answer and the top (a *tie*),
+load that comes and goes between windows). Both are estimated from the windows: each
+point's own windows' intervals (those of the two points compared, not the widest seen: a
+slow point's long window with few samples made every comparison a tie, and its recheck
+cost a step), and the spread of the core counts measured more than once, pooled over the
+job. When the answer's distance from the margin lies inside the combined interval of the
+answer and the top (a *tie*),
 the one of the two with fewer windows (the top on equal terms) is measured again before
 the search ends, at most ``rechecks`` times per search; what the means say then decides.
 
@@ -25,15 +28,28 @@ above falls from it by more than the margin once a point below it is measured, t
 above the top is halved; where the point above falls and the one below is within twice the
 margin, the gap below too (the wider first), until the top's neighbours are measured. A
 fall above the top with nothing measured below it is searched below first: the bisection
-goes there anyway, and past a peak the windows above it are the slow ones.
+goes there anyway, and past a peak the windows above it are the slow ones; at 1 core, with
+nothing below it to search, above (a remembered answer of 1 measured beside the top alone).
+
+**A peak hidden above the answer.** Three points cannot tell a knee from a peak: where the
+curve rises into the answer from the point below so steeply that, continued halfway into a
+gap of ``HIDDEN_GAP`` or more cores to the next point measured above, it would pass the top
+by more than ``HIDDEN_RISE``, the middle of that gap is measured before the search ends (a
+peak at 6 of 8 cores with 4 and 8 measured alike, the answer 4 at 0.86 of the best, with no
+window noise at all; the gap is halved again while the rule holds).
 
 Where to start: a remembered answer or a category's default (``hint``) is the first point
-tried after the top. This job's own remembered answer (``confirm``) holds when it is clearly
-within the margin of the top (not a tie): two measurements, either of which could overturn
-it; otherwise, and for an answer remembered on other GPUs or for the model, its neighbour
-below is tried next and the search goes on. A remembered answer measured outside the margin
-says the job changed: what it said of fewer cores goes with it, and the bisection below it
-starts from its middle.
+tried after the top. This job's own remembered answer (``confirm``) holds when it is within
+the margin of the top and measures the throughput remembered with it (within twice the
+margin and its window's interval): two measurements, either of which could overturn it. The
+remembered throughput is what overturns a stale answer (a job that changed speed changed
+shape too: peak 281 of the generated curves kept 15 cores at 0.10 of its best on two
+measurements alike); it replaced "clearly within the margin, not a tie", which cost a third
+measurement where answers usually lie, near the margin. Otherwise, and for an answer
+remembered on other GPUs or for the model, its neighbour below is tried next and the search
+goes on. A remembered answer measured outside the margin, or away from its remembered
+throughput, says the job changed: what it said of fewer cores goes with it, and the
+bisection below it starts from its middle.
 
 Everything is pure: points in, a decision out.
 """
@@ -50,6 +66,10 @@ Z = 1.96
 SMOOTH = 0.3
 #: a window whose interval is unknown (fewer than 2 samples) counts as this wide
 UNKNOWN_WIDTH = 0.5
+#: a peak may hide above the answer in a gap of this many cores or more to the next point
+HIDDEN_GAP = 3
+#: when the rise into the answer, continued halfway into that gap, passes the top by this share
+HIDDEN_RISE = 0.10
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,7 @@ class Point:
     cores: int
     mean: float
     windows: int
+    error: float = 0.0  # the relative standard error of the mean from its windows' own intervals
 
 
 @dataclass(frozen=True)
@@ -70,19 +91,30 @@ class Decision:
     recheck: bool = False  # the probe measures a core count again
 
 
-def points_of(measured: tuple[tuple[int, float], ...], bound: int) -> dict[int, Point]:
-    """Per core count within ``bound``: the mean of its windows."""
+def points_of(measured: tuple[tuple[int, float], ...], bound: int,
+              widths: tuple[float, ...] = ()) -> dict[int, Point]:
+    """Per core count within ``bound``: the mean of its windows, and that mean's error from
+    the windows' own intervals (``widths``, relative half-widths; none given: 0)."""
     sums: dict[int, list[float]] = {}
-    for cores, value in measured:
+    squares: dict[int, float] = {}
+    for i, (cores, value) in enumerate(measured):
         if cores <= bound:
             sums.setdefault(cores, []).append(value)
-    return {c: Point(c, math.fsum(v) / len(v), len(v)) for c, v in sums.items()}
+            own = min(widths[i], UNKNOWN_WIDTH) / Z if i < len(widths) else 0.0
+            squares[cores] = squares.get(cores, 0.0) + own * own
+    return {c: Point(c, math.fsum(v) / len(v), len(v), math.sqrt(squares[c]) / len(v)) for c, v in sums.items()}
 
 
 def window_error(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...]) -> float:
     """One window mean's relative standard error: the larger of what the windows' own
     intervals say (the widest) and the spread of core counts measured more than once."""
     own = max((min(w, UNKNOWN_WIDTH) for w in widths), default=0.0) / Z
+    return max(own, between_error(measured))
+
+
+def between_error(measured: tuple[tuple[int, float], ...]) -> float:
+    """The error no window's own interval shows (a load that moves whole windows): the
+    spread of the core counts measured more than once, pooled over all of them (0 without)."""
     groups: dict[int, list[float]] = {}
     for cores, value in measured:
         groups.setdefault(cores, []).append(value)
@@ -92,8 +124,7 @@ def window_error(measured: tuple[tuple[int, float], ...], widths: tuple[float, .
             mean = math.fsum(values) / len(values)
             squares += math.fsum((v / mean - 1) ** 2 for v in values)
             dof += len(values) - 1
-    between = math.sqrt(squares / dof) if dof else 0.0
-    return max(own, between)
+    return math.sqrt(squares / dof) if dof else 0.0
 
 
 def top_of(points: dict[int, Point]) -> Point:
@@ -105,26 +136,41 @@ def within_margin(p: Point, top: Point, margin: float) -> bool:
     return p.mean >= (1 - margin) * top.mean
 
 
-def confirmed(points: dict[int, Point], hint: int, bound: int, margin: float, error: float, step: int) -> bool:
-    """A remembered answer holds on two measurements, the top and it, when it is clearly
-    within the margin of the top (not a tie) and the top is not slower than it by the margin;
+def confirmed(points: dict[int, Point], hint: int, bound: int, margin: float, error: float, step: int,
+              expected: float | None = None) -> bool:
+    """A remembered answer holds on two measurements, the top and it, when it measures the
+    throughput remembered with it (``expected``, where known), is within the margin of the
+    top (a tie too: the remembered throughput is the second look) and the top is not slower
+    than it by the margin;
     where the top is (a curve that falls past its best), on a third: the core below it, when
-    that is clearly outside the margin (the answer is the peak). Otherwise it is searched."""
+    that is clearly outside the margin (the answer is the peak). Otherwise it is searched:
+    a remembered answer further than ``remembers`` from its throughput says the job changed,
+    and the shape remembered went with its speed."""
     remembered, at_bound = points[hint], points[bound]
+    if expected is not None and not remembers(remembered, expected, margin, error):
+        return False
     top = top_of(points)
-    clearly_within = within_margin(remembered, top, margin) and not is_tie(remembered, top, margin, error)
+    within = within_margin(remembered, top, margin)
     if len(points) == 2:
-        return clearly_within and within_margin(at_bound, remembered, margin)
+        return within and within_margin(at_bound, remembered, margin)
     below = points.get(hint - step)
-    return len(points) == 3 and below is not None and top.cores == hint and clearly_within \
+    return len(points) == 3 and below is not None and top.cores == hint and within \
         and not within_margin(below, top, margin) and not is_tie(below, top, margin, error)
 
 
+def remembers(p: Point, expected: float, margin: float, error: float) -> bool:
+    """The point measures the throughput remembered for it: within twice the margin, widened
+    by its windows' interval (its own and the error between windows)."""
+    spread = Z * math.sqrt(p.error ** 2 + error ** 2 / p.windows)
+    return abs(p.mean / expected - 1) <= 2 * margin + spread
+
+
 def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
-    """The point's distance from the margin is inside the two points' combined interval."""
+    """The point's distance from the margin is inside the two points' combined interval: their
+    own windows' errors and ``error``, the error between windows, per window averaged."""
     if p.cores == top.cores:
         return False
-    spread = Z * error * math.sqrt(1 / p.windows + 1 / top.windows)
+    spread = Z * math.sqrt(p.error ** 2 + top.error ** 2 + error ** 2 * (1 / p.windows + 1 / top.windows))
     return abs(p.mean / top.mean - (1 - margin)) <= spread
 
 
@@ -148,11 +194,25 @@ def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | 
     falls = above is not None and not within_margin(points[above], top, margin)
     rises = below is not None and not within_margin(points[below], top, margin)
     gaps = []
-    if above is not None and above - top.cores >= 2 and (rises or (falls and below is not None)):
+    if above is not None and above - top.cores >= 2 and (rises or (falls and (below is not None or top.cores == 1))):
         gaps.append((above - top.cores, (top.cores + above) // 2))
     if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
         gaps.append((top.cores - below, (top.cores + below + 1) // 2))
     return max(gaps)[1] if gaps else None
+
+
+def hidden_peak(points: dict[int, Point], top: Point, answer: int) -> int | None:
+    """The middle of the gap above ``answer`` when a peak may hide there: the rise into the
+    answer from the point below, continued to that middle, passes the top by more than
+    HIDDEN_RISE (a curve that still climbs that fast has not levelled off yet, or only just)."""
+    above = min((c for c in points if c > answer), default=None)
+    below = max((c for c in points if c < answer), default=None)
+    if above is None or below is None or above - answer < HIDDEN_GAP:
+        return None
+    middle = (answer + above) // 2
+    at = points[answer].mean
+    slope = (at - points[below].mean) / (answer - below)
+    return middle if at + slope * (middle - answer) > (1 + HIDDEN_RISE) * top.mean else None
 
 
 def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int) -> int:
@@ -175,19 +235,22 @@ def split(points: dict[int, Point], top: Point, margin: float, lo: int, hi: int)
 
 def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], bound: int, margin: float,
            hint: int | None = None, neighbour: bool = False, rechecks: int = 2, step: int = 1,
-           rechecked: int = 0, confirm: bool = False) -> Decision:
+           rechecked: int = 0, confirm: bool = False, expected: float | None = None) -> Decision:
     """The next probe or the answer. ``measured``: (cores, mean) in the order measured;
     ``widths``: each window's relative half-width; ``bound``: the most cores now; ``hint``:
     the first core count to try after the top; ``neighbour``: then its neighbour below
     (``step`` fewer) before bisecting; ``rechecked``: re-measurements made so far;
     ``confirm``: the hint is this job's own remembered answer, kept when the top and it are
-    all that is measured and it is clearly within the margin of the top."""
-    points = points_of(measured, bound)
+    all that is measured and it is within the margin of the top; ``expected``: the
+    throughput remembered with it (None: not known), which it must measure again (else the
+    job changed: the answer is overturned)."""
+    points = points_of(measured, bound, widths)
     if bound not in points:
         return Decision(bound, False)
     top = top_of(points)
-    error = window_error(measured, widths)
-    if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step):
+    error = between_error(measured)
+    if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step,
+                                                                          expected):
         return Decision(hint, True)
     peak = past_the_peak(points, top, margin)
     if peak is not None and neighbour and top.cores == hint:
@@ -197,11 +260,17 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         peak = up if up < min((c for c in points if c > hint), default=bound + 1) and up not in points else None
     if peak is not None:
         return Decision(peak, False)
-    overturned = neighbour and hint is not None and hint in points and not within_margin(points[hint], top, margin)
+    overturned = neighbour and hint is not None and hint in points and (
+        not within_margin(points[hint], top, margin)
+        or (expected is not None and not remembers(points[hint], expected, margin, error)))
     if overturned and hint > 1 and not any(c < hint for c in points):
         # a remembered answer outside the margin: the job changed, and what the answer said
         # of fewer cores (all slower) went with it: below it, a bisection's first split
         return Decision((hint + 1) // 2, False)
+    if overturned and hint == 1 and len(points) == 2 and bound - hint >= 2:
+        # a remembered 1 core that measures alike with the top but not its remembered speed:
+        # nothing below to search, and the two ends alike can hide a peak: the middle, once
+        return Decision((hint + bound) // 2, False)
     lo, hi = bracket(points, top, margin)
     if lo < hi:
         if hint is not None and lo <= hint < hi and hint not in points:
@@ -210,7 +279,10 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         if neighbour and hint == hi and below is not None and lo <= below < hi and below not in points:
             return Decision(below, False)
         return Decision(split(points, top, margin, lo, hi), False)
-    # lo == hi: the answer, unless a tie decided it and a recheck is left
+    # lo == hi: the answer, unless a peak may hide above it, or a tie decided it and a recheck is left
+    hidden = hidden_peak(points, top, hi)
+    if hidden is not None:
+        return Decision(hidden, False)
     if rechecked < rechecks:
         p = points[hi]
         if is_tie(p, top, margin, error):

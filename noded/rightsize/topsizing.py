@@ -5,8 +5,8 @@ Measure the most cores the job may have (its ``max_cores`` within the plan's cei
 bisect for the fewest cores within ``noise_margin`` of the best measured, every decision
 re-derived from all points (see ``topsearch``); N_start (``starts``: history, the model,
 the owner, the category and hints) only says where the bisection looks first. The job's
-own remembered answer holds when the top and it are measured and it is clearly within the
-margin (two measurements); an answer from other GPUs or another batch size tries the core
+own remembered answer holds when the top and it are measured, it is within the margin and
+it measures the throughput remembered with it (two measurements); an answer from other GPUs or another batch size tries the core
 below it next. No probe starts that would take the search past ``max_probe_s`` (with the
 iteration-time signal and a job slower than 1 iteration/s, that many iterations at the
 best speed measured: its windows are longer); the answer is then the fewest cores measured
@@ -38,7 +38,7 @@ def next_request(state: SizingState, config: AllocatorConfig) -> tuple[Probe | S
     rechecked = len(state.points) - len({c for c, _ in state.points})
     decision = topsearch.decide(state.points, state.widths, state.bound, config.noise_margin, hint,
                                 start.source in _ANSWERS, config.rechecks, state.step, rechecked,
-                                start.source == FROM_HISTORY)
+                                start.source == FROM_HISTORY, start.expected)
     if decision.answer:
         cores = decision.cores
         return ended(replace(state, cores=cores, kept=cores), searched_reason(state, cores))

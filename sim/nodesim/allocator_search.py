@@ -14,7 +14,10 @@ minutes after the first sizing ended: the windows from the change until a new pr
 and the re-sizing's time over the first's. Last line: ``within 3 % of oracle: P % of runs,
 worst W, median steps S`` for the default method.
 
-    python -m bench.allocator_search [--curves 500] [--out bench/out/allocator_search.json]
+    python -m bench.allocator_search [--curves 500] [--seed 0] [--out bench/out/allocator_search.json]
+
+``--seed`` is the first curve's number (curves ``seed .. seed + curves - 1``, each job's
+noise seeded by its curve's number): the same generator on draws nobody looked at.
 
 **The catalogue (``--catalogue``).** Each run sizes one simulated GPU job: the allocator asks
 for a core count, the job reports noisy iteration times from its curve
@@ -290,19 +293,25 @@ def _p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def seeds(first: int, count: int) -> range:
+    """The curves' numbers: ``count`` from ``first``."""
+    return range(first, first + count)
+
+
 def generated(args) -> int:
     methods = generated_methods()
     default = default_method()
-    print(f"core search on {args.curves} generated curves x cores {GENERATED_CORES} x window noise "
-          f"{', '.join(f'{n:.0%}' for n in GENERATED_NOISE)}; one GPU, no category, no history; "
+    print(f"core search on {args.curves} generated curves (seeds {args.seed}..{args.seed + args.curves - 1}) x "
+          f"cores {GENERATED_CORES} x window noise {', '.join(f'{n:.0%}' for n in GENERATED_NOISE)}; one GPU, no category, no history; "
           f"oracle: the fewest cores within {curvegen.ORACLE_WITHIN:.0%} of the best true throughput")
     print(f"  {'class':<11} {'method':<7} {'runs':>5} {'within':>6} {'tp med':>6} {'worst':>6} {'cores':>5} "
           f"{'steps':>5} {'max':>3} {'probe s':>7} {'p95 s':>6} {'max s':>6}")
-    out = {"curves": args.curves, "cores": GENERATED_CORES, "noise": GENERATED_NOISE, "methods": {}, "drift": {}}
+    out = {"curves": args.curves, "seed": args.seed, "cores": GENERATED_CORES, "noise": GENERATED_NOISE,
+           "methods": {}, "drift": {}}
     flat_cores = {}
     for name, config in methods.items():
         runs = [generated_run(curvegen.generate(seed, cores, noise), config, seed)
-                for seed in range(args.curves) for cores in GENERATED_CORES for noise in GENERATED_NOISE]
+                for seed in seeds(args.seed, args.curves) for cores in GENERATED_CORES for noise in GENERATED_NOISE]
         # a shape no curve drew (fewer curves than shapes) has no row: no mean of nothing
         table = {shape: summarise([r for r in runs if r["shape"] == shape]) for shape in curvegen.CLASSES
                  if any(r["shape"] == shape for r in runs)}
@@ -331,7 +340,7 @@ def generated(args) -> int:
     drift_curves = max(1, args.curves // 5)
     for name, config in methods.items():
         runs = [drift_run(curvegen.generate(seed, cores, noise, change_after_s=math.inf), config, seed)
-                for seed in range(drift_curves) for cores in GENERATED_CORES for noise in GENERATED_NOISE]
+                for seed in seeds(args.seed, drift_curves) for cores in GENERATED_CORES for noise in GENERATED_NOISE]
         moved = [r for r in runs if r["moved"]]
         noticed = [r["noticed_windows"] for r in moved if r["noticed_windows"] is not None]
         ratio = [r["resize_s"] / r["first_s"] for r in runs if r["resize_s"] is not None]
@@ -363,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.allocator_search", description=__doc__.splitlines()[0])
     ap.add_argument("--catalogue", action="store_true", help="the paper shapes of noded.rightsize.curves instead")
     ap.add_argument("--curves", type=int, default=500, help="generated curves (each on 8 and 16 cores, 3 noises)")
+    ap.add_argument("--seed", type=int, default=0, help="the first generated curve's number (the seed base)")
     ap.add_argument("--runs", type=int, default=20, help="--catalogue: seeded runs per cell")
     ap.add_argument("--max-cores", type=int, default=14, help="--catalogue")
     ap.add_argument("--multi-gpus", type=int, default=4,
@@ -372,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.curves < 1:
         ap.error("--curves must be at least 1")
+    if args.seed < 0:
+        ap.error("--seed must be at least 0")
     if args.catalogue:
         args.out = args.out or "bench/out/allocator_catalogue.json"
         return catalogue(args)
