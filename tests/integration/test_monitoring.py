@@ -28,6 +28,7 @@ import yaml
 
 from support.waiting import wait_for
 from support.paths import REPO_ROOT
+from support.system import popen_noded
 
 ROOT = REPO_ROOT
 MON = os.path.join(ROOT, "monitoring")
@@ -600,7 +601,7 @@ def live(tmp_path, cfg: str, scenario: str, *, warm_kernels: bool = False):
                        env=env, check=True, timeout=120)
     out_path, err_path = tmp_path / "noded.out", tmp_path / "noded.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        noded = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", scenario, "--config", cfg,
+        noded = popen_noded(["run", "--sim", scenario, "--config", cfg,
                                   "--duration", "110"], cwd=ROOT, env=env, stdout=out, stderr=err)
 
     def noded_output() -> str:

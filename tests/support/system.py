@@ -9,14 +9,24 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import urllib.request
 
 from nodesim import launch
 from nodesim.launch import DaemonProcess, SimNodeProcess, leftovers
+from nodesim.parentdeath import die_with_parent
 from support.host import skip_if_another_noded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"
+
+
+def popen_noded(argv: list[str], **kw) -> subprocess.Popen:
+    """``python -m noded ARGV`` as a test starts it by hand: SIGTERM when the process that
+    started it dies, so a worker killed by its timeout leaves no noded holding the host's lock
+    (one did, after its FUSE mount was gone, and every later sim node on that device number
+    was refused)."""
+    return subprocess.Popen([sys.executable, "-m", "noded", *argv], preexec_fn=die_with_parent, **kw)
 
 
 def start_sim_node(tmp_path, scenario="scenarios/contention.yaml",

@@ -30,6 +30,7 @@ from noded.colocation.outcomes import MODEL_FILE, ModelError, Outcomes, read_mod
 from noded.config import EmptyConfig, load_config
 from noded.loop.metrics import make_registry
 from noded.stores.securedir import StateWriteError
+from support.system import popen_noded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: a TEST-NET-1 address (RFC 5737): never one of this host's
@@ -181,7 +182,7 @@ def test_an_empty_file_is_refused_on_reload_and_the_running_config_kept(tmp_path
     cfg = write_config(tmp_path, tick_s="0.1", peak_gbps_per_domain="30",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
     notify = NotifySocket(tmp_path / "notify")
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg)], cwd=REPO,
+    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "NOTIFY_SOCKET": notify.path})
     try:
@@ -236,7 +237,7 @@ def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_lis
     cfg = write_config(tmp_path, metrics=f"{{address: 127.0.0.1, port: {port}}}",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
     notify = NotifySocket(tmp_path / "notify")
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg)], cwd=REPO,
+    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "NOTIFY_SOCKET": notify.path})
     try:

@@ -13,6 +13,7 @@ import pytest
 
 from support.sockets import NotifySocket
 from support.waiting import read_until, wait_for
+from support.system import popen_noded
 
 
 def cpu_only_config(tmp_path, **extra):
@@ -27,7 +28,7 @@ def cpu_only_config(tmp_path, **extra):
 
 
 def start(cfg, env=None, *extra):
-    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg), *extra],
+    return popen_noded(["run", "--config", str(cfg), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
 
@@ -123,7 +124,7 @@ def test_sigterm_with_100_jobs_is_quick_and_leaves_nothing(tmp_path, procs):
     scenario.write_text("seed: 1\nduration_s: 600\nnode: {gpus: 2, peak_gbps: 50}\nevents:\n" + "\n".join(lines) + "\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tick_s: 0.2\nmetrics: {port: 0}\n")
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", str(scenario), "--config", str(cfg)],
+    p = popen_noded(["run", "--sim", str(scenario), "--config", str(cfg)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs.append(p)
     url = re.search(r"http://\S+", read_until(p.stdout, "noded: metrics at", "the metrics URL", timeout=60)).group(0)

@@ -38,6 +38,7 @@ from noded.samplers.nvml import GpuProcess, GpuSample
 from noded.samplers.resctrl import GroupsView, ResctrlFacts
 from noded.loop.tickstats import TickStats
 from support.paths import TESTS_DIR
+from support.system import popen_noded
 
 GOLDEN = os.path.join(TESTS_DIR, "golden", "metrics.txt")
 
@@ -163,7 +164,7 @@ def test_check_config(tmp_path):
 def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_clean(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("tick_s: 0.25\nmetrics: {port: 0}\ncontention: {hold_s: 1, settle_s: 0.25}\n")
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", "scenarios/contention.yaml", "--config",
+    p = popen_noded(["run", "--sim", "scenarios/contention.yaml", "--config",
                           str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = p.stdout.readline()

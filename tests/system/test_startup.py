@@ -12,6 +12,7 @@ import pytest
 
 from support.sockets import NotifySocket
 from support.waiting import wait_for
+from support.system import popen_noded
 
 pytestmark = pytest.mark.fuse
 
@@ -26,7 +27,7 @@ def config(tmp_path, name, **extra):
 
 
 def run(cfg, *extra, **kw):
-    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(cfg), *extra],
+    return popen_noded(["run", "--config", str(cfg), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -150,7 +151,7 @@ def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
         cfg.write_text(f"metrics: {{port: {taken.getsockname()[1]}}}\n"
                        f"colocation: {{enabled: true, mps: {{control: {STANDIN}, pipe_dir: {pipe_dir}, "
                        f"log_dir: {log_dir}}}}}\n")
-        p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--sim", "scenarios/demo.yaml", "--config",
+        p = popen_noded(["run", "--sim", "scenarios/demo.yaml", "--config",
                               str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         code, out, err = finish(p, timeout=60)
     finally:

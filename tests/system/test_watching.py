@@ -19,6 +19,7 @@ from noded.samplers.sample import build_sample
 from noded.samplers.nvml import NvmlSample
 from noded.loop.watching import watching
 from support.paths import REPO_ROOT
+from support.system import popen_noded
 
 ROOT = REPO_ROOT
 
@@ -29,7 +30,7 @@ def test_a_noded_that_watches_nothing_says_so_at_start_in_status_and_in_its_metr
                       f"metrics: {{address: 127.0.0.1, port: 0}}\nresctrl: {{root: {tmp_path}/no-resctrl}}\n")
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # no NVML library: no GPU
     env["PYTHONPATH"] = ROOT
-    p = subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", str(config)], env=env, text=True,
+    p = popen_noded(["run", "--config", str(config)], env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # at start, before the loop: what the config leaves out
