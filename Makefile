@@ -63,6 +63,15 @@ deps: system-deps $(STAMP) nvml
 # What only the tests need on top (the Kubernetes manifests' renderer and validators).
 test-deps: deps k8s-test-deps $(NPM_STAMP)
 
+# The tests with Python's bytecode cache on, whatever the environment says
+# (PYTHONDONTWRITEBYTECODE=1 in many containers, this one included): the suite starts some
+# hundreds of Python processes (noded, nodectl, the simulated node), each of which otherwise
+# compiles every source it imports (importing noded's: 0.70 core-seconds, 0.45 cached), and
+# pytest rewrites every test module's asserts in each of its processes at each run
+# (collection: 11 core-seconds, 4 cached). The caches go to __pycache__/ (git ignores it;
+# packaging/stage.py copies nothing git ignores).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+
 # Every tier of tests/ (tests/README.md) but the benchmarks' own end-to-end runs (marker
 # bench: make test-bench). In TEST_WORKERS workers: the tests wait on processes far more
 # than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
@@ -72,16 +81,16 @@ test-deps: deps k8s-test-deps $(NPM_STAMP)
 TEST_WORKERS ?= 4
 test: test-deps
 	base=$$(mktemp -d /tmp/nt-XXXXXX); \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
-	$(PY) -m pytest -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
+	$(PYTEST) -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
 	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; } && rm -rf $$base
 
 # The unit tier alone: pure code, no root, in seconds (two workers: its hypothesis tests compute).
 test-unit: $(STAMP)
-	$(PY) -m pytest -n 2 tests/unit
+	$(PYTEST) -n 2 tests/unit
 
 test-bench: test-deps
-	$(PY) -m pytest -m bench
+	$(PYTEST) -m bench
 
 demo: deps
 	$(PY) -m noded run --sim scenarios/contention.yaml --config scenarios/demo-config.yaml
