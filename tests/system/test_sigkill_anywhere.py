@@ -35,6 +35,7 @@ from support.system import (CPUSET, REPO, compute_modes, cpusets, noded_groups, 
 from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
 from support.mps import processes_serving
+from support.system import popen_noded
 
 pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy"),
               # each keeps a simulated node, noded and its restarts busy for most of a minute:
@@ -71,9 +72,9 @@ def write_inputs(tmp_path, profile: str, **config) -> tuple[str, str]:
 
 def spawn_daemon(env: dict[str, str]) -> subprocess.Popen:
     """noded as a host runs it; what it says is not read (a killed one says little)."""
-    return subprocess.Popen([sys.executable, "-m", "noded", "run", "--config", env["NODED_SIM_CONFIG"]],
-                            env={**os.environ, **{k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}},
-                            cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return popen_noded(["run", "--config", env["NODED_SIM_CONFIG"]],
+                       env={**os.environ, **{k: env[k] for k in ("LD_LIBRARY_PATH", "NODED_SIM_NVML")}},
+                       cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class SimulatedNode:
