@@ -65,10 +65,14 @@ def said(caplog, state):
     return [r.noded_state_change for r in caplog.records if getattr(r, "noded_state", None) == state]
 
 
-def ticks(daemon, clock, n):
-    for _ in range(n):
+def ticks(daemon, clock, n, overrun_every: int | None = None):
+    """``n`` ticks a second apart; ``overrun_every``: every so many, one counted as overrun
+    (what the loop counts after a tick longer than its period)."""
+    for i in range(n):
         daemon.tick()
         clock.t += 1.0
+        if overrun_every and i % overrun_every == 0:
+            daemon.overruns += 1
 
 
 def test_jobs_held_is_said_when_it_begins_and_once_it_has_ended_for_the_hold(node_and_daemon, caplog):
@@ -91,11 +95,7 @@ def test_jobs_held_is_said_when_it_begins_and_once_it_has_ended_for_the_hold(nod
 def test_ticks_overrunning_is_said_once_a_tenth_of_the_window_overran_and_when_it_stops(node_and_daemon, caplog):
     node, daemon, clock = node_and_daemon
     with caplog.at_level(logging.INFO):
-        for i in range(2 * OVERRUN_WINDOW):
-            daemon.tick()
-            clock.t += 1.0
-            if i % 5 == 0:
-                daemon.overruns += 1  # what the loop counts after a tick longer than its period
+        ticks(daemon, clock, 2 * OVERRUN_WINDOW, overrun_every=5)
         assert said(caplog, "ticks_overrunning") == ["entered"]  # 1 in 5 > 1 in 10
         ticks(daemon, clock, OVERRUN_WINDOW + int(HOLD_S) + 2)
     assert said(caplog, "ticks_overrunning") == ["entered", "ended"]
@@ -104,11 +104,7 @@ def test_ticks_overrunning_is_said_once_a_tenth_of_the_window_overran_and_when_i
 def test_one_overrun_now_and_then_is_no_state(node_and_daemon, caplog):
     node, daemon, clock = node_and_daemon
     with caplog.at_level(logging.INFO):
-        for i in range(3 * OVERRUN_WINDOW):
-            daemon.tick()
-            clock.t += 1.0
-            if i % 20 == 0:
-                daemon.overruns += 1  # 1 in 20: under the alert's tenth
+        ticks(daemon, clock, 3 * OVERRUN_WINDOW, overrun_every=20)  # 1 in 20: under the alert's tenth
     assert said(caplog, "ticks_overrunning") == []
 
 
