@@ -19,14 +19,18 @@ Among several proposals of one kind on one job, the controller registered later 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from noded.samplers.sample import Sample
 
 if TYPE_CHECKING:  # annotations only: these are the controllers' own words, above this layer
+    from noded.capping.service import CapState
+    from noded.colocation.view import ColocationView
     from noded.config import Config
+    from noded.policy.contention import Decision
+    from noded.rightsize.service import RightsizeView
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,31 @@ class MemoryWishes:
 
 
 @dataclass(frozen=True)
+class Found:
+    """What controllers found for the tick's result, each fact from the one controller that
+    finds it (None: not this one's): contention's decision and why contention lasts with
+    nothing left to throttle, right-sizing's view (when they propose); the caps' and
+    co-location's (after the writes: where each capped job is held now, the reservations
+    left once ended jobs' are dropped)."""
+
+    decision: Decision | None = None
+    stuck: str | None = None
+    rightsize: RightsizeView | None = None
+    colocation: ColocationView | None = None
+    caps: Mapping[str, CapState] | None = None
+
+    def then(self, later: Found | None) -> Found:
+        """These findings with ``later``'s on top (a fact it found replaces this one's)."""
+        if later is None:
+            return self
+        return Found(**{f.name: getattr(later, f.name) if getattr(later, f.name) is not None
+                        else getattr(self, f.name) for f in fields(self)})
+
+
+NO_FINDINGS = Found()
+
+
+@dataclass(frozen=True)
 class Proposals:
     """What one controller proposes this tick, per knob (None: nothing on that knob), and
     what it found for the tick's result."""
@@ -98,10 +127,7 @@ class Proposals:
     cpus: CpuWishes | None = None  # each planned job's CPUs
     fewer_cores: FewerCores | None = None  # on top of the plan of CPUs
     memory: MemoryWishes | None = None  # memory soft limits
-    # found, for the tick's result: contention's decision and why it is stuck, right-sizing's view
-    decision: Any = None
-    stuck: str | None = None
-    view: Any = None
+    found: Found = NO_FINDINGS
 
 
 NOTHING = Proposals()
@@ -135,7 +161,9 @@ class Controller(Protocol):
     """One controller: a file of its package, registered by the wiring (noded.loop.parts).
     ``propose`` may read what the controllers before it proposed (``proposed``, in order),
     never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
-    writes (a cap's holder steers its group between ticks): most do nothing there."""
+    writes (a cap's holder steers its group between ticks): most do nothing there.
+    ``after_apply`` returns what the controller found once the writes are done, for the
+    tick's result (None: nothing beyond its proposals' ``found``)."""
 
     name: str
 
@@ -143,7 +171,7 @@ class Controller(Protocol):
 
     def before_apply(self, reading: Reading, plans: Plans) -> None: ...
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None: ...
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None: ...
 
 
 class Proposer:
@@ -154,5 +182,5 @@ class Proposer:
     def before_apply(self, reading: Reading, plans: Plans) -> None:
         pass
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None:
-        pass
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None:
+        return None
