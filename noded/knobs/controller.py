@@ -21,15 +21,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
 
-from noded.samplers.sample import Sample
+from noded.config import Config
+from noded.samplers.memcgroups import MemoryCgroup
+from noded.samplers.sample import JobSample, Sample
+from noded.stores.originals import OriginalValues
+from noded.util.cputree import CpuSet
 
-if TYPE_CHECKING:  # annotations only: these are the controllers' own words, above this layer
+if TYPE_CHECKING:  # annotations only: the words of the controllers, actuators and loop, above this layer
+    from noded.actuators.cpusets import CpuSetResult
+    from noded.actuators.memsoft import MemoryResult
+    from noded.actuators.plan import ApplyResult
+    from noded.capping.plan import Cap
     from noded.capping.service import CapState
     from noded.colocation.view import ColocationView
-    from noded.config import Config
+    from noded.loop.overrides import Override
     from noded.policy.contention import Decision
+    from noded.rightsize.memsplit import MemorySplit
     from noded.rightsize.service import RightsizeView
 
 
@@ -42,7 +51,7 @@ class Reading:
     config: Config
     now: float
     paused: str | None = None  # why the eliminator is paused, or None
-    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # job -> loop.overrides.Override
+    overrides: Mapping[str, Override] = field(default_factory=lambda: MappingProxyType({}))  # by job
     unwritable: str | None = None  # why the state directory cannot be written (nothing new may change), or None
     throttle_kind: str | None = None  # mba | cores | None (nothing can throttle here)
     in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))  # levels read now
@@ -51,12 +60,22 @@ class Reading:
     level_share: Callable[[int], float] = lambda level: 1.0  # the bandwidth a level leaves
 
 
+class CpuView(Protocol):
+    """One job's CPUs as the owner of every job's CPUs sees them."""
+
+    @property
+    def original(self) -> CpuSet: ...  # before noded touched them: recorded, else as they are now
+
+    @property
+    def now(self) -> CpuSet: ...
+
+
 class CpuRecords(Protocol):
     """What a controller may read of the one owner of every job's CPUs (never write)."""
 
-    originals: Any
+    originals: OriginalValues
 
-    def view(self, job: str, js: Any) -> Any: ...
+    def view(self, job: str, js: JobSample) -> CpuView | None: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +92,8 @@ class FewerCores(Protocol):
     the plan's or none); ``has_records``: whether the owner holds CPUs of its to put back,
     so that with no wish left there is still something to write."""
 
-    def wishes(self, base: Mapping[str, Iterable[int] | None], owner: CpuRecords) -> dict: ...
+    def wishes(self, base: Mapping[str, Iterable[int] | None],
+               owner: CpuRecords) -> dict[str, Iterable[int] | None]: ...
 
     def has_records(self, owner: CpuRecords) -> bool: ...
 
@@ -86,9 +106,9 @@ class MemoryWishes:
     is wished and nothing changes)."""
 
     wishes: Mapping[str, int] | None
-    cgroups: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    cgroups: Mapping[str, MemoryCgroup] = field(default_factory=lambda: MappingProxyType({}))
     unplaced: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    split: Any = None
+    split: MemorySplit | None = None
     error: str | None = None
 
 
@@ -123,7 +143,7 @@ class Proposals:
     what it found for the tick's result."""
 
     levels: Mapping[str, int] | None = None  # where CPU jobs go: a level per job (0: none)
-    capped: Mapping[str, Any] | None = None  # where CPU jobs go: held at a cap (job -> capping.plan.Cap)
+    capped: Mapping[str, Cap] | None = None  # where CPU jobs go: held at a cap
     cpus: CpuWishes | None = None  # each planned job's CPUs
     fewer_cores: FewerCores | None = None  # on top of the plan of CPUs
     memory: MemoryWishes | None = None  # memory soft limits
@@ -139,7 +159,7 @@ class Plans:
     what the actuators write this tick."""
 
     places: Mapping[str, int]  # where each CPU job goes: its level, or actuators.plan.CAPPED
-    capped: Mapping[str, Any]  # job -> the cap it is held at (its place is CAPPED)
+    capped: Mapping[str, Cap]  # the cap each job is held at (its place is CAPPED)
     cpus: CpuWishes | None  # each planned job's CPUs (None: no plan of CPUs this tick)
     fewer_cores: tuple[FewerCores, ...]  # on top of the plan's CPUs, in order
     memory: MemoryWishes | None  # memory soft limits (None: not sized)
@@ -147,13 +167,13 @@ class Plans:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the actuators did with the plans: the levels' result (actuators.plan.ApplyResult),
-    the owner of CPUs' (None: nothing written), the soft limits' (None: nothing written),
-    and the capped jobs that are in their cap's group now."""
+    """What the actuators did with the plans: the levels' result, the owner of CPUs' (None:
+    nothing written), the soft limits' (None: nothing written), and the capped jobs that
+    are in their cap's group now."""
 
-    levels: Any
-    cpus: Any = None
-    memory: Any = None
+    levels: ApplyResult
+    cpus: CpuSetResult | None = None
+    memory: MemoryResult | None = None
     in_cap_group: frozenset[str] = frozenset()
 
 
