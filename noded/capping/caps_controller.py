@@ -33,6 +33,7 @@ class Caps:
     """The caps, proposed; the holders told around the writes."""
 
     name = "caps"
+    reads: tuple[str, ...] = ()
 
     def __init__(self, service: CapService):
         self.service = service

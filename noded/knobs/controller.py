@@ -1,8 +1,9 @@
 """A controller, the tick's reading it proposes from, and what it may propose, per knob.
 
-A tick reads: sample -> each controller proposes (in the order the wiring registered them,
-each seeing what those before it proposed) -> one plan per knob, merged by the knob's
-planner (noded.loop.planners) -> the actuators apply each plan -> the tick's result.
+A tick reads: sample -> each controller proposes (after the controllers whose proposals it
+reads, its ``reads``; otherwise in the order the wiring registered them; each seeing what
+those before it proposed) -> one plan per knob, merged by the knob's planner
+(noded.loop.planners) -> the actuators apply each plan -> the tick's result.
 
 No controller holds an actuator: a knob's only writer is the actuator its planner hands
 the plan to. Precedence where two controllers propose on one knob (the planners say it too):
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence
 
 from noded.config import Config
 from noded.samplers.memcgroups import MemoryCgroup
@@ -183,9 +184,11 @@ class Controller(Protocol):
     never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
     writes (a cap's holder steers its group between ticks): most do nothing there.
     ``after_apply`` returns what the controller found once the writes are done, for the
-    tick's result (None: nothing beyond its proposals' ``found``)."""
+    tick's result (None: nothing beyond its proposals' ``found``). ``reads``: the names of
+    the controllers whose proposals it reads: it proposes after them (``in_reading_order``)."""
 
     name: str
+    reads: tuple[str, ...]
 
     def propose(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Proposals: ...
 
@@ -198,9 +201,43 @@ class Proposer:
     """A controller that only proposes: told nothing around the writes."""
 
     name = "controller"
+    reads: tuple[str, ...] = ()
 
     def before_apply(self, reading: Reading, plans: Plans) -> None:
         pass
 
     def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None:
         return None
+
+
+class ControllerCycle(ValueError):
+    """Controllers that read each other's proposals in a circle: none can propose first."""
+
+
+def in_reading_order(controllers: Sequence[Controller]) -> tuple[Controller, ...]:
+    """``controllers`` in the order they propose: each after those whose proposals it reads
+    (a name no controller here has is nothing to wait for), otherwise in the order given
+    (the later one's proposal wins on a knob both propose on). Raises ControllerCycle."""
+    waiting = list(controllers)
+    done: list[Controller] = []
+    while waiting:
+        names = {c.name for c in waiting}
+        ready = next((c for c in waiting if not names.intersection(set(c.reads) - {c.name})), None)
+        if ready is None:
+            raise ControllerCycle("controllers read each other's proposals in a circle, so none can propose "
+                                  f"first: {' -> '.join(_circle(waiting))} (each reads the next)")
+        waiting.remove(ready)
+        done.append(ready)
+    return tuple(done)
+
+
+def _circle(waiting: Sequence[Controller]) -> list[str]:
+    """One circle among ``waiting`` (each reads one of the others), by name, closed."""
+    by_name = {c.name: c for c in waiting}
+    path = [waiting[0].name]
+    while True:
+        c = by_name[path[-1]]
+        nxt = next(r for r in c.reads if r in by_name and r != c.name)
+        if nxt in path:
+            return path[path.index(nxt):] + [nxt]
+        path.append(nxt)

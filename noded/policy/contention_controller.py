@@ -41,6 +41,7 @@ class Contention(Proposer):
     GPU jobs' baselines are kept across restarts in ``baselines`` where there is a store."""
 
     name = "contention"
+    reads = ("caps",)  # a capped job is the cap's, not contention's
 
     def __init__(self, baselines: BaselineStore | None = None):
         self.baselines = baselines

@@ -22,6 +22,7 @@ class CpuSizing(Proposer):
     those it has now), written only by the loop's actuators."""
 
     name = "rightsize"
+    reads = ("contention",)  # its levels, carried in the plan of CPUs where cores are halved
 
     def __init__(self, service: RightSizing, owner: CpuRecords, clock: Callable[[], float]):
         self.service, self.owner = service, owner

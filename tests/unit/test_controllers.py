@@ -15,7 +15,7 @@ from types import MappingProxyType
 from noded.actuators.plan import CAPPED, Applied, ApplyResult
 from noded.config import Config
 from noded.capping.service import CapState
-from noded.knobs.controller import Found, Proposals, Proposer
+from noded.knobs.controller import ControllerCycle, Found, Proposals, Proposer, in_reading_order
 from noded.loop.daemon import Daemon
 from noded.loop.parts import Parts
 from noded.loop.planners import plan_knobs
@@ -155,3 +155,35 @@ def test_a_later_finding_replaces_an_earlier_one_and_none_keeps_it():
     early = Found(stuck="early", caps=MappingProxyType({}))
     assert early.then(Found(stuck="late")) == Found(stuck="late", caps=MappingProxyType({}))
     assert early.then(None) is early
+
+
+class Named(Proposer):
+    def __init__(self, name, reads=()):
+        self.name, self.reads = name, tuple(reads)
+
+    def propose(self, reading, proposed):
+        return Proposals(levels={j: len(proposed) for j in reading.sample.jobs})
+
+
+def test_a_controller_proposes_after_those_it_reads_whatever_the_order_registered():
+    """Each controller says whose proposals it reads (``reads``) and the order follows from
+    it (before, Parts.tick_controllers ordered them by hand: registered in this order, the
+    reader proposed first and saw nothing)."""
+    reader, source = Named("reader", reads=("source",)), Named("source")
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(reader, source)))
+    assert [c.name for c in daemon.controllers] == ["contention", "source", "reader"]
+    # the built-ins: the caps before contention, contention before right-sizing's CPUs, the rest as listed
+    built = [Named("caps"), Named("contention", ("caps",)), Named("rightsize", ("contention",)), Named("memory"),
+             Named("colocation")]
+    assert in_reading_order(built[::-1]) == (built[4], built[3], built[0], built[1], built[2])
+    assert in_reading_order(built) == tuple(built)
+
+
+def test_controllers_reading_each_other_in_a_circle_are_refused_naming_the_circle():
+    a, b, c = Named("a", reads=("c",)), Named("b", reads=("a",)), Named("c", reads=("b", "gone"))
+    try:
+        Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(a, b, c, Named("d"))))
+    except ControllerCycle as e:
+        assert "a -> c -> b -> a" in str(e), e
+    else:
+        raise AssertionError("a circle of controllers was taken")
