@@ -35,7 +35,9 @@ it, and ``CpuSetOwner`` carries it out with the same rules for every one of them
   the original of its parent (its cgroup's, or the job's) recorded, so neither a release
   nor a crash leaves it changed.
 * **Restored** when the job's wish goes, at stop (``release_all``), and at the next start
-  after a crash (``restore_all``), only where the value is still one noded wrote.
+  after a crash (``restore_all``), only where the value is still one noded wrote
+  (``noded.actuators.cpurestore``; a job's view, its values and records, is
+  ``noded.actuators.cpuview``'s).
 """
 
 from __future__ import annotations
@@ -44,11 +46,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-from resctrl.cpulist import format_cpu_list, parse_cpu_list
+from resctrl.cpulist import format_cpu_list
 
-from noded.actuators.cpuio import read_cpuset
 from noded.actuators.cpuio import set_affinity
 from noded.actuators.cpuio import write_cpuset
 from noded.actuators.cpurecords import WrittenValues
@@ -56,9 +57,8 @@ from noded.actuators.cpurecords import affinity_job_key
 from noded.actuators.cpurecords import affinity_key
 from noded.actuators.cpurecords import cpus_of
 from noded.actuators.cpurecords import cpuset_key
-from noded.jobs.cgroups import read_procs
-from noded.jobs.discovery import descendants
-from noded.jobs.discovery import read_ppids
+from noded.actuators.cpurestore import CpuRestore, forget_unrecorded_writes
+from noded.actuators.cpuview import CpuNode, JobCpus, alive, ours, parent_of
 from noded.samplers.sample import JobSample
 from noded.samplers.sample import Sample
 from noded.stores.originals import OriginalValues
@@ -67,50 +67,9 @@ from noded.util.cputree import CpuSet
 from noded.util.cputree import cpuset_steps
 from noded.util.cputree import derived
 from noded.util.cputree import fitted
-from noded.util.halving import halvings
 from noded.util.journal import log_change
-from noded.util.procstat import STARTTIME
-from noded.util.procstat import stat_fields
 
 log = logging.getLogger(__name__)
-
-
-# -- one job as noded sees it: the kernel's values now, and the records
-
-
-@dataclass(frozen=True)
-class _Node:
-    """A cgroup of the job (``where``: its directory) or a process (``where``: pid)."""
-
-    key: str
-    where: str | int
-    now: CpuSet
-    recorded: CpuSet | None  # the original noded recorded, if any
-    parent: int | None = None  # cgroups: index of the nearest cgroup above it in the job
-
-    @property
-    def original(self) -> CpuSet:
-        return self.recorded if self.recorded is not None else self.now
-
-
-@dataclass(frozen=True)
-class _JobView:
-    job: str
-    js: JobSample
-    cpusets: bool
-    nodes: tuple[_Node, ...]
-    original: CpuSet  # the job's: its directory's, else the processes' as recorded for the job
-
-    @property
-    def now(self) -> CpuSet:
-        """The job's CPUs now: its directory's, else every process's together."""
-        if self.cpusets:
-            return self.nodes[0].now
-        return frozenset().union(*(n.now for n in self.nodes))
-
-    @property
-    def recorded(self) -> list[_Node]:
-        return [n for n in self.nodes if n.recorded is not None]
 
 
 @dataclass(frozen=True)
@@ -149,28 +108,27 @@ class CpuSetOwner:
         self.notes = self.written.notes
         self.proc = proc
         self.dry_run = dry_run
+        self.restorer = CpuRestore(originals, self.written, proc)
         self._would: dict[str, tuple[tuple[int, ...] | None, tuple[str, ...]]] = {}
 
     # -- reading (no I/O: the Sample and the records)
-    def view(self, job: str, js: JobSample) -> _JobView | None:
+    def view(self, job: str, js: JobSample) -> JobCpus | None:
         p = js.cpus
         if p is None or (not p.cpusets and not p.affinities):
             return None
         if p.cpusets:
-            nodes: list[_Node] = []
+            nodes: list[CpuNode] = []
             for d, now in p.cpusets:
-                parent = next((i for i in range(len(nodes) - 1, -1, -1)
-                               if d.startswith(str(nodes[i].where) + os.sep)), None)
-                nodes.append(_Node(cpuset_key(d), d, now, self._recorded(cpuset_key(d)), parent))
-            return _JobView(job, js, True, tuple(nodes), nodes[0].original)
-        procs = tuple(_Node(affinity_key(pid, start), pid, now, self._recorded(affinity_key(pid, start)))
+                nodes.append(CpuNode(cpuset_key(d), d, now, self._recorded(cpuset_key(d)), parent_of(nodes, d)))
+            return JobCpus(job, js, True, tuple(nodes), nodes[0].original)
+        procs = tuple(CpuNode(affinity_key(pid, start), pid, now, self._recorded(affinity_key(pid, start)))
                       for pid, start, now in p.affinities)
         record = self.originals.get(affinity_job_key(job))
         if isinstance(record, dict):
             original = frozenset(record["original"])
         else:
             original = next((n.recorded for n in procs if n.recorded is not None), procs[0].now)
-        return _JobView(job, js, False, procs, original)
+        return JobCpus(job, js, False, procs, original)
 
     def _recorded(self, key: str) -> CpuSet | None:
         value = self.originals.get(key)
@@ -181,7 +139,7 @@ class CpuSetOwner:
         v = self.view(js.id, js)
         return sorted(v.original) if v is not None else []
 
-    def targets(self, v: _JobView, wanted: Iterable[int] | None) -> list[CpuSet]:
+    def targets(self, v: JobCpus, wanted: Iterable[int] | None) -> list[CpuSet]:
         """What each cgroup or process of the job gets for ``wanted`` (None, or the job's
         original: every recorded original back, the rest as it is)."""
         w = None if wanted is None else frozenset(wanted)
@@ -194,25 +152,13 @@ class CpuSetOwner:
             out.append(w if n.parent is None else derived(n.original, v.nodes[n.parent].original, out[n.parent]))
         return out
 
-    def matches(self, v: _JobView, wanted: Iterable[int] | None) -> bool:
+    def matches(self, v: JobCpus, wanted: Iterable[int] | None) -> bool:
         """Whether the kernel shows what ``wanted`` gives the job, every cgroup or process."""
         return all(t == n.now for t, n in zip(self.targets(v, wanted), v.nodes))
 
-    def _ours(self, v: _JobView, n: _Node) -> bool:
-        """A recorded value still the original or one noded wrote (records made before
-        cpus_written.json existed: one that core halving writes)."""
-        if n.now == n.recorded:
-            return True
-        written = self.written.get(n.key)
-        if written is not None:
-            return n.now in written
-        if not v.cpusets:
-            return n.now in halvings(n.recorded)
-        return any(n.now == ((n.original & kept) or kept) for kept in halvings(v.original))
-
-    def changed_by_others(self, v: _JobView) -> bool:
+    def changed_by_others(self, v: JobCpus) -> bool:
         """Whether a recorded value of the job is neither its original nor one noded wrote."""
-        return any(not self._ours(v, n) for n in v.recorded)
+        return any(not ours(self.written, v, n) for n in v.recorded)
 
     # -- before the changes: forget what is stale, record what appeared
     def prepare(self, sample: Sample, wishes: Mapping[str, Iterable[int] | None]) -> list[str]:
@@ -233,8 +179,8 @@ class CpuSetOwner:
             if not keys:
                 continue
             try:
-                foreign = [n for n in v.recorded if not self._ours(v, n)]  # see changed_by_others
-                if foreign and v.cpusets and self._ours(v, v.nodes[0]):
+                foreign = [n for n in v.recorded if not ours(self.written, v, n)]  # see changed_by_others
+                if foreign and v.cpusets and ours(self.written, v, v.nodes[0]):
                     # Only cgroups below the job's own (its owner's, delegated): their values
                     # are theirs, but the job's CPUs are still noded's to put back. Their
                     # records go; each is recorded afresh below as what it holds now.
@@ -260,7 +206,7 @@ class CpuSetOwner:
                 return ["record"]
         return []
 
-    def _record_inherited(self, v: _JobView) -> None:
+    def _record_inherited(self, v: JobCpus) -> None:
         """A cgroup or process with no record in a changed job: holding what its parent holds
         (its cgroup's now, or a set noded gave the job's processes), it inherited noded's
         write, and its original is its parent's; a cgroup holding anything else keeps its own."""
@@ -300,7 +246,7 @@ class CpuSetOwner:
                 gone = where not in sample.jobs
             elif kind == "affinity":
                 pid_text, _, start = where.partition(":")
-                gone = not self._alive(int(pid_text), start)
+                gone = not alive(self.proc, int(pid_text), start)
             else:
                 continue  # not a record of CPUs (a GPU's compute mode)
             if gone:
@@ -310,22 +256,14 @@ class CpuSetOwner:
                     log.warning("forgetting the original of %s (gone) failed: %s", where, e)
                     return ["record"]
         try:
-            self._prune_written()
+            forget_unrecorded_writes(self.originals, self.written)
         except StateWriteError as e:
             log.warning("forgetting what noded wrote into CPUs no longer recorded failed: %s", e)
             return ["record"]
         return []
 
-    def _prune_written(self) -> None:
-        recorded = {k for k, _ in self.originals.items()}
-        self.written.update({k: None for k in self.written.keys() if k not in recorded})
-
-    def _alive(self, pid: int, start: str) -> bool:
-        fields = stat_fields(self.proc, pid)
-        return fields is not None and fields[STARTTIME].decode() == start
-
     # -- the changes
-    def change(self, v: _JobView, wanted: Iterable[int] | None, writes: list[str]) -> None:
+    def change(self, v: JobCpus, wanted: Iterable[int] | None, writes: list[str]) -> None:
         """Give one job ``wanted`` (None: its originals back), writing only what differs.
         Raises OSError (a write failed: ``writes`` holds those made) or StateWriteError
         (an original or the values about to be written could not be recorded: nothing written)."""
@@ -373,7 +311,7 @@ class CpuSetOwner:
             self._forget(keys)
 
     @staticmethod
-    def _describe(v: _JobView, i: int, value: CpuSet) -> str:
+    def _describe(v: JobCpus, i: int, value: CpuSet) -> str:
         n = v.nodes[i]
         if v.cpusets:
             return f"{n.where}/cpuset.cpus <- {format_cpu_list(sorted(value))}"
@@ -435,7 +373,7 @@ class CpuSetOwner:
         self._would = {c.job: (c.cpus, c.writes) for c in out}
         return news
 
-    # -- stop, and the start after a crash
+    # -- stop, and the start after a crash (noded.actuators.cpurestore)
     def release_all(self) -> list[str]:
         """Put back every recorded original; returns what could not be restored."""
         return [key for key, ok in self._restore().items() if not ok]
@@ -445,122 +383,4 @@ class CpuSetOwner:
         return [key for key, ok in self._restore().items() if ok]
 
     def _restore(self) -> dict[str, bool]:
-        """Every record put back, but only where the value is still one noded set: a value
-        someone else changed meanwhile (a scheduler's resize) is theirs, and left as it is."""
-        done: dict[str, bool] = {}
-        if self.dry_run:
-            return done
-        records = dict(self.originals.items())
-        dirs = sorted(k.partition(":")[2] for k in records if k.startswith("cpuset:"))
-        tops = [d for d in dirs if not any(d.startswith(t + os.sep) for t in dirs)]
-        for top in tops:
-            tree = [d for d in dirs if d == top or d.startswith(top + os.sep)]
-            done.update(self._restore_tree(tree, records))
-        for key, value in records.items():
-            kind, _, where = key.partition(":")
-            if kind not in ("affinity", "affinity_job"):
-                continue
-            try:
-                if kind == "affinity":
-                    pid_text, _, start = where.partition(":")
-                    if self._alive(int(pid_text), start):
-                        self._restore_affinity(int(pid_text), frozenset(value), key)
-            except OSError as e:
-                log.warning("restoring %s failed: %s", key, e)
-                done[key] = False
-                continue
-            done[key] = True
-        for key, value in records.items():  # after each process's own: what the job forked meanwhile
-            if key.startswith("affinity_job:"):
-                try:
-                    for pid in self._job_pids(value):
-                        self._restore_affinity(pid, frozenset(value["original"]), key, inherited_only=True)
-                except OSError as e:
-                    log.warning("restoring %s failed: %s", key, e)
-                    done[key] = False
-                    continue
-                done[key] = True
-        for key, ok in done.items():
-            if ok:
-                try:
-                    self.originals.forget(key)
-                except StateWriteError as e:
-                    log.warning("restored %s but could not forget its record: %s", key, e)
-        try:
-            self._prune_written()
-        except StateWriteError as e:
-            log.warning("could not forget what noded wrote into CPUs now restored: %s", e)
-        return done
-
-    def _restore_tree(self, tree: list[str], records: Mapping[str, Any]) -> dict[str, bool]:
-        """One job's recorded cgroups (parents first) back to their originals, in an order
-        the kernel accepts; a cgroup gone, not a cpuset, or changed by someone else is left."""
-        done: dict[str, bool] = {}
-        nodes: list[_Node] = []
-        for d in tree:
-            key = cpuset_key(d)
-            if not os.path.isdir(d):
-                done[key] = True
-                continue
-            try:
-                now = frozenset(parse_cpu_list(read_cpuset(d)))
-            except (OSError, ValueError) as e:
-                log.warning("not restoring %s: not a cpuset (%s); forgetting noded's record", d, e)
-                done[key] = True
-                continue
-            parent = next((i for i in range(len(nodes) - 1, -1, -1) if d.startswith(str(nodes[i].where) + os.sep)),
-                          None)
-            nodes.append(_Node(key, d, now, cpus_of(records[key]), parent))
-        if not nodes:
-            return done
-        v = _JobView("", None, True, tuple(nodes), nodes[0].original)  # type: ignore[arg-type]
-        targets = []
-        for n in nodes:
-            if self._ours(v, n):
-                targets.append(n.original)
-            else:
-                log.warning("not restoring %s/cpuset.cpus: it is %s, which noded did not set (someone else changed "
-                            "it); forgetting noded's record", n.where, format_cpu_list(sorted(n.now)))
-                targets.append(n.now)
-        targets = fitted(nodes, targets)
-        steps = cpuset_steps([(n.now, t, n.parent) for n, t in zip(nodes, targets)])
-        last = {i: k for k, (i, _value) in enumerate(steps)}
-        failed_at = None
-        for k, (i, value) in enumerate(steps):
-            try:
-                write_cpuset(str(nodes[i].where), format_cpu_list(sorted(value)))
-            except OSError as e:
-                log.warning("restoring %s/cpuset.cpus failed: %s", nodes[i].where, e)
-                failed_at = k
-                break
-            if last[i] == k:
-                log_change("restored", None, cpuset=nodes[i].where, cpus=format_cpu_list(sorted(value)),
-                           reason="cpuset.cpus written back")
-        for i, n in enumerate(nodes):
-            done[n.key] = failed_at is None or last.get(i, -1) < failed_at
-        return done
-
-    def _restore_affinity(self, pid: int, original: CpuSet, key: str, inherited_only: bool = False) -> None:
-        try:
-            now = frozenset(os.sched_getaffinity(pid))
-        except ProcessLookupError:
-            return
-        if now == original:
-            return
-        written = self.written.get(key)
-        if not (now in written if written is not None else now in halvings(original)):
-            if not inherited_only:
-                log.warning("not restoring the affinity of %d: it is %s, which noded did not set; forgetting "
-                            "noded's record", pid, format_cpu_list(sorted(now)))
-            return
-        set_affinity(self.proc, pid, sorted(original))
-        log_change("restored", None, pid=pid, cpus=format_cpu_list(sorted(original)), reason="sched_setaffinity back")
-
-    def _job_pids(self, record: Mapping) -> set[int]:
-        """The processes of a job whose CPUs are set by affinity now: its cgroup's, else its tree's."""
-        cgroup, root = record.get("cgroup"), record.get("root")
-        if cgroup and os.path.isdir(cgroup):
-            return read_procs(cgroup)
-        if root and self._alive(int(root[0]), str(root[1])):
-            return descendants(int(root[0]), read_ppids(self.proc))
-        return set()
+        return {} if self.dry_run else self.restorer.restore()

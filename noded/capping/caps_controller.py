@@ -11,7 +11,7 @@ from typing import Iterable, Mapping
 
 from noded.capping.service import CapService
 from noded.config import GB
-from noded.knobs.controller import CpuRecords, Outcome, Plans, Proposals, Reading
+from noded.knobs.controller import CpuRecords, Found, Outcome, Plans, Proposals, Reading
 from noded.samplers.sample import Sample
 
 
@@ -33,6 +33,7 @@ class Caps:
     """The caps, proposed; the holders told around the writes."""
 
     name = "caps"
+    reads: tuple[str, ...] = ()
 
     def __init__(self, service: CapService):
         self.service = service
@@ -52,7 +53,9 @@ class Caps:
     def before_apply(self, reading: Reading, plans: Plans) -> None:
         self.service.before_apply(plans.capped)
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None:
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found:
+        """The holders told; the caps as they are held now, for the tick's result."""
         if outcome.cpus is not None:
             self.service.cpus_applied(outcome.cpus)
         self.service.after_apply(plans.capped, lambda job: job in outcome.in_cap_group)
+        return Found(caps=self.service.view())

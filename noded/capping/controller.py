@@ -151,10 +151,10 @@ class CapController:
                 value = low
                 learned = min(max(0.0, (measured - share * at_high) / (1 - share)), at_high)
         before = curve.points.get(value)
-        if len(parts) > 1 and before is not None and abs(learned / before - 1) <= MIX_DAMP_WITHIN:
+        if len(parts) > 1 and before and abs(learned / before - 1) <= MIX_DAMP_WITHIN:
             # a small correction from a mixed period: half of it (the other value's own error
             # is in it too; taken whole, each period's share of it goes back and forth between
-            # the two points and grows)
+            # the two points and grows); from a point of 0 (nothing moved there) none is small
             learned = before + 0.5 * (learned - before)
         curve.learn(value, learned)
         return before is not None and before > 0 and abs(learned / before - 1) > 0.05

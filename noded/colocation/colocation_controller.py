@@ -6,7 +6,7 @@ that ended (never waiting on MPS)."""
 from __future__ import annotations
 
 from noded.colocation.service import Colocation
-from noded.knobs.controller import NOTHING, Outcome, Plans, Proposals, Proposer, Reading
+from noded.knobs.controller import NOTHING, Found, Outcome, Plans, Proposals, Proposer, Reading
 
 
 class Colocating(Proposer):
@@ -20,5 +20,8 @@ class Colocating(Proposer):
     def propose(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Proposals:
         return NOTHING
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None:
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found:
+        """Profiles learnt, ended jobs' reservations dropped; what co-location holds now, for
+        the tick's result."""
         self.service.tick(reading.sample)
+        return Found(colocation=self.service.view())

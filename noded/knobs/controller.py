@@ -1,8 +1,9 @@
 """A controller, the tick's reading it proposes from, and what it may propose, per knob.
 
-A tick reads: sample -> each controller proposes (in the order the wiring registered them,
-each seeing what those before it proposed) -> one plan per knob, merged by the knob's
-planner (noded.loop.planners) -> the actuators apply each plan -> the tick's result.
+A tick reads: sample -> each controller proposes (after the controllers whose proposals it
+reads, its ``reads``; otherwise in the order the wiring registered them; each seeing what
+those before it proposed) -> one plan per knob, merged by the knob's planner
+(noded.loop.planners) -> the actuators apply each plan -> the tick's result.
 
 No controller holds an actuator: a knob's only writer is the actuator its planner hands
 the plan to. Precedence where two controllers propose on one knob (the planners say it too):
@@ -19,14 +20,27 @@ Among several proposals of one kind on one job, the controller registered later 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence
 
-from noded.samplers.sample import Sample
+from noded.config import Config
+from noded.samplers.memcgroups import MemoryCgroup
+from noded.samplers.sample import JobSample, Sample
+from noded.stores.originals import OriginalValues
+from noded.util.cputree import CpuSet
 
-if TYPE_CHECKING:  # annotations only: these are the controllers' own words, above this layer
-    from noded.config import Config
+if TYPE_CHECKING:  # annotations only: the words of the controllers, actuators and loop, above this layer
+    from noded.actuators.cpusets import CpuSetResult
+    from noded.actuators.memsoft import MemoryResult
+    from noded.actuators.plan import ApplyResult
+    from noded.capping.plan import Cap
+    from noded.capping.service import CapState
+    from noded.colocation.view import ColocationView
+    from noded.loop.overrides import Override
+    from noded.policy.contention import Decision
+    from noded.rightsize.memsplit import MemorySplit
+    from noded.rightsize.service import RightsizeView
 
 
 @dataclass(frozen=True)
@@ -38,7 +52,7 @@ class Reading:
     config: Config
     now: float
     paused: str | None = None  # why the eliminator is paused, or None
-    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # job -> loop.overrides.Override
+    overrides: Mapping[str, Override] = field(default_factory=lambda: MappingProxyType({}))  # by job
     unwritable: str | None = None  # why the state directory cannot be written (nothing new may change), or None
     throttle_kind: str | None = None  # mba | cores | None (nothing can throttle here)
     in_force: Mapping[str, int | None] = field(default_factory=lambda: MappingProxyType({}))  # levels read now
@@ -47,12 +61,22 @@ class Reading:
     level_share: Callable[[int], float] = lambda level: 1.0  # the bandwidth a level leaves
 
 
+class CpuView(Protocol):
+    """One job's CPUs as the owner of every job's CPUs sees them."""
+
+    @property
+    def original(self) -> CpuSet: ...  # before noded touched them: recorded, else as they are now
+
+    @property
+    def now(self) -> CpuSet: ...
+
+
 class CpuRecords(Protocol):
     """What a controller may read of the one owner of every job's CPUs (never write)."""
 
-    originals: Any
+    originals: OriginalValues
 
-    def view(self, job: str, js: Any) -> Any: ...
+    def view(self, job: str, js: JobSample) -> CpuView | None: ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +93,8 @@ class FewerCores(Protocol):
     the plan's or none); ``has_records``: whether the owner holds CPUs of its to put back,
     so that with no wish left there is still something to write."""
 
-    def wishes(self, base: Mapping[str, Iterable[int] | None], owner: CpuRecords) -> dict: ...
+    def wishes(self, base: Mapping[str, Iterable[int] | None],
+               owner: CpuRecords) -> dict[str, Iterable[int] | None]: ...
 
     def has_records(self, owner: CpuRecords) -> bool: ...
 
@@ -82,10 +107,35 @@ class MemoryWishes:
     is wished and nothing changes)."""
 
     wishes: Mapping[str, int] | None
-    cgroups: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    cgroups: Mapping[str, MemoryCgroup] = field(default_factory=lambda: MappingProxyType({}))
     unplaced: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    split: Any = None
+    split: MemorySplit | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What controllers found for the tick's result, each fact from the one controller that
+    finds it (None: not this one's): contention's decision and why contention lasts with
+    nothing left to throttle, right-sizing's view (when they propose); the caps' and
+    co-location's (after the writes: where each capped job is held now, the reservations
+    left once ended jobs' are dropped)."""
+
+    decision: Decision | None = None
+    stuck: str | None = None
+    rightsize: RightsizeView | None = None
+    colocation: ColocationView | None = None
+    caps: Mapping[str, CapState] | None = None
+
+    def then(self, later: Found | None) -> Found:
+        """These findings with ``later``'s on top (a fact it found replaces this one's)."""
+        if later is None:
+            return self
+        return Found(**{f.name: getattr(later, f.name) if getattr(later, f.name) is not None
+                        else getattr(self, f.name) for f in fields(self)})
+
+
+NO_FINDINGS = Found()
 
 
 @dataclass(frozen=True)
@@ -94,14 +144,11 @@ class Proposals:
     what it found for the tick's result."""
 
     levels: Mapping[str, int] | None = None  # where CPU jobs go: a level per job (0: none)
-    capped: Mapping[str, Any] | None = None  # where CPU jobs go: held at a cap (job -> capping.plan.Cap)
+    capped: Mapping[str, Cap] | None = None  # where CPU jobs go: held at a cap
     cpus: CpuWishes | None = None  # each planned job's CPUs
     fewer_cores: FewerCores | None = None  # on top of the plan of CPUs
     memory: MemoryWishes | None = None  # memory soft limits
-    # found, for the tick's result: contention's decision and why it is stuck, right-sizing's view
-    decision: Any = None
-    stuck: str | None = None
-    view: Any = None
+    found: Found = NO_FINDINGS
 
 
 NOTHING = Proposals()
@@ -113,7 +160,7 @@ class Plans:
     what the actuators write this tick."""
 
     places: Mapping[str, int]  # where each CPU job goes: its level, or actuators.plan.CAPPED
-    capped: Mapping[str, Any]  # job -> the cap it is held at (its place is CAPPED)
+    capped: Mapping[str, Cap]  # the cap each job is held at (its place is CAPPED)
     cpus: CpuWishes | None  # each planned job's CPUs (None: no plan of CPUs this tick)
     fewer_cores: tuple[FewerCores, ...]  # on top of the plan's CPUs, in order
     memory: MemoryWishes | None  # memory soft limits (None: not sized)
@@ -121,13 +168,13 @@ class Plans:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the actuators did with the plans: the levels' result (actuators.plan.ApplyResult),
-    the owner of CPUs' (None: nothing written), the soft limits' (None: nothing written),
-    and the capped jobs that are in their cap's group now."""
+    """What the actuators did with the plans: the levels' result, the owner of CPUs' (None:
+    nothing written), the soft limits' (None: nothing written), and the capped jobs that
+    are in their cap's group now."""
 
-    levels: Any
-    cpus: Any = None
-    memory: Any = None
+    levels: ApplyResult
+    cpus: CpuSetResult | None = None
+    memory: MemoryResult | None = None
     in_cap_group: frozenset[str] = frozenset()
 
 
@@ -135,24 +182,62 @@ class Controller(Protocol):
     """One controller: a file of its package, registered by the wiring (noded.loop.parts).
     ``propose`` may read what the controllers before it proposed (``proposed``, in order),
     never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
-    writes (a cap's holder steers its group between ticks): most do nothing there."""
+    writes (a cap's holder steers its group between ticks): most do nothing there.
+    ``after_apply`` returns what the controller found once the writes are done, for the
+    tick's result (None: nothing beyond its proposals' ``found``). ``reads``: the names of
+    the controllers whose proposals it reads: it proposes after them (``in_reading_order``)."""
 
     name: str
+    reads: tuple[str, ...]
 
     def propose(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Proposals: ...
 
     def before_apply(self, reading: Reading, plans: Plans) -> None: ...
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None: ...
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None: ...
 
 
 class Proposer:
     """A controller that only proposes: told nothing around the writes."""
 
     name = "controller"
+    reads: tuple[str, ...] = ()
 
     def before_apply(self, reading: Reading, plans: Plans) -> None:
         pass
 
-    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> None:
-        pass
+    def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None:
+        return None
+
+
+class ControllerCycle(ValueError):
+    """Controllers that read each other's proposals in a circle: none can propose first."""
+
+
+def in_reading_order(controllers: Sequence[Controller]) -> tuple[Controller, ...]:
+    """``controllers`` in the order they propose: each after those whose proposals it reads
+    (a name no controller here has is nothing to wait for), otherwise in the order given
+    (the later one's proposal wins on a knob both propose on). Raises ControllerCycle."""
+    waiting = list(controllers)
+    done: list[Controller] = []
+    while waiting:
+        names = {c.name for c in waiting}
+        ready = next((c for c in waiting if not names.intersection(set(c.reads) - {c.name})), None)
+        if ready is None:
+            raise ControllerCycle("controllers read each other's proposals in a circle, so none can propose "
+                                  f"first: {' -> '.join(_circle(waiting))} (each reads the next)")
+        waiting.remove(ready)
+        done.append(ready)
+    return tuple(done)
+
+
+def _circle(waiting: Sequence[Controller]) -> list[str]:
+    """One circle among ``waiting`` (each reads one of the others), by name, closed."""
+    by_name = {c.name: c for c in waiting}
+    path = [waiting[0].name]
+    while True:
+        c = by_name[path[-1]]
+        nxt = next(r for r in c.reads if r in by_name and r != c.name)
+        if nxt in path:
+            return path[path.index(nxt):] + [nxt]
+        path.append(nxt)

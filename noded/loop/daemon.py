@@ -25,7 +25,7 @@ from noded.policy.baselines import LEARNED
 from noded.capping.service import CapState
 from noded.colocation.view import ColocationView
 from noded.config import Config
-from noded.knobs.controller import Outcome, Plans, Proposals, Reading
+from noded.knobs.controller import NO_FINDINGS, Found, Outcome, Plans, Proposals, Reading
 from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.signalflag import SignalFlag
@@ -33,7 +33,7 @@ from noded.util.journal import NOTICE, log_change, printable
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
 from noded.loop.parts import Parts
-from noded.loop.planners import found, plan_knobs
+from noded.loop.planners import plan_knobs
 from noded.policy.contention import Decision, PolicyState
 from noded.rightsize.service import RightsizeView
 from noded.samplers.sample import GPU, Sample
@@ -120,12 +120,13 @@ class Decided:
 @dataclass(frozen=True)
 class Acted:
     """What a tick changed: the levels' (or the plan's) result, the owner of CPUs' result,
-    right-sizing's view and its memory's (None: off, or not this tick)."""
+    right-sizing's memory's (None: off, or not this tick), and what the controllers found
+    (None: none proposed, the jobs unknown: the last tick's findings hold)."""
 
     result: ApplyResult
     cpus: CpuSetResult | None = None
-    rightsize: RightsizeView | None = None
     memory: MemoryView | None = None
+    found: Found | None = None
 
 
 class Daemon:
@@ -260,8 +261,8 @@ class Daemon:
             proposed = tuple(self._propose(reading))
             plans = plan_knobs(proposed)
             t2 = self.clock()
-            outcome = self._apply(reading, plans)
-            decided, acted = self._decided(reading, proposed), self._acted(plans, outcome, proposed)
+            outcome, found_after = self._apply(reading, plans)
+            decided, acted = self._decided(reading, proposed), self._acted(plans, outcome, proposed, found_after)
         else:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
@@ -289,29 +290,33 @@ class Daemon:
             proposed += (controller.propose(reading, proposed),)
             yield proposed[-1]
 
-    def _apply(self, reading: Reading, plans: Plans) -> Outcome:
-        """The plans written, each knob by its one writer; the controllers told before and after."""
+    def _apply(self, reading: Reading, plans: Plans) -> tuple[Outcome, tuple[Found | None, ...]]:
+        """The plans written, each knob by its one writer; the controllers told before and
+        after: what each found once the writes were done."""
         # the next tick's levels in force are read against what the plan of CPUs grants CPU jobs
         self._granted = plans.cpus.granted if plans.cpus is not None else MappingProxyType({})
         for controller in self.controllers:
             controller.before_apply(reading, plans)
         outcome = self.appliers.apply(reading.sample, plans, reading.in_force, self.stats)
-        for controller in self.controllers:
-            controller.after_apply(reading, plans, outcome)
-        return outcome
+        return outcome, tuple(controller.after_apply(reading, plans, outcome) for controller in self.controllers)
 
     def _decided(self, reading: Reading, proposed: tuple[Proposals, ...]) -> Decided:
         """The policy's decision (the tick's), the levels in force it was made against."""
-        policy = proposed[self.controllers.index(self.policy)]
+        policy = proposed[self.controllers.index(self.policy)].found
         return Decided(policy.decision, reading.in_force, stuck=policy.stuck)
 
     @staticmethod
-    def _acted(plans: Plans, outcome: Outcome, proposed: tuple[Proposals, ...]) -> Acted:
-        """What was written, with right-sizing's view and its memory's for the result."""
+    def _acted(plans: Plans, outcome: Outcome, proposed: tuple[Proposals, ...],
+               found_after: tuple[Found | None, ...]) -> Acted:
+        """What was written, with right-sizing's memory and what the controllers found, in
+        their order (when proposing, then after the writes), for the result."""
         wished, memory = plans.memory, None
         if wished is not None:
             memory = MemoryView(wished.split, outcome.memory, wished.error)
-        return Acted(outcome.levels, outcome.cpus, found(proposed, "view"), memory)
+        found = NO_FINDINGS
+        for later in (*(p.found for p in proposed), *found_after):
+            found = found.then(later)
+        return Acted(outcome.levels, outcome.cpus, memory, found)
 
     def _publish(self, t0: float, sample: Sample, control: ControlSnapshot, decided: Decided, acted: Acted,
                  durations: dict[str, float]) -> TickResult:
@@ -325,9 +330,7 @@ class Daemon:
         original_cpus = {}
         if throttle is not None and throttle.kind == "cores":
             original_cpus = {j: len(throttle.original_cpus(js)) for j, js in sample.jobs.items() if js.cpus is not None}
-        rightsize = acted.rightsize
-        if rightsize is None and self.parts.rightsize is not None:
-            rightsize = self.parts.rightsize.view()
+        found = acted.found if acted.found is not None else self._found_last()
         result = TickResult(
             tick=self.ticks, t=t0, sample=sample, decision=decision, applied=acted.result.applied,
             durations=MappingProxyType(durations), throttle_kind=throttle.kind if throttle else None,
@@ -336,16 +339,23 @@ class Daemon:
             baselines=MappingProxyType({j: (b, self.state.baseline_sources.get(j, LEARNED))
                                         for j, b in self.state.baselines.items()}),
             config=self.config, overruns=self.overruns, original_cpus=MappingProxyType(original_cpus),
-            colocation=self.parts.colocation.view() if self.parts.colocation is not None else None,
-            control=self.control.after(control), totals=self.stats.snapshot(), rightsize=rightsize,
-            cpus=acted.cpus, memory=acted.memory, watching=watching(sample, self.config),
-            caps=self.parts.caps.view() if self.parts.caps is not None else MappingProxyType({}))
+            colocation=found.colocation, control=self.control.after(control), totals=self.stats.snapshot(),
+            rightsize=found.rightsize, cpus=acted.cpus, memory=acted.memory, watching=watching(sample, self.config),
+            caps=found.caps if found.caps is not None else MappingProxyType({}))
         self.last = result
         self.totals = result.totals
         # a state away for less than hold_s has not ended (contention flickers around its thresholds)
         self._overrun_marks.append(self.overruns)
         self.lasting.update(self._lasting_states(result, decided.stuck, acted), t0, self.config.contention.hold_s)
         return result
+
+    def _found_last(self) -> Found:
+        """What the controllers found last (a tick that proposed nothing holds it: its result
+        says the same as the last one's, and no counter of theirs goes back to zero)."""
+        last = self.last
+        if last is None:
+            return NO_FINDINGS
+        return Found(rightsize=last.rightsize, colocation=last.colocation, caps=last.caps)
 
     def _count_errors(self, sample: Sample, acted: Acted) -> None:
         """The actuators' failures of this tick, by actuator and operation, and the jobs held."""

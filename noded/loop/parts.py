@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from noded.actuators.plan import ApplyResult
-from noded.knobs.controller import Controller
+from noded.knobs.controller import Controller, in_reading_order
 from noded.policy.contention_controller import Contention
 from noded.samplers.sample import Sample
 
@@ -91,11 +91,12 @@ class Parts:
             raise ValueError("right-sizing's memory needs right-sizing")
 
     def tick_controllers(self, clock: Callable[[], float]) -> tuple[Contention, tuple[Controller, ...]]:
-        """The controllers that are on, made afresh for one Daemon, in the order they propose:
-        the caps (contention must know which jobs are capped), contention (the policy, always
-        on; returned first as well: the tick's decision is its), right-sizing's CPUs (they carry
-        contention's levels where cores are halved), its memory, co-location, then those
-        registered in ``controllers``."""
+        """The controllers that are on, made afresh for one Daemon, in the order they propose
+        (``in_reading_order``: each after those whose proposals it reads, say the caps before
+        contention, which must know which jobs are capped, and contention before right-sizing's
+        CPUs, which carry its levels where cores are halved; otherwise as listed here, those
+        registered in ``controllers`` last); contention (the policy, always on) is returned
+        first as well: the tick's decision is its. Raises ControllerCycle."""
         policy = Contention(self.baselines)
         on: list[Controller] = []
         if self.caps is not None:
@@ -115,4 +116,4 @@ class Parts:
             from noded.colocation.colocation_controller import Colocating  # numba and MPS: only where it is on
 
             on.append(Colocating(self.colocation))
-        return policy, (*on, *self.controllers)
+        return policy, in_reading_order((*on, *self.controllers))

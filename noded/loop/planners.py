@@ -4,7 +4,7 @@ the precedence): what the actuators write this tick, each knob by its one writer
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from noded.actuators.plan import CAPPED
 from noded.knobs.controller import CpuWishes, MemoryWishes, Plans, Proposals
@@ -45,9 +45,3 @@ def plan_knobs(proposed: tuple[Proposals, ...]) -> Plans:
     return Plans(MappingProxyType(places), MappingProxyType(capped), plan_cpus(proposed),
                  tuple(p.fewer_cores for p in proposed if p.fewer_cores is not None), plan_memory(proposed))
 
-
-def found(proposed: Iterable[Proposals], what: str) -> Mapping | object | None:
-    """What a controller found for the tick's result (``decision``, ``stuck``, ``view``):
-    the last one's that found it."""
-    values = [getattr(p, what) for p in proposed if getattr(p, what) is not None]
-    return values[-1] if values else None

@@ -10,7 +10,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Mapping
 
-from noded.knobs.controller import Proposals, Proposer, Reading
+from noded.knobs.controller import Found, Proposals, Proposer, Reading
 from noded.policy.baselines import BaselineStore
 from noded.policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from noded.samplers.sample import GPU
@@ -41,6 +41,7 @@ class Contention(Proposer):
     GPU jobs' baselines are kept across restarts in ``baselines`` where there is a store."""
 
     name = "contention"
+    reads = ("caps",)  # a capped job is the cap's, not contention's
 
     def __init__(self, baselines: BaselineStore | None = None):
         self.baselines = baselines
@@ -73,7 +74,7 @@ class Contention(Proposer):
                                + (f"; {decision.note}" if decision.note else ""))
         for a in decision.actions:  # the why, before the actuator's lines saying what it wrote
             log_change(a.kind, a.job, level_from=a.from_level, level_to=a.to_level, cause=a.cause, reason=a.reason)
-        return Proposals(levels=decision.levels, decision=decision, stuck=stuck)
+        return Proposals(levels=decision.levels, found=Found(decision=decision, stuck=stuck))
 
     def holding(self) -> Decision:
         """The decision while the jobs are unknown: every level as it stands."""

@@ -9,7 +9,7 @@ import logging
 from types import MappingProxyType
 from typing import Callable
 
-from noded.knobs.controller import CpuRecords, CpuWishes, Proposals, Proposer, Reading
+from noded.knobs.controller import CpuRecords, CpuWishes, Found, Proposals, Proposer, Reading
 from noded.rightsize.cpuplan import PlanError
 from noded.rightsize.service import RightSizing
 from noded.util.ratelimit import RateLimitedLog
@@ -22,6 +22,7 @@ class CpuSizing(Proposer):
     those it has now), written only by the loop's actuators."""
 
     name = "rightsize"
+    reads = ("contention",)  # its levels, carried in the plan of CPUs where cores are halved
 
     def __init__(self, service: RightSizing, owner: CpuRecords, clock: Callable[[], float]):
         self.service, self.owner = service, owner
@@ -47,10 +48,10 @@ class CpuSizing(Proposer):
         except PlanError as e:
             plan, error = None, str(e)
             self._plan_log.log(logging.WARNING, "plan", "rightsize: no plan of CPUs this tick: %s", e)
-        view = rs.view(have, plan, error)
+        found = Found(rightsize=rs.view(have, plan, error))
         if plan is None:
-            return Proposals(view=view)
+            return Proposals(found=found)
         # the next tick's levels in force are read against what the plan grants CPU jobs (lent CPUs included)
         granted = MappingProxyType({j: jc.granted for j, jc in plan.jobs.items() if jc.kind == "cpu"})
         return Proposals(cpus=CpuWishes(MappingProxyType({job: plan.cpus_of(job) for job in plan.jobs}), granted),
-                         view=view)
+                         found=found)

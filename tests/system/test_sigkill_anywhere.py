@@ -5,10 +5,12 @@ others from when noded is seen acting: while it throttles with MBA or releases, 
 halves a CPU job's cores (cpusets and affinities), while MPS starts or an admission is
 answered, while an operator's override is being written. After each kill a restart must
 leave the node as a clean start leaves it, checked from the kernel's side (and the
-driver's): the restarted daemon ticks with the operator's override still in force and
-whole; its clean stop (SIGTERM, exit 0) leaves no resctrl group of noded's, every job's
-cpuset and every job process's affinity its own, no MPS process, every GPU's compute mode
-its own.
+driver's): the restarted daemon, held before its first tick, shows its start's work alone
+(every resctrl group of noded's gone, every cpuset and affinity back: a clean stop puts back
+every record too, so it would hide a start that did not); once ticking, the killed run's MPS
+processes are gone and the operator's override is still in force and whole; its clean stop
+(SIGTERM, exit 0) leaves no resctrl group of noded's, every job's cpuset and every job
+process's affinity its own, no MPS process, every GPU's compute mode its own.
 
 Each kill and its checked restart is two daemon starts and most of the suite's CPU in this
 file, so the kills are as few as cover the moments: there were 30, two in three from the
@@ -29,8 +31,8 @@ import time
 
 import pytest
 import yaml
-from support.system import (CPUSET, REPO, compute_modes, cpusets, noded_groups, running_daemon, running_node,
-                            scrape)
+from nodesim import launch
+from support.system import CPUSET, REPO, compute_modes, cpusets, noded_groups, running_node, scrape
 
 from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
@@ -166,13 +168,88 @@ def kill_and_restart(node: SimulatedNode, rng: random.Random, while_running=None
         stop.set()
         if helper:
             helper.join(timeout=10)
-    with running_daemon(node.env) as url:
+    with restarted_daemon(node.env) as restart:
+        # its start, alone: what the killed run left is put right or it is no restart at all
+        # (a clean stop puts back every record too, so it would hide a start that did not)
+        held = node.changed()
+        assert {k: v for k, v in held.items() if k in RECOVERED_AT_START} == {}, \
+            f"left by a SIGKILL at {at_kill} when the restarted noded starts ticking"
+        url = restart.release()
         wait_for(lambda: re.search(r"^noded_ticks_total [1-9]", scrape(url), re.M), timeout=30, interval=0.05,
                  what="the restarted daemon ticking")
+        # the killed run's MPS control daemon and servers: killed by the restart's MPS start
+        # (in the supervisor's thread, beside the first ticks), whoever serves now
+        wait_for(lambda: not set(at_kill.get("mps", ())) & set(node.changed().get("mps", ())), timeout=10,
+                 what="the killed run's MPS processes gone")
         if after_restart:
             after_restart(url)
     assert node.changed() == {}, f"left after a SIGKILL at {at_kill} and a restart"
     return at_kill
+
+
+#: what a start puts right before its first tick (noded.commands.wiring.build_daemon): every
+#: resctrl group of noded's removed, every recorded cpuset and affinity put back (compute
+#: modes too, but co-location's start sets them again at once, before the first tick)
+RECOVERED_AT_START = ("groups", "cpusets", "affinities")
+
+
+class HeldRestart:
+    """noded started as ``running_daemon`` starts it, its output into a pipe already full:
+    the first line it writes, its metrics URL, waits there until ``release``. noded writes
+    it once its start has put right what an earlier run left and before its first tick
+    (noded.commands.run), so while it waits the kernel shows that start's work alone."""
+
+    def __init__(self, env: dict[str, str]):
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(write_end, b"x" * 4096)
+        with contextlib.suppress(BlockingIOError):
+            while True:  # the last page's room too
+                os.write(write_end, b"x")
+        os.set_blocking(write_end, True)
+        try:
+            self.proc = launch.spawn(["run", "--config", env["NODED_SIM_CONFIG"]], stdout=write_end, cwd="/",
+                                     env=launch.daemon_environment(env))
+        finally:
+            os.close(write_end)
+        self.out = os.fdopen(read_end, "r")
+        wait_for(lambda: self.writing_stdout() or self.proc.poll() is not None, timeout=60, interval=0.02,
+                 what="the restarted noded writing its first line")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the restarted noded exited ({self.proc.returncode}): {self.proc.stderr.read()}")
+
+    def writing_stdout(self) -> bool:
+        """Whether noded's main thread waits in a write to its (full) stdout pipe, as the
+        kernel shows it."""
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/{self.proc.pid}/wchan") as f:
+                waiting_in = f.read()
+            with open(f"/proc/{self.proc.pid}/syscall") as f:
+                fd = f.read().split()[1:2]
+            return waiting_in.endswith("pipe_write") and fd == ["0x1"]
+        return False
+
+    def release(self) -> str:
+        """The pipe read (what filled it, then noded's lines): the metrics URL."""
+        line = launch.Lines(self.out).wait_for(lambda s: "http://" in s, "the metrics URL from noded", 60)
+        return re.search(r"http://\S+", line).group(0)
+
+
+@contextlib.contextmanager
+def restarted_daemon(env: dict[str, str]):
+    """A ``HeldRestart``; stopped cleanly (SIGTERM, exit 0) at the end, or killed where the
+    test failed."""
+    restart = HeldRestart(env)
+    try:
+        yield restart
+    except BaseException:
+        restart.proc.kill()
+        restart.proc.wait()
+        raise
+    code, _ = launch.stop(restart.proc, 30)
+    assert code == 0, restart.proc.stderr.read()
 
 
 def test_sigkill_while_throttling_releasing_and_overriding_then_a_restart_is_a_clean_start(tmp_path):

@@ -115,6 +115,26 @@ def test_the_curve_stays_monotone_and_its_bound_holds_whatever_it_is_told(measur
             assert curve.upper(v) <= min(nxt)
 
 
+def test_a_value_seen_moving_nothing_then_mixed_with_another_leaves_the_holder_steering():
+    """A value whose point is 0 (the job moved nothing there, as a job between phases does)
+    then a period mixing it with another: the correction's damping divided by that 0, and the
+    ZeroDivisionError killed the holder's thread, leaving the cap unsteered (seen in
+    tests/system/test_caps.py's reserve test as an exception in thread cap-sim:hog)."""
+    c = CapController(INTEL, 1 * GB)
+    c.update(1e6, 4, Hold(10, 10))
+    c.update(0.0, 4, Hold(20, 20))  # the curve is monotone: 10's point goes to 0 too
+    assert c.update(0.0, 4, Hold(10, 20, 0.05)).values  # answered, not raised
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 1e6, 0.5 * GB, 1 * GB, 2 * GB]), st.sampled_from(INTEL),
+                          st.sampled_from(INTEL), st.sampled_from([0.0, 0.05, 0.2, 0.5, 0.9])), min_size=1, max_size=8))
+def test_whatever_a_job_moves_the_controller_answers_a_hold_within_the_scale(periods):
+    c = CapController(INTEL, 1 * GB)
+    for measured, a, b, share in periods:
+        hold = c.update(measured, 4, Hold(min(a, b), max(a, b), share))
+        assert all(v in INTEL and 0 <= s <= 1 for v, s in hold.values)
+
+
 @pytest.mark.parametrize("threads", [4, 16])
 def test_skylake_at_a_90_percent_cap_while_demand_ramps_stays_within_the_overshoot_goal(proc, threads):
     # 70 % applies as 90 % there, and the ramp takes its bandwidth past what the mix's

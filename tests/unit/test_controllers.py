@@ -9,11 +9,13 @@ a branch of ``Daemon._decide``/``_act``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 
 from noded.actuators.plan import CAPPED, Applied, ApplyResult
 from noded.config import Config
-from noded.knobs.controller import Proposals, Proposer
+from noded.capping.service import CapState
+from noded.knobs.controller import ControllerCycle, Found, Proposals, Proposer, in_reading_order
 from noded.loop.daemon import Daemon
 from noded.loop.parts import Parts
 from noded.loop.planners import plan_knobs
@@ -107,3 +109,81 @@ def test_controllers_hold_no_actuator_the_loop_hands_each_knob_to_its_one_writer
         raise AssertionError("a controller's proposals could be changed after it made them")
     assert daemon.appliers.throttle is daemon.parts.throttle
     assert all(not hasattr(c, "throttle") and not hasattr(c, "apply") for c in daemon.controllers)
+
+
+class CapsAfterTheWrites(Proposer):
+    """A toy controller that finds, once the writes are done, the caps the tick's result
+    shows (as the caps' controller finds where each capped job is held)."""
+
+    name = "caps-seen"
+
+    def __init__(self):
+        self.ticks = 0
+
+    def propose(self, reading, proposed):
+        return Proposals()
+
+    def after_apply(self, reading, plans, outcome):
+        self.ticks += 1
+        return Found(caps=MappingProxyType({JOB: CapState(float(self.ticks), "override", "toy", None, None, None)}))
+
+
+class JobsUnknownAfterTheFirst(OneCpuJob):
+    def sample(self):
+        first = super().sample()
+        return first if self.t == 1.0 else replace(first, jobs_known=False)
+
+
+def test_the_tick_result_is_what_the_controllers_found_this_tick_not_what_a_part_says_afterwards():
+    """One source per fact (issue #25): the result's caps are what a controller found this
+    tick (before, ``_publish`` asked ``parts.caps`` itself: a controller's findings went
+    nowhere, and a part off meant nothing to show whatever the controllers found)."""
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(CapsAfterTheWrites(),)))
+    assert daemon.tick().caps[JOB].cap_bps == 1.0
+    assert daemon.tick().caps[JOB].cap_bps == 2.0  # this tick's finding, not the first's
+
+
+def test_a_tick_that_proposes_nothing_jobs_unknown_holds_what_the_controllers_found_last():
+    toy = CapsAfterTheWrites()
+    daemon = Daemon(Config(), Parts(JobsUnknownAfterTheFirst(), throttle=RecordingThrottle(), controllers=(toy,)))
+    first = daemon.tick()
+    held = daemon.tick()
+    assert toy.ticks == 1 and held.caps == first.caps and held.decision.note.startswith("holding")
+
+
+def test_a_later_finding_replaces_an_earlier_one_and_none_keeps_it():
+    early = Found(stuck="early", caps=MappingProxyType({}))
+    assert early.then(Found(stuck="late")) == Found(stuck="late", caps=MappingProxyType({}))
+    assert early.then(None) is early
+
+
+class Named(Proposer):
+    def __init__(self, name, reads=()):
+        self.name, self.reads = name, tuple(reads)
+
+    def propose(self, reading, proposed):
+        return Proposals(levels={j: len(proposed) for j in reading.sample.jobs})
+
+
+def test_a_controller_proposes_after_those_it_reads_whatever_the_order_registered():
+    """Each controller says whose proposals it reads (``reads``) and the order follows from
+    it (before, Parts.tick_controllers ordered them by hand: registered in this order, the
+    reader proposed first and saw nothing)."""
+    reader, source = Named("reader", reads=("source",)), Named("source")
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(reader, source)))
+    assert [c.name for c in daemon.controllers] == ["contention", "source", "reader"]
+    # the built-ins: the caps before contention, contention before right-sizing's CPUs, the rest as listed
+    built = [Named("caps"), Named("contention", ("caps",)), Named("rightsize", ("contention",)), Named("memory"),
+             Named("colocation")]
+    assert in_reading_order(built[::-1]) == (built[4], built[3], built[0], built[1], built[2])
+    assert in_reading_order(built) == tuple(built)
+
+
+def test_controllers_reading_each_other_in_a_circle_are_refused_naming_the_circle():
+    a, b, c = Named("a", reads=("c",)), Named("b", reads=("a",)), Named("c", reads=("b", "gone"))
+    try:
+        Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(a, b, c, Named("d"))))
+    except ControllerCycle as e:
+        assert "a -> c -> b -> a" in str(e), e
+    else:
+        raise AssertionError("a circle of controllers was taken")
