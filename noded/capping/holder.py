@@ -159,6 +159,10 @@ class CapHolder:
         except (ResctrlError, OSError) as e:
             # the group or the mount went away under us (an operator, an unmount): nothing to steer
             log.warning("cap %s: stopped steering: %s", self.job, e)
+        except Exception:
+            # a fault of noded's own: said once, with where, in the journal rather than on a
+            # thread's stderr; the service sees the holder not alive and starts it anew
+            log.exception("cap %s: stopped steering on an error of noded's", self.job)
 
     def _steer(self) -> None:
         start = self.clock()

@@ -75,3 +75,27 @@ def test_a_group_removed_under_the_holder_stops_it_without_a_traceback(emulator,
     wait_for(lambda: not holder._thread.is_alive(), timeout=5, what="the holder's thread to stop")
     assert "cap j3: stopped steering" in caplog.text
     holder.stop()  # and stop() still returns cleanly
+
+
+def test_an_error_of_nodeds_own_in_the_holder_is_logged_with_its_traceback_and_the_holder_reads_not_alive(
+        emulator, open_resctrl, sleeper, caplog):
+    # a fault in noded's steering (not the kernel's): the thread must not die with its traceback
+    # on stderr only; the service restarts a holder that is not alive at the next tick
+    emu = emulator("intel-linear", "--peak-gbps", "1000")
+    rc = open_resctrl(emu)
+    job = sleeper()
+
+    def broken_count() -> int:
+        raise RuntimeError("a bug in counting threads")
+
+    with caplog.at_level(logging.WARNING, logger="noded"):
+        holder = CapHolder(rc, "j4", [job.pid], 5 * GB, busy_threads=broken_count).start()
+        try:
+            wait_for(lambda: not holder.alive, timeout=5, what="the holder to stop steering")
+            wait_for(lambda: "cap j4: stopped steering on an error of noded's" in caplog.text, timeout=5,
+                     what="the error said")
+            said = [r for r in caplog.records if "stopped steering on an error" in r.getMessage()]
+            assert said[0].levelno == logging.ERROR and said[0].exc_info is not None
+        finally:
+            holder.stop()
+    assert f"{rc.prefix}cap-j4" not in [g.name for g in rc.list_ctrl_groups()]
