@@ -108,25 +108,31 @@ class BandwidthMeter:
                dip_tolerance: Mapping[int, int] | None = None) -> dict[int, float | None]:
         """Rates per domain; ``dip_tolerance`` overrides the meter's own per domain."""
         rates: dict[int, float | None] = {}
-        for domain in list(self._last):
-            if domain not in sample:
-                del self._last[domain]
+        last, event, max_rate = self._last, self.event, self.max_rate  # every group, every tick: locals
+        if not last.keys() <= sample.keys():
+            for domain in [d for d in last if d not in sample]:
+                del last[domain]
         for domain, readings in sample.items():
-            reading = readings.get(self.event)
-            if reading is None or reading.value is None:
-                self._last.pop(domain, None)
+            reading = readings.get(event)
+            value = reading.value if reading is not None else None
+            if value is None:
+                last.pop(domain, None)
                 rates[domain] = None
                 continue
-            prev = self._last.get(domain)
-            tolerance = dip_tolerance.get(domain, self.dip_tolerance) if dip_tolerance else self.dip_tolerance
-            if prev and 0 < prev[0] - reading.value <= tolerance:
-                rates[domain] = 0.0 if now > prev[1] else None
-                self._last[domain] = (prev[0], now)
+            prev = last.get(domain)
+            if prev is None:
+                rates[domain] = None
+                last[domain] = (value, now)
                 continue
-            rates[domain] = (
-                rate_between(prev[0], prev[1], reading.value, now, self.max_rate) if prev else None
-            )
-            self._last[domain] = (reading.value, now)
+            prev_value, prev_t = prev
+            if value < prev_value:
+                tolerance = dip_tolerance.get(domain, self.dip_tolerance) if dip_tolerance else self.dip_tolerance
+                if prev_value - value <= tolerance:
+                    rates[domain] = 0.0 if now > prev_t else None
+                    last[domain] = (prev_value, now)
+                    continue
+            rates[domain] = rate_between(prev_value, prev_t, value, now, max_rate)
+            last[domain] = (value, now)
         return rates
 
 

@@ -157,20 +157,27 @@ def build_sample(
         processes_known = not any(s.name == "nvml" and not s.ok for s in samplers)
     out: dict[str, JobSample] = {}
     held_by = _gpus_held(jobs or {}, gpus)
+    # looked up once, not once a job: this loop runs for every job every tick
+    monitoring = monitor.monitoring if monitor else MappingProxyType({})
+    groups = monitor.groups if monitor else MappingProxyType({})
+    job_bps = bandwidth.job_bps if bandwidth is not None else {}
+    cpus = cpus or {}
+    no_gpu_kind = CPU if processes_known else UNKNOWN
     for job in (jobs or {}).values():
         held = held_by.get(job.id, ())
-        utils = [_job_gpu_util(job.pids, g) for g in held]
-        util = None if not utils or any(u is None for u in utils) else sum(utils) / len(utils)
-        bw = None
-        if bandwidth is not None and job.id in bandwidth.job_bps:
-            rates = bandwidth.job_bps[job.id]
-            bw = None if any(r is None for r in rates.values()) else sum(rates.values())
+        util = None
+        if held:
+            utils = [_job_gpu_util(job.pids, g) for g in held]
+            util = None if None in utils else sum(utils) / len(utils)
+        rates = job_bps.get(job.id)
+        bw = None if rates is None or None in rates.values() else sum(rates.values())
+        group = groups.get(job.id)
         out[job.id] = JobSample(
-            job.id, job.source, job.pids, job.meta, GPU if held else CPU if processes_known else UNKNOWN,
-            tuple(g.uuid or f"index-{g.index}" for g in held), util, bw,
-            monitor.monitoring.get(job.id, "none") if monitor else "none", job.cgroup,
-            _ctrl_groups(job, resctrl), (cpus or {}).get(job.id),
-            group.parent.name if monitor and (group := monitor.groups.get(job.id)) is not None else None,
+            job.id, job.source, job.pids, job.meta, GPU if held else no_gpu_kind,
+            tuple(g.uuid or f"index-{g.index}" for g in held) if held else (), util, bw,
+            monitoring.get(job.id, "none"), job.cgroup,
+            _ctrl_groups(job, resctrl), cpus.get(job.id),
+            group.parent.name if group is not None else None,
             pod=job.pod,
         )
     return Sample(
