@@ -311,7 +311,13 @@ class JobDiscovery:
             poll.read(job_id, bool(pids))
             if pids:
                 pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
-                jobs[job_id] = Job(job_id, src.kind, pids, path, labels.get(job_id, NO_LABELS), pod)
+                meta = labels.get(job_id, NO_LABELS)
+                last = self._last.get(job_id)
+                if (last is not None and last.pids == pids and last.cgroup == path and last.meta is meta
+                        and last.pod is pod):
+                    jobs[job_id] = last  # the same as read last tick: the same Job (what follows may compare by identity)
+                else:
+                    jobs[job_id] = Job(job_id, src.kind, pids, path, meta, pod)
         read = set(chosen)
         for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
             if job_id in found and job_id not in read:
