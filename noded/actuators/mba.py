@@ -162,6 +162,12 @@ class MbaThrottle(LevelThrottle):
             if js.ctrl_groups is None:
                 out[job] = UNKNOWN
                 continue
+            if not js.ctrl_groups and not js.mon_parent:
+                # nearly every job, every tick: in none of our control groups, its own group
+                # (if any) at the root; only a cap that holds it nowhere makes that a place
+                place = self._places.get(job)
+                out[job] = CAPPED if place is not None and place.group == "" else 0
+                continue
             # Where its tasks are; a job with its own monitoring group is where that group
             # is, and any task of it found elsewhere makes it unsettled.
             names = set(js.ctrl_groups) | ({js.mon_parent} if js.mon_parent else set())
