@@ -123,6 +123,7 @@ image:
 
 # The Debian package (packaging/debian: dh-virtualenv), into DEBDIR; DEB_VERSION defaults
 # to VERSION+gitTIMESTAMP.REVISION-1 (packaging/deb/build). Prints the package's path.
+# gzip at level 9, or at DPKG_DEB_COMPRESSOR_LEVEL from the environment (dpkg-deb's own).
 DEBDIR ?= build/packaging/deb
 DEB_VERSION ?=
 deb:

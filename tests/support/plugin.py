@@ -38,7 +38,11 @@ def pytest_unconfigure(config):
 
 def _may_compile_kernels(item) -> bool:
     """The test starts processes that may (a daemon with co-location or right-sizing), or
-    calls the kernels itself (its module holds theirs)."""
+    calls the kernels itself (its module holds theirs). Not one whose noded runs from an
+    install of its own (marker own_install): its kernels are cached there, never here; a
+    fresh clone's package and wheel builds start at once, beside the compile."""
+    if item.get_closest_marker("own_install"):
+        return False
     if str(item.path).startswith(_STARTS_PROCESSES):
         return True
     module = getattr(item, "module", None)
