@@ -13,13 +13,13 @@ The throwaway root is entered with chroot in a mount namespace of its own (its /
 mounted there, never on this machine). It has no systemd running: /run/systemd/system is made there (what the
 maintainer scripts test for) and its systemctl is a recorder of what they ask of it.
 
-Built packages and the root's tarball are kept in build/packaging (a build of the same
-files at the same version is reused), so a rerun takes well under a minute; the first run
-builds one package and, at the same time, the root (mmdebstrap waits on the mirror as much
-as it computes). The test's package is compressed at gzip's level 1 (dpkg-deb's own
-DPKG_DEB_COMPRESSOR_LEVEL), not the product's default 9: the same files in the same format,
-a tenth larger, in a sixth of the time (the venv's 280 MB: 41 s of a core at 9, 6.5 s at 1,
-on this machine)."""
+Built packages are kept in build/packaging (a build of the same files at the same version
+is reused), the root's tarball in the machine's cache (ROOT_CACHE), so a rerun takes well
+under a minute; the first run builds one package and, at the same time, the root
+(mmdebstrap waits on the mirror as much as it computes). The test's packages are
+compressed at gzip's level 1 (dpkg-deb's own DPKG_DEB_COMPRESSOR_LEVEL), not the product's
+default 9: the same files in the same format, a tenth larger, in a sixth of the time (the
+venv's 280 MB: 41 s of a core at 9, 6.5 s at 1, on this machine)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ from noded.util.buildinfo import version
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
 CACHE = os.path.join(ROOT, "build", "packaging")
 DEBDIR = os.path.join(CACHE, "deb-test")
+#: where the throwaway root's tarball is kept: it is Debian's bookworm, nothing of this
+#: checkout, so it is kept for the machine (as podman's store keeps the image's base), and a
+#: fresh clone's run does not make it again (mmdebstrap: 46 s of a core and the mirror's time)
+ROOT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "noded-tests")
 #: the throwaway root: bookworm's minbase, what the package depends on, and deb-systemd-helper
 ROOT_PACKAGES = "python3,adduser,init-system-helpers"
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -74,15 +78,21 @@ def build(deb_version: str) -> str:
 
 
 def root_tarball() -> str:
-    """bookworm's minbase with ROOT_PACKAGES, made once for each recipe."""
+    """bookworm's minbase with ROOT_PACKAGES, made once for each recipe on this machine
+    (delete ROOT_CACHE's file to take Debian's updates)."""
     recipe = hashlib.sha256(f"{ROOT_PACKAGES} {MIRROR}".encode()).hexdigest()[:12]
-    tarball = os.path.join(CACHE, f"test-root-{recipe}.tar")
+    tarball = os.path.join(ROOT_CACHE, f"test-root-{recipe}.tar")
     if not os.path.exists(tarball):
-        os.makedirs(CACHE, exist_ok=True)
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", f"--include={ROOT_PACKAGES}",
-                        "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
-                        "bookworm", tarball + ".new", f"deb {MIRROR} bookworm main"], check=True, timeout=1200)
-        os.rename(tarball + ".new", tarball)
+        os.makedirs(ROOT_CACHE, exist_ok=True)
+        making = f"{tarball}.{os.getpid()}.new"  # two runs at once (two clones) each make their own
+        try:
+            subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", f"--include={ROOT_PACKAGES}",
+                            "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
+                            "bookworm", making, f"deb {MIRROR} bookworm main"], check=True, timeout=1200)
+            os.rename(making, tarball)
+        finally:
+            if os.path.exists(making):
+                os.unlink(making)
     return tarball
 
 
