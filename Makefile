@@ -72,9 +72,9 @@ test-deps: deps k8s-test-deps $(NPM_STAMP)
 # packaging/stage.py copies nothing git ignores).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
-# Every tier of tests/ (tests/README.md) but the benchmarks' own end-to-end runs (marker
-# bench: make test-bench). In TEST_WORKERS workers: the tests wait on processes far more
-# than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
+# Every tier of tests/ and of bench/tests/ (pyproject's testpaths; tests/README.md) but the
+# benchmarks' own end-to-end runs (marker bench: make test-bench). In TEST_WORKERS workers:
+# the tests wait on processes far more than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
 # hierarchy, which no simulated node's noded may share.
 # A short base for the tests' directories: each worker adds popen-gwN/ to every path, and
 # the simulated node's Unix sockets have 108 bytes for theirs. Kept where a test failed.
@@ -85,9 +85,10 @@ test: test-deps
 	$(PYTEST) -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
 	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; } && rm -rf $$base
 
-# The unit tier alone: pure code, no root, in seconds (two workers: its hypothesis tests compute).
+# The unit tier alone (the suite's and bench's): pure code, no root, in seconds (two workers:
+# its hypothesis tests compute).
 test-unit: $(STAMP)
-	$(PYTEST) -n 2 tests/unit
+	$(PYTEST) -n 2 tests/unit bench/tests/unit
 
 test-bench: test-deps
 	$(PYTEST) -m bench
@@ -122,6 +123,7 @@ image:
 
 # The Debian package (packaging/debian: dh-virtualenv), into DEBDIR; DEB_VERSION defaults
 # to VERSION+gitTIMESTAMP.REVISION-1 (packaging/deb/build). Prints the package's path.
+# gzip at level 9, or at DPKG_DEB_COMPRESSOR_LEVEL from the environment (dpkg-deb's own).
 DEBDIR ?= build/packaging/deb
 DEB_VERSION ?=
 deb:

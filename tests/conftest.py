@@ -3,7 +3,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 import uuid
 
 import pytest
@@ -12,58 +11,12 @@ import pytest
 # bench/slurm_latency.py finds it; its tests, in tests/integration/, import it from there.
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
-from support import numba_cache
 from support.eliminator import Harness
 from support.host import CPUSET
 from support.waiting import wait_for
-from resctrl import Resctrl
-from nodesim.resctrl_emulator import MountedEmulator
 
-FUSE_MISSING = None
-if not os.path.exists("/dev/fuse"):
-    FUSE_MISSING = "/dev/fuse is absent on this machine"
-elif shutil.which("fusermount3") is None:
-    FUSE_MISSING = "fusermount3 (Debian package fuse3) is not installed"
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: the tiers whose tests start noded (or its co-location) in processes of their own
-_STARTS_PROCESSES = tuple(os.path.join(REPO, "tests", tier) + os.sep for tier in ("system", "integration"))
-
-
-def pytest_configure(config):
-    if not hasattr(config, "workerinput"):  # the run's first process (a worker's comes from it)
-        config._numba_warming = numba_cache.start_warming(REPO)
-
-
-def pytest_unconfigure(config):
-    numba_cache.finish(getattr(config, "_numba_warming", None))
-
-
-def _may_compile_kernels(item) -> bool:
-    """The test starts processes that may (a daemon with co-location or right-sizing), or
-    calls the kernels itself (its module holds theirs)."""
-    if str(item.path).startswith(_STARTS_PROCESSES):
-        return True
-    module = getattr(item, "module", None)
-    return module is not None and any(isinstance(v, types.ModuleType) and v.__name__ in numba_cache.KERNEL_MODULES
-                                      for v in vars(module).values())
-
-
-def pytest_runtest_setup(item):
-    # a cold cache is compiled once, by the run's first process, not by each daemon and
-    # worker at the same time
-    if _may_compile_kernels(item):
-        numba_cache.wait_until_warm()
-
-
-def pytest_collection_modifyitems(config, items):
-    if FUSE_MISSING is None:
-        return
-    skip = pytest.mark.skip(reason=f"needs FUSE: {FUSE_MISSING}")
-    for item in items:
-        if "fuse" in item.keywords:
-            item.add_marker(skip)
+# the hooks and fixtures bench's tests share (numba's warm cache, the FUSE skip, the emulator)
+pytest_plugins = ["support.plugin"]
 
 
 def _printable(text: str) -> str:
@@ -84,21 +37,6 @@ def pytest_runtest_makereport(item, call):
         text = str(report.longrepr)
         if _printable(text) != text:
             report.longrepr = _printable(text)
-
-
-@pytest.fixture
-def emulator(tmp_path):
-    """Factory: emulator(profile, *extra_args) -> a mounted MountedEmulator, unmounted after the test."""
-    started = []
-
-    def start(profile="intel", *extra_args):
-        emu = MountedEmulator(profile, workdir=str(tmp_path / f"emu{len(started)}"), extra_args=list(extra_args))
-        started.append(emu)
-        return emu.start()
-
-    yield start
-    for emu in started:
-        emu.stop()
 
 
 @pytest.fixture
@@ -141,14 +79,6 @@ def admin(tmp_path):
     server.stop()
     h.stop()
     shutil.rmtree(rundir, ignore_errors=True)
-
-
-@pytest.fixture
-def open_resctrl():
-    def _open(emu, **kw):
-        return Resctrl.open(emu.root, mounts=emu.mounts_file, **kw)
-
-    return _open
 
 
 @pytest.fixture

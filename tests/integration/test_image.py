@@ -31,7 +31,8 @@ def daemonset_config() -> str:
     return os.path.join(KUBERNETES, "base" if v2 else "overlays/cgroup-v1", "noded.yaml")
 
 # one worker for every build under build/packaging (image, package, wheel): each stages its tree there
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("packaging")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("packaging"),
+              pytest.mark.own_install]
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,7 @@ def _in_stage(stage, path: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.own_install
 @pytest.mark.timeout(360)  # near two minutes alone on 2 cores; more beside the suite's other workers
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="make install uses the system Python")
 def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it(tmp_path):

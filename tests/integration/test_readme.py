@@ -33,7 +33,7 @@ COVERAGE: list[tuple[str, tuple[str, ...]]] = [
     (r"make install", ("tests/integration/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
     (r"make verify-unit", ("tests/integration/test_install.py::test_the_unit_verifies_without_a_warning_and_its_exposure_is_at_most_3",)),
     (r"make uninstall", ("tests/integration/test_install.py::test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes_it",)),
-    (r"make bench", ("tests/unit/test_bench_report.py",)),
+    (r"make bench", ("bench/tests/unit/test_bench_report.py",)),
     (r"make install-remote-scrape PROM_NET=\S+",
      ("tests/integration/test_install.py::test_make_install_remote_scrape_writes_the_network_given",)),
     (r"noded check-config /etc/noded/noded\.yaml", (HERE,)),  # the installed default config

@@ -19,7 +19,7 @@ from support.system import CPUSET, REPO
 
 from support.host import skip_if_another_noded
 
-pytestmark = [pytest.mark.fuse, pytest.mark.slow,
+pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.own_install,
               pytest.mark.xdist_group("wheel"),  # one wheel built and installed (its fixture), so one worker
               pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
 

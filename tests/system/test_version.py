@@ -92,6 +92,7 @@ def test_build_info_carries_the_revision_and_the_runs_settings_are_gauges_of_the
 
 
 @pytest.mark.slow
+@pytest.mark.own_install
 @pytest.mark.xdist_group("packaging")  # stages under build/packaging, as the image and the package do
 def test_make_wheel_bakes_the_revision_into_the_wheel(tmp_path):
     p = subprocess.run(["make", "-s", "wheel", f"PYTHON={sys.executable}", f"WHEELDIR={tmp_path}"], cwd=ROOT,
