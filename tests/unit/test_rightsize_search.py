@@ -233,6 +233,55 @@ def test_a_peak_hidden_between_two_points_measured_alike_is_looked_for():
     assert answer.cores == 4 and 6 not in dict(answer.curve_points), answer
 
 
+def test_a_peak_past_a_plateau_is_looked_for_whichever_plateau_point_read_highest():
+    from noded.rightsize import topsearch
+    # a plateau at 4-13 cores, the best at 14-15, 16 falling below the plateau (generated
+    # mixture 2459): 4 read above 8 (3 % window noise), so the top was 4 and the fall from 8
+    # to 16 was nobody's neighbour; main searched below 4 and ended there, 0.75 of the best
+    measured = ((16, 0.672), (8, 0.754), (4, 0.772))
+    assert topsearch.decide(measured, (0.02,) * 3, 16, MARGIN) == topsearch.Decision(12, False)
+    # where the point above the plateau is within the margin too, nothing is looked for there
+    level = ((16, 0.76), (8, 0.754), (4, 0.772))
+    assert topsearch.decide(level, (0.02,) * 3, 16, MARGIN).cores < 4
+
+
+def test_a_gap_that_the_lines_on_either_side_bound_below_the_top_is_not_searched():
+    from noded.rightsize import topsearch
+    # a knee at 6 falling 1.6 % a core past it, measured at 16, 8, 4 and 12: the rise into 8
+    # and the fall from 12 meet below 8, so no peak above 8 hides in 9-11 (main halved that
+    # gap down to one core: 10 and 9 measured, two steps for nothing); the search goes below
+    measured = ((16, 0.844), (8, 0.969), (4, 0.839), (12, 0.901))
+    decision = topsearch.decide(measured, (0.01,) * 4, 16, MARGIN)
+    assert not decision.answer and decision.cores < 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.1, 3.0)), min_size=1, max_size=4),
+       cores=st.lists(st.integers(1, 16), min_size=4, max_size=10, unique=True))
+def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lines, cores):
+    from noded.rightsize import topsearch
+    # any minimum of lines is concave: a rise that slows, a peak, a fall
+    def f(c):
+        return max(0.01, min(intercept + slope * c for slope, intercept in lines))
+    points = {c: topsearch.Point(c, f(c), 1) for c in cores}
+    top = topsearch.top_of(points)
+    measured = sorted(cores)
+    for left, right in zip(measured, measured[1:]):
+        if right - left >= 2 and topsearch.peak_bounded(points, left, right, top):
+            assert all(f(c) <= top.mean * (1 + 1e-9) for c in range(left + 1, right))
+
+
+def test_the_last_core_of_a_two_core_bracket_is_not_measured_below_an_answer_off_the_top():
+    from noded.rightsize import topsearch
+    # 6 outside the margin, 8 within it, 7 between: 8 is the answer, one core more for a step
+    # less (main measured 7)
+    measured = ((16, 1.0), (8, 0.995), (4, 0.6), (6, 0.9), (12, 1.0), (10, 1.0))
+    assert topsearch.decide(measured, (0.01,) * 6, 16, MARGIN) == topsearch.Decision(8, True)
+    # where the upper one is the top, the core below may be a peak: measured
+    peak = ((16, 0.5), (8, 1.0), (4, 0.6), (6, 0.9), (12, 0.6), (10, 0.8), (9, 0.9))
+    assert topsearch.decide(peak, (0.01,) * 7, 16, MARGIN) == topsearch.Decision(7, False)
+
+
 @settings(max_examples=300, deadline=None)
 @given(bound=st.integers(2, 16),
        data=st.lists(st.tuples(st.integers(1, 16), st.floats(0.1, 1.0), st.floats(0.0, 0.6)), min_size=1,
