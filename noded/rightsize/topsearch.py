@@ -38,6 +38,19 @@ by more than ``HIDDEN_RISE``, the middle of that gap is measured before the sear
 peak at 6 of 8 cores with 4 and 8 measured alike, the answer 4 at 0.86 of the best, with no
 window noise at all; the gap is halved again while the rule holds).
 
+**The noise the job shows.** A window's own interval cannot see a load that moves a whole
+window (8 % window noise: a standard deviation of 4 % against a 3 % margin, one comparison
+in three wrong near the margin). So the top is measured a second time as soon as a point
+lies within ``NEAR`` of the margin, before that comparison decides anything (one of the
+``rechecks``): from then on every comparison has the spread between windows in view, and
+the top, measured twice, is no longer whichever single window came out highest. A search
+whose points all lie far from the margin (a cliff, a steep rise) needs no second window.
+Where the windows agree (their spread under ``AGREE``, 2.5 %: 0 and 3 % window noise), no
+more rechecks are made, which pays for that window; where they do not, one tie more is
+measured again before the search ends. Not with a start (``hint``): its own rules decide on
+the top and the start, two windows (a remembered answer that holds ends there), and the top
+measured again at a slow job's bound could cost the search its time budget.
+
 **A coarser last step.** When the bracket is two core counts, the one below outside the
 margin and the upper one measured within it, the upper one is the answer without measuring
 the lower: one core more for a step less (the answer is within the margin either way). Not
@@ -76,6 +89,13 @@ UNKNOWN_WIDTH = 0.5
 HIDDEN_GAP = 3
 #: when the rise into the answer, continued halfway into that gap, passes the top by this share
 HIDDEN_RISE = 0.10
+#: a point this close to the margin (a share of the top, either side) is where a window moved
+#: by the largest window noise the search is built for (8 %: 1.96 x 4 % x sqrt 2) could fall
+#: on either side
+NEAR = 0.10
+#: windows at one core count whose spread (a relative standard deviation) is under this
+#: agree: a tie is decided by the means, not measured again
+AGREE = 0.025
 
 
 @dataclass(frozen=True)
@@ -178,6 +198,12 @@ def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
         return False
     spread = Z * math.sqrt(p.error ** 2 + top.error ** 2 + error ** 2 * (1 / p.windows + 1 / top.windows))
     return abs(p.mean / top.mean - (1 - margin)) <= spread
+
+
+def near_the_margin(points: dict[int, Point], top: Point, margin: float) -> bool:
+    """A point other than the top lies within NEAR of the margin: its comparison with the top
+    is one the noise between windows could turn."""
+    return any(abs(p.mean / top.mean - (1 - margin)) <= NEAR for p in points.values() if p.cores != top.cores)
 
 
 def bracket(points: dict[int, Point], top: Point, margin: float) -> tuple[int, int]:
@@ -295,6 +321,10 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
     if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step,
                                                                           expected):
         return Decision(hint, True)
+    if hint is None and rechecked == 0 and rechecked < rechecks and near_the_margin(points, top, margin):
+        return Decision(top.cores, False, recheck=True)  # the noise the job shows, before it decides
+    if rechecked >= 1 and error < AGREE:
+        rechecks = min(rechecks, rechecked)  # its windows agree: a tie is decided by the means
     peak = past_the_peak(points, top, margin)
     if peak is None:
         peak = past_the_plateau(points, top, margin)
