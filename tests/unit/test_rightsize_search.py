@@ -300,6 +300,37 @@ def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lin
             assert all(f(c) <= top.mean * (1 + 1e-9) for c in range(left + 1, right))
 
 
+@settings(max_examples=300, deadline=None)
+@given(bound=st.integers(2, 16), below=st.integers(1, 15), top=st.floats(0.1, 10.0), ratio=st.floats(0.1, 1.5))
+def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_near_the_margin(bound, below, top,
+                                                                                             ratio):
+    from noded.rightsize import topsearch
+    below = min(below, bound - 1)
+    measured = ((bound, top), (below, top * ratio))
+    decision = topsearch.decide(measured, (0.01,) * 2, bound, MARGIN)
+    points = topsearch.points_of(measured, bound, (0.01,) * 2)
+    best = topsearch.top_of(points)
+    other = next(p for p in points.values() if p.cores != best.cores)
+    near = abs(other.mean / best.mean - (1 - MARGIN)) <= topsearch.NEAR
+    assert (decision == topsearch.Decision(best.cores, False, recheck=True)) is near
+    # with a start, never: the start's own rules decide on its two windows
+    assert not topsearch.decide(measured, (0.01,) * 2, bound, MARGIN, hint=below, neighbour=True).recheck
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.tuples(st.integers(1, 16), st.floats(0.1, 1.0)), min_size=2, max_size=10))
+def test_a_peak_past_a_plateau_is_looked_for_only_in_an_unmeasured_gap_above_a_point_within_the_margin(data):
+    from noded.rightsize import topsearch
+    points = topsearch.points_of(tuple(data), 16)
+    top = topsearch.top_of(points)
+    middle = topsearch.past_the_plateau(points, top, MARGIN)
+    if middle is not None:
+        left = max(c for c in points if c < middle)
+        right = min(c for c in points if c > middle)
+        assert middle not in points and topsearch.within_margin(points[left], top, MARGIN)
+        assert not topsearch.within_margin(points[right], top, MARGIN) and left != top.cores
+
+
 def test_the_last_core_of_a_two_core_bracket_is_not_measured_below_an_answer_off_the_top():
     from noded.rightsize import topsearch
     # 6 outside the margin, 8 within it, 7 between: 8 is the answer, one core more for a step
