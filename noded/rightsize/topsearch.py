@@ -38,6 +38,25 @@ by more than ``HIDDEN_RISE``, the middle of that gap is measured before the sear
 peak at 6 of 8 cores with 4 and 8 measured alike, the answer 4 at 0.86 of the best, with no
 window noise at all; the gap is halved again while the rule holds).
 
+**The noise the job shows.** A window's own interval cannot see a load that moves a whole
+window (8 % window noise: a standard deviation of 4 % against a 3 % margin, one comparison
+in three wrong near the margin). So the top is measured a second time as soon as a point
+lies within ``NEAR`` of the margin, before that comparison decides anything (one of the
+``rechecks``): from then on every comparison has the spread between windows in view, and
+the top, measured twice, is no longer whichever single window came out highest. A search
+whose points all lie far from the margin (a cliff, a steep rise) needs no second window.
+Where the windows agree (their spread under ``AGREE``, 2.5 %: 0 and 3 % window noise), no
+more rechecks are made, which pays for that window; where they do not, one tie more is
+measured again before the search ends. Not with a start (``hint``): its own rules decide on
+the top and the start, two windows (a remembered answer that holds ends there), and the top
+measured again at a slow job's bound could cost the search its time budget.
+
+**A coarser last step.** When the bracket is two core counts, the one below outside the
+margin and the upper one measured within it, the upper one is the answer without measuring
+the lower: one core more for a step less (the answer is within the margin either way). Not
+where the upper one is the top (past a peak the core below the top may be the peak), nor
+where a peak may hide above it: the lower one measured tells how steep the rise is.
+
 Where to start: a remembered answer or a category's default (``hint``) is the first point
 tried after the top. This job's own remembered answer (``confirm``) holds when it is within
 the margin of the top and measures the throughput remembered with it (within twice the
@@ -70,6 +89,13 @@ UNKNOWN_WIDTH = 0.5
 HIDDEN_GAP = 3
 #: when the rise into the answer, continued halfway into that gap, passes the top by this share
 HIDDEN_RISE = 0.10
+#: a point this close to the margin (a share of the top, either side) is where a window moved
+#: by the largest window noise the search is built for (8 %: 1.96 x 4 % x sqrt 2) could fall
+#: on either side
+NEAR = 0.10
+#: windows at one core count whose spread (a relative standard deviation) is under this
+#: agree: a tie is decided by the means, not measured again
+AGREE = 0.025
 
 
 @dataclass(frozen=True)
@@ -174,6 +200,12 @@ def is_tie(p: Point, top: Point, margin: float, error: float) -> bool:
     return abs(p.mean / top.mean - (1 - margin)) <= spread
 
 
+def near_the_margin(points: dict[int, Point], top: Point, margin: float) -> bool:
+    """A point other than the top lies within NEAR of the margin: its comparison with the top
+    is one the noise between windows could turn."""
+    return any(abs(p.mean / top.mean - (1 - margin)) <= NEAR for p in points.values() if p.cores != top.cores)
+
+
 def bracket(points: dict[int, Point], top: Point, margin: float) -> tuple[int, int]:
     """(lo, hi): hi the fewest cores measured within the margin, lo one above the most
     cores measured outside it below hi; the answer lies in lo..hi."""
@@ -194,11 +226,48 @@ def past_the_peak(points: dict[int, Point], top: Point, margin: float) -> int | 
     falls = above is not None and not within_margin(points[above], top, margin)
     rises = below is not None and not within_margin(points[below], top, margin)
     gaps = []
-    if above is not None and above - top.cores >= 2 and (rises or (falls and (below is not None or top.cores == 1))):
+    if above is not None and above - top.cores >= 2 and (rises or (falls and (below is not None or top.cores == 1))) \
+            and not peak_bounded(points, top.cores, above, top):
         gaps.append((above - top.cores, (top.cores + above) // 2))
-    if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin):
+    if below is not None and top.cores - below >= 2 and falls and within_margin(points[below], top, 2 * margin) \
+            and not peak_bounded(points, below, top.cores, top):
         gaps.append((top.cores - below, (top.cores + below + 1) // 2))
     return max(gaps)[1] if gaps else None
+
+
+def peak_bounded(points: dict[int, Point], left: int, right: int, top: Point) -> bool:
+    """No peak above the top can hide between ``left`` and ``right`` (two points measured
+    with nothing between): the line through ``left`` and the point measured below it, and
+    the line through ``right`` and the point measured above it, extended into the gap, meet
+    nowhere above the top. A rise that slows and a fall past a peak stay under those lines
+    (a concave curve lies under its chords' extensions); without two points on each side
+    nothing bounds the gap. The gap above a knee that falls past it was halved down to one
+    core, 1.7-2.2 probes a run on 16 cores, where these lines had long said nothing there
+    could beat the top."""
+    measured = sorted(points)
+    i, j = measured.index(left), measured.index(right)
+    if i == 0 or j + 1 >= len(measured):
+        return False
+    outer_left, outer_right = measured[i - 1], measured[j + 1]
+    rise = (points[left].mean - points[outer_left].mean) / (left - outer_left)
+    fall = (points[outer_right].mean - points[right].mean) / (outer_right - right)
+    most = max(min(points[left].mean + rise * (c - left), points[right].mean + fall * (c - right))
+               for c in range(left + 1, right))
+    return most <= top.mean
+
+
+def past_the_plateau(points: dict[int, Point], top: Point, margin: float) -> int | None:
+    """Where a peak may hide past a plateau: the most cores measured within the margin of
+    the top, when that is not the top itself and the next point measured above falls outside
+    the margin, two or more cores further: the middle of that gap. On a plateau the top is
+    whichever point the noise favoured; the rule past the peak looks beside the top only, so
+    a plateau at 4-13 cores measured at 4, 8 and 16 (a peak at 14-15, 16 falling) ended at 4,
+    0.75 of the best, whenever 4 read above 8 (generated mixture 2459, 3 % window noise)."""
+    inside = max(c for c, p in points.items() if within_margin(p, top, margin))
+    above = min((c for c in points if c > inside), default=None)
+    if inside == top.cores or above is None or above - inside < 2 or within_margin(points[above], top, margin):
+        return None
+    return (inside + above) // 2
 
 
 def hidden_peak(points: dict[int, Point], top: Point, answer: int) -> int | None:
@@ -252,7 +321,13 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
     if confirm and hint is not None and hint in points and confirmed(points, hint, bound, margin, error, step,
                                                                           expected):
         return Decision(hint, True)
+    if hint is None and rechecked == 0 and rechecked < rechecks and near_the_margin(points, top, margin):
+        return Decision(top.cores, False, recheck=True)  # the noise the job shows, before it decides
+    if rechecked >= 1 and error < AGREE:
+        rechecks = min(rechecks, rechecked)  # its windows agree: a tie is decided by the means
     peak = past_the_peak(points, top, margin)
+    if peak is None:
+        peak = past_the_plateau(points, top, margin)
     if peak is not None and neighbour and top.cores == hint:
         # a remembered answer that is the top: a peak above it is looked for one step up only
         # (the search that found it looked there); higher, the answer is overturned and searched
@@ -272,6 +347,8 @@ def decide(measured: tuple[tuple[int, float], ...], widths: tuple[float, ...], b
         # nothing below to search, and the two ends alike can hide a peak: the middle, once
         return Decision((hint + bound) // 2, False)
     lo, hi = bracket(points, top, margin)
+    if hi - lo == 1 and lo > 1 and hi != top.cores and hidden_peak(points, top, hi) is None:
+        lo = hi  # a core more for a step less: see "A coarser last step"
     if lo < hi:
         if hint is not None and lo <= hint < hi and hint not in points:
             return Decision(hint, False)

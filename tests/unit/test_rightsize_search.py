@@ -14,7 +14,7 @@ import math
 import random
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from nodesim import curvegen
@@ -200,10 +200,35 @@ def test_a_tie_inside_the_windows_intervals_is_measured_again_before_it_decides(
     # measured again, the top is lower: 8 is within the margin, clearly
     again = topsearch.decide(measured + ((16, 0.98),), widths + (0.02,), 16, MARGIN, rechecked=1)
     assert again.cores == 8 and (again.answer or again.recheck)
-    # far from the margin: no tie, no recheck
-    clear = topsearch.decide(((16, 1.0), (8, 0.995), (4, 0.5), (6, 0.8), (7, 0.9), (12, 0.985), (10, 0.98)),
-                             (0.01,) * 7, 16, MARGIN)
+    # far from the margin: no tie, no recheck (the top measured twice, as the search does
+    # once a point lies near the margin)
+    clear = topsearch.decide(((16, 1.0), (8, 0.995), (4, 0.5), (6, 0.8), (7, 0.9), (12, 0.985), (10, 0.98),
+                              (16, 1.0)), (0.01,) * 8, 16, MARGIN, rechecked=1)
     assert clear == topsearch.Decision(8, True)
+
+
+def test_the_top_is_measured_again_before_a_point_near_the_margin_decides():
+    from noded.rightsize import topsearch
+    # 8 lies near the margin of the top at 16, measured once: one window moved by a load
+    # that comes and goes could put 8 on either side, and no window's interval shows it
+    first = topsearch.decide(((16, 1.0), (8, 0.95)), (0.01,) * 2, 16, MARGIN)
+    assert first == topsearch.Decision(16, False, recheck=True)
+    # far from the margin (a cliff's floor), the bisection goes on without it
+    assert topsearch.decide(((16, 1.0), (8, 0.5)), (0.01,) * 2, 16, MARGIN) == topsearch.Decision(12, False)
+    # with a start from history its own rules decide on the two windows
+    assert not topsearch.decide(((16, 1.0), (8, 0.95)), (0.01,) * 2, 16, MARGIN, hint=8, neighbour=True).recheck
+
+
+def test_windows_that_agree_decide_a_tie_by_the_means_and_windows_that_do_not_measure_it_again():
+    from noded.rightsize import topsearch
+    rest = ((4, 0.5), (6, 0.8), (7, 0.9), (12, 0.985), (10, 0.98))
+    # 8 at 0.972 of the top: inside the two windows' own intervals (a tie)
+    agree = ((16, 1.0), (8, 0.972), *rest, (16, 1.0))
+    assert topsearch.decide(agree, (0.02,) * 8, 16, MARGIN, rechecked=1) == topsearch.Decision(8, True)
+    # the top's two windows 6 % apart: the spread between windows is wide, the tie measured again
+    apart = ((16, 1.03), (8, 0.972), *rest, (16, 0.97))
+    decision = topsearch.decide(apart, (0.02,) * 8, 16, MARGIN, rechecked=1)
+    assert decision == topsearch.Decision(8, False, recheck=True)
 
 
 def test_a_slow_points_wide_window_does_not_make_every_comparison_a_tie():
@@ -211,12 +236,14 @@ def test_a_slow_points_wide_window_does_not_make_every_comparison_a_tie():
     # 1 core ran 5x slower: its one window ended at max_window_s with few samples, a wide
     # interval; 8 against the top at 16 is 2 % inside the margin by their own 1 % windows
     # (on main the widest interval seen counted for every comparison: a recheck, a step)
-    measured = ((16, 1.0), (8, 0.99), (1, 0.2), (4, 0.5), (6, 0.8), (7, 0.9), (12, 1.0), (10, 1.0))
-    widths = (0.01, 0.01, 0.45, 0.01, 0.01, 0.01, 0.01, 0.01)
-    assert topsearch.decide(measured, widths, 16, MARGIN) == topsearch.Decision(8, True)
+    measured = ((16, 1.0), (8, 0.99), (1, 0.2), (4, 0.5), (6, 0.8), (7, 0.9), (12, 1.0), (10, 1.0), (16, 1.0))
+    widths = (0.01, 0.01, 0.45, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01)
+    assert topsearch.decide(measured, widths, 16, MARGIN, rechecked=1) == topsearch.Decision(8, True)
     # the same distance inside the two points' own wide windows is a tie
-    wide = (0.01, 0.045, 0.45, 0.01, 0.01, 0.01, 0.01, 0.01)
-    assert topsearch.decide(measured, wide, 16, MARGIN).recheck
+    wide = (0.01, 0.045, 0.45, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01)
+    for own, tie in ((widths, False), (wide, True)):
+        points = topsearch.points_of(measured, 16, own)
+        assert topsearch.is_tie(points[8], topsearch.top_of(points), MARGIN, topsearch.between_error(measured)) is tie
 
 
 def test_a_peak_hidden_between_two_points_measured_alike_is_looked_for():
@@ -231,6 +258,88 @@ def test_a_peak_hidden_between_two_points_measured_alike_is_looked_for():
     knee = curve([0.5, 0.8, 0.95, 0.99, 1.0, 1.0, 1.0, 1.0], jitter=0.01)
     answer = Job(knee, 0).size()
     assert answer.cores == 4 and 6 not in dict(answer.curve_points), answer
+
+
+def test_a_peak_past_a_plateau_is_looked_for_whichever_plateau_point_read_highest():
+    from noded.rightsize import topsearch
+    # a plateau at 4-13 cores, the best at 14-15, 16 falling below the plateau (generated
+    # mixture 2459): 4 read above 8 (3 % window noise), so the top was 4 and the fall from 8
+    # to 16 was nobody's neighbour; main searched below 4 and ended there, 0.75 of the best
+    # (the top measured twice, as the search does once a point lies near the margin)
+    measured = ((16, 0.672), (8, 0.754), (4, 0.772), (4, 0.772))
+    assert topsearch.decide(measured, (0.02,) * 4, 16, MARGIN, rechecked=1) == topsearch.Decision(12, False)
+    # where the point above the plateau is within the margin too, nothing is looked for there
+    level = ((16, 0.76), (8, 0.754), (4, 0.772), (4, 0.772))
+    assert topsearch.decide(level, (0.02,) * 4, 16, MARGIN, rechecked=1).cores < 4
+
+
+def test_a_gap_that_the_lines_on_either_side_bound_below_the_top_is_not_searched():
+    from noded.rightsize import topsearch
+    # a knee at 6 falling 1.6 % a core past it, measured at 16, 8, 4 and 12: the rise into 8
+    # and the fall from 12 meet below 8, so no peak above 8 hides in 9-11 (main halved that
+    # gap down to one core: 10 and 9 measured, two steps for nothing); the search goes below
+    measured = ((16, 0.844), (8, 0.969), (4, 0.839), (8, 0.969), (12, 0.901))
+    decision = topsearch.decide(measured, (0.01,) * 5, 16, MARGIN, rechecked=1)
+    assert not decision.answer and decision.cores < 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.1, 3.0)), min_size=1, max_size=4),
+       cores=st.lists(st.integers(1, 16), min_size=4, max_size=10, unique=True))
+def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lines, cores):
+    from noded.rightsize import topsearch
+    # any minimum of lines is concave: a rise that slows, a peak, a fall (a throughput above 0)
+    def f(c):
+        return min(intercept + slope * c for slope, intercept in lines)
+    assume(all(f(c) > 0 for c in range(1, 17)))
+    points = {c: topsearch.Point(c, f(c), 1) for c in cores}
+    top = topsearch.top_of(points)
+    measured = sorted(cores)
+    for left, right in zip(measured, measured[1:]):
+        if right - left >= 2 and topsearch.peak_bounded(points, left, right, top):
+            assert all(f(c) <= top.mean * (1 + 1e-9) for c in range(left + 1, right))
+
+
+@settings(max_examples=300, deadline=None)
+@given(bound=st.integers(2, 16), below=st.integers(1, 15), top=st.floats(0.1, 10.0), ratio=st.floats(0.1, 1.5))
+def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_near_the_margin(bound, below, top,
+                                                                                             ratio):
+    from noded.rightsize import topsearch
+    below = min(below, bound - 1)
+    measured = ((bound, top), (below, top * ratio))
+    decision = topsearch.decide(measured, (0.01,) * 2, bound, MARGIN)
+    points = topsearch.points_of(measured, bound, (0.01,) * 2)
+    best = topsearch.top_of(points)
+    other = next(p for p in points.values() if p.cores != best.cores)
+    near = abs(other.mean / best.mean - (1 - MARGIN)) <= topsearch.NEAR
+    assert (decision == topsearch.Decision(best.cores, False, recheck=True)) is near
+    # with a start, never: the start's own rules decide on its two windows
+    assert not topsearch.decide(measured, (0.01,) * 2, bound, MARGIN, hint=below, neighbour=True).recheck
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.tuples(st.integers(1, 16), st.floats(0.1, 1.0)), min_size=2, max_size=10))
+def test_a_peak_past_a_plateau_is_looked_for_only_in_an_unmeasured_gap_above_a_point_within_the_margin(data):
+    from noded.rightsize import topsearch
+    points = topsearch.points_of(tuple(data), 16)
+    top = topsearch.top_of(points)
+    middle = topsearch.past_the_plateau(points, top, MARGIN)
+    if middle is not None:
+        left = max(c for c in points if c < middle)
+        right = min(c for c in points if c > middle)
+        assert middle not in points and topsearch.within_margin(points[left], top, MARGIN)
+        assert not topsearch.within_margin(points[right], top, MARGIN) and left != top.cores
+
+
+def test_the_last_core_of_a_two_core_bracket_is_not_measured_below_an_answer_off_the_top():
+    from noded.rightsize import topsearch
+    # 6 outside the margin, 8 within it, 7 between: 8 is the answer, one core more for a step
+    # less (main measured 7)
+    measured = ((16, 1.0), (8, 0.995), (16, 1.0), (4, 0.6), (6, 0.9), (12, 1.0), (10, 1.0))
+    assert topsearch.decide(measured, (0.01,) * 7, 16, MARGIN, rechecked=1) == topsearch.Decision(8, True)
+    # where the upper one is the top, the core below may be a peak: measured
+    peak = ((16, 0.5), (8, 1.0), (8, 1.0), (4, 0.6), (6, 0.9), (12, 0.6), (10, 0.8), (9, 0.9))
+    assert topsearch.decide(peak, (0.01,) * 8, 16, MARGIN, rechecked=1) == topsearch.Decision(7, False)
 
 
 @settings(max_examples=300, deadline=None)
