@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from support.calibrating import calibrate_small
 from noded.commands.wiring import with_node_peak
 from noded.stores.calibration import Calibration, CalibrationError, read_calibration, write_calibration
 from noded.config import DEFAULT_PEAK_GBPS, Config, parse_config
@@ -76,11 +77,7 @@ def test_noded_run_reports_the_calibrated_peak_and_refuses_a_bad_file(tmp_path):
 
 def test_noded_calibrate_measures_and_writes_what_noded_reads(tmp_path):
     state = tmp_path / "state"  # made by the command, 0700
-    p = subprocess.run([sys.executable, "-m", "noded", "calibrate", "--seconds", "2", "--size", "32",
-                        "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    cal = read_calibration(str(state))
-    assert cal.peak_gbps_per_domain > 0 and cal.domains >= 1
+    p, cal = calibrate_small(["noded", "calibrate"], str(state))
     assert cal.command == f"noded calibrate --seconds 2 --size 32 --state-dir {state}"
     assert f"wrote {state}/calibration.json" in p.stdout and oct(state.stat().st_mode & 0o777) == "0o700"
     config, note = with_node_peak(Config(state_dir=str(state)))

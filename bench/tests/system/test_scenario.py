@@ -15,10 +15,10 @@ from bench.scenario.contention import describe_actions, table
 from bench.scenario.plot import figure
 from bench.scenario.cpuset_node import CpusetNode, find_cpuset_root
 from noded.commands.wiring import with_node_peak
-from noded.stores.calibration import read_calibration
 from noded.config import Config
 from nodesim.node import SimNode
 from nodesim.scenario import ScenarioError, parse_scenario
+from support.calibrating import calibrate_small
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.fuse
@@ -99,11 +99,7 @@ def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
 
 
 def test_calibrate_writes_where_noded_reads(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bench.scenario", "calibrate", "--seconds", "2", "--size", "32",
-                        "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    cal = read_calibration(str(tmp_path))
-    assert cal.peak_gbps_per_domain > 0 and cal.domains >= 1
+    _, cal = calibrate_small(["bench.scenario", "calibrate"], str(tmp_path))
     assert cal.command == f"python -m bench.scenario calibrate --seconds 2 --size 32 --state-dir {tmp_path}"
     assert with_node_peak(Config(state_dir=str(tmp_path)))[0].peak_gbps_per_domain == cal.peak_gbps_per_domain
 
