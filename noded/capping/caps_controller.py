@@ -59,3 +59,7 @@ class Caps:
             self.service.cpus_applied(outcome.cpus)
         self.service.after_apply(plans.capped, lambda job: job in outcome.in_cap_group)
         return Found(caps=self.service.view())
+
+    def between_ticks(self) -> Found:
+        """The caps as their holders hold them now (each steers its group between ticks)."""
+        return Found(caps=self.service.view())

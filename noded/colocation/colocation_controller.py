@@ -25,3 +25,7 @@ class Colocating(Proposer):
         the tick's result."""
         self.service.tick(reading.sample)
         return Found(colocation=self.service.view())
+
+    def between_ticks(self) -> Found:
+        """What co-location holds now: admissions and MPS's state move between ticks."""
+        return Found(colocation=self.service.view())

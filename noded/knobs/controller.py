@@ -184,8 +184,11 @@ class Controller(Protocol):
     never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
     writes (a cap's holder steers its group between ticks): most do nothing there.
     ``after_apply`` returns what the controller found once the writes are done, for the
-    tick's result (None: nothing beyond its proposals' ``found``). ``reads``: the names of
-    the controllers whose proposals it reads: it proposes after them (``in_reading_order``)."""
+    tick's result (None: nothing beyond its proposals' ``found``); ``between_ticks`` what it
+    finds on a tick that proposes nothing (the jobs unknown): what moves between ticks on
+    threads and requests of its own (MPS's state, admissions, a cap holder's period), as it
+    is now (None: its last findings hold). ``reads``: the names of the controllers whose
+    proposals it reads: it proposes after them (``in_reading_order``)."""
 
     name: str
     reads: tuple[str, ...]
@@ -195,6 +198,8 @@ class Controller(Protocol):
     def before_apply(self, reading: Reading, plans: Plans) -> None: ...
 
     def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None: ...
+
+    def between_ticks(self) -> Found | None: ...
 
 
 class Proposer:
@@ -207,6 +212,9 @@ class Proposer:
         pass
 
     def after_apply(self, reading: Reading, plans: Plans, outcome: Outcome) -> Found | None:
+        return None
+
+    def between_ticks(self) -> Found | None:
         return None
 
 

@@ -121,12 +121,12 @@ class Decided:
 class Acted:
     """What a tick changed: the levels' (or the plan's) result, the owner of CPUs' result,
     right-sizing's memory's (None: off, or not this tick), and what the controllers found
-    (None: none proposed, the jobs unknown: the last tick's findings hold)."""
+    (the jobs unknown: the last tick's, with what moves between ticks as it is now)."""
 
     result: ApplyResult
     cpus: CpuSetResult | None = None
     memory: MemoryView | None = None
-    found: Found | None = None
+    found: Found = NO_FINDINGS
 
 
 class Daemon:
@@ -266,7 +266,8 @@ class Daemon:
         else:
             # Not knowing the jobs is not "no jobs": hold every decision as it stands,
             # forget nothing, change nothing, until discovery works again.
-            decided, acted = Decided(self.policy.holding()), Acted(ApplyResult((), MappingProxyType({})))
+            decided = Decided(self.policy.holding())
+            acted = Acted(ApplyResult((), MappingProxyType({})), found=self._found_between_ticks())
             t2 = self.clock()
         t3 = self.clock()
         durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}
@@ -330,7 +331,7 @@ class Daemon:
         original_cpus = {}
         if throttle is not None and throttle.kind == "cores":
             original_cpus = {j: len(throttle.original_cpus(js)) for j, js in sample.jobs.items() if js.cpus is not None}
-        found = acted.found if acted.found is not None else self._found_last()
+        found = acted.found
         result = TickResult(
             tick=self.ticks, t=t0, sample=sample, decision=decision, applied=acted.result.applied,
             durations=MappingProxyType(durations), throttle_kind=throttle.kind if throttle else None,
@@ -349,13 +350,16 @@ class Daemon:
         self.lasting.update(self._lasting_states(result, decided.stuck, acted), t0, self.config.contention.hold_s)
         return result
 
-    def _found_last(self) -> Found:
-        """What the controllers found last (a tick that proposed nothing holds it: its result
-        says the same as the last one's, and no counter of theirs goes back to zero)."""
-        last = self.last
-        if last is None:
-            return NO_FINDINGS
-        return Found(rightsize=last.rightsize, colocation=last.colocation, caps=last.caps)
+    def _found_between_ticks(self) -> Found:
+        """A tick that proposed nothing: what the controllers found last (its result says the
+        same as the last one's, no counter of theirs goes back to zero), with what moved since
+        on their own threads and requests (MPS's state, admissions, cap holders) as it is now."""
+        last, found = self.last, NO_FINDINGS
+        if last is not None:
+            found = Found(rightsize=last.rightsize, colocation=last.colocation, caps=last.caps)
+        for controller in self.controllers:
+            found = found.then(controller.between_ticks())
+        return found
 
     def _count_errors(self, sample: Sample, acted: Acted) -> None:
         """The actuators' failures of this tick, by actuator and operation, and the jobs held."""

@@ -187,3 +187,30 @@ def test_controllers_reading_each_other_in_a_circle_are_refused_naming_the_circl
         assert "a -> c -> b -> a" in str(e), e
     else:
         raise AssertionError("a circle of controllers was taken")
+
+
+class MpsThatStops:
+    """An MPS supervisor as co-location reads it (its own thread keeps MPS up between ticks):
+    its state, set here as the supervisor would when MPS stops."""
+
+    state, last_error, restarts, start_failures, pipe_dir = "ok", None, 0, 0, None
+
+
+def test_a_tick_with_the_jobs_unknown_shows_what_moves_between_ticks_as_it_is_now():
+    """Holding the last findings (above) is for what a tick finds; MPS's state and the
+    admissions move between ticks, on their own threads and on operators' requests. Before,
+    a tick with the jobs unknown showed the last tick's: noded_mps_up stayed 1 with MPS down
+    (NodedMpsDown could not fire while discovery failed) and admissions went uncounted."""
+    from noded.colocation.admission import ColocationRule
+    from noded.colocation.service import Colocation
+
+    mps = MpsThatStops()
+    colocation = Colocation(ColocationRule(), {}, mps=mps, clock=lambda: 0.0)  # type: ignore[arg-type]
+    daemon = Daemon(Config(), Parts(JobsUnknownAfterTheFirst(), throttle=RecordingThrottle(), colocation=colocation))
+    first = daemon.tick()
+    assert first.colocation.mps_state == "ok" and first.colocation.decisions["refuse"] == 0
+    mps.state = "failed"
+    colocation.admit("slurm:7", None, model="m", batch_size=1)  # refused: nothing sampled (counted all the same)
+    held = daemon.tick()
+    assert held.decision.note.startswith("holding")
+    assert held.colocation.mps_state == "failed" and held.colocation.decisions["refuse"] == 1
