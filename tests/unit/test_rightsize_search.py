@@ -302,6 +302,7 @@ def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lin
 
 @settings(max_examples=300, deadline=None)
 @given(bound=st.integers(2, 16), below=st.integers(1, 15), top=st.floats(0.1, 10.0), ratio=st.floats(0.1, 1.5))
+@example(bound=2, below=1, top=1.0, ratio=0.9765625)  # the draw that found the overclaim
 def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_near_the_margin(bound, below, top,
                                                                                              ratio):
     from noded.rightsize import topsearch
@@ -313,8 +314,10 @@ def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_nea
     other = next(p for p in points.values() if p.cores != best.cores)
     near = abs(other.mean / best.mean - (1 - MARGIN)) <= topsearch.NEAR
     assert (decision == topsearch.Decision(best.cores, False, recheck=True)) is near
-    # with a start, never: the start's own rules decide on its two windows
-    assert not topsearch.decide(measured, (0.01,) * 2, bound, MARGIN, hint=below, neighbour=True).recheck
+    # with a start, not for the noise: the start's own rules decide on its two windows (the
+    # search's last rule may still recheck a tie: bound=2, below=1, ratio 0.977 is one)
+    started = topsearch.decide(measured, (0.01,) * 2, bound, MARGIN, hint=below, neighbour=True)
+    assert not started.recheck or topsearch.is_tie(other, best, MARGIN, topsearch.between_error(measured))
 
 
 @settings(max_examples=300, deadline=None)
