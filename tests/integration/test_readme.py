@@ -163,7 +163,10 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
     """The demo started as `make demo` starts it; then every documented command marked "here",
     as written, but for the placeholders: the demo's socket for the README's, and the
     demo's jobs for the Slurm ids of the host examples."""
-    demo_argv = ["-m", "noded", "run", "--sim", "scenarios/contention.yaml", "--config", "scenarios/demo-config.yaml"]
+    # and held past its scenario's 40 s: on a loaded machine the commands took longer, and
+    # the demo had ended under them ("no admin socket ... is noded running?", 2026-11-27)
+    demo_argv = ["-m", "noded", "run", "--sim", "scenarios/contention.yaml", "--config", "scenarios/demo-config.yaml",
+                 "--duration", "10m"]
     p = subprocess.Popen([sys.executable, *demo_argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          cwd=ROOT, start_new_session=True)
     try:

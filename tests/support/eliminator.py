@@ -17,7 +17,13 @@ class Harness:
     def __init__(self, tmp_path, events: str, *, profile="intel", peak=8, tick=0.25, gpus=4, dry_run=False,
                  **contention):
         text = f"seed: 1\nduration_s: 600\nnode: {{profile: {profile}, gpus: {gpus}, peak_gbps: {peak}}}\nevents:\n{events}"
-        self.sim = SimNode(parse_scenario(text, "test")).start()
+        # The scenario's time is the ticks': an event "at 1.5 s" comes after six ticks of
+        # 0.25 s however long a loaded machine takes over them (on wall time, a hog could
+        # start before noded had ticked enough to learn the GPU job's baseline, and was then
+        # never throttled: seen beside stress-ng, 2026-11-27). Bandwidth still accrues in
+        # real time, paced below.
+        self._scenario_s = 0.0
+        self.sim = SimNode(parse_scenario(text, "test"), clock=lambda: self._scenario_s).start()
         cc = dict(hold_s=1.0, settle_s=0.25)
         cc.update(contention)
         self.config = Config(tick_s=tick, peak_gbps_per_domain=peak, state_dir=str(tmp_path / "state"),
@@ -43,6 +49,7 @@ class Harness:
         # Fixed-rate pacing: bandwidth must accrue between ticks, as on a host.
         self._next += self.config.tick_s
         threading.Event().wait(max(0.0, self._next - time.monotonic()))
+        self._scenario_s += self.config.tick_s
         self.sim.step()
         r = self.daemon.tick()
         self.results.append(r)
