@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
+import signal
 import sys
 import time
 from typing import Any, Callable
@@ -440,6 +440,10 @@ def _main(args) -> int:
 
 def _top(args) -> int:
     """Refreshes until Ctrl-C or --iterations. Screen control codes only on a terminal."""
+    # Ctrl-C is how a live view ends, even where SIGINT came in ignored (Python then leaves it
+    # so: a script's system(), a launcher that ignores it for its children; seen as a top that
+    # outlived its Ctrl-C, SigIgn with SIGINT set), as procps' top does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tty = sys.stdout.isatty()
     n = 0
     try:
