@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from support.waiting import read_until, wait_for
+from support.waiting import ended, read_until, wait_for
 from support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -210,9 +210,7 @@ def test_the_readmes_commands_work_against_the_demo(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=60) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
 
 
 @pytest.mark.fuse

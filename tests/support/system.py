@@ -16,6 +16,7 @@ from nodesim import launch
 from nodesim.launch import DaemonProcess, SimNodeProcess, leftovers
 from nodesim.parentdeath import die_with_parent
 from support.host import skip_if_another_noded
+from support.waiting import ended
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPUSET = "/sys/fs/cgroup/cpuset"
@@ -75,9 +76,7 @@ def daemon_process(env: dict[str, str]):
     try:
         yield daemon, url
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
+        ended(daemon)
 
 
 def stop(daemon: subprocess.Popen, bound_s: float = 5.0) -> tuple[float, str]:

@@ -63,3 +63,11 @@ def thread_stacks() -> str:
     names = {t.ident: t.name for t in threading.enumerate()}
     return "\n".join(f"--- thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
                      for ident, frame in sys._current_frames().items())
+
+
+def ended(process) -> None:
+    """``process`` gone: killed if it still runs (a test that failed before stopping it), and
+    reaped either way, so that no process outlives its test."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()

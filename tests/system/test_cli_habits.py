@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from support.admin import nodectl_run
 from support.clocks import WallClock
-from support.waiting import read_until, stop_reading, wait_for
+from support.waiting import ended, read_until, stop_reading, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
 from noded.loop.overrides import OverrideStore
@@ -178,9 +178,7 @@ def test_top_ends_on_ctrl_c_even_where_sigint_came_in_ignored(served):
         top.send_signal(signal.SIGINT)
         assert top.wait(timeout=30) == 0
     finally:
-        if top.poll() is None:
-            top.kill()
-            top.wait()
+        ended(top)
         stop_reading(top.stdout)
 
 
@@ -488,9 +486,7 @@ def test_ctrl_c_on_the_demo_stops_it_cleanly(tmp_path):
         p.wait(timeout=60)
         err = p.stderr.read()
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
         p.stderr.close()
         stop_reading(p.stdout)
     assert p.returncode == 0, err
@@ -528,9 +524,7 @@ def test_the_demo_into_a_reader_that_goes_away_stops_it_cleanly(tmp_path):
     finally:
         if r is not None:
             os.close(r)
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
     assert p.returncode == 0, err
     assert not re.search(r"Traceback|ERROR|tick failed", err), err
     assert not [line for line in err.splitlines() if re.match(r"<[0-4]>", line) and "admin group" not in line], err

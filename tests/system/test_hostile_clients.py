@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.sockets import unix_exchange
-from support.waiting import wait_for
+from support.waiting import ended, wait_for
 from noded.admin import nodectl
 from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer
@@ -436,9 +436,7 @@ def test_accept_errors_are_logged_and_accepting_resumes_when_descriptors_free_up
         p.stdin.close()
         assert p.wait(10) == 0, "".join(log_lines)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
 
 
 # ---------------------------------------------------------------- stop

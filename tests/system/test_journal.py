@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.sockets import NotifySocket
-from support.waiting import read_until
+from support.waiting import ended, read_until
 from noded.util.journal import (CHANGES, NOTICE, JournalHandler, LineHandler, configure_logging, encode_native,
                            log_change, syslog_priority)
 
@@ -288,7 +288,5 @@ def test_sighup_is_reloading_then_ready_whether_applied_or_refused(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=20) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
         notify.close()

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from support.sockets import NotifySocket
-from support.waiting import read_until, wait_for
+from support.waiting import ended, read_until, wait_for
 from support.system import popen_noded
 
 
@@ -38,9 +38,7 @@ def procs():
     started = []
     yield started
     for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
 
 
 def test_notify_ready_after_the_first_tick_then_status_and_watchdog(tmp_path, procs):

@@ -11,7 +11,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from support.waiting import wait_for
+from support.waiting import ended, wait_for
 from prometheus_client import generate_latest
 
 from noded.loop.watching import Watch
@@ -184,9 +184,7 @@ def test_noded_run_on_the_simulated_node_prints_the_metrics_url_first_and_stops_
         assert p.returncode == 0, err
         assert "noded: stopped; throttles released, groups removed.\nnoded: simulated node torn down.\n" in out
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        ended(p)
 
 
 @pytest.mark.fuse
