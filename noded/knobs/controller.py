@@ -2,7 +2,7 @@
 
 A tick reads: sample -> each controller proposes (after the controllers whose proposals it
 reads, its ``reads``; otherwise in the order the wiring registered them; each seeing what
-those before it proposed) -> one plan per knob, merged by the knob's planner
+those it reads proposed, nothing of the others) -> one plan per knob, merged by the knob's planner
 (noded.loop.planners) -> the actuators apply each plan -> the tick's result.
 
 No controller holds an actuator: a knob's only writer is the actuator its planner hands
@@ -180,8 +180,8 @@ class Outcome:
 
 class Controller(Protocol):
     """One controller: a file of its package, registered by the wiring (noded.loop.parts).
-    ``propose`` may read what the controllers before it proposed (``proposed``, in order),
-    never call one; ``before_apply`` and ``after_apply`` are told around the actuators'
+    ``propose`` is given what the controllers it reads proposed (``proposed``: those named
+    in its ``reads``, in the order they proposed), never the others', and never calls one; ``before_apply`` and ``after_apply`` are told around the actuators'
     writes (a cap's holder steers its group between ticks): most do nothing there.
     ``after_apply`` returns what the controller found once the writes are done, for the
     tick's result (None: nothing beyond its proposals' ``found``); ``between_ticks`` what it
@@ -225,7 +225,13 @@ class ControllerCycle(ValueError):
 def in_reading_order(controllers: Sequence[Controller]) -> tuple[Controller, ...]:
     """``controllers`` in the order they propose: each after those whose proposals it reads
     (a name no controller here has is nothing to wait for), otherwise in the order given
-    (the later one's proposal wins on a knob both propose on). Raises ControllerCycle."""
+    (the later one's proposal wins on a knob both propose on). Raises ControllerCycle, or
+    ValueError where two have one name (a reader names whose proposals it reads)."""
+    names = [c.name for c in controllers]
+    twins = sorted({n for n in names if names.count(n) > 1})
+    if twins:
+        raise ValueError(f"two controllers are named {', '.join(map(repr, twins))}: a controller's reads "
+                         "name whose proposals it sees, so each name must be one controller's")
     waiting = list(controllers)
     done: list[Controller] = []
     while waiting:

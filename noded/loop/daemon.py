@@ -285,11 +285,14 @@ class Daemon:
                        throttle.level_share if throttle else (lambda level: 1.0))
 
     def _propose(self, reading: Reading) -> Iterator[Proposals]:
-        """Each controller's proposals, in order; each sees those made before its own."""
-        proposed: tuple[Proposals, ...] = ()
+        """Each controller's proposals, in order; each sees only those of the controllers it
+        reads (its ``reads``: in_reading_order put them before it), so what it proposes
+        depends on nothing it did not declare."""
+        by_name: dict[str, Proposals] = {}
         for controller in self.controllers:
-            proposed += (controller.propose(reading, proposed),)
-            yield proposed[-1]
+            read = tuple(by_name[name] for name in controller.reads if name in by_name)
+            by_name[controller.name] = controller.propose(reading, read)
+            yield by_name[controller.name]
 
     def _apply(self, reading: Reading, plans: Plans) -> tuple[Outcome, tuple[Found | None, ...]]:
         """The plans written, each knob by its one writer; the controllers told before and

@@ -189,6 +189,38 @@ def test_controllers_reading_each_other_in_a_circle_are_refused_naming_the_circl
         raise AssertionError("a circle of controllers was taken")
 
 
+class Seeing(Proposer):
+    """Proposes a level on every job and keeps the names of the proposals it was given."""
+
+    def __init__(self, name, reads=()):
+        self.name, self.reads, self.saw = name, tuple(reads), []
+
+    def propose(self, reading, proposed):
+        self.saw.append(tuple(sorted(j for p in proposed for j in p.levels or {})))
+        return Proposals(levels={f"{self.name}-job": 1})
+
+
+def test_a_controller_sees_the_proposals_of_those_it_reads_and_nothing_of_the_others():
+    """What a controller proposes depends only on what it declared it reads (before, each
+    saw every earlier proposal, so one registered later could read another's without
+    saying so, and the order alone decided what it saw)."""
+    a, b, reader = Seeing("a"), Seeing("b"), Seeing("reader", reads=("b",))
+    daemon = Daemon(Config(), Parts(OneCpuJob(), throttle=RecordingThrottle(), controllers=(a, b, reader)))
+    daemon.tick()
+    assert reader.saw == [("b-job",)] and a.saw == [()] and b.saw == [()]
+
+
+def test_two_controllers_of_one_name_are_refused_naming_it():
+    """A name is what another controller's ``reads`` points at: two of one name would make
+    what a reader sees depend on which registered last."""
+    try:
+        in_reading_order((Named("twin"), Named("other"), Named("twin")))
+    except ValueError as e:
+        assert "twin" in str(e), e
+    else:
+        raise AssertionError("two controllers named alike were taken")
+
+
 class MpsThatStops:
     """An MPS supervisor as co-location reads it (its own thread keeps MPS up between ticks):
     its state, set here as the supervisor would when MPS stops."""
