@@ -90,42 +90,13 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     memory = MemorySoftLimits(originals, dry_run=dry_run)
     notes += memory.notes
     if not dry_run:
-        restored = cores.restore_all()  # a crash left these changed
-        put_back, not_put_back = memory.restore_recorded()  # whether or not memory is sized now: an earlier run's
-        restored += put_back
-        if not_put_back:
-            notes.append(f"could not restore {len(not_put_back)} soft memory limits changed before a crash (kept "
-                         f"recorded, tried again at stop): {'; '.join(not_put_back)}")
-        if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
-            try:  # a driver that hangs must not hold the start
-                restored += call_within(config.colocation.mps.nvml_timeout_s,
-                                        "putting back the compute modes an earlier run recorded",
-                                        lambda cancelled: ComputeModes.restore_recorded(originals, cancelled))
-            except NvmlTimeout as e:
-                notes.append(f"{e}: their records are kept, for the stop or the next start to put them back")
-        if restored:
-            notes.append(f"restored {len(restored)} values changed before a crash: {'; '.join(restored)}")
-        if rc is not None:
-            removed = rc.remove_orphans()
-            if removed:
-                notes.append(f"removed {len(removed)} resctrl groups left by an earlier run")
+        notes += _put_back_what_a_crash_left(config, originals, cores, memory, rc)
     if discovery is None:
-        sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
-        registered = RegisteredLabels(state=state, persist=not dry_run)
-        notes += registered.notes
-        discovery = JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered,
-                                 max_polled=config.jobs.max_polled_per_source)
+        discovery = _job_discovery(config, state, dry_run, notes)
     monitor = JobMonitor(session, clock=clock, retry_s=config.jobs.rmid_retry_s)
     # The tick waits for NVML at most half a tick (a hung driver must not stop it)
     nvml = NvmlSampler(deadline_s=max(0.1, config.tick_s / 2)) if config.nvml else None
-    method = config.contention.method
-    throttle: MbaThrottle | CoreHalving | None = None
-    if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:
-        throttle = MbaThrottle(session, config.contention.mba_levels, config.peak_bytes_per_domain, dry_run=dry_run)
-    elif method == "mba":
-        notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
-    else:
-        throttle = cores
+    throttle = _throttle(config, session, rc, cores, dry_run, notes)
     rightsize = config.rightsize.enabled
     caps = isinstance(throttle, MbaThrottle)  # bandwidth caps are held through MBA's groups
     # where each job's CPUs are: what halving cores, right-sizing and a cap's fewer cores read
@@ -170,6 +141,55 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, state, notes, notes_for_operators)
+
+
+def _put_back_what_a_crash_left(config: Config, originals: OriginalValues, cores: CoreHalving,
+                                memory: MemorySoftLimits, rc: Resctrl | None) -> list[str]:
+    """Every value an earlier run recorded and did not put back (it crashed, or was killed)
+    put back before this one changes anything; resctrl groups it left removed. Its notes."""
+    notes: list[str] = []
+    restored = cores.restore_all()
+    put_back, not_put_back = memory.restore_recorded()  # whether or not memory is sized now: an earlier run's
+    restored += put_back
+    if not_put_back:
+        notes.append(f"could not restore {len(not_put_back)} soft memory limits changed before a crash (kept "
+                     f"recorded, tried again at stop): {'; '.join(not_put_back)}")
+    if any(key.startswith(COMPUTE_MODE) for key, _ in originals.items()):
+        try:  # a driver that hangs must not hold the start
+            restored += call_within(config.colocation.mps.nvml_timeout_s,
+                                    "putting back the compute modes an earlier run recorded",
+                                    lambda cancelled: ComputeModes.restore_recorded(originals, cancelled))
+        except NvmlTimeout as e:
+            notes.append(f"{e}: their records are kept, for the stop or the next start to put them back")
+    if restored:
+        notes.append(f"restored {len(restored)} values changed before a crash: {'; '.join(restored)}")
+    if rc is not None:
+        removed = rc.remove_orphans()
+        if removed:
+            notes.append(f"removed {len(removed)} resctrl groups left by an earlier run")
+    return notes
+
+
+def _job_discovery(config: Config, state: SecureDir, dry_run: bool, notes: list[str]) -> JobDiscovery:
+    """Discovery over the config's job sources, with the labels job managers' hooks registered."""
+    sources = [CgroupSource.create(s.kind, s.root, s.patterns or None) for s in config.jobs.sources]
+    registered = RegisteredLabels(state=state, persist=not dry_run)
+    notes += registered.notes
+    return JobDiscovery(sources, labels=LabelFile(config.jobs.labels), registered_labels=registered,
+                        max_polled=config.jobs.max_polled_per_source)
+
+
+def _throttle(config: Config, session: ResctrlSession, rc: Resctrl | None, cores: CoreHalving, dry_run: bool,
+              notes: list[str]) -> MbaThrottle | CoreHalving | None:
+    """What throttles CPU jobs here: MBA where the config allows it and the host has it,
+    else halving cores; none where the config asks for MBA on a host without it (said)."""
+    method = config.contention.method
+    if method in ("auto", "mba") and rc is not None and rc.caps.mb is not None:
+        return MbaThrottle(session, config.contention.mba_levels, config.peak_bytes_per_domain, dry_run=dry_run)
+    if method == "mba":
+        notes.append("contention.method is mba but this host has no MBA: nothing will be throttled")
+        return None
+    return cores
 
 
 def _placement_sampler(every_job: bool, caps: CapService | None, cores: CoreHalving) -> CpuPlacementSampler | None:
