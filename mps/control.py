@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mps.errors import MpsError, MpsStopping, MpsTimeout, MpsUnreachable, NvmlTimeout, call_within
+from mps.deadline import call_within
+from mps.errors import MpsError, MpsStopping, MpsTimeout, MpsUnreachable, NvmlTimeout
 from mps.computemodes import COMPUTE_MODES_DEADLINE_S, ComputeModes, Recorder
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from mps.computemodes import ComputeModes, Recorder
 
 from mps.control import MpsControl, MpsDefaults
 
-from mps.errors import MpsError, call_within
+from mps.deadline import call_within
+from mps.errors import MpsError
 
 from mps.limits import max_clients_per_device
 from mps.supervisor import MpsSupervisor

@@ -15,7 +15,8 @@ from resctrl import Resctrl
 
 from mps.computemodes import COMPUTE_MODE, ComputeModes
 
-from mps.errors import NvmlTimeout, call_within
+from mps.deadline import call_within
+from mps.errors import NvmlTimeout
 
 from noded.actuators.cores import CoreHalving
 from noded.actuators.mba import MbaThrottle

@@ -8,7 +8,7 @@ succeeds (retried after 1 s, then backing off to ``retry_s``).
 
 With ``deadline_s`` every call is made in a worker thread and the tick waits that long at
 most: a hung driver makes NVML missing (processes unknown), never a stopped tick
-(``deadline.DeadlineWorker``).
+(``mps.deadline.DeadlineWorker``).
 
 Which processes hold a GPU decides which jobs are GPU jobs, so a process list that could
 not be read is said (``processes_known``), never taken as "no processes": then a job not
@@ -33,7 +33,7 @@ from typing import Callable
 
 import pynvml
 
-from noded.samplers.deadline import DeadlineWorker, StillRunning
+from mps.deadline import DeadlineWorker, StillRunning
 
 # A process utilisation sample's fields, read through the structure's own ctypes fields:
 # pynvml's structures answer every attribute through a __getattribute__ of Python's (it

@@ -187,7 +187,8 @@ def test_call_within_hands_back_the_value_or_error_and_gives_up_on_a_hang_cancel
     import threading
     import time
 
-    from mps.errors import NvmlTimeout, call_within
+    from mps.deadline import call_within
+    from mps.errors import NvmlTimeout
 
     assert call_within(5, "answering", lambda cancelled: 42) == 42
     with pytest.raises(ZeroDivisionError):

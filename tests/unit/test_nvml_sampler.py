@@ -245,7 +245,7 @@ def test_a_hung_driver_call_costs_the_tick_its_deadline_then_nothing_until_it_re
 def test_a_deadline_worker_makes_one_call_at_a_time_and_hands_back_its_error():
     import threading
 
-    from noded.samplers.deadline import DeadlineWorker, StillRunning
+    from mps.deadline import DeadlineWorker, StillRunning
 
     worker = DeadlineWorker("test")
     assert worker.call(lambda: 7, 1.0) == 7
@@ -275,7 +275,7 @@ def test_a_deadline_worker_counts_the_cpu_its_calls_take_in_its_own_thread_in_fl
     import time
 
     from support.waiting import wait_for
-    from noded.samplers.deadline import DeadlineWorker, StillRunning
+    from mps.deadline import DeadlineWorker, StillRunning
 
     def spin(seconds):
         until = time.thread_time() + seconds
@@ -302,7 +302,7 @@ def test_a_deadline_worker_counts_the_cpu_its_calls_take_in_its_own_thread_in_fl
 
 
 def _returns(worker) -> bool:
-    from noded.samplers.deadline import StillRunning
+    from mps.deadline import StillRunning
 
     try:
         return worker.call(lambda: True, 1.0)

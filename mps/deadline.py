@@ -1,4 +1,6 @@
-"""A call into something that may hang (a GPU driver), made with a deadline.
+"""A call into something that may hang (a GPU driver), made with a deadline: the one way
+noded bounds a call into NVML, both for the tick's samples (``DeadlineWorker``, one thread
+kept) and for the rare calls that change a GPU (``call_within``, a thread a call).
 
 NVML's calls run in the driver; a GPU falling off the bus or a wedged driver can make one
 take seconds or never return, and ``nvidia-smi`` hanging is a known sight on such hosts.
@@ -15,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable
+
+from mps.errors import NvmlTimeout
 
 
 class StillRunning(Exception):
@@ -104,3 +108,20 @@ class DeadlineWorker:
         with self._lock:
             self._stopping = True
             self._wake.notify()
+
+
+def call_within(deadline_s: float, what: str, fn: Callable[[threading.Event], Any]) -> Any:
+    """``fn(cancelled)``'s value (or its exception), made in a thread of its own and waited
+    for at most ``deadline_s``: a driver that hangs must not hold whoever waits (a start, a
+    stop). Past the deadline ``cancelled`` is set, so ``fn`` changes nothing more once its
+    call returns, and NvmlTimeout says ``what`` was not done; the thread, a daemon one, is
+    left to the driver (it ends once the call returns)."""
+    cancelled = threading.Event()
+    worker = DeadlineWorker("nvml-call")
+    try:
+        return worker.call(lambda: fn(cancelled), deadline_s)
+    except StillRunning:
+        cancelled.set()
+        raise NvmlTimeout(f"NVML did not answer within {deadline_s:g} s {what}") from None
+    finally:
+        worker.stop()
