@@ -140,22 +140,31 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
     d = None if math.isnan(delta[0]) else float(delta[0])
     sources = (profile.source,) + (at.sources if at else ())
     if cause != kernels.PLACED:
-        refusal = CAUSE_REFUSALS.get(cause, "not-placed")
-        if cause == kernels.NO_FREE_SLOT:
-            why_text = (f"every GPU already holds {rule.max_jobs_per_gpu} jobs" if len(pool) > 1 or gpu == "auto"
-                        else f"GPU {pool[0].index} already holds {rule.max_jobs_per_gpu} jobs")
-        elif cause == kernels.OVER_THRESHOLD:
-            why_text = (f"ΣC on GPU {at.index} (the least loaded with a free slot) would be "
-                        f"{at.sum_c + profile.c_norm:.1f} > threshold {rule.threshold_c:g}")
-        elif cause == kernels.SLOWDOWN:
-            why_text = (f"the fitted speedup model predicts a slowdown on GPU {at.index} (the least loaded with a "
-                        f"free slot): δ̂ = {d:.2f} < 1 with {at.n_jobs + 1} jobs, ΣC {at.sum_c + profile.c_norm:.1f}")
-        elif cause == kernels.NOT_FINITE:
-            why_text = "a number in the profile, the GPU loads or the model is not finite"
-        else:
-            why_text = f"not placed (kernel reason {cause})"
-        return Decision(False, job, None, None, d, why_text, sources=sources, refusal=refusal)
-    chosen = pool[int(assign[0])]
+        return Decision(False, job, None, None, d, _refusal_text(cause, pool, gpu, at, profile, rule, d),
+                        sources=sources, refusal=CAUSE_REFUSALS.get(cause, "not-placed"))
+    return _admitted(job, profile, pool[int(assign[0])], rule, d, fitted, sources, pipe_dir)
+
+
+def _refusal_text(cause: int, pool: list[GpuLoad], gpu: str, at: GpuLoad | None, profile: JobProfile,
+                  rule: ColocationRule, d: float | None) -> str:
+    """Why the placement kernel refused, in its own cause's words, on the GPU it chose."""
+    if cause == kernels.NO_FREE_SLOT:
+        return (f"every GPU already holds {rule.max_jobs_per_gpu} jobs" if len(pool) > 1 or gpu == "auto"
+                else f"GPU {pool[0].index} already holds {rule.max_jobs_per_gpu} jobs")
+    if cause == kernels.OVER_THRESHOLD:
+        return (f"ΣC on GPU {at.index} (the least loaded with a free slot) would be "
+                f"{at.sum_c + profile.c_norm:.1f} > threshold {rule.threshold_c:g}")
+    if cause == kernels.SLOWDOWN:
+        return (f"the fitted speedup model predicts a slowdown on GPU {at.index} (the least loaded with a "
+                f"free slot): δ̂ = {d:.2f} < 1 with {at.n_jobs + 1} jobs, ΣC {at.sum_c + profile.c_norm:.1f}")
+    if cause == kernels.NOT_FINITE:
+        return "a number in the profile, the GPU loads or the model is not finite"
+    return f"not placed (kernel reason {cause})"
+
+
+def _admitted(job: str, profile: JobProfile, chosen: GpuLoad, rule: ColocationRule, d: float | None, fitted: bool,
+              sources: tuple, pipe_dir: str | None) -> Decision:
+    """The job admitted on ``chosen``: why, and the environment its processes start with."""
     n_after = chosen.n_jobs + 1
     if chosen.n_jobs == 0:
         why_text = f"GPU {chosen.index} is free"
