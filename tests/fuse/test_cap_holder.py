@@ -15,14 +15,40 @@ pytestmark = pytest.mark.fuse
 GB = 1e9
 
 
-def bandwidth_over(rc, group: str, seconds: float) -> float:
-    """The group's bytes/s over ``seconds``, from its counters as any reader sees them."""
-    def total() -> int:
-        return sum(int(open(f"{rc.root}/{group}/mon_data/{d}/mbm_total_bytes").read())
-                   for d in ("mon_L3_00", "mon_L3_01"))
-    t0, b0 = time.monotonic(), total()
-    time.sleep(seconds)  # a measurement window, not a synchronisation
-    return (total() - b0) / (time.monotonic() - t0)
+class CountedPeriods:
+    """The job's busy threads for the holder, which asks once in each control period that
+    measured and steered: so it also counts the periods the holder took. A starved holder
+    takes fewer periods in a wall second; a test bounds its wait in them, not in seconds."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.taken = 0
+
+    def __call__(self) -> int:
+        self.taken += 1
+        return self.threads
+
+
+def counters(rc, group: str) -> tuple[int, float, float]:
+    """The group's bytes as any reader sees them, and when, on CLOCK_MONOTONIC (the
+    emulator's clock too): between the two times around the read, the emulator counted."""
+    before = time.monotonic()
+    total = sum(int(open(f"{rc.root}/{group}/mon_data/{d}/mbm_total_bytes").read())
+                for d in ("mon_L3_00", "mon_L3_01"))
+    return total, before, time.monotonic()
+
+
+def rate_bounds(first, last) -> tuple[float, float]:
+    """The least and most bytes/s the counters can have moved at between two readings:
+    whatever a starved reader lost between its clock and its read is inside them."""
+    moved = last[0] - first[0]
+    return moved / (last[2] - first[1]), moved / max(1e-9, last[1] - first[2])
+
+
+#: periods of the holder's (100 ms) over which the test measures the job: a second idle
+WINDOW_PERIODS = 10
+#: the periods the holder may take before the job is held (10 s idle)
+SETTLE_PERIODS = 100
 
 
 @pytest.mark.parametrize("profile", ["intel-quantised", "amd"])
@@ -32,13 +58,27 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
     job = sleeper()
     emu.control.set_demand(job.pid, 4 * 14 * GB, domain=0, threads=4)  # 4 busy threads of 14 GB/s
     cap = 20 * GB
-    holder = CapHolder(rc, "j1", [job.pid], cap, busy_threads=lambda: 4).start()
+    periods = CountedPeriods(4)
+    holder = CapHolder(rc, "j1", [job.pid], cap, busy_threads=periods).start()
     try:
         assert holder.mode == NODED
         group = f"{rc.prefix}cap-j1"
-        # Real time on a shared 2-core box: the emulator's FUSE round trips are milliseconds.
-        wait_for(lambda: abs(bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
-                 what=f"{profile}: the job within 5 % of its cap over a second")
+        # Within SETTLE_PERIODS of the holder's, the job moves within 5 % of its cap over
+        # WINDOW_PERIODS: bounded in the periods the holder took (and the rate in the bounds
+        # a starved reader's clock allows), so a loaded host slows the test, never fails it.
+        seen = []
+        while periods.taken < SETTLE_PERIODS:
+            first, until = counters(rc, group), periods.taken + WINDOW_PERIODS
+            wait_for(lambda: periods.taken >= until or not holder.alive, timeout=60,
+                     what=f"{profile}: {WINDOW_PERIODS} periods of the holder's")
+            assert holder.alive, f"{profile}: the holder stopped steering"
+            low, high = rate_bounds(first, counters(rc, group))
+            seen.append(f"{low / GB:.2f}..{high / GB:.2f}")
+            if low >= 0.95 * cap and high <= 1.05 * cap:
+                break
+        else:
+            raise AssertionError(f"{profile}: the job not within 5 % of its cap {cap / GB:g} GB/s over "
+                                 f"{WINDOW_PERIODS} periods in {SETTLE_PERIODS}; GB/s by window: {seen}")
     finally:
         holder.stop()
     assert f"{rc.prefix}cap-j1" not in [g.name for g in rc.list_ctrl_groups()]
