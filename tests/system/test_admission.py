@@ -30,9 +30,9 @@ ResNet-50: {256: {C: 38.0e6, M: 30.0e6, window_us: 1.0e6}}
 
 
 @pytest.mark.fuse
-# in the worker of the SIGKILL tests (one of which starts MPS and admits too): an admission left
-# unanswered for 10 s in 3 of 5 loaded parallel runs, cause not found; run apart from the other
-# MPS users while it is looked for
+# in the worker of the SIGKILL tests (one of which starts MPS and admits too). An admission left
+# unanswered for 10 s in loaded runs was the first one compiling a kernel in the request
+# (test_an_admission_compiles_no_kernel_the_daemons_start_did_not below)
 @pytest.mark.xdist_group("sigkill")
 def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
     from support.eliminator import Harness
@@ -67,7 +67,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         gpu = h.sim.gpus[0]
         h.tick()
         # the answer is what this test checks, not the socket's 5 s deadline, which a loaded run of four
-        # workers may pass (one CI failure of unknown cause here): deadlines have tests of their own
+        # workers may pass: deadlines have tests of their own
         server = AdminServer(str(tmp_path / "noded.sock"), h.daemon, group=None, timeout_s=30).start()
         said = {}
 
@@ -76,9 +76,9 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
             code = nodectl.main(["--socket", server.path, "admit", "--job", job, "--model", model,
                                  "--batch-size", str(bs)])
             out = capsys.readouterr()
-            # what nodectl said on stderr, how long it took, the server's counts and every
-            # thread's stack, for an assertion's message (an unanswered admission, seen only
-            # in full parallel runs, has no cause found yet)
+            # what nodectl said on stderr, how long it took, the server's counts, and where nodectl
+            # failed every thread's stack, whole (an unanswered admission showed the admin
+            # thread compiling a numba kernel)
             said["err"] = f"{out.err} after {time.monotonic() - began:.1f}s; server {server.server.stats}"
             if code not in (0, nodectl.ADMIT_REFUSED):  # unanswered or broken: all of it, not a tuple's repr
                 pytest.fail(f"nodectl admit {job} returned {code}: {said['err']}\n{thread_stacks()}", pytrace=False)
