@@ -3,10 +3,10 @@ its own control group, counters read every 100 ms on their own schedule, and, wh
 kernel's mba_MBps is mounted, the kernel's controller left to steer (issue #27, item 3)."""
 
 import logging
-import time
 
 import pytest
 
+from support.bandwidth import counters, rate_bounds, show, within
 from support.waiting import wait_for
 from noded.capping.holder import KERNEL_MBPS, NODED, CapHolder
 from noded.util.journal import NOTICE
@@ -27,22 +27,6 @@ class CountedPeriods:
     def __call__(self) -> int:
         self.taken += 1
         return self.threads
-
-
-def counters(rc, group: str) -> tuple[int, float, float]:
-    """The group's bytes as any reader sees them, and when, on CLOCK_MONOTONIC (the
-    emulator's clock too): between the two times around the read, the emulator counted."""
-    before = time.monotonic()
-    total = sum(int(open(f"{rc.root}/{group}/mon_data/{d}/mbm_total_bytes").read())
-                for d in ("mon_L3_00", "mon_L3_01"))
-    return total, before, time.monotonic()
-
-
-def rate_bounds(first, last) -> tuple[float, float]:
-    """The least and most bytes/s the counters can have moved at between two readings:
-    whatever a starved reader lost between its clock and its read is inside them."""
-    moved = last[0] - first[0]
-    return moved / (last[2] - first[1]), moved / max(1e-9, last[1] - first[2])
 
 
 #: periods of the holder's (100 ms) over which the test measures the job: a second idle
@@ -72,9 +56,9 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
             wait_for(lambda: periods.taken >= until or not holder.alive, timeout=60,
                      what=f"{profile}: {WINDOW_PERIODS} periods of the holder's")
             assert holder.alive, f"{profile}: the holder stopped steering"
-            low, high = rate_bounds(first, counters(rc, group))
-            seen.append(f"{low / GB:.2f}..{high / GB:.2f}")
-            if low >= 0.95 * cap and high <= 1.05 * cap:
+            bounds = rate_bounds(first, counters(rc, group))
+            seen.append(show(bounds))
+            if within(bounds, cap, 0.05):
                 break
         else:
             raise AssertionError(f"{profile}: the job not within 5 % of its cap {cap / GB:g} GB/s over "
