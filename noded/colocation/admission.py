@@ -91,8 +91,8 @@ def gpu_loads(sample: Sample, reservations: list[Reservation]) -> list[GpuLoad]:
         if g.lost or g.uuid is None:
             continue
         mine = [r for r in reservations if r.gpu_uuid == g.uuid]
-        c = sum(r.profile.c_norm for r in mine)
-        m = sum(r.profile.m_norm for r in mine)
+        c = sum((r.profile.c_norm for r in mine), 0.0)
+        m = sum((r.profile.m_norm for r in mine), 0.0)
         n = len(mine)
         sources = [r.profile.source for r in mine]
         others = [p for p in g.processes if not p.mps_server]
@@ -112,6 +112,10 @@ CAUSE_REFUSALS = {kernels.NO_FREE_SLOT: "full", kernels.OVER_THRESHOLD: "over-th
                   kernels.SLOWDOWN: "slowdown", kernels.NOT_FINITE: "not-finite"}
 
 
+def _floats(values: list) -> np.ndarray:
+    return np.array(values, dtype=np.float64)
+
+
 def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad], rule: ColocationRule,
            gpu: str = "auto", *, pipe_dir: str | None = None, uid: int | None = None) -> Decision:
     pool = [l for l in loads if gpu in ("auto", l.uuid)]
@@ -129,11 +133,14 @@ def decide(job: str, profile: JobProfile, batch_size: int, loads: list[GpuLoad],
                             "(MPS is not multi-user here)", refusal="other-user")
     fitted = rule.coef is not None
     coef = np.array(rule.coef, dtype=np.float64) if fitted else np.full(kernels.N_FEATURES, np.nan)
+    # Every argument of the one type kernels.warm_up compiled at start: any other (an empty
+    # GPU's ΣC of int 0 made an int64 array, a threshold of 60 from YAML an int) is a new
+    # signature, compiled in this request, seconds of CPU before the Prolog has its answer.
     assign, delta, why, where = kernels.place_explained(
-        np.array([profile.c_norm]), np.array([profile.m_norm]), np.array([float(batch_size)]),
-        np.array([l.sum_c for l in pool]), np.array([l.sum_m for l in pool]),
-        np.array([l.n_jobs for l in pool], dtype=np.int64), np.array([l.sum_batch for l in pool]),
-        rule.max_jobs_per_gpu, rule.threshold_c, coef)
+        _floats([profile.c_norm]), _floats([profile.m_norm]), _floats([batch_size]),
+        _floats([l.sum_c for l in pool]), _floats([l.sum_m for l in pool]),
+        np.array([l.n_jobs for l in pool], dtype=np.int64), _floats([l.sum_batch for l in pool]),
+        int(rule.max_jobs_per_gpu), float(rule.threshold_c), coef)
     # The reason is the kernel's own: its cause, on the GPU it chose.
     cause = int(why[0])
     at = pool[int(where[0])] if where[0] >= 0 else None

@@ -224,10 +224,13 @@ def predict_admit(weights, X):
 
 def warm_up() -> None:
     """Compile (or load from the JIT cache) every kernel, at daemon start rather than
-    at the first admission."""
+    at the first admission: each at the types its callers pass (a kernel loaded from the
+    cache brings none of the kernels it calls with it: ``place_explained``, the one an
+    admission calls, is warmed itself, not only through ``place``)."""
     one = np.ones(2)
     for coef in (np.full(N_FEATURES, np.nan), np.ones(N_FEATURES)):
-        place(one, one, one, np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1), 3, 60.0, coef)
+        for kernel in (place, place_explained):
+            kernel(one, one, one, np.zeros(1), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1), 3, 60.0, coef)
     X = np.ones((4, N_FEATURES))
     fit_linear(X, np.ones(4), 1e-3)
     predict_admit(fit_logistic(X, np.ones(4), 1, 0.1, 0.0), X)

@@ -3,10 +3,10 @@ its own control group, counters read every 100 ms on their own schedule, and, wh
 kernel's mba_MBps is mounted, the kernel's controller left to steer (issue #27, item 3)."""
 
 import logging
-import time
 
 import pytest
 
+from support.bandwidth import counters, rate_bounds, show, within
 from support.waiting import wait_for
 from noded.capping.holder import KERNEL_MBPS, NODED, CapHolder
 from noded.util.journal import NOTICE
@@ -15,14 +15,24 @@ pytestmark = pytest.mark.fuse
 GB = 1e9
 
 
-def bandwidth_over(rc, group: str, seconds: float) -> float:
-    """The group's bytes/s over ``seconds``, from its counters as any reader sees them."""
-    def total() -> int:
-        return sum(int(open(f"{rc.root}/{group}/mon_data/{d}/mbm_total_bytes").read())
-                   for d in ("mon_L3_00", "mon_L3_01"))
-    t0, b0 = time.monotonic(), total()
-    time.sleep(seconds)  # a measurement window, not a synchronisation
-    return (total() - b0) / (time.monotonic() - t0)
+class CountedPeriods:
+    """The job's busy threads for the holder, which asks once in each control period that
+    measured and steered: so it also counts the periods the holder took. A starved holder
+    takes fewer periods in a wall second; a test bounds its wait in them, not in seconds."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.taken = 0
+
+    def __call__(self) -> int:
+        self.taken += 1
+        return self.threads
+
+
+#: periods of the holder's (100 ms) over which the test measures the job: a second idle
+WINDOW_PERIODS = 10
+#: the periods the holder may take before the job is held (10 s idle)
+SETTLE_PERIODS = 100
 
 
 @pytest.mark.parametrize("profile", ["intel-quantised", "amd"])
@@ -32,13 +42,27 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
     job = sleeper()
     emu.control.set_demand(job.pid, 4 * 14 * GB, domain=0, threads=4)  # 4 busy threads of 14 GB/s
     cap = 20 * GB
-    holder = CapHolder(rc, "j1", [job.pid], cap, busy_threads=lambda: 4).start()
+    periods = CountedPeriods(4)
+    holder = CapHolder(rc, "j1", [job.pid], cap, busy_threads=periods).start()
     try:
         assert holder.mode == NODED
         group = f"{rc.prefix}cap-j1"
-        # Real time on a shared 2-core box: the emulator's FUSE round trips are milliseconds.
-        wait_for(lambda: abs(bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
-                 what=f"{profile}: the job within 5 % of its cap over a second")
+        # Within SETTLE_PERIODS of the holder's, the job moves within 5 % of its cap over
+        # WINDOW_PERIODS: bounded in the periods the holder took (and the rate in the bounds
+        # a starved reader's clock allows), so a loaded host slows the test, never fails it.
+        seen = []
+        while periods.taken < SETTLE_PERIODS:
+            first, until = counters(rc, group), periods.taken + WINDOW_PERIODS
+            wait_for(lambda: periods.taken >= until or not holder.alive, timeout=60,
+                     what=f"{profile}: {WINDOW_PERIODS} periods of the holder's")
+            assert holder.alive, f"{profile}: the holder stopped steering"
+            bounds = rate_bounds(first, counters(rc, group))
+            seen.append(show(bounds))
+            if within(bounds, cap, 0.05):
+                break
+        else:
+            raise AssertionError(f"{profile}: the job not within 5 % of its cap {cap / GB:g} GB/s over "
+                                 f"{WINDOW_PERIODS} periods in {SETTLE_PERIODS}; GB/s by window: {seen}")
     finally:
         holder.stop()
     assert f"{rc.prefix}cap-j1" not in [g.name for g in rc.list_ctrl_groups()]

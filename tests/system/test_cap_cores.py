@@ -8,7 +8,8 @@ import os
 import pytest
 
 from support.waiting import wait_for
-from test_caps import WallClock, group_bandwidth_over
+from support.bandwidth import rate_bounds_over
+from support.clocks import WallClock
 from support.eliminator import Harness
 
 from noded.actuators.cpurecords import affinity_key
@@ -75,7 +76,7 @@ def test_a_cap_below_the_lowest_mba_value_is_met_on_fewer_cores_and_the_cores_co
         assert r.sample.jobs["sim:hog"].cpus is not None and r.sample.jobs["sim:quiet"].cpus is None
         assert r.sample.job_errors == ()  # not asked for is not "could not be read"
         group = h.daemon.parts.throttle.cap_name("sim:hog")
-        wait_for(lambda: group_bandwidth_over(h.rc(), group, 1.0) <= 1.05 * cap, timeout=10,
+        wait_for(lambda: rate_bounds_over(h.rc(), group, 1.0)[1] <= 1.05 * cap, timeout=10,
                  what="the hog at its cap or under on fewer cores")
         # the cap ends: its own CPUs back, the record gone
         store.clear("sim:hog", 0)

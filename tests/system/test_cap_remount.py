@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from support.waiting import wait_for
-from test_caps import WallClock, group_bandwidth_over
+from support.bandwidth import rate_bounds_over, within
+from support.clocks import WallClock
 from support.eliminator import NLP_AND_HOG, Harness
 
 from noded.loop.overrides import Override, OverrideStore
@@ -46,13 +47,13 @@ def test_a_holder_is_started_again_on_resctrl_mounted_again(tmp_path, caplog):
         h.sim.emu = MountedEmulator("intel-quantised", workdir=emu.workdir, extra_args=["--peak-gbps", "1000"]).start()
         h.sim._set_demand("hog", h.sim.demand_gbps["hog"])
         h.sim._set_demand("bert", h.sim.demand_gbps["bert"])
-        r = h.until(lambda r: steered(r) and h.daemon.parts.caps.holders["sim:hog"] is not first
-                    and h.daemon.parts.caps.holders["sim:hog"].alive, 15, "a new holder on the new mount")
+        h.until(lambda r: steered(r) and h.daemon.parts.caps.holders["sim:hog"] is not first
+             and h.daemon.parts.caps.holders["sim:hog"].alive, 15, "a new holder on the new mount")
         assert "cap sim:hog: its holder stopped steering" in caplog.text
         group = h.daemon.parts.throttle.cap_name("sim:hog")
         rc = h.rc()
         assert group in [g.name for g in rc.list_ctrl_groups()]
-        wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
+        wait_for(lambda: within(rate_bounds_over(rc, group, 1.0), cap, 0.05), timeout=10,
                  what=f"the hog within 5 % of its cap {cap / 1e9:.2f} GB/s on the new mount (free: {free / 1e9:.2f})")
     finally:
         h.stop()

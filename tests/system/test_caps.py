@@ -8,6 +8,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.bandwidth import rate_bounds_over, within
 from support.clocks import WallClock
 from support.metrics import scrape
 
@@ -148,19 +149,6 @@ def test_a_bad_cap_command_line_is_refused_before_anything_is_sent(argv, said, c
     assert e.value.code == 2 and said in capsys.readouterr().err
 
 
-def group_bandwidth_over(rc, group: str, seconds: float) -> float:
-    """A control group's bytes/s over ``seconds``, from its counters as any reader sees them."""
-    import os
-    import time
-
-    def total() -> int:
-        mon = f"{rc.root}/{group}/mon_data"
-        return sum(int(open(f"{mon}/{d}/mbm_total_bytes").read()) for d in os.listdir(mon))
-    t0, b0 = time.monotonic(), total()
-    time.sleep(seconds)  # a measurement window, not a synchronisation
-    return (total() - b0) / (time.monotonic() - t0)
-
-
 @pytest.mark.fuse
 def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_after(tmp_path):
     from support.waiting import wait_for
@@ -183,7 +171,7 @@ def test_the_daemon_holds_a_capped_job_within_5_percent_and_removes_its_group_af
         group = h.daemon.parts.throttle.cap_name("sim:hog")
         rc = h.rc()
         assert group in [g.name for g in rc.list_ctrl_groups()]
-        wait_for(lambda: abs(group_bandwidth_over(rc, group, 1.0) / cap - 1) <= 0.05, timeout=10,
+        wait_for(lambda: within(rate_bounds_over(rc, group, 1.0), cap, 0.05), timeout=10,
                  what=f"the hog within 5 % of its cap {cap / 1e9:.2f} GB/s over a second (free: {free / 1e9:.2f})")
         store.clear("sim:hog", 0)
         h.until(lambda r: "sim:hog" not in r.caps and group not in [g.name for g in h.rc().list_ctrl_groups()], 5,

@@ -78,7 +78,9 @@ def test_driver_not_loaded_at_start_then_a_hung_call_then_a_lost_gpu(tmp_path):
         wait_for(lambda: re.search(r"^noded_nvml_available 0", scrape(url), re.M), timeout=10, interval=0.05,
                  what="NVML missing while a call hangs")
         before = ticks(url)
-        wait_for(lambda: ticks(url) >= before + 5, timeout=5, interval=0.05, what="ticks going on while NVML hangs")
+        # a tick that waited on the call would take its 3 s: five such take 15; under 12 is ticks
+        # going on, with room for a starved loop (5 s was an idle machine's)
+        wait_for(lambda: ticks(url) >= before + 5, timeout=12, interval=0.05, what="ticks going on while NVML hangs")
         inject(env, {"nvml_call": {"call": "processes", "slow_ms": None}})
         wait_for(lambda: re.search(r"^noded_nvml_available 1", scrape(url), re.M), timeout=15, interval=0.1,
                  what="NVML read again once the call returned")
@@ -88,7 +90,7 @@ def test_driver_not_loaded_at_start_then_a_hung_call_then_a_lost_gpu(tmp_path):
         wait_for(lambda: (value(scrape(url), r"^noded_inputs_missing ([0-9.]+)") or 0) >= 1, timeout=10,
                  interval=0.1, what="the lost GPU said missing")
         before = ticks(url)
-        wait_for(lambda: ticks(url) >= before + 5, timeout=5, interval=0.05, what="ticks going on")
+        wait_for(lambda: ticks(url) >= before + 5, timeout=30, interval=0.05, what="ticks going on")
         assert re.search(r'noded_job_memory_bandwidth_bytes_per_second{job_id="cgroup:bert",kind="gpu"}',
                          scrape(url))
 

@@ -157,7 +157,9 @@ def test_a_new_process_lands_in_its_jobs_group(node, sleeper, events):
         child = int(parent.stdout.readline())
         if not events:
             telemetry.sample()
-        wait_for(lambda: child in group.read_tasks(), timeout=2, what="the child in the job's group")
+        # no sample() after this one: the deadline only ends a wait for what the connector's
+        # thread (or the kernel's inheritance) must do, a wait a starved thread may make long
+        wait_for(lambda: child in group.read_tasks(), timeout=30, what="the child in the job's group")
     finally:
         telemetry.close()
         if parent is not None:
@@ -204,8 +206,9 @@ def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(nod
         wait_for(lambda: telemetry.sample() and monitor.groups(), what="the job's group")
         group = monitor.groups()["slurm:9"]
         p = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
-        # No sample() from here on: only the connector can place it.
-        wait_for(lambda: p.pid in group.read_tasks(), timeout=1.0, what="the new process in its job's group")
+        # No sample() from here on: only the connector can place it (its thread, starved on a
+        # loaded host, may take seconds; what proves the connector is that nothing else runs)
+        wait_for(lambda: p.pid in group.read_tasks(), timeout=30, what="the new process in its job's group")
     finally:
         telemetry.close()
 
