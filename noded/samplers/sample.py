@@ -179,12 +179,13 @@ def build_sample(
     job_bps = bandwidth.job_bps if bandwidth is not None else {}
     cpus = cpus or {}
     no_gpu_kind = CPU if processes_known else UNKNOWN
-    shares = {g.index: _GpuShares.of(g) for g in gpus} if held_by else {}  # each GPU's, once a tick
+    # each GPU's, once a tick (by the sample's identity: nothing here assumes indexes are unique)
+    shares = {id(g): _GpuShares.of(g) for g in gpus} if held_by else {}
     for job in (jobs or {}).values():
         held = held_by.get(job.id, ())
         util = None
         if held:
-            utils = [_job_gpu_util(job.pids, shares[g.index]) for g in held]
+            utils = [_job_gpu_util(job.pids, shares[id(g)]) for g in held]
             util = None if None in utils else sum(utils) / len(utils)
         rates = job_bps.get(job.id)
         bw = None if rates is None or None in rates.values() else sum(rates.values())
