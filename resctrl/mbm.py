@@ -199,12 +199,14 @@ class MbmReader:
         with ``resctrl.info.read_domains``)."""
         sample: MbmSample = {}
         group_path = group_path.rstrip("/")
+        # every counter of every group every tick: one call a file, names bound once a group
+        read_file, events = (self._read_file if self.keep_open else self._read_once), self.events
         for domain in domains:
-            # read every tick for every group: plain string formatting, not os.path.join
+            # plain string formatting, not os.path.join
             base = f"{group_path}/mon_data/{DOMAIN_PREFIX}{domain:02d}/"
             readings = {}
-            for event in self.events:
-                raw = self._read_file(base + event)
+            for event in events:
+                raw = read_file(base + event)
                 if raw is None:
                     self._forget_prefix(base)
                     break

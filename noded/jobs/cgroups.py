@@ -147,7 +147,12 @@ def _has_magic(part: str) -> bool:
     return any(c in part for c in "*?[")
 
 
-def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | None = None) -> list[str]:
+#: (directory, pattern part) -> (its listing, the paths in it that match the part)
+Matches = dict[tuple[str, str], tuple[list[str], list[str]]]
+
+
+def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | None = None,
+               matched: Matches | None = None, matched_now: Matches | None = None) -> list[str]:
     """Directories below ``root`` matching a relative glob ``pattern``, component by
     component (fnmatch rules; ``*`` skips names starting with a dot, as glob does).
 
@@ -155,6 +160,10 @@ def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | No
     that vanished while we looked (a job ending) is passed over; any other error is
     raised. ``subdirs(path)`` lists a directory's subdirectories, sorted (a
     ``DirListings`` keeps them between calls); by default each is listed afresh.
+    ``matched`` holds the listings' matches of an earlier call, reused where ``subdirs``
+    gives the very listing kept there (a ``DirListings`` gives the same list while the
+    directory is unchanged); ``matched_now`` gets this call's (those not asked for again
+    are so forgotten, as their listings are).
     """
     subdirs = subdirs or list_subdirs
     paths = [root]
@@ -173,10 +182,19 @@ def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | No
                 names = subdirs(base)
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            kept = matched.get((base, part)) if matched is not None else None
+            if kept is not None and kept[0] is names:
+                if matched_now is not None:
+                    matched_now[(base, part)] = kept
+                found += kept[1]
+                continue
             hidden_ok = part.startswith(".")
             sep = "" if base.endswith("/") else "/"  # os.path.join's rule, without its cost per name
-            found += [f"{base}{sep}{n}" for n in names
-                      if fnmatch.fnmatchcase(n, part) and (hidden_ok or not n.startswith("."))]
+            paths_matching = [f"{base}{sep}{n}" for n in names
+                              if fnmatch.fnmatchcase(n, part) and (hidden_ok or not n.startswith("."))]
+            if matched_now is not None:
+                matched_now[(base, part)] = (names, paths_matching)
+            found += paths_matching
         paths = found
     return paths
 
@@ -249,6 +267,7 @@ class CgroupScanner:
         self.generation = 0  # moves each time scan() finds something different
         self._found: dict[str, str] = {}
         self._owners: dict[str, int] = {}  # job directory -> its owner's uid
+        self._matched: Matches = {}  # the last scan's matches, by listing
 
     def scan(self) -> dict[str, str]:
         """job id -> absolute job directory (as ``CgroupSource.scan``)."""
@@ -256,7 +275,10 @@ class CgroupScanner:
         if not os.path.isdir(root):
             raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", root)
         self.listings.begin()
-        paths = [p for pattern in self.source.patterns for p in match_dirs(root, pattern, self.listings)]
+        # each listing's matches kept while its listing is: a scan matches only what changed
+        matched, self._matched = self._matched, {}
+        paths = [p for pattern in self.source.patterns
+                 for p in match_dirs(root, pattern, self.listings, matched, self._matched)]
         self.listings.end()
         if self.listings.changed or len(paths) != len(self._found):
             found = {self.source.job_id(p[len(root):].lstrip("/")): p for p in paths}

@@ -63,6 +63,12 @@ def _add_into(total: dict[int, float | None], rates: Mapping[int, float | None])
             total[d] = None if r is None else t + r
 
 
+def _every_domain(rates: dict[int, float | None], domains: tuple[int, ...]) -> dict[int, float | None]:
+    """A meter's rates with every domain of this tick's (readings hold only those domains:
+    as many rates means every domain has one)."""
+    return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}
+
+
 class BandwidthSampler:
     name = "resctrl"
 
@@ -72,22 +78,22 @@ class BandwidthSampler:
         self.monitor = monitor
         # each counter is read once a sample: opened, read and closed at once
         self.reader = reader or MbmReader(events=(MBM_TOTAL,), keep_open=False)
-        self._meters: dict[str, BandwidthMeter] = {}
+        # each job's meter by job id, each control group's residual's by its path: two maps,
+        # so no key is formatted for every group every tick
+        self._job_meters: dict[str, BandwidthMeter] = {}
+        self._own_meters: dict[str, BandwidthMeter] = {}
         self._ctrl_paths: set[str] = set()
         self._last_read: float | None = None
         self._generation: int | None = None
 
-    def _meter(self, key: str, domains: tuple[int, ...], created_at: float | None) -> BandwidthMeter:
-        meter = self._meters.get(key)
-        if meter is None:
-            dip = RESIDUAL_DIP_BYTES if key.endswith("#own") else 0
-            meter = self._meters[key] = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
-            if created_at is not None:
-                # Counted from zero since mkdir. Rates of all groups are summed into the
-                # node's, so each must cover the same window: the one since our last
-                # read (what the group took over had been counted elsewhere until then).
-                start = created_at if self._last_read is None else min(created_at, self._last_read)
-                meter.start_from_zero(domains, start)
+    def _new_meter(self, domains: tuple[int, ...], created_at: float | None, dip: int) -> BandwidthMeter:
+        meter = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
+        if created_at is not None:
+            # Counted from zero since mkdir. Rates of all groups are summed into the
+            # node's, so each must cover the same window: the one since our last
+            # read (what the group took over had been counted elsewhere until then).
+            start = created_at if self._last_read is None else min(created_at, self._last_read)
+            meter.start_from_zero(domains, start)
         return meter
 
     def sample(self, rc: Resctrl, generation: int, groups: Mapping[str, MonGroup]) -> BandwidthSample:
@@ -95,7 +101,8 @@ class BandwidthSampler:
         closed before returning: noded holds nothing open in resctrl between ticks."""
         if generation != self._generation:
             # A new mount: counters of the old one mean nothing here.
-            self._meters.clear()
+            self._job_meters.clear()
+            self._own_meters.clear()
             self._ctrl_paths.clear()
             self._last_read = None
             self._generation = generation
@@ -108,40 +115,73 @@ class BandwidthSampler:
         domains = read_domains(rc.root, True)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
-        job_readings = {job_id: self._read(g.path, domains) for job_id, g in groups.items()}
+        job_readings = self._read_all({job_id: g.path for job_id, g in groups.items()}, domains, started)
         ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
-        ctrl_readings = {p: self._read(p, domains) for p in ctrl_paths}
+        ctrl_readings = self._read_all({p: p for p in ctrl_paths}, domains, self.clock())
         now = self.clock()
         span = now - started
-        job_bps = {}
         node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
-        for job_id, (readings, at) in job_readings.items():
-            key = f"job:{job_id}"
-            # when its group was made matters only to a new meter (asked once, not every tick)
-            created_at = None if key in self._meters else self.monitor.created_at(job_id)
-            rates = self._rate(key, readings, domains, at, created_at)
-            _add_into(node, rates)
-            job_bps[job_id] = self._own_rate(rates, at, created_at)
+        job_bps = self._job_rates(job_readings, domains, node)
         in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
         for job_id, g in groups.items():
             in_ctrl.setdefault(g.parent.path, []).append(job_id)
-        for path, readings in ctrl_readings.items():
+        for path, (readings, at) in ctrl_readings.items():
             kids = in_ctrl.get(path, [])
             # A control group new since the last read (a throttle level) holds nothing
             # of its own yet: its residual starts at zero.
             new = self._last_read is not None and path not in self._ctrl_paths
             moved = {d: sum(job_bps[j][d] or 0.0 for j in kids) * span for d in domains}
             tolerance = {d: RESIDUAL_DIP_BYTES + int(2 * moved[d]) for d in domains}
-            own = residual(readings[0], [job_readings[j][0] for j in kids], domains)
-            _add_into(node, self._rate(path + "#own", own, domains, readings[1], self._last_read if new else None,
-                                       tolerance))
+            own = residual(readings, [job_readings[j][0] for j in kids], domains)
+            meter = self._own_meters.get(path)
+            if meter is None:
+                meter = self._own_meters[path] = self._new_meter(domains, self._last_read if new else None,
+                                                                 RESIDUAL_DIP_BYTES)
+            _add_into(node, _every_domain(meter.update(own, at, tolerance), domains))
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
-        live = {p + "#own" for p in ctrl_paths} | {f"job:{j}" for j in groups}
-        for key in [k for k in self._meters if k not in live]:
-            self._meters.pop(key)
+        for job_id in [j for j in self._job_meters if j not in groups]:
+            del self._job_meters[job_id]
+        for path in self._own_meters.keys() - set(ctrl_paths):
+            del self._own_meters[path]
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing))
+
+    def _read_all(self, paths: Mapping[str, str], domains: tuple[int, ...],
+                  before: float) -> dict[str, tuple[MbmSample, float]]:
+        """Each group's counters (key -> its path) and when they were read: the middle of
+        its own read, ``before`` being the clock just before the first. Each group's rate is
+        taken over its own interval: one time for the whole tick would skew every rate by how
+        long the reads after it took (much, through a slow filesystem or on a loaded host)."""
+        clock, read = self.clock, self.reader.read
+        out = {}
+        for key, path in paths.items():
+            readings = read(path, domains)
+            after = clock()  # this group's end is the next one's start: one clock read a group
+            out[key] = (readings, (before + after) / 2)
+            before = after
+        return out
+
+    def _job_rates(self, job_readings: Mapping[str, tuple[MbmSample, float]], domains: tuple[int, ...],
+                   node: dict[int, float | None]) -> dict[str, dict[int, float | None]]:
+        """Each job's rates per domain (added into ``node``'s); a job's first (a new meter)
+        over the time its group counted (see _own_rate)."""
+        meters = self._job_meters
+        job_bps = {}
+        for job_id, (readings, at) in job_readings.items():
+            meter = meters.get(job_id)
+            if meter is None:
+                # when its group was made matters only to a new meter (asked once, not every tick)
+                created_at = self.monitor.created_at(job_id)
+                meter = meters[job_id] = self._new_meter(domains, created_at, 0)
+                rates = _every_domain(meter.update(readings, at), domains)
+                _add_into(node, rates)
+                job_bps[job_id] = self._own_rate(rates, at, created_at)
+            else:
+                rates = _every_domain(meter.update(readings, at), domains)
+                _add_into(node, rates)
+                job_bps[job_id] = rates
+        return job_bps
 
     def _own_rate(self, rates: dict[int, float | None], at: float, created_at: float | None) -> dict[int, float | None]:
         """A job's rate as the job ran: a group made since the last read counted only since
@@ -154,17 +194,3 @@ class BandwidthSampler:
         if counted <= 0:
             return dict.fromkeys(rates)  # made as it was read: nothing counted yet, no rate
         return {d: None if r is None else r * window / counted for d, r in rates.items()}
-
-    def _read(self, path: str, domains: tuple[int, ...]) -> tuple[MbmSample, float]:
-        """A group's counters and when they were read. Each group's rate is taken over its
-        own interval: one time for the whole tick would skew every rate by how long the
-        reads after it took (much, through a slow filesystem or on a loaded host)."""
-        before = self.clock()
-        readings = self.reader.read(path, domains)
-        return readings, (before + self.clock()) / 2
-
-    def _rate(self, key: str, readings: MbmSample, domains: tuple[int, ...], now: float,
-              created_at: float | None, dip_tolerance: dict[int, int] | None = None) -> dict[int, float | None]:
-        rates = self._meter(key, domains, created_at).update(readings, now, dip_tolerance)
-        # readings hold only the given domains: as many rates means every domain has one
-        return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}

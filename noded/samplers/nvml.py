@@ -26,6 +26,7 @@ Utilisation outside 0..100 (seen on real drivers) is clamped.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from dataclasses import dataclass
@@ -41,6 +42,14 @@ from mps.deadline import DeadlineWorker, StillRunning
 _SAMPLE_PID = pynvml.c_nvmlProcessUtilizationSample_t.pid.__get__
 _SAMPLE_STAMP = pynvml.c_nvmlProcessUtilizationSample_t.timeStamp.__get__
 _SAMPLE_SM = pynvml.c_nvmlProcessUtilizationSample_t.smUtil.__get__
+
+# A process list's rows, read the same way: pynvml turns each into a "friendly object" (an
+# object of Python's with every field copied through getattr and setattr), half of this
+# sampler's own CPU for some 6 processes a GPU a tick.
+_INFO_PID = pynvml.c_nvmlProcessInfo_v3_t.pid.__get__
+_INFO_MEMORY = pynvml.c_nvmlProcessInfo_v3_t.usedGpuMemory.__get__
+#: what the driver puts for a process's memory it cannot tell (WDDM on Windows, say)
+_MEMORY_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,44 @@ def _err(e: Exception) -> str:
     if isinstance(e, pynvml.NVMLLibraryMismatchError):
         return "LibraryMismatch (the driver is older than pynvml: an entry point it needs is missing)"
     return type(e).__name__.replace("NVMLError_", "")
+
+
+class _ProcessList:
+    """One of NVML's process lists of a device as (pid, used memory or None) pairs, by
+    pynvml's own protocol: a first call for the count, then the list into an array twice as
+    large and 5 more (processes start between the calls); any status but success raised as
+    pynvml raises it, an entry point the driver lacks as its ``NVMLLibraryMismatchError``.
+    Named as pynvml's function is (the sampler's errors say which list failed)."""
+
+    def __init__(self, name: str, entry_point: str):
+        self.__name__ = name
+        self.entry_point = entry_point
+
+    def __call__(self, handle) -> list[tuple[int, int | None]]:
+        try:
+            fn = pynvml._nvmlGetFunctionPointer(self.entry_point)
+        except pynvml.NVMLError_FunctionNotFound:
+            raise pynvml.NVMLLibraryMismatchError(f"{self.entry_point} is not in the NVML library") from None
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.byref(count), None)
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(ret)
+        count.value = count.value * 2 + 5
+        rows = (pynvml.c_nvmlProcessInfo_v3_t * count.value)()
+        ret = fn(handle, ctypes.byref(count), rows)
+        if ret != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(ret)
+        out = []
+        for i in range(count.value):
+            memory = _INFO_MEMORY(rows[i])
+            out.append((_INFO_PID(rows[i]), None if memory == _MEMORY_NOT_AVAILABLE else memory))
+        return out
+
+
+_compute_processes = _ProcessList("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3")
+_mps_processes = _ProcessList("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v3")
 
 
 def _percent(value: int | None) -> int | None:
@@ -210,21 +257,21 @@ class NvmlSampler:
             util = field(pynvml.nvmlDeviceGetUtilizationRates)
             mem = field(pynvml.nvmlDeviceGetMemoryInfo)
             mode = field(pynvml.nvmlDeviceGetComputeMode)
-            compute = field(pynvml.nvmlDeviceGetComputeRunningProcesses)
+            compute = field(_compute_processes)
             known = compute is not None
-            mps = field(pynvml.nvmlDeviceGetMPSComputeRunningProcesses)
+            mps = field(_mps_processes)
             if mps is None and not isinstance(failed[-1], pynvml.NVMLError_NotSupported):
                 known = False  # a GPU without MPS support has no clients; any other failure hides them
-            sm = self._process_utilisation(index, handle, errors, [p.pid for p in compute or ()])
+            sm = self._process_utilisation(index, handle, errors, [pid for pid, _ in compute or ()])
         except pynvml.NVMLError_GpuIsLost:
             self._sm_util.pop(index, None)
             return GpuSample(index, uuid, name, None, None, None, None, None, error="GpuIsLost", lost=True,
                              processes_known=False)
         compute, mps = compute or [], mps or []
-        mps_pids = {p.pid for p in mps}
-        procs = [GpuProcess(p.pid, p.usedGpuMemory, mps_server=bool(mps_pids) and p.pid not in mps_pids)
-                 for p in compute if p.pid not in mps_pids]
-        procs += [GpuProcess(p.pid, p.usedGpuMemory, mps_client=True) for p in mps]
+        mps_pids = {pid for pid, _ in mps}
+        procs = [GpuProcess(pid, memory, mps_server=bool(mps_pids) and pid not in mps_pids)
+                 for pid, memory in compute if pid not in mps_pids]
+        procs += [GpuProcess(pid, memory, mps_client=True) for pid, memory in mps]
         return GpuSample(
             index, uuid, name,
             _percent(util.gpu) if util else None, _percent(util.memory) if util else None,

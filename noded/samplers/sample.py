@@ -78,7 +78,25 @@ class Sample:
         return None if not values or any(v is None for v in values) else sum(values)
 
 
-def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
+@dataclass(frozen=True)
+class _GpuShares:
+    """What splitting one GPU's time among its jobs reads, gathered once a tick per GPU
+    (not once per job on it)."""
+
+    per_pid: dict[int, int]  # pid -> SM utilisation % (per-process samples)
+    clients: tuple[int, ...]  # MPS clients
+    server: int | None  # the MPS server
+    holders: frozenset[int]  # every process on it but the MPS server
+    util_gpu: int | None
+
+    @classmethod
+    def of(cls, gpu: GpuSample) -> "_GpuShares":
+        return cls(dict(gpu.process_sm_util), tuple(p.pid for p in gpu.processes if p.mps_client),
+                   next((p.pid for p in gpu.processes if p.mps_server), None),
+                   frozenset(p.pid for p in gpu.processes if not p.mps_server), gpu.util_gpu)
+
+
+def _job_gpu_util(pids: frozenset[int], gpu: _GpuShares) -> float | None:
     """A job's share of one GPU's time.
 
     Per-process SM samples where the job's own processes have them; under MPS the
@@ -86,19 +104,17 @@ def _job_gpu_util(pids: frozenset[int], gpu: GpuSample) -> float | None:
     split evenly among the MPS clients on that GPU. If nothing per-process exists
     and the job is alone on the device, the device's utilisation is the job's.
     """
-    per_pid = dict(gpu.process_sm_util)
+    per_pid = gpu.per_pid
     own = [per_pid[p] for p in pids if p in per_pid]
     if own:
         return float(sum(own))
-    clients = [p.pid for p in gpu.processes if p.mps_client]
+    clients = gpu.clients
     if any(p in pids for p in clients):
-        server = next((p.pid for p in gpu.processes if p.mps_server), None)
-        total = per_pid.get(server) if server is not None else None
+        total = per_pid.get(gpu.server) if gpu.server is not None else None
         if total is None:
             total = gpu.util_gpu
         return None if total is None else total * sum(p in pids for p in clients) / len(clients)
-    holders = {p.pid for p in gpu.processes if not p.mps_server}
-    if holders and holders <= pids and gpu.util_gpu is not None:
+    if gpu.holders and gpu.holders <= pids and gpu.util_gpu is not None:
         return float(gpu.util_gpu)
     return None
 
@@ -163,11 +179,13 @@ def build_sample(
     job_bps = bandwidth.job_bps if bandwidth is not None else {}
     cpus = cpus or {}
     no_gpu_kind = CPU if processes_known else UNKNOWN
+    # each GPU's, once a tick (by the sample's identity: nothing here assumes indexes are unique)
+    shares = {id(g): _GpuShares.of(g) for g in gpus} if held_by else {}
     for job in (jobs or {}).values():
         held = held_by.get(job.id, ())
         util = None
         if held:
-            utils = [_job_gpu_util(job.pids, g) for g in held]
+            utils = [_job_gpu_util(job.pids, shares[id(g)]) for g in held]
             util = None if None in utils else sum(utils) / len(utils)
         rates = job_bps.get(job.id)
         bw = None if rates is None or None in rates.values() else sum(rates.values())

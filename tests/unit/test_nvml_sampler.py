@@ -91,6 +91,22 @@ def test_mps_clients_are_listed_and_the_server_marked(node):
     assert dict(d1.process_sm_util) == {900: 50}
 
 
+def test_process_lists_are_read_whole_with_memory_the_driver_cannot_tell_as_none(node):
+    # noded reads NVML's process lists through the structures' own fields (not pynvml's
+    # friendly objects): every row of a long list, and the driver's "not available" for a
+    # process's memory (2**64 - 1) as None, never as 16 EiB used
+    g = node.state.gpus
+    g[0].processes = [(1000 + i, (i + 1) * GIB) for i in range(40)] + [(77, 2**64 - 1)]
+    g[1].mps_server_pid, g[1].mps_clients = 900, [(11, 2**64 - 1), (12, GIB)]
+    node.publish(node.state)
+    s = NvmlSampler(wall_clock=Clock()).sample(0.0)
+    d0, d1 = s.gpus[0], s.gpus[1]
+    assert {p.pid: p.used_memory for p in d0.processes} == {**{1000 + i: (i + 1) * GIB for i in range(40)}, 77: None}
+    assert {(p.pid, p.used_memory, p.mps_client) for p in d1.processes if p.pid != 900} == {(11, None, True),
+                                                                                             (12, GIB, True)}
+    assert d0.error is None and d1.error is None and s.processes_known
+
+
 def test_an_idle_process_is_idle_once_its_last_sample_is_older_than_the_hold(node):
     g = node.state.gpus
     g[0].processes = [(7, GIB), (8, GIB)]
