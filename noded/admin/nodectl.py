@@ -50,7 +50,8 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     except NotThePeer as e:
         raise NodectlError(f"{e}: not noded (it runs as root); nothing was sent") from None
     except TimeoutError:
-        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or stopped?") from None
+        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or "
+                           "stopped? (a request it has not read yet is not carried out: nodectl gave up on it)") from None
     except FileNotFoundError:
         raise NodectlError(f"no admin socket at {path}: is noded running?") from None
     except PermissionError:
