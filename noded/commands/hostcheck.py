@@ -17,7 +17,9 @@ creates and changes nothing:
 
 What noded starts without (a labels file or a co-location model it cannot use, both
 used once fixed or refused with a log line) are warnings. Where a noded already runs
-with this runtime directory, its own listeners are not counted against the config.
+with this runtime directory, its own listeners are not counted against the config; a
+reload (SIGHUP) runs the same check, so a config `noded run` would refuse is refused
+whole there too, never half applied.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from noded.config import Config
+from noded.config import Config, ConfigError
 from noded.stores.securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
 
 CGROUP_FILESYSTEMS = ("cgroup", "cgroup2")
@@ -79,9 +81,10 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     return None
 
 
-def start_check(config: Config) -> StartCheck:
+def start_check(config: Config, *, reloading: bool = False) -> StartCheck:
     """What `noded run` would refuse at start with ``config`` on this host, and what it
-    would start without; creates and changes nothing."""
+    would start without; creates and changes nothing. ``reloading``: the noded asking
+    runs, and its sockets and port are its own (a change to them needs a restart)."""
     from noded.stores.lockfile import instance_holder
 
     check = StartCheck()
@@ -102,7 +105,7 @@ def start_check(config: Config) -> StartCheck:
             out.append((key, reason))
     # A noded running with this runtime directory listens where this config would: its
     # own sockets and port are not the config's problem (a second start is refused anyway).
-    running = instance_holder(config.runtime_dir) is not None
+    running = reloading or instance_holder(config.runtime_dir) is not None
     out += path_problems(config, sockets=not running)
     if not running:
         out += listener_problems(config)
@@ -117,6 +120,19 @@ def start_check(config: Config) -> StartCheck:
     out += colocation_problems(config)
     check.warnings += source_warnings(config) + file_warnings(config)
     return check
+
+
+def refusal(path: str, problems: list[tuple[str, str]]) -> ConfigError:
+    """``problems`` (key, reason) of the config file at ``path`` as one ConfigError, each at
+    the line of its key (none where the file no longer parses)."""
+    from noded.util.yamlsafe import YamlError, read_yaml_file
+
+    try:
+        doc = read_yaml_file(path)
+    except YamlError:  # changed since it was read: said without lines
+        doc = None
+    return ConfigError.of([ConfigError(path, key, doc.line_of(key) if doc else None, reason)
+                           for key, reason in problems])
 
 
 def source_warnings(config: Config) -> list[tuple[str, str]]:
