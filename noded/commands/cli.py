@@ -202,16 +202,21 @@ def _tour(args: argparse.Namespace, tour: argparse.ArgumentParser) -> int:
     return run_tour(args.profile, args.window)
 
 
+#: the longest --duration: a longer one is a typo (leave it out to run until stopped), and
+#: beyond what a timer can wait its thread failed with an OverflowError and noded ran on
+MAX_RUN_DURATION_S = 365 * 86400
+
+
 def _duration(text: str) -> float:
-    """A duration in noded's one syntax (noded.util.ages), more than 0."""
+    """A duration in noded's one syntax (noded.util.ages), more than 0 and at most a year."""
     from noded.util.ages import DurationError, parse_duration
 
     try:
         seconds = parse_duration(text)
     except DurationError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
+    if not 0 < seconds <= MAX_RUN_DURATION_S:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0 and at most 365d")
     return seconds
 
 
