@@ -7,6 +7,7 @@ Each command imports what it needs when it runs: the daemon's process (``run``,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -124,6 +125,11 @@ def _calibrate(args: argparse.Namespace, argv: list[str] | None, cal: argparse.A
         cal.error(f"--size must be at least 1 MiB, got {args.size}")
     if args.threads is not None and args.threads < 1:
         cal.error(f"--threads must be at least 1, got {args.threads}")
+    cpus = len(os.sched_getaffinity(0))
+    if args.threads is not None and args.threads > cpus:
+        # one per CPU is the most that measures anything (each is pinned to one); more only
+        # costs their start, a hundred thousand of them past any wait for the result
+        cal.error(f"--threads must be at most {cpus}, the CPUs this process may use, got {args.threads}")
     import shlex
 
     from noded.commands.calibrate import main as calibrate
