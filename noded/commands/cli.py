@@ -244,7 +244,7 @@ def check_config(path: str) -> int:
         return 1
     from noded.commands.hostcheck import start_check
 
-    check = start_check(config)
+    check = start_check(config, path=path)
     doc = None
     if check.problems or check.warnings:
         from noded.util.yamlsafe import YamlError, read_yaml_file

@@ -10,6 +10,9 @@ creates and changes nothing:
   meets another, nothing noded makes is inside the resctrl mount, a cgroup tree or a
   kernel filesystem, a socket's path holds nothing but a stale socket, and an existing
   MPS pipe directory is one noded made (recorded in the state directory);
+* the config file and every file noded reads or runs (the mount table, the labels file,
+  the co-location profiles, MPS's control binary) are ones only root can change
+  (noded.stores.trustedfile): another user's would choose what noded does as root;
 * the metrics listener can bind (a port in use, an address not this host's);
 * each job source's root is on a cgroup filesystem;
 * the files read at start parse, bounded: the calibration (when the config gives no
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 
 from noded.config import Config, ConfigError
 from noded.stores.securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
+from noded.stores.trustedfile import untrusted_reason
 
 CGROUP_FILESYSTEMS = ("cgroup", "cgroup2")
 #: filesystems whose directories and files are the kernel's: noded makes nothing of its own there
@@ -81,14 +85,19 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     return None
 
 
-def start_check(config: Config, *, reloading: bool = False) -> StartCheck:
-    """What `noded run` would refuse at start with ``config`` on this host, and what it
-    would start without; creates and changes nothing. ``reloading``: the noded asking
-    runs, and its sockets and port are its own (a change to them needs a restart)."""
+def start_check(config: Config, *, path: str | None = None, reloading: bool = False) -> StartCheck:
+    """What `noded run` would refuse at start with ``config`` (read from the file at
+    ``path``) on this host, and what it would start without; creates and changes nothing.
+    ``reloading``: the noded asking runs, and its sockets and port are its own (a change
+    to them needs a restart)."""
     from noded.stores.lockfile import instance_holder
 
     check = StartCheck()
     out = check.problems
+    if path is not None:
+        reason = untrusted_reason(path, "the config file")
+        if reason:
+            out.append(("(file)", reason))
     directories = [("state_dir", config.state_dir, 0o700, "state directory"),
                    ("runtime_dir", config.runtime_dir, 0o755, "runtime directory"),
                    ("admin.socket", os.path.dirname(config.admin_socket), 0o755, "admin socket directory")]
@@ -107,6 +116,7 @@ def start_check(config: Config, *, reloading: bool = False) -> StartCheck:
     # own sockets and port are not the config's problem (a second start is refused anyway).
     running = reloading or instance_holder(config.runtime_dir) is not None
     out += path_problems(config, sockets=not running)
+    out += read_file_problems(config)
     if not running:
         out += listener_problems(config)
     for i, source in enumerate(config.jobs.sources):
@@ -172,6 +182,19 @@ def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, st
         reason = socket_path_problem(path)
         if reason and key not in refused:
             out.append((key, reason))
+    return out
+
+
+def read_file_problems(config: Config) -> list[tuple[str, str]]:
+    """The files noded reads or runs as root, each one only root (or noded's uid) can change."""
+    from noded.commands.configpaths import READ, named_paths
+
+    out = []
+    for p in named_paths(config):
+        if p.role == READ:
+            reason = untrusted_reason(p.path, p.what)
+            if reason:
+                out.append((p.key, reason))
     return out
 
 

@@ -94,7 +94,8 @@ def _run(args, signals: Signals) -> int:
 
 
 def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
-    check = start_check(config)  # what check-config checks, by the same code; before anything is made
+    # what check-config checks, by the same code; before anything is made
+    check = start_check(config, path=args.config)
     if check.problems:
         raise StartError("; ".join(f"{key}: {reason}" for key, reason in check.problems))
     for key, what in check.warnings:
@@ -170,7 +171,7 @@ def _reload(path: str, settle) -> Config | None:
         # What `noded run` and check-config refuse on this host, a reload refuses whole:
         # taken as far as the schema goes, it would be half applied (the new tick, the old
         # job source that could not be used).
-        check = start_check(config, reloading=True)
+        check = start_check(config, path=path, reloading=True)
         if check.problems:
             raise refusal(path, check.problems)
         for key, what in check.warnings:
