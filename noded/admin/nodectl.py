@@ -651,7 +651,7 @@ ADMIT_REFUSED = 3  # exit status of `nodectl admit` when the job is refused
 
 
 def _admit(args) -> int:
-    from noded.colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
+    from noded.colocation.profiles import ProfileError, load_profiles, read_ncu_csv
 
     call: dict[str, Any] = {"job": args.job, "model": args.model, "batch_size": args.batch_size, "gpu": args.gpu}
     if args.uid is not None:
@@ -661,8 +661,7 @@ def _admit(args) -> int:
         # opens paths on a client's behalf.
         try:
             if args.profile.endswith(".csv"):
-                with open(args.profile) as f:
-                    p = parse_ncu_csv(f.read(), model=args.model, batch_size=args.batch_size, source=args.profile)
+                p = read_ncu_csv(args.profile, model=args.model, batch_size=args.batch_size)
             else:
                 found = load_profiles(args.profile).get((args.model, args.batch_size))
                 if found is None:
