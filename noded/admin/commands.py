@@ -78,7 +78,7 @@ class AdminCommands:
         """Each command but the overrides, and what answers it: ``(args, uid)`` -> the answer."""
         return {
             "status": lambda args, uid: self.status(),
-            "jobs": lambda args, uid: self.status()["jobs"],
+            "jobs": lambda args, uid: self.jobs(),
             "explain": lambda args, uid: self.explain(args["job"]),
             "pause": self._pause,
             "resume": self._resume,
@@ -356,6 +356,17 @@ class AdminCommands:
         # each input noded watches (jobs, gpus, resctrl): whether it does, and why not
         out["watching"] = [{"what": w.what, "watching": w.watching, "why": w.why} for w in r.watching]
         return out
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """The jobs of the last tick, as status lists them; an error where noded does not
+        know them (no tick yet, discovery failed): an empty list would read as "no jobs"."""
+        last = self.last()
+        if last is None or last.config is None:
+            raise RequestError("noded has not sampled its jobs yet: try again after its first tick")
+        if not last.sample.jobs_known:
+            raise RequestError("noded does not know its jobs now (discovery failed at the last tick; nodectl status "
+                               "says where): try again later")
+        return self.status()["jobs"]
 
     def explain(self, job: str) -> dict[str, Any]:
         r = self.last()

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import sys
 import time
 from typing import Any, Callable
@@ -50,13 +51,14 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     except NotThePeer as e:
         raise NodectlError(f"{e}: not noded (it runs as root); nothing was sent") from None
     except TimeoutError:
-        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or stopped?") from None
+        raise NodectlError(f"{path}: noded did not answer within {timeout:g}s; is it overloaded or "
+                           "stopped? (a request it has not read yet is not carried out: nodectl gave up on it)") from None
     except FileNotFoundError:
         raise NodectlError(f"no admin socket at {path}: is noded running?") from None
     except PermissionError:
         raise NodectlError(f"permission denied on {path}: run as root or as a member of noded's admin group") from None
     except ConnectionRefusedError:
-        raise NodectlError(f"{path}: nothing is listening (noded stopped or is starting?)") from None
+        raise NodectlError(_refused(path)) from None
     except OSError as e:
         raise NodectlError(f"{path}: {e.strerror or e}") from None
     if not buf:
@@ -69,6 +71,27 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
     if not ok:
         raise RefusedByNoded(reply.get("error", "unknown error"))
     return result
+
+
+def _refused(path: str) -> str:
+    """Why a connect to ``path`` was refused: a socket no process listens on (noded is
+    down), or no socket at all (the kernel refuses both alike; the second is a wrong path,
+    and restarting noded would not help)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is None or stat.S_ISSOCK(mode):
+        return f"{path}: nothing is listening (noded stopped or is starting?)"
+    kind = next((name for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                                         (stat.S_ISFIFO, "a FIFO")) if test(mode)), "a device")
+    return f"{path} is {kind}, not a socket: --socket (or $NODED_SOCKET) must name noded's admin socket"
+
+
+def _socket_path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path: name noded's admin socket")
+    return text
 
 
 def shown(value: Any) -> Any:
@@ -248,8 +271,8 @@ def format_sizing(e: dict[str, Any]) -> list[str]:
 
 
 def _global_options(p: argparse.ArgumentParser, default) -> None:
-    socket = os.environ.get("NODED_SOCKET", DEFAULT_SOCKET)
-    p.add_argument("--socket", default=default(socket),
+    socket = os.environ.get("NODED_SOCKET") or DEFAULT_SOCKET  # set but empty (a script's ""): unset
+    p.add_argument("--socket", type=_socket_path, default=default(socket),
                    help=f"noded's admin socket (default: $NODED_SOCKET, else {DEFAULT_SOCKET})")
     p.add_argument("--json", action="store_true", default=default(False),
                    help="print noded's answer as JSON (top: one JSON document a line, a line per refresh) "
@@ -628,7 +651,7 @@ ADMIT_REFUSED = 3  # exit status of `nodectl admit` when the job is refused
 
 
 def _admit(args) -> int:
-    from noded.colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
+    from noded.colocation.profiles import ProfileError, load_profiles, read_ncu_csv
 
     call: dict[str, Any] = {"job": args.job, "model": args.model, "batch_size": args.batch_size, "gpu": args.gpu}
     if args.uid is not None:
@@ -638,8 +661,7 @@ def _admit(args) -> int:
         # opens paths on a client's behalf.
         try:
             if args.profile.endswith(".csv"):
-                with open(args.profile) as f:
-                    p = parse_ncu_csv(f.read(), model=args.model, batch_size=args.batch_size, source=args.profile)
+                p = read_ncu_csv(args.profile, model=args.model, batch_size=args.batch_size)
             else:
                 found = load_profiles(args.profile).get((args.model, args.batch_size))
                 if found is None:

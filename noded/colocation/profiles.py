@@ -21,7 +21,11 @@ import io
 import math
 from dataclasses import dataclass
 
-from noded.util.yamlsafe import YamlError, read_yaml_file
+from noded.util.yamlsafe import YamlError, read_regular_file, read_yaml_file
+
+#: the largest ncu CSV read (``ncu --page raw`` has a row per kernel launch: a long
+#: profile's is tens of MiB); a larger one is refused unread
+MAX_NCU_CSV_BYTES = 64 << 20
 
 #: The ncu metric names accepted, and how their units convert to µs / %.
 NCU_DURATION = "gpu__time_duration.sum"
@@ -95,10 +99,28 @@ def _number(text: str, where: str) -> float:
     return x
 
 
+def read_ncu_csv(path: str, *, model: str, batch_size: int) -> JobProfile:
+    """The profile in an ncu CSV file, read as untrusted bytes: a regular file only
+    (opened without blocking), at most ``MAX_NCU_CSV_BYTES``, strict UTF-8. Raises only
+    ProfileError, naming the file."""
+    try:
+        data = read_regular_file(path, max_bytes=MAX_NCU_CSV_BYTES, kind="an ncu CSV file")
+    except YamlError as e:
+        raise ProfileError(str(e)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8: byte 0x{data[e.start]:02x} at byte {e.start} of the file") from None
+    return parse_ncu_csv(text, model=model, batch_size=batch_size, source=path)
+
+
 def parse_ncu_csv(text: str, *, model: str, batch_size: int, source: str = "ncu",
                   window_us: float | None = None) -> JobProfile:
     """Parse ``ncu --csv --page raw`` output (a header row, a units row, one row per kernel)."""
-    rows = list(csv.reader(io.StringIO(text)))
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as e:  # a field over the csv module's limit, a quote left open at the end, ...
+        raise ProfileError(f"{source}: not an ncu CSV ({e})") from None
     rows = [r for r in rows if r and not r[0].startswith("==")]  # ncu's own log lines
     if len(rows) < 2:
         raise ProfileError(f"{source}: expected a header row, a units row and kernel rows")

@@ -7,6 +7,7 @@ Each command imports what it needs when it runs: the daemon's process (``run``,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -124,6 +125,11 @@ def _calibrate(args: argparse.Namespace, argv: list[str] | None, cal: argparse.A
         cal.error(f"--size must be at least 1 MiB, got {args.size}")
     if args.threads is not None and args.threads < 1:
         cal.error(f"--threads must be at least 1, got {args.threads}")
+    cpus = len(os.sched_getaffinity(0))
+    if args.threads is not None and args.threads > cpus:
+        # one per CPU is the most that measures anything (each is pinned to one); more only
+        # costs their start, a hundred thousand of them past any wait for the result
+        cal.error(f"--threads must be at most {cpus}, the CPUs this process may use, got {args.threads}")
     import shlex
 
     from noded.commands.calibrate import main as calibrate
@@ -202,16 +208,21 @@ def _tour(args: argparse.Namespace, tour: argparse.ArgumentParser) -> int:
     return run_tour(args.profile, args.window)
 
 
+#: the longest --duration: a longer one is a typo (leave it out to run until stopped), and
+#: beyond what a timer can wait its thread failed with an OverflowError and noded ran on
+MAX_RUN_DURATION_S = 365 * 86400
+
+
 def _duration(text: str) -> float:
-    """A duration in noded's one syntax (noded.util.ages), more than 0."""
+    """A duration in noded's one syntax (noded.util.ages), more than 0 and at most a year."""
     from noded.util.ages import DurationError, parse_duration
 
     try:
         seconds = parse_duration(text)
     except DurationError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0")
+    if not 0 < seconds <= MAX_RUN_DURATION_S:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: it must be more than 0 and at most 365d")
     return seconds
 
 
@@ -233,7 +244,7 @@ def check_config(path: str) -> int:
         return 1
     from noded.commands.hostcheck import start_check
 
-    check = start_check(config)
+    check = start_check(config, path=path)
     doc = None
     if check.problems or check.warnings:
         from noded.util.yamlsafe import YamlError, read_yaml_file

@@ -10,6 +10,9 @@ creates and changes nothing:
   meets another, nothing noded makes is inside the resctrl mount, a cgroup tree or a
   kernel filesystem, a socket's path holds nothing but a stale socket, and an existing
   MPS pipe directory is one noded made (recorded in the state directory);
+* the config file and every file noded reads or runs (the mount table, the labels file,
+  the co-location profiles, MPS's control binary) are ones only root can change
+  (noded.stores.trustedfile): another user's would choose what noded does as root;
 * the metrics listener can bind (a port in use, an address not this host's);
 * each job source's root is on a cgroup filesystem;
 * the files read at start parse, bounded: the calibration (when the config gives no
@@ -17,7 +20,9 @@ creates and changes nothing:
 
 What noded starts without (a labels file or a co-location model it cannot use, both
 used once fixed or refused with a log line) are warnings. Where a noded already runs
-with this runtime directory, its own listeners are not counted against the config.
+with this runtime directory, its own listeners are not counted against the config; a
+reload (SIGHUP) runs the same check, so a config `noded run` would refuse is refused
+whole there too, never half applied.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from noded.config import Config
+from noded.config import Config, ConfigError
 from noded.stores.securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
+from noded.stores.trustedfile import untrusted_reason
 
 CGROUP_FILESYSTEMS = ("cgroup", "cgroup2")
 #: filesystems whose directories and files are the kernel's: noded makes nothing of its own there
@@ -79,13 +85,19 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     return None
 
 
-def start_check(config: Config) -> StartCheck:
-    """What `noded run` would refuse at start with ``config`` on this host, and what it
-    would start without; creates and changes nothing."""
+def start_check(config: Config, *, path: str | None = None, reloading: bool = False) -> StartCheck:
+    """What `noded run` would refuse at start with ``config`` (read from the file at
+    ``path``) on this host, and what it would start without; creates and changes nothing.
+    ``reloading``: the noded asking runs, and its sockets and port are its own (a change
+    to them needs a restart)."""
     from noded.stores.lockfile import instance_holder
 
     check = StartCheck()
     out = check.problems
+    if path is not None:
+        reason = untrusted_reason(path, "the config file")
+        if reason:
+            out.append(("(file)", reason))
     directories = [("state_dir", config.state_dir, 0o700, "state directory"),
                    ("runtime_dir", config.runtime_dir, 0o755, "runtime directory"),
                    ("admin.socket", os.path.dirname(config.admin_socket), 0o755, "admin socket directory")]
@@ -102,8 +114,9 @@ def start_check(config: Config) -> StartCheck:
             out.append((key, reason))
     # A noded running with this runtime directory listens where this config would: its
     # own sockets and port are not the config's problem (a second start is refused anyway).
-    running = instance_holder(config.runtime_dir) is not None
+    running = reloading or instance_holder(config.runtime_dir) is not None
     out += path_problems(config, sockets=not running)
+    out += read_file_problems(config)
     if not running:
         out += listener_problems(config)
     for i, source in enumerate(config.jobs.sources):
@@ -117,6 +130,19 @@ def start_check(config: Config) -> StartCheck:
     out += colocation_problems(config)
     check.warnings += source_warnings(config) + file_warnings(config)
     return check
+
+
+def refusal(path: str, problems: list[tuple[str, str]]) -> ConfigError:
+    """``problems`` (key, reason) of the config file at ``path`` as one ConfigError, each at
+    the line of its key (none where the file no longer parses)."""
+    from noded.util.yamlsafe import YamlError, read_yaml_file
+
+    try:
+        doc = read_yaml_file(path)
+    except YamlError:  # changed since it was read: said without lines
+        doc = None
+    return ConfigError.of([ConfigError(path, key, doc.line_of(key) if doc else None, reason)
+                           for key, reason in problems])
 
 
 def source_warnings(config: Config) -> list[tuple[str, str]]:
@@ -156,6 +182,19 @@ def path_problems(config: Config, *, sockets: bool = True) -> list[tuple[str, st
         reason = socket_path_problem(path)
         if reason and key not in refused:
             out.append((key, reason))
+    return out
+
+
+def read_file_problems(config: Config) -> list[tuple[str, str]]:
+    """The files noded reads or runs as root, each one only root (or noded's uid) can change."""
+    from noded.commands.configpaths import READ, named_paths
+
+    out = []
+    for p in named_paths(config):
+        if p.role == READ:
+            reason = untrusted_reason(p.path, p.what)
+            if reason:
+                out.append((p.key, reason))
     return out
 
 

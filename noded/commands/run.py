@@ -24,7 +24,7 @@ from noded.util.cliopts import say
 from noded.config import Config, ConfigError, EmptyConfig, load_config
 from noded.util.heap import settle_heap
 from noded.loop.daemon import TickFailure, TickResult
-from noded.commands.hostcheck import start_check
+from noded.commands.hostcheck import refusal, start_check
 from noded.util.journal import configure_logging
 from noded.stores.lockfile import AlreadyRunning, HostLock, InstanceLock, LockFileRefused
 from noded.commands.sdnotify import SystemdNotifier
@@ -95,7 +95,8 @@ def _run(args, signals: Signals) -> int:
 
 
 def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
-    check = start_check(config)  # what check-config checks, by the same code; before anything is made
+    # what check-config checks, by the same code; before anything is made
+    check = start_check(config, path=args.config)
     if check.problems:
         raise StartError("; ".join(f"{key}: {reason}" for key, reason in check.problems))
     for key, what in check.warnings:
@@ -168,7 +169,16 @@ def _reload(path: str, settle) -> Config | None:
     try:
         # An empty file is refused: a file truncated or half written (an editor, a full
         # disk) would otherwise put every key back to its default (tick, caps, the peak).
-        config, source = settle(load_config(path, empty_ok=False))
+        config = load_config(path, empty_ok=False)
+        # What `noded run` and check-config refuse on this host, a reload refuses whole:
+        # taken as far as the schema goes, it would be half applied (the new tick, the old
+        # job source that could not be used).
+        check = start_check(config, path=path, reloading=True)
+        if check.problems:
+            raise refusal(path, check.problems)
+        for key, what in check.warnings:
+            log.warning("reload: %s: %s", key, what)
+        config, source = settle(config)
         log.info("reload: node peak %g GB/s per L3 domain (%s)", config.peak_gbps_per_domain, source)
         return config
     except ConfigError as e:

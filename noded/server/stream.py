@@ -18,7 +18,12 @@ client does may grow what the daemon holds or stall it:
   with backoff: the accept loop never ends on an error; accepting is paced, so a
   connection storm cannot spin a core the control loop shares the GIL with;
 * ``stop()`` stops accepting, lets a request being handled write its answer, closes
-  every client socket and joins the thread within a bound.
+  every client socket and joins the thread within a bound;
+* a request whose client closed its connection before the request was read (it gave
+  up: nodectl's deadline passed while noded was stopped or busy) is dropped, not
+  carried out, and counted: its client told its user there was no answer, so nothing
+  may happen on it. A client that only shut its sending side down still waits, and is
+  answered.
 
 A request is handled on the endpoint's thread, in full, by its ``Protocol``: the
 handlers read the daemon's last result and never touch hardware, so they are quick.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import errno
 import heapq
 import logging
+import select
 import selectors
 import socket
 import struct
@@ -104,6 +110,14 @@ class Peer:
     address: tuple | None = None
 
 
+def hung_up(sock: socket.socket) -> bool:
+    """Whether the peer has closed its connection for good (POLLHUP: both directions shut,
+    as its close does), not merely shut its sending side (POLLRDHUP alone: it still reads)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return any(events & select.POLLHUP for _fd, events in poller.poll(0))
+
+
 def unix_peer(sock: socket.socket, _address) -> Peer:
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     return Peer(f"uid {uid}", pid=pid, uid=uid, gid=gid)
@@ -177,6 +191,7 @@ class Stats:
     evicted: int = 0
     too_large: int = 0
     dropped: int = 0  # held unread and answered with Protocol.dropped (a peer over its budget)
+    abandoned: int = 0  # complete requests not carried out: their client had hung up
     accept_errors: int = 0
     open: int = 0
 
@@ -435,6 +450,11 @@ class StreamServer:
                 self._reply(conn, self.protocol.too_large(self.limits.max_request_bytes))
             elif conn.refusal is not None:
                 self._reply(conn, conn.refusal)
+            elif hung_up(conn.sock):
+                self.stats.abandoned += 1
+                self._log.log(logging.WARNING, "abandoned", "%s: %s hung up before its request was read: "
+                              "not carried out", self.name, conn.peer.key)
+                self._close(conn)
             else:
                 self._reply(conn, self.protocol.respond(request, conn.peer))
                 self.stats.served += 1

@@ -292,9 +292,10 @@ def parse_yaml(data: bytes | str, where: str, *, max_bytes: int = MAX_BYTES, max
     return Document(value, lines)
 
 
-def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES) -> bytes:
+def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES, kind: str = "a YAML file") -> bytes:
     """A regular file's bytes, at most ``max_bytes``: a FIFO, device or directory is
-    refused (opened without blocking, checked before a byte is read). Raises YamlError."""
+    refused (opened without blocking, checked before a byte is read). Raises YamlError
+    (its message names the limit as that for ``kind``)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
@@ -315,7 +316,7 @@ def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES) -> bytes:
     finally:
         os.close(fd)
     if size > max_bytes:
-        raise YamlError(path, None, f"larger than the {_size(max_bytes)} limit for a YAML file")
+        raise YamlError(path, None, f"larger than the {_size(max_bytes)} limit for {kind}")
     return b"".join(chunks)
 
 

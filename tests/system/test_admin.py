@@ -154,7 +154,8 @@ def test_nodectl_gives_up_at_its_deadline_with_a_clear_message(tmp_path, capsys)
         took = time.monotonic() - t0
     err = capsys.readouterr().err
     assert code == 1 and err == f"nodectl: {path}: noded did not answer within 0.5s; " \
-                                "is it overloaded or stopped?\n"
+                                "is it overloaded or stopped? (a request it has not read yet is not carried " \
+                                "out: nodectl gave up on it)\n"
     assert took < 5
     code = nodectl.main(["--socket", str(tmp_path / "absent.sock"), "status"])
     assert code == 1 and "is noded running?" in capsys.readouterr().err

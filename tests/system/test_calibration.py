@@ -89,6 +89,8 @@ def test_noded_calibrate_measures_and_writes_what_noded_reads(tmp_path):
     (["--seconds", "nan"], "--seconds must be a finite number of at least 2"),
     (["--size", "0"], "--size must be at least 1 MiB"),
     (["--threads", "0"], "--threads must be at least 1"),
+    # Before: started 100 000 threads on this 2-CPU box, and was still starting them at 30 s.
+    (["--threads", "100000", "--size", "8", "--seconds", "2"], "--threads must be at most "),
 ])
 def test_noded_calibrate_refuses_bad_arguments_by_name(tmp_path, args, message):
     p = subprocess.run([sys.executable, "-m", "noded", "calibrate", "--state-dir", str(tmp_path / "s"), *args],
@@ -103,3 +105,4 @@ def test_noded_calibrate_refuses_a_state_dir_it_may_not_use_before_measuring(tmp
                         "--state-dir", str(not_a_dir)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and f"state directory {not_a_dir}" in p.stderr and "not a directory" in p.stderr
     assert "triad on" not in p.stderr and "Traceback" not in p.stderr  # refused before measuring
+

@@ -254,3 +254,41 @@ def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_lis
         p.communicate(timeout=30)
         notify.close()
     assert p.returncode == 0
+
+
+def test_a_reload_refuses_what_check_config_refuses_and_changes_nothing(tmp_path, emulator):
+    """Before: a reload read the file only as YAML and schema, not as `noded run` and
+    check-config check it against the host, so a config they refuse (here a job source
+    whose root is no directory) was half applied: 'config reloaded', the new tick taken,
+    the source left as it was."""
+    emu = emulator("intel")
+    cfg = write_config(tmp_path, tick_s="0.1", peak_gbps_per_domain="30",
+                       resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
+    notify = NotifySocket(tmp_path / "notify")
+    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, "NOTIFY_SOCKET": notify.path})
+    try:
+        notify.ready()
+        bad = cfg.read_text().replace("tick_s: 0.1", "tick_s: 0.2") + \
+            f"jobs: {{sources: [{{kind: cgroup, root: {tmp_path}/no-such-tree, patterns: ['*']}}]}}\n"
+        cfg.write_text(bad)
+        check = noded("check-config", str(cfg))
+        assert check.returncode == 1 and f"jobs.sources[0].root: {tmp_path}/no-such-tree is not a directory" \
+            in check.stderr, check.stdout + check.stderr
+        p.send_signal(signal.SIGHUP)
+        notify.until("RELOADING", "1")
+        status = notify.until("READY", "1")
+        assert status.get("STATUS", "").startswith("config reload refused"), status
+        reply = json.loads(subprocess.run([sys.executable, "-m", "noded.admin.nodectl", "--socket",
+                                           f"{tmp_path}/run/noded.sock", "--json", "status"],
+                                          capture_output=True, text=True, timeout=30, cwd=REPO).stdout)
+        assert reply["tick_s"] == 0.1, reply
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=30)
+        notify.close()
+    assert p.returncode == 0, err
+    assert (f"config reload refused, keeping the running config: {cfg}:{line_of(cfg, 'jobs')}: jobs.sources[0].root: "
+            f"{tmp_path}/no-such-tree is not a directory") in err, err
+    assert "config reloaded" not in err, err
