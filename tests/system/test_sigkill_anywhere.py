@@ -41,7 +41,7 @@ from resctrl.cpulist import parse_cpu_list
 from support.mps import processes_serving
 from support.system import popen_noded
 
-pytestmark = [pytest.mark.fuse, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy"),
+pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy"),
               # each keeps a simulated node, noded and its restarts busy for most of a minute:
               # one after another in one worker, not three at once starving each other's ticks
               pytest.mark.xdist_group("sigkill")]
