@@ -58,22 +58,12 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    slow_first(items)
     if FUSE_MISSING is None:
         return
     skip = pytest.mark.skip(reason=f"needs FUSE: {FUSE_MISSING}")
     for item in items:
         if "fuse" in item.keywords:
             item.add_marker(skip)
-
-
-def slow_first(items) -> None:
-    """The end-to-end runs of over ten seconds (marker slow) first, the rest after them in
-    the order collected. pytest-xdist's loadgroup hands out a run's groups first (the most
-    tests first), then every other test in this order: a minute's test that came in the
-    middle of the integration tier could start with most of the run behind it, and be the
-    last to end, one worker busy while the other three had nothing left."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
