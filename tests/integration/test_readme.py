@@ -158,6 +158,7 @@ def _section_commands(marker: str) -> list[str]:
     return [c for c in sh_commands() if coverage(c) == (HERE,) and marker in c]
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 def test_the_readmes_commands_work_against_the_demo(tmp_path):
     """The demo started as `make demo` starts it; then every documented command marked "here",

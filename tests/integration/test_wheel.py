@@ -19,6 +19,8 @@ from support.system import CPUSET, REPO
 
 from support.host import skip_if_another_noded
 
+from noded.util.buildinfo import version
+
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.own_install,
               pytest.mark.xdist_group("wheel"),  # one wheel built and installed (its fixture), so one worker
               pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy")]
@@ -27,19 +29,23 @@ pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.own_install,
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """A fresh virtual environment with noded's wheel installed (no dependencies: it sees
-    the test environment's site-packages for those); its ``noded`` command."""
+    the test environment's site-packages for those); its ``noded`` command. noded's wheel
+    is `make wheel`'s (the product's: built from a staged tree of the files git tracks, so
+    no build output of the checkout, build/nvml, may make up for what the wheel lacks, with
+    the revision baked in); the simulated node's is built from a copy of sim/ (setuptools
+    writes its egg-info into the tree it builds)."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # built from a copy: setuptools writes its egg-info into the tree it builds, and no build
-    # output of the checkout (build/nvml) may make up for what the wheel lacks
-    source = tmp / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", "build", ".venv", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "node_modules"))
+    made = subprocess.run(["make", "-s", "wheel", f"PYTHON={sys.executable}", f"WHEELDIR={tmp}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if made.returncode != 0 and "matching distribution" in made.stderr:
+        pytest.skip(f"pip cannot fetch the build backend (no package index?): {made.stderr.strip()[-300:]}")
+    assert made.returncode == 0, made.stderr
+    source = tmp / "sim-source"
+    shutil.copytree(os.path.join(REPO, "sim"), source, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
     # the product and the simulated node are two wheels: a host installs only the first
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), str(source / "sim"), "--no-deps",
-                            "-q", "-w", str(tmp)], env=outside_checkout(tmp), capture_output=True, text=True,
-                           timeout=300)
-    if built.returncode != 0 and "matching distribution" in built.stderr:
-        pytest.skip(f"pip cannot fetch the build backend (no package index?): {built.stderr.strip()[-300:]}")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(tmp)],
+                           env=outside_checkout(tmp), capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     (wheel,) = [f for f in os.listdir(tmp) if f.startswith("noded-") and f.endswith(".whl")]
     (sim_wheel,) = [f for f in os.listdir(tmp) if f.startswith("noded_sim-") and f.endswith(".whl")]
@@ -67,6 +73,28 @@ def test_the_product_wheel_carries_no_simulation_and_no_fuse(installed):
     assert not [n for n in names if n.startswith("nodesim/") or "emulator" in n], names
     assert not [r for r in requires if "fuse" in r.lower()], requires
 
+
+
+def test_the_installed_wheel_names_the_revision_it_was_built_from(installed, tmp_path):
+    """`make wheel` bakes the checkout's revision into the tree it packs: noded and nodectl
+    installed from it, away from any checkout, name it (from test_version, whose own build
+    of the same wheel this one replaces)."""
+    bin_dir = os.path.dirname(installed["noded"])
+    for command in ("noded", "nodectl"):
+        p = subprocess.run([os.path.join(bin_dir, command), "--version"], cwd=tmp_path, env=outside_checkout(tmp_path),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stderr == "", p
+        assert p.stdout == f"{command} {version()} (revision {checkout_revision()})\n"
+
+
+def checkout_revision() -> str:
+    """The checkout's commit, as noded's build info spells it (-dirty where a tracked file
+    differs from it)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no") != ""
+    return git("rev-parse", "--short=12", "HEAD") + ("-dirty" if dirty else "")
 
 
 def outside_checkout(tmp_path, **extra) -> dict[str, str]:

@@ -138,6 +138,7 @@ def test_a_driver_hung_at_start_fails_colocation_within_its_timeout_leaving_noth
         inject(env, {"nvml_call": {"call": "compute_capability", "slow_ms": None}})
 
 
+@pytest.mark.slow
 def test_a_driver_hung_while_the_compute_modes_are_put_back_does_not_hold_the_stop(tmp_path):
     # MPS needs EXCLUSIVE_PROCESS; at stop noded puts each GPU's mode back through NVML. A
     # driver that hangs there must not hold SIGTERM (the unit kills at 15 s, the promise

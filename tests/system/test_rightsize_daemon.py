@@ -160,6 +160,7 @@ def test_while_paused_no_probe_begins_or_moves_on(node):
     assert result.rightsize.jobs["sim:a"].reason != alloc.NO_SIGNAL
 
 
+@pytest.mark.slow
 @pytest.mark.fuse
 @needs_two_cpus
 def test_a_gpu_job_whose_curve_changes_while_it_runs_is_noticed_and_probed_again_for_real(node):

@@ -100,6 +100,7 @@ def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_200_short_lived_jobs_leak_no_groups_fds_or_memory(node):
     emu, rc, monitor = node()
     gpus = SimGpus(os.path.join(emu.workdir, "nvml.shm"), make_gpus(2))

@@ -1,6 +1,7 @@
 """Two builds of one version are told apart (issue #26, item 3): `--version` and
 noded_build_info carry the source revision: from git where noded runs from a checkout,
-baked into the tree a build packs (packaging/stage.py: the image, the Debian package), and
+baked into the tree a build packs (packaging/stage.py: the image, the Debian package, the
+wheel: tests/integration/test_wheel.py installs `make wheel`'s and asks it), and
 "unknown" otherwise; noded_build_info carries what was built only, and how a run was
 started (throttle method, dry run) is in gauges of its own."""
 
@@ -10,9 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 
-import pytest
 from prometheus_client import generate_latest
 
 from noded.util.buildinfo import version
@@ -89,18 +88,3 @@ def test_build_info_carries_the_revision_and_the_runs_settings_are_gauges_of_the
     assert value(values, "noded_throttle_method", method="mba") == 1
     assert value(values, "noded_dry_run") == 0
     assert types["noded_throttle_method"] == "gauge" and types["noded_dry_run"] == "gauge"
-
-
-@pytest.mark.slow
-@pytest.mark.own_install
-@pytest.mark.xdist_group("packaging")  # stages under build/packaging, as the image and the package do
-def test_make_wheel_bakes_the_revision_into_the_wheel(tmp_path):
-    p = subprocess.run(["make", "-s", "wheel", f"PYTHON={sys.executable}", f"WHEELDIR={tmp_path}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p
-    wheel = os.path.join(ROOT, p.stdout.strip().splitlines()[-1])
-    unpacked = tmp_path / "unpacked"
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(unpacked)
-    # what an installed wheel says, away from any checkout: the revision it was built from
-    assert version_line("noded", str(unpacked)) == f"noded {version()} (revision {checkout_revision()})\n"
