@@ -203,7 +203,7 @@ def test_a_process_exec_in_a_job_cgroup_is_placed_without_waiting_for_a_tick(nod
     try:
         if telemetry.events is None:
             pytest.skip("process-events connector unavailable here")
-        first = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
+        subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])  # ended with the cgroup
         wait_for(lambda: telemetry.sample() and monitor.groups(), what="the job's group")
         group = monitor.groups()["slurm:9"]
         p = subprocess.Popen(["sh", "-c", f"echo $$ > {job_dir}/cgroup.procs; exec sleep 300"])
