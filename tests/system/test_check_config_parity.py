@@ -12,6 +12,7 @@ on SIGHUP was taken for every default (tick, caps and the peak reset), and
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import json
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -65,6 +67,23 @@ def refused_alike(cfg, key: str, reason: str, env=None) -> None:
     out = start.stdout + start.stderr
     assert start.returncode == 1 and "Traceback" not in out, out
     assert f"{key}: {reason}" in start.stderr, out
+
+
+@contextlib.contextmanager
+def running_noded(tmp_path, cfg):
+    """``noded run`` on ``cfg`` under a notify socket, ready (``run.p``, ``run.notify``);
+    stopped at the end, its stderr then in ``run.err``."""
+    notify = NotifySocket(tmp_path / "notify")
+    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True, env={**os.environ, "NOTIFY_SOCKET": notify.path})
+    run = SimpleNamespace(p=p, notify=notify, err="")
+    try:
+        notify.ready()
+        yield run
+    finally:
+        p.terminate()
+        _, run.err = p.communicate(timeout=30)
+        notify.close()
 
 
 def without_nvml_env() -> dict[str, str]:
@@ -181,25 +200,16 @@ def test_an_empty_file_is_refused_on_reload_and_the_running_config_kept(tmp_path
     emu = emulator("intel")
     cfg = write_config(tmp_path, tick_s="0.1", peak_gbps_per_domain="30",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
-    notify = NotifySocket(tmp_path / "notify")
-    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "NOTIFY_SOCKET": notify.path})
-    try:
-        notify.ready()
+    with running_noded(tmp_path, cfg) as run:
         cfg.write_text("")  # truncated: an editor's save cut short, a full disk
-        p.send_signal(signal.SIGHUP)
-        notify.until("RELOADING", "1")
-        status = notify.until("READY", "1")
+        run.p.send_signal(signal.SIGHUP)
+        run.notify.until("RELOADING", "1")
+        status = run.notify.until("READY", "1")
         assert status.get("STATUS", "").startswith("config reload refused"), status
-        assert p.poll() is None
-    finally:
-        p.terminate()
-        out, err = p.communicate(timeout=30)
-        notify.close()
-    assert p.returncode == 0, err
-    assert f"config reload refused, keeping the running config: {cfg}: (file): no keys" in err, err
-    assert "config reloaded" not in err, err
+        assert run.p.poll() is None
+    assert run.p.returncode == 0, run.err
+    assert f"config reload refused, keeping the running config: {cfg}: (file): no keys" in run.err, run.err
+    assert "config reloaded" not in run.err, run.err
     with pytest.raises(EmptyConfig):
         load_config(str(cfg), empty_ok=False)
     assert load_config(str(cfg)).tick_s == 1.0  # at start, an empty file is the defaults (with a warning)
@@ -236,12 +246,7 @@ def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_lis
     free.close()
     cfg = write_config(tmp_path, metrics=f"{{address: 127.0.0.1, port: {port}}}",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
-    notify = NotifySocket(tmp_path / "notify")
-    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "NOTIFY_SOCKET": notify.path})
-    try:
-        notify.ready()
+    with running_noded(tmp_path, cfg) as run:
         check = noded("check-config", str(cfg))
         assert check.returncode == 0 and check.stdout == f"{cfg}: ok\n", check.stdout + check.stderr
         other = tmp_path / "other.yaml"
@@ -249,11 +254,7 @@ def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_lis
         check = noded("check-config", str(other))
         assert check.returncode == 1 and f"metrics.port: metrics: port {port} on 127.0.0.1 is already in use" \
             in check.stderr, check.stdout + check.stderr
-    finally:
-        p.terminate()
-        p.communicate(timeout=30)
-        notify.close()
-    assert p.returncode == 0
+    assert run.p.returncode == 0, run.err
 
 
 def test_a_reload_refuses_what_check_config_refuses_and_changes_nothing(tmp_path, emulator):
@@ -264,31 +265,22 @@ def test_a_reload_refuses_what_check_config_refuses_and_changes_nothing(tmp_path
     emu = emulator("intel")
     cfg = write_config(tmp_path, tick_s="0.1", peak_gbps_per_domain="30",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
-    notify = NotifySocket(tmp_path / "notify")
-    p = popen_noded(["run", "--config", str(cfg)], cwd=REPO,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    env={**os.environ, "NOTIFY_SOCKET": notify.path})
-    try:
-        notify.ready()
+    with running_noded(tmp_path, cfg) as run:
         bad = cfg.read_text().replace("tick_s: 0.1", "tick_s: 0.2") + \
             f"jobs: {{sources: [{{kind: cgroup, root: {tmp_path}/no-such-tree, patterns: ['*']}}]}}\n"
         cfg.write_text(bad)
         check = noded("check-config", str(cfg))
         assert check.returncode == 1 and f"jobs.sources[0].root: {tmp_path}/no-such-tree is not a directory" \
             in check.stderr, check.stdout + check.stderr
-        p.send_signal(signal.SIGHUP)
-        notify.until("RELOADING", "1")
-        status = notify.until("READY", "1")
+        run.p.send_signal(signal.SIGHUP)
+        run.notify.until("RELOADING", "1")
+        status = run.notify.until("READY", "1")
         assert status.get("STATUS", "").startswith("config reload refused"), status
         reply = json.loads(subprocess.run([sys.executable, "-m", "noded.admin.nodectl", "--socket",
                                            f"{tmp_path}/run/noded.sock", "--json", "status"],
                                           capture_output=True, text=True, timeout=30, cwd=REPO).stdout)
         assert reply["tick_s"] == 0.1, reply
-    finally:
-        p.terminate()
-        out, err = p.communicate(timeout=30)
-        notify.close()
-    assert p.returncode == 0, err
+    assert run.p.returncode == 0, run.err
     assert (f"config reload refused, keeping the running config: {cfg}:{line_of(cfg, 'jobs')}: jobs.sources[0].root: "
-            f"{tmp_path}/no-such-tree is not a directory") in err, err
-    assert "config reloaded" not in err, err
+            f"{tmp_path}/no-such-tree is not a directory") in run.err, run.err
+    assert "config reloaded" not in run.err, run.err
