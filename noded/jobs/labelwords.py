@@ -53,8 +53,10 @@ def parse_label_words(words: list[str], *, extra: tuple[str, ...] = ()) -> dict[
 
 def _typed(key: str, text: str, word: str) -> object:
     if key in INTEGERS:
-        if not text.isascii() or not text.isdigit() or len(text) > 9:
+        if not text.isascii() or not text.isdigit():
             raise LabelWordError(f"{word!r}: {key} must be a whole number")
+        if len(text) > 9:  # kept small: it reaches numba kernels and Prometheus labels
+            raise LabelWordError(f"{word[:40]!r}: {key} must be a whole number under 10^9")
         return int(text)
     if key in BOOLEANS:
         if text.lower() not in BOOLEAN_WORDS:

@@ -33,6 +33,7 @@ def test_words_are_typed_by_their_key():
     (["priority=9"], "unknown label 'priority'"),
     (["batch_size=-1"], "batch_size must be a whole number"),
     (["batch_size=٣"], "batch_size must be a whole number"),  # a digit to str.isdigit, not to us
+    (["batch_size=" + "9" * 10], "batch_size must be a whole number under 10"),  # it is one: say the bound
     (["pipelined=maybe"], "pipelined must be true or false"),
     (["dataset_gb=lots"], "dataset_gb must be a number"),
     (["model=a", "model=b"], "given twice"),
