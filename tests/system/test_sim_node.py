@@ -73,7 +73,9 @@ def test_a_killed_simulated_node_leaves_nothing_running_or_mounted(tmp_path):
     wait_for(lambda: all(map(gone, jobs)), timeout=10, what="the jobs dead with their node")
     wait_for(lambda: not any(env["NODED_SIM_RESCTRL"] in line for line in open("/proc/mounts")), timeout=15,
              what="the emulator unmounted")
-    # a dying process cannot remove its cgroups: the next simulated node does
+    # a dying process cannot remove its cgroups: the next simulated node does (this call's,
+    # or one another test's node made at its start meanwhile: they run beside this one)
     from nodesim.sim_node import remove_stale_cgroups
 
-    assert env["NODED_SIM_CGROUP"] in remove_stale_cgroups(CPUSET) and leftovers(env) == []
+    removed = remove_stale_cgroups(CPUSET)
+    assert (top in removed or not os.path.exists(top)) and leftovers(env) == [], (removed, leftovers(env))
