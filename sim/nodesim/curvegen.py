@@ -92,7 +92,13 @@ class GeneratedCurve:
         """One window's throughput factor: 1 +- window_noise, 95 % within it (normal, cut there)."""
         if self.window_noise <= 0:
             return 1.0
-        return 1.0 + self.window_noise * max(-1.0, min(1.0, rng.gauss(0.0, 0.5)))
+        return window_factor_of(self.window_noise, rng.gauss(0.0, 1.0))
+
+
+def window_factor_of(window_noise: float, z: float) -> float:
+    """The window factor a standard normal draw ``z`` gives: half the noise a standard
+    deviation, cut at the noise (nodesim.window_odds draws the same in bulk)."""
+    return 1.0 + window_noise * max(-1.0, min(1.0, 0.5 * z))
 
 
 def _normalise(raw: list[float]) -> tuple[float, ...]:
