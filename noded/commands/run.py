@@ -104,17 +104,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     settle = with_node_peak  # the node peak: the config's, else the calibration's, else the default
     config, peak_note = settle(config)
     budget = ensure_descriptor_budget()
-    runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
-    if os.path.realpath(os.path.dirname(config.admin_socket)) != os.path.realpath(runtime.path):
-        # An admin socket elsewhere gets the same checks: in a directory another user may
-        # change, they could put their own socket at its path and read root's requests.
-        stack.enter_context(SecureDir(os.path.dirname(config.admin_socket), mode=0o755,
-                                      what="admin socket directory"))
-    stack.enter_context(InstanceLock(runtime))
-    # What a second noded must not share, whatever its runtime directory: the resctrl
-    # mount and the cgroup trees it acts on.
-    shared = [config.resctrl.root] + sorted({s.root for s in config.jobs.sources})
-    stack.enter_context(HostLock.for_filesystems(shared))
+    _hold_the_host(config, stack)
     if signals.stop.is_set():
         return 0  # asked to stop while starting: nothing was changed yet
     if args.dry_run:
@@ -133,15 +123,7 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     log.info("%s", budget.describe())
     for note in built.operator_notes:
         print(f"{head} {note}", file=sys.stderr, flush=True)
-    admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
-                                   timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
-    stack.callback(admin.stop)
-    if daemon.parts.report_budget is not None:  # co-location or right-sizing reads tenants' reports
-        reports = _listening(AdminServer(config.report_socket, daemon, group=None,
-                                         timeout_s=config.admin.timeout_s, reports_only=True,
-                                         budget=daemon.parts.report_budget),
-                             "report socket", config.report_socket)
-        stack.callback(reports.stop)
+    _open_sockets(config, daemon, stack)
     say(f"{head} admin socket at {config.admin_socket} (nodectl --socket {config.admin_socket} status)")
     if args.duration:
         timer = threading.Timer(args.duration, signals.stop.set)
@@ -156,6 +138,34 @@ def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> 
     say("noded: [dry-run] stopped; nothing was throttled or changed, its monitoring groups removed." if args.dry_run
         else "noded: stopped; throttles released, groups removed.")
     return 0
+
+
+def _hold_the_host(config: Config, stack: ExitStack) -> None:
+    """The runtime directory, checked, and the locks that keep a second noded off this host."""
+    runtime = stack.enter_context(SecureDir(config.runtime_dir, mode=0o755, what="runtime directory"))
+    if os.path.realpath(os.path.dirname(config.admin_socket)) != os.path.realpath(runtime.path):
+        # An admin socket elsewhere gets the same checks: in a directory another user may
+        # change, they could put their own socket at its path and read root's requests.
+        stack.enter_context(SecureDir(os.path.dirname(config.admin_socket), mode=0o755,
+                                      what="admin socket directory"))
+    stack.enter_context(InstanceLock(runtime))
+    # What a second noded must not share, whatever its runtime directory: the resctrl
+    # mount and the cgroup trees it acts on.
+    shared = [config.resctrl.root] + sorted({s.root for s in config.jobs.sources})
+    stack.enter_context(HostLock.for_filesystems(shared))
+
+
+def _open_sockets(config: Config, daemon, stack: ExitStack) -> None:
+    """The admin socket, and the report socket where a controller reads tenants' reports."""
+    admin = _listening(AdminServer(config.admin_socket, daemon, group=config.admin.group,
+                                   timeout_s=config.admin.timeout_s), "admin socket", config.admin_socket)
+    stack.callback(admin.stop)
+    if daemon.parts.report_budget is not None:  # co-location or right-sizing reads tenants' reports
+        reports = _listening(AdminServer(config.report_socket, daemon, group=None,
+                                         timeout_s=config.admin.timeout_s, reports_only=True,
+                                         budget=daemon.parts.report_budget),
+                             "report socket", config.report_socket)
+        stack.callback(reports.stop)
 
 
 def _listening(server: AdminServer, what: str, path: str) -> AdminServer:

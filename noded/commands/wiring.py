@@ -77,11 +77,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     (noded.stores.lockfile.HostLock). ``wall_clock``: the overrides' expiry (they outlive a
     restart); ``reloader`` reads the config again on SIGHUP; ``notifier`` hears of reloads."""
     notes: list[str] = []
-    session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
-    rc = session.refresh()
-    if rc is None:
-        notes.append(f"resctrl unavailable ({session.unavailable}): no bandwidth monitoring, no MBA until it is "
-                     "mounted (noded looks every tick)")
+    session, rc = _resctrl(config, notes)
     state = open_state(config.state_dir, dry_run)
     originals = OriginalValues(state)
     baselines = BaselineStore(state, clock, persist=not dry_run)
@@ -113,13 +109,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
                           memory_jobs=sizing["rightsize"].gpu_jobs if sized_memory is not None else lambda s: ())
     if caps and not rightsize:
         sizing["cpu_owner"] = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
-    colocation = None
-    if config.colocation.enabled and dry_run:
-        notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
-    elif config.colocation.enabled:
-        from noded.colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
-
-        colocation = build_colocation(config, clock, originals)
+    colocation = _colocation(config, clock, originals, dry_run, notes)
     overrides = OverrideStore(state, wall_clock, persist=not dry_run)
     notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
     # the controllers that are on follow from these parts (Parts.tick_controllers); a new
@@ -142,6 +132,29 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, state, notes, notes_for_operators)
+
+
+def _resctrl(config: Config, notes: list[str]) -> tuple[ResctrlSession, Resctrl | None]:
+    """The resctrl session, and its mount as found now (None: not mounted, said in ``notes``)."""
+    session = ResctrlSession(config.resctrl.root, mounts=config.resctrl.mounts, prefix=config.resctrl.prefix)
+    rc = session.refresh()
+    if rc is None:
+        notes.append(f"resctrl unavailable ({session.unavailable}): no bandwidth monitoring, no MBA until it is "
+                     "mounted (noded looks every tick)")
+    return session, rc
+
+
+def _colocation(config: Config, clock: Callable[[], float], originals: OriginalValues, dry_run: bool,
+                notes: list[str]):
+    """Co-location's parts where it is on; a dry run never starts MPS (said in ``notes``)."""
+    if not config.colocation.enabled:
+        return None
+    if dry_run:
+        notes.append("dry run: co-location is not started (it would start MPS and change GPUs' compute modes)")
+        return None
+    from noded.colocation.setup import build_colocation  # numba and MPS are loaded only where co-location is on
+
+    return build_colocation(config, clock, originals)
 
 
 def _put_back_what_a_crash_left(config: Config, originals: OriginalValues, cores: CoreHalving,

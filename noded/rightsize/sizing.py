@@ -246,14 +246,8 @@ class SizingState:
     def from_dict(cls, data: Any) -> "SizingState":
         """Raises ValueError on any other shape, or on a state the allocator could not reach."""
         keys = {"job", "method", "max_cores", "start", "phase", "cores", "points", "kept", "lo", "hi", "reason",
-                "gpus", "step", "share", "ceiling"}
-        if isinstance(data, dict) and "widths" not in data:
-            data = {**data, "widths": [topsearch.UNKNOWN_WIDTH] * len(data.get("points") or ())}  # saved before them
-        if isinstance(data, dict) and "seconds" not in data:
-            data = {**data, "seconds": [0.0] * len(data.get("points") or ())}  # saved before them
-        if isinstance(data, dict) and "per_iteration" not in data:
-            data = {**data, "per_iteration": True}  # saved before it
-        keys |= {"widths", "seconds", "per_iteration"}
+                "gpus", "step", "share", "ceiling", "widths", "seconds", "per_iteration"}
+        data = _with_later_keys(data)
         if not isinstance(data, dict) or set(data) != keys:
             raise ValueError(f"a sizing state: expected {', '.join(sorted(keys))}")
         if not isinstance(data["job"], str) or not data["job"]:
@@ -271,24 +265,7 @@ class SizingState:
             raise ValueError("start.expected: not a positive number")
         if not isinstance(start["source"], str):
             raise ValueError("start.source: not a name")
-        points = data["points"]
-        if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
-            raise ValueError("points: expected a list of [cores, throughput]")
-        parsed = []
-        for c, v in points:
-            if not is_positive(v):
-                raise ValueError(f"points: not a positive throughput: {str(v)[:40]}")
-            parsed.append((whole(c, "points cores", 1, top), float(v)))
-        if len({c for c, _ in parsed}) != len(parsed) and data["method"] != TOP:
-            raise ValueError("points: a core count measured twice")
-        widths = data["widths"]
-        if not isinstance(widths, list) or len(widths) != len(parsed) or not all(
-                is_width(w) for w in widths):
-            raise ValueError("widths: expected one relative half-width in 0..1 per point")
-        seconds = data["seconds"]
-        if not isinstance(seconds, list) or len(seconds) != len(parsed) or not all(
-                is_number(t) and t >= 0 for t in seconds):
-            raise ValueError("seconds: expected one window length >= 0 per point")
+        parsed, widths, seconds = _measured_points(data, top)
         if not isinstance(data["per_iteration"], bool):
             raise ValueError("per_iteration: expected true or false")
         kept = None if data["kept"] is None else whole(data["kept"], "kept", 1, top)
@@ -303,6 +280,41 @@ class SizingState:
                    whole(data["lo"], "lo", 1, top), whole(data["hi"], "hi", 1, top), data["reason"],
                    gpus, data["step"], share, ceiling, tuple(float(w) for w in widths),
                    tuple(float(t) for t in seconds), data["per_iteration"])
+
+
+def _with_later_keys(data: Any) -> Any:
+    """A state saved before a key existed, with what that key meant then."""
+    if not isinstance(data, dict):
+        return data
+    if "widths" not in data:
+        data = {**data, "widths": [topsearch.UNKNOWN_WIDTH] * len(data.get("points") or ())}  # saved before them
+    if "seconds" not in data:
+        data = {**data, "seconds": [0.0] * len(data.get("points") or ())}  # saved before them
+    if "per_iteration" not in data:
+        data = {**data, "per_iteration": True}  # saved before it
+    return data
+
+
+def _measured_points(data: dict, top: int) -> tuple[list[tuple[int, float]], list, list]:
+    """The points measured, each with its window's half-width and length, checked."""
+    points = data["points"]
+    if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+        raise ValueError("points: expected a list of [cores, throughput]")
+    parsed = []
+    for c, v in points:
+        if not is_positive(v):
+            raise ValueError(f"points: not a positive throughput: {str(v)[:40]}")
+        parsed.append((whole(c, "points cores", 1, top), float(v)))
+    if len({c for c, _ in parsed}) != len(parsed) and data["method"] != TOP:
+        raise ValueError("points: a core count measured twice")
+    widths = data["widths"]
+    if not isinstance(widths, list) or len(widths) != len(parsed) or not all(is_width(w) for w in widths):
+        raise ValueError("widths: expected one relative half-width in 0..1 per point")
+    seconds = data["seconds"]
+    if not isinstance(seconds, list) or len(seconds) != len(parsed) or not all(
+            is_number(t) and t >= 0 for t in seconds):
+        raise ValueError("seconds: expected one window length >= 0 per point")
+    return parsed, widths, seconds
 
 
 def is_number(value: Any) -> bool:

@@ -158,15 +158,7 @@ def build_sample(
     unavailable: tuple[str, ...] = (),
     job_sources: tuple[str, ...] = (),
 ) -> Sample:
-    missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok] + list(unavailable)
-    if nvml is not None and not nvml.available:
-        missing.append(f"nvml: {nvml.reason}")
     gpus = nvml.gpus if nvml else ()
-    for g in gpus:
-        if g.error:
-            missing.append(f"gpu {g.index}: {g.error}")
-    if bandwidth is not None:
-        missing += bandwidth.missing
     if nvml is not None:
         processes_known = nvml.processes_known
     else:  # NVML off (a CPU-only node), unless its sampler failed this tick
@@ -201,9 +193,21 @@ def build_sample(
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
-        tuple(missing), samplers, jobs is not None, resctrl,
+        _missing(samplers, nvml, bandwidth, unavailable), samplers, jobs is not None, resctrl,
         _job_errors(monitor, cpus_unreadable), tuple(job_sources),
     )
+
+
+def _missing(samplers: tuple[SamplerStatus, ...], nvml: NvmlSample | None, bandwidth: BandwidthSample | None,
+             unavailable: tuple[str, ...]) -> tuple[str, ...]:
+    """What this tick could not see, each named: failed samplers, NVML, each GPU, counters."""
+    missing: list[str] = [f"sampler {s.name}: {s.error}" for s in samplers if not s.ok] + list(unavailable)
+    if nvml is not None and not nvml.available:
+        missing.append(f"nvml: {nvml.reason}")
+    missing += [f"gpu {g.index}: {g.error}" for g in (nvml.gpus if nvml else ()) if g.error]
+    if bandwidth is not None:
+        missing += bandwidth.missing
+    return tuple(missing)
 
 
 def _job_errors(monitor: MonitorReport | None, cpus_unreadable: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
