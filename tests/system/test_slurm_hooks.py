@@ -215,6 +215,52 @@ def test_the_prolog_with_a_dead_noded_exits_0(tmp_path):
     assert r.returncode == 0 and "job 9: noded did not answer" in r.stderr, r
 
 
+
+BROKEN_CONFS = {"an unclosed quote": 'NODED_SOCKET="/run/noded/noded.sock\n',
+                "a stray keyword": "NODED_SLURM_TIMEOUT_S=5\nfi\n",
+                "an exit": "NODED_SLURM_TIMEOUT_S=5\nexit 3\n"}
+
+
+@pytest.mark.parametrize("mistake", sorted(BROKEN_CONFS))
+@pytest.mark.parametrize("hook", ["prolog", "epilog", "task-prolog"])
+def test_a_hooks_conf_that_is_not_shell_drains_no_node(hook, mistake, tmp_path):
+    """A careless edit of slurm-hooks.conf (an unclosed quote: a syntax error, which ends the
+    sh that sources it, with status 2) must not fail the hook: slurmd drains a node whose
+    Prolog or Epilog exits non-zero. The hook says so, and does its work with its defaults
+    (here the environment's)."""
+    conf = tmp_path / "hooks.conf"
+    conf.write_text(BROKEN_CONFS[mistake])
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env/job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "0", "SLURM_JOB_COMMENT": "plain job",
+           "NODED_PYTHON": str(tmp_path / "no-python"), "NODED_SLURM_HOOKS_CONF": str(conf),
+           "NODED_SLURM_ENV_DIR": str(tmp_path / "env"), "NODED_SLURM_RECORD_DIR": str(tmp_path / "records")}
+    if hook == "epilog":
+        (tmp_path / "records").mkdir()
+        (tmp_path / "records/job_5").write_bytes(b"")  # the Prolog's empty record
+    r = run_hook(hook, env)
+    assert r.returncode == 0, r
+    assert f"noded slurm hook: {conf} does not source whole as sh" in r.stderr, r
+    if hook == "prolog":
+        assert (tmp_path / "records/job_5").read_bytes() == b""
+    elif hook == "epilog":
+        assert os.listdir(tmp_path / "records") == []
+    else:
+        assert r.stdout == "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"
+
+
+def test_what_the_hooks_conf_prints_reaches_no_tasks_environment(tmp_path):
+    """slurmstepd reads a TaskProlog's stdout as the task's environment: a line the site's
+    conf prints (a debugging echo) goes to stderr, not into the task."""
+    conf = tmp_path / "hooks.conf"
+    conf.write_text("echo export LD_PRELOAD=/tmp/x.so\n")
+    (tmp_path / "job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
+    r = run_hook("task-prolog", {"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(tmp_path),
+                                 "NODED_SLURM_HOOKS_CONF": str(conf)})
+    assert (r.returncode, r.stdout) == (0, "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"), r
+    assert "LD_PRELOAD" in r.stderr
+
+
 # -- the shipped scripts against a noded's admin socket
 
 def run_hook(hook: str, env: dict, **kw) -> subprocess.CompletedProcess:
