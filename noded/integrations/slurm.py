@@ -102,6 +102,23 @@ class Settings:
                    env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR, retry, on_not_ready)
 
 
+    @classmethod
+    def for_cleaning(cls, env: dict[str, str]) -> tuple["Settings", list[str]]:
+        """The Epilog's settings: only those it uses (the socket, the directories, the
+        timeout), with what is wrong in them. Nothing wrong keeps it from cleaning (the job's
+        environment file, labels and reservation would stay behind, job after job): a wrong
+        timeout is said and the default waited; what a refusal does is the Prolog's to say."""
+        problems = []
+        try:
+            timeout = _seconds(env, "NODED_SLURM_TIMEOUT_S", TIMEOUT_S, 0, 60, low_open=True)
+        except ValueError as e:
+            problems.append(f"{e}: the Epilog waits {TIMEOUT_S:g}s")
+            timeout = TIMEOUT_S
+        return cls(socket=env.get("NODED_SOCKET") or DEFAULT_SOCKET,
+                   env_dir=env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout_s=timeout,
+                   record_dir=env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR), problems
+
+
 def _seconds(env: dict[str, str], name: str, default: float, low: float, high: float, *,
              low_open: bool = False) -> float:
     try:
@@ -374,11 +391,13 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None) -> int:
     try:
         if not job_id.isdigit() or not env.get("SLURM_JOB_UID", "").isdigit():
             raise ValueError("SLURM_JOB_ID and SLURM_JOB_UID must be set (run by slurmd as Prolog/Epilog)")
-        settings = Settings.from_environ(env)
         if argv[0] == "prolog":
-            outcome = prolog(env, settings, read_comment(stdin or sys.stdin.buffer))
+            outcome = prolog(env, Settings.from_environ(env), read_comment(stdin or sys.stdin.buffer))
             settle(job_id, outcome)
         else:
+            settings, problems = Settings.for_cleaning(env)
+            for problem in problems:
+                say(job_id, problem)
             epilog(env, settings)
     except Exception as e:  # noqa: BLE001 - fail safe: never drain the node for noded's sake
         say(job_id, f"{argv[0]} failed ({type(e).__name__}: {e}): the job goes on without noded")

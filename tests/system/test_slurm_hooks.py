@@ -118,12 +118,34 @@ def test_a_hook_exits_0_whatever_fails_and_says_why(tmp_path, capsys, monkeypatc
     assert "its comment is not for noded ('batch_size=huge': batch_size must be a whole number)" in \
         capsys.readouterr().err
     monkeypatch.setenv("NODED_SLURM_ON_REFUSAL", "sometimes")
-    assert main(["epilog"]) == 0
-    assert "epilog failed (ValueError: NODED_SLURM_ON_REFUSAL must be one of" in capsys.readouterr().err
+    assert main(["prolog"], io.BytesIO(SHARED)) == 0
+    assert "prolog failed (ValueError: NODED_SLURM_ON_REFUSAL must be one of" in capsys.readouterr().err
     monkeypatch.delenv("SLURM_JOB_UID")
     assert main(["prolog"], io.BytesIO(b"")) == 0 and "SLURM_JOB_ID and SLURM_JOB_UID must be set" in \
         capsys.readouterr().err
     assert main(["neither"]) == 2
+
+
+def test_the_epilog_cleans_whatever_else_the_sites_settings_get_wrong(tmp_path, capsys, monkeypatch):
+    """A setting the Epilog does not use (what a refusal does, the retry budget) that is
+    wrong, or a wrong timeout, must not keep it from cleaning: the job's environment file,
+    its record and (asked of noded) its labels and reservation would stay behind, job after
+    job. Only the timeout is said (its default is used); the Prolog says the rest."""
+    for name in ("env", "records"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "env/job_12.env").write_text("export CUDA_VISIBLE_DEVICES=GPU-1\n")
+    (tmp_path / "records/job_12").write_text(json.dumps({"job": "slurm:12", "env_file": None}))
+    for name, value in {"SLURM_JOB_ID": "12", "SLURM_JOB_UID": "0", "NODED_SOCKET": str(tmp_path / "nobody.sock"),
+                        "NODED_SLURM_ENV_DIR": str(tmp_path / "env"), "NODED_SLURM_RECORD_DIR": str(tmp_path / "records"),
+                        "NODED_SLURM_ON_REFUSAL": "sometimes", "NODED_SLURM_ON_NOT_READY": "never",
+                        "NODED_SLURM_RETRY_S": "ages", "NODED_SLURM_TIMEOUT_S": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["epilog"]) == 0
+    assert os.listdir(tmp_path / "env") == [] and os.listdir(tmp_path / "records") == []
+    err = capsys.readouterr().err
+    assert "NODED_SLURM_TIMEOUT_S must be in (0, 60] seconds, not 0: the Epilog waits 5s" in err
+    assert "noded did not forget it (no admin socket at" in err
+    assert "ON_REFUSAL" not in err and "RETRY" not in err and "failed" not in err
 
 
 def test_a_comment_too_long_or_not_text_is_refused_in_the_jobs_admin_comment(tmp_path, capsys, monkeypatch):
