@@ -190,9 +190,29 @@ def read_comment(stream: BinaryIO) -> bytes:
     return out
 
 
+class NodedTime:
+    """The Prolog's time for noded, every request and every ask again together: its waits
+    end within ``timeout_s + retry_s`` of its start, whatever mix of a slow and a hung noded
+    it meets (each request alone bounded by ``timeout_s`` could add a second timeout to the
+    retries). ``clock`` is the one request deadlines are kept in (monotonic)."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic):
+        self.settings, self.clock = settings, clock
+        self.ends_at = clock() + settings.timeout_s + settings.retry_s
+
+    def request(self, command: str, args: dict) -> object:
+        """noded's answer, within what is left (NodectlError where none is)."""
+        left = self.ends_at - self.clock()
+        if left <= 0:
+            raise NodectlError(f"the Prolog's {self.settings.timeout_s + self.settings.retry_s:g}s for noded "
+                               "(NODED_SLURM_TIMEOUT_S + NODED_SLURM_RETRY_S) are spent")
+        return request(self.settings.socket, command, args, timeout=min(self.settings.timeout_s, left))
+
+
 def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
            clock: Callable[[], float] = time.monotonic) -> PrologOutcome:
     job_id, uid = env["SLURM_JOB_ID"], int(env["SLURM_JOB_UID"])
+    noded = NodedTime(settings, clock)
     job = f"slurm:{job_id}"
     try:
         req = JobRequest.from_job(comment, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env)
@@ -208,7 +228,7 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
     write_record(settings, job_id, {"job": job, "env_file": env_file(settings, job_id) if req.share else None})
     labelled = False
     try:
-        request(settings.socket, "label", {"job": job, "labels": req.labels}, timeout=settings.timeout_s)
+        noded.request("label", {"job": job, "labels": req.labels})
         labelled = True
     except RefusedByNoded as e:
         # e.g. noded's cap of registered jobs: the job runs unlabelled, but admission (if
@@ -221,17 +241,17 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
         return PrologOutcome()
     if req.share is None:
         return PrologOutcome(labelled)
-    return ask_admission(settings, job_id, uid, req, labelled, clock)
+    return ask_admission(settings, job_id, uid, req, labelled, noded)
 
 
 def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,
-                  clock: Callable[[], float]) -> PrologOutcome:
+                  noded: NodedTime) -> PrologOutcome:
     """Admission onto a shared GPU, with the comment's model and batch size (whether or not
     noded took the job's labels); what is refused goes as the site chose."""
     args = {"job": f"slurm:{job_id}", "model": req.labels["model"], "batch_size": req.labels["batch_size"],
             "uid": uid}
     try:
-        decision = admit_within_budget(settings, args, clock)
+        decision = admit_within_budget(noded, args)
     except NodectlError as e:
         say(job_id, f"noded did not admit it ({e}): the job runs without an MPS share")
         return PrologOutcome(labelled)
@@ -249,13 +269,15 @@ def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, la
     return PrologOutcome(labelled, put_back=choice, admin_comment=why)
 
 
-def admit_within_budget(settings: Settings, args: dict, clock: Callable[[], float]) -> dict:
+def admit_within_budget(noded: NodedTime, args: dict) -> dict:
     """noded's admission decision, asked again while noded says its refusal is transient
-    (a typed field of its reply, not its prose), until ``settings.retry_s`` is spent."""
-    deadline = clock() + settings.retry_s
+    (a typed field of its reply, not its prose), until ``retry_s`` is spent (and no ask
+    waits past the Prolog's time for noded)."""
+    clock = noded.clock
+    deadline = min(clock() + noded.settings.retry_s, noded.ends_at)
     pause, longest = RETRY_PAUSE_S
     while True:
-        decision = request(settings.socket, "admit", args, timeout=settings.timeout_s)
+        decision = noded.request("admit", args)
         if decision["admit"] or not decision.get("transient") or clock() + pause > deadline:
             return decision
         time.sleep(pause)  # a backoff: noded's MPS or its first tick is what is waited for

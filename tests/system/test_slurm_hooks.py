@@ -283,6 +283,76 @@ def test_what_the_hooks_conf_prints_reaches_no_tasks_environment(tmp_path):
     assert "LD_PRELOAD" in r.stderr
 
 
+
+class SlowNoded:
+    """An admin socket served as an overloaded noded would: each label answered
+    ``label_delay_s`` late, each admission refused as transient (MPS starting) for
+    ``transient_s`` after the first, and from then on never answered (noded hung, as
+    SIGSTOP leaves it)."""
+
+    def __init__(self, path, label_delay_s, transient_s):
+        import socket
+        import time
+
+        self.label_delay_s, self.transient_s, self.time = label_delay_s, transient_s, time
+        self.first_admit = None
+        self.done = threading.Event()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        self.path = str(path)
+        self.held = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            line = conn.makefile("rb").readline()
+            command = json.loads(line)["command"]
+            if command == "label":
+                self.done.wait(self.label_delay_s)  # noded slow to answer
+                conn.sendall(b'{"ok": true, "result": {}}\n')
+            elif self.first_admit is None or self.time.monotonic() - self.first_admit < self.transient_s:
+                self.first_admit = self.first_admit or self.time.monotonic()
+                conn.sendall(json.dumps({"ok": True, "result": {
+                    "admit": False, "transient": True, "refusal": "mps-not-ready",
+                    "reason": "MPS is not running (starting)"}}).encode() + b"\n")
+            else:
+                self.held.append(conn)  # read, never answered
+                continue
+            conn.close()
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_the_prologs_waits_for_a_slow_noded_end_within_timeout_and_retry_together(tmp_path):
+    """Each request is bounded by NODED_SLURM_TIMEOUT_S and the asks again by
+    NODED_SLURM_RETRY_S, but a noded slow to label (just under the timeout), then hung on
+    the last ask again, held the Prolog for both timeouts besides the retries: the job's
+    start delayed past what the site set (and past Slurm's BatchStartTimeout). All of the
+    Prolog's waits for noded end within TIMEOUT_S + RETRY_S of its start."""
+    import time
+
+    slow = SlowNoded(tmp_path / "noded.sock", label_delay_s=1.8, transient_s=1.5)
+    settings = Settings(socket=slow.path, timeout_s=2.0, retry_s=2.0, record_dir=str(tmp_path / "records"),
+                        env_dir=str(tmp_path / "env"))
+    try:
+        started = time.monotonic()
+        out = prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "0"}, settings, SHARED)
+        took = time.monotonic() - started
+    finally:
+        slow.close()
+    assert out == PrologOutcome(labelled=True)  # not admitted: it runs without an MPS share
+    assert took < settings.timeout_s + settings.retry_s + 0.3, took
+
+
 # -- the shipped scripts against a noded's admin socket
 
 def run_hook(hook: str, env: dict, **kw) -> subprocess.CompletedProcess:
