@@ -289,7 +289,7 @@ def write_record(settings: Settings, job_id: str, record: dict | None) -> None:
     leaves for a job without ``noded:``), in a directory only root may write. Not kept
     (said on stderr): the Epilog then cleans all noded may hold for the job."""
     try:
-        _ensure_private_dir(settings.record_dir)
+        _ensure_private_dir(settings.record_dir, 0o700)
         fd = os.open(record_file(settings, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, b"" if record is None else json.dumps(record).encode())
@@ -300,8 +300,9 @@ def write_record(settings: Settings, job_id: str, record: dict | None) -> None:
             "cleans all noded may hold for it")
 
 
-def _ensure_private_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
+def _ensure_private_dir(path: str, mode: int) -> None:
+    """``path`` as a directory only this user may write (made with ``mode`` where missing)."""
+    os.makedirs(path, mode=mode, exist_ok=True)
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise OSError(f"{path} is not a directory only this user (uid {os.geteuid()}) may write")
@@ -309,16 +310,22 @@ def _ensure_private_dir(path: str) -> None:
 
 def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) -> None:
     """The job's MPS environment, for its TaskProlog (``export NAME=value`` lines, as Slurm
-    reads a TaskProlog's output: the value is the rest of the line, unquoted)."""
+    reads a TaskProlog's output: the value is the rest of the line, unquoted), in a
+    directory only root may write: whoever else may could swap the file for lines of their
+    own (LD_PRELOAD=...) before the job's tasks start."""
     lines = []
     for name, value in sorted(env.items()):
         if not name.replace("_", "").isalnum() or "\n" in value or "\r" in value:
             raise ValueError(f"noded's environment for job {job_id} holds {name!r}={value!r:.60}: not one line")
         lines.append(f"export {name}={value}\n")
-    os.makedirs(settings.env_dir, mode=0o755, exist_ok=True)
+    _ensure_private_dir(settings.env_dir, 0o755)
     path = env_file(settings, job_id)
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.unlink(tmp)  # an earlier Prolog's, cut short: the file is made new, never reopened
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, "".join(lines).encode())
         os.fchown(fd, uid, -1)

@@ -107,6 +107,55 @@ def test_the_environment_file_is_the_jobs_users_and_one_line_a_variable(tmp_path
     assert not (tmp_path / "env/job_8.env").exists()
 
 
+@pytest.mark.parametrize("careless", ["others may write it", "another user's"])
+def test_no_environment_file_is_left_where_others_may_change_it(tmp_path, careless):
+    """A site that names an environment directory others may write (a path under /tmp a
+    user made first): whoever may write it could swap a job's file for their own lines
+    (LD_PRELOAD=...) before its TaskProlog reads it. The Prolog leaves no file there."""
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    if careless == "others may write it":
+        env_dir.chmod(0o1777)
+    else:
+        os.chown(env_dir, 65534, 65534)
+    settings = Settings(env_dir=str(env_dir))
+    with pytest.raises(OSError, match=f"{env_dir} is not a directory only this user"):
+        write_env(settings, "7", 65534, {"CUDA_VISIBLE_DEVICES": "GPU-1"})
+    assert os.listdir(env_dir) == []
+
+
+@pytest.fixture
+def public_tmp():
+    """A directory any user may read (pytest's tmp_path is root's alone)."""
+    import pathlib
+
+    path = tempfile.mkdtemp(prefix="noded-hooks-")
+    os.chmod(path, 0o755)
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_task_prolog_hands_over_only_the_jobs_users_own_file(public_tmp):
+    """The TaskProlog runs as the job's user, and the Prolog chowns the job's file to them:
+    a file there of anyone else's (another user's, planted where the site let them) is not
+    handed to the task, but said."""
+    tmp_path = public_tmp
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    (env_dir / "job_5.env").write_text("export LD_PRELOAD=/tmp/evil.so\n")  # root's: not the job user's
+    (env_dir / "job_5.env").chmod(0o644)
+    r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10, user=65534,
+                       env={"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(env_dir),
+                            "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf")})
+    assert (r.returncode, r.stdout) == (0, ""), r
+    assert f"{env_dir}/job_5.env is not this user's: not handed to the task" in r.stderr
+    os.chown(env_dir / "job_5.env", 65534, -1)  # the Prolog's: the job user's own
+    r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10, user=65534,
+                       env={"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(env_dir),
+                            "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf")})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "export LD_PRELOAD=/tmp/evil.so\n", ""), r
+
+
 def test_a_hook_exits_0_whatever_fails_and_says_why(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_UID", "0")
