@@ -266,6 +266,26 @@ def test_the_prolog_writes_no_record_through_a_link(tmp_path):
     assert r.returncode == 0 and "no-python" in r.stderr and (tmp_path / "victim").read_text() == "kept"
 
 
+def test_the_prolog_writes_no_record_where_others_may_write(tmp_path):
+    """A record directory others may write (NODED_SLURM_RECORD_DIR=/tmp, say): a user's
+    FIFO where the next job's empty record goes held the Prolog's fast path forever (sh's
+    noclobber opens an existing file that is not a regular one), and slurmd drains a node
+    whose Prolog outlives PrologEpilogTimeout. The fast path, like Python's, writes records
+    only in a directory only root may write, and says so where it is not."""
+    records = tmp_path / "records"
+    records.mkdir()
+    records.chmod(0o1777)
+    os.mkfifo(records / "job_5")
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "0", "SLURM_JOB_COMMENT": "plain job",
+           "NODED_PYTHON": str(tmp_path / "no-python"), "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf"),
+           "NODED_SLURM_RECORD_DIR": str(records), "NODED_SLURM_ENV_DIR": str(tmp_path / "env")}
+    r = subprocess.run([os.path.join(HOOKS, "prolog")], capture_output=True, text=True, timeout=10,
+                       env={"PYTHONPATH": REPO, **env})
+    assert r.returncode == 0, r
+    assert f"{records} is not a directory only root may write: no record kept" in r.stderr
+    assert os.listdir(records) == ["job_5"]  # the FIFO, untouched: the Epilog cleans all for the job
+
+
 def test_the_task_prolog_hands_the_file_to_the_task(tmp_path):
     (tmp_path / "job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
     r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10,
