@@ -42,6 +42,7 @@ noded keeps a job from starting.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -226,22 +227,28 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
     # Recorded before noded is asked anything: whatever noded comes to hold for the job,
     # the Epilog finds a record that says to clean it.
     write_record(settings, job_id, {"job": job, "env_file": env_file(settings, job_id) if req.share else None})
-    labelled = False
+    labelled, labels_refused = False, None
     try:
         noded.request("label", {"job": job, "labels": req.labels})
         labelled = True
     except RefusedByNoded as e:
-        # e.g. noded's cap of registered jobs: the job runs unlabelled, but admission (if
-        # asked) is still asked, with the comment's model and batch size
+        # a value noded refuses (category=nlp), or noded's cap of registered jobs: the job
+        # runs unlabelled, said where its submitter sees it, as a comment noded cannot read
+        # is; admission (if asked) is still asked, with the comment's model and batch size
         say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
             + ("; admission is asked all the same" if req.share else ""))
+        labels_refused = f"noded: labels refused: {e}"
     except NodectlError as e:
         say(job_id, f"noded did not answer ({e}): the job runs without noded" +
             (" (and without an MPS share)" if req.share else ""))
         return PrologOutcome()
     if req.share is None:
-        return PrologOutcome(labelled)
-    return ask_admission(settings, job_id, uid, req, labelled, noded)
+        return PrologOutcome(labelled, admin_comment=labels_refused)
+    outcome = ask_admission(settings, job_id, uid, req, labelled, noded)
+    if labels_refused is None:
+        return outcome
+    said = "; ".join(why for why in (labels_refused, outcome.admin_comment) if why)
+    return dataclasses.replace(outcome, admin_comment=said)
 
 
 def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,

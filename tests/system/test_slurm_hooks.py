@@ -571,6 +571,26 @@ def test_at_the_label_cap_a_shared_job_is_still_admitted(noded):
 
 
 @pytest.mark.fuse
+def test_labels_noded_refuses_are_said_in_the_jobs_admin_comment(noded):
+    """A value noded refuses (category=nlp: the categories are CV, NLP, Speech) leaves the job
+    unlabelled: said where its submitter sees it (scontrol show job: AdminComment), as a
+    comment noded cannot read is, not only in slurmd's log; beside an admission's word."""
+    n = noded()
+    settings = Settings.from_environ({"NODED_SOCKET": n.server.path, "NODED_SLURM_ENV_DIR": str(n.env_dir),
+                                      "NODED_SLURM_RECORD_DIR": str(n.record_dir)})
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "0"}
+    out = prolog(env, settings, b"noded: model=BiDAF category=nlp")
+    assert out == PrologOutcome(admin_comment="noded: labels refused: labels of slurm:7: category must be one of "
+                                              "('CV', 'NLP', 'Speech'), not 'nlp'")
+    out = prolog({**env, "SLURM_JOB_ID": "8"}, settings, b"noded: model=BiDAF batch_size=7 category=nlp share=mps")
+    assert out.put_back == "hold" and out.admin_comment.startswith(
+        "noded: labels refused: labels of slurm:8: category must be one of ('CV', 'NLP', 'Speech'), not 'nlp'; "
+        "noded: refused: no profile for BiDAF")
+    assert prolog({**env, "SLURM_JOB_ID": "9"}, settings, b"noded: model=BiDAF category=NLP") == \
+        PrologOutcome(labelled=True)
+
+
+@pytest.mark.fuse
 def test_a_refusal_while_mps_starts_is_asked_again_within_the_budget(noded):
     """MPS (re)starting is a transient refusal, typed so in noded's reply: the Prolog asks
     again until MPS is up, and the job is admitted, not held."""
