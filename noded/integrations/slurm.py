@@ -37,7 +37,10 @@ prolog exits non-zero, so both hooks exit 0 whatever happens, and say on stderr 
 slurmd log) what went wrong: with noded down, or a comment noded cannot read (said in
 the job's AdminComment too), the job runs as it would without noded (without labels,
 and without an MPS share: on its GPU as Slurm gave it). Only a refusal by a running
-noded keeps a job from starting.
+noded keeps a job from starting. All of a Prolog's waits for noded end within
+``timeout_s + retry_s`` of its start (``NodedTime``), however slow or hung noded is; the
+Epilog reads only the settings it uses, so that none it does not use, wrong, keeps it from
+cleaning.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from noded.admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
 from noded.jobs.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
@@ -101,7 +104,6 @@ class Settings:
         return cls(env.get("NODED_SOCKET") or DEFAULT_SOCKET, on_refusal,
                    env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout,
                    env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR, retry, on_not_ready)
-
 
     @classmethod
     def for_cleaning(cls, env: dict[str, str]) -> tuple["Settings", list[str]]:
@@ -201,7 +203,7 @@ class NodedTime:
         self.settings, self.clock = settings, clock
         self.ends_at = clock() + settings.timeout_s + settings.retry_s
 
-    def request(self, command: str, args: dict) -> object:
+    def request(self, command: str, args: dict) -> Any:
         """noded's answer, within what is left (NodectlError where none is)."""
         left = self.ends_at - self.clock()
         if left <= 0:
@@ -227,21 +229,13 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
     # Recorded before noded is asked anything: whatever noded comes to hold for the job,
     # the Epilog finds a record that says to clean it.
     write_record(settings, job_id, {"job": job, "env_file": env_file(settings, job_id) if req.share else None})
-    labelled, labels_refused = False, None
     try:
-        noded.request("label", {"job": job, "labels": req.labels})
-        labelled = True
-    except RefusedByNoded as e:
-        # a value noded refuses (category=nlp), or noded's cap of registered jobs: the job
-        # runs unlabelled, said where its submitter sees it, as a comment noded cannot read
-        # is; admission (if asked) is still asked, with the comment's model and batch size
-        say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
-            + ("; admission is asked all the same" if req.share else ""))
-        labels_refused = f"noded: labels refused: {e}"
+        labels_refused = register_labels(noded, job_id, req)
     except NodectlError as e:
         say(job_id, f"noded did not answer ({e}): the job runs without noded" +
             (" (and without an MPS share)" if req.share else ""))
         return PrologOutcome()
+    labelled = labels_refused is None
     if req.share is None:
         return PrologOutcome(labelled, admin_comment=labels_refused)
     outcome = ask_admission(settings, job_id, uid, req, labelled, noded)
@@ -249,6 +243,21 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
         return outcome
     said = "; ".join(why for why in (labels_refused, outcome.admin_comment) if why)
     return dataclasses.replace(outcome, admin_comment=said)
+
+
+def register_labels(noded: NodedTime, job_id: str, req: JobRequest) -> str | None:
+    """The job's labels registered with noded; what noded refused (a value out of range,
+    category=nlp, or noded at its cap of registered jobs), for the job's AdminComment: the
+    job runs unlabelled, said where its submitter sees it, as a comment noded cannot read
+    is, and admission (if asked) is still asked, with the comment's model and batch size.
+    Raises NodectlError where noded does not answer."""
+    try:
+        noded.request("label", {"job": f"slurm:{job_id}", "labels": req.labels})
+        return None
+    except RefusedByNoded as e:
+        say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
+            + ("; admission is asked all the same" if req.share else ""))
+        return f"noded: labels refused: {e}"
 
 
 def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,
