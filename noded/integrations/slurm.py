@@ -75,6 +75,9 @@ DEFAULT_RECORD_DIR = "/run/noded-slurm/jobs"
 MAX_RECORD_BYTES = 4096
 #: an AdminComment noded writes: one printable line, at most this long
 MAX_ADMIN_COMMENT = 250
+#: the most a Prolog waits for Slurm's scontrol, its calls together (slurmctld hung: the
+#: requeue first, then the AdminComment, each with what is left)
+SCONTROL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -350,10 +353,12 @@ def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) ->
     os.replace(tmp, path)
 
 
-def settle(job_id: str, outcome: PrologOutcome) -> None:
+def settle(job_id: str, outcome: PrologOutcome, *, budget_s: float = SCONTROL_S) -> None:
     """Tells Slurm what the Prolog decided: the job back in the queue (hold or requeue),
-    and why, in its AdminComment."""
+    and why, in its AdminComment; all within ``budget_s``."""
     import subprocess  # here: only a refusal or an unreadable comment needs it
+
+    ends_at = time.monotonic() + budget_s
 
     commands = []
     if outcome.put_back:
@@ -362,8 +367,12 @@ def settle(job_id: str, outcome: PrologOutcome) -> None:
         why = "".join(c if c.isprintable() else "?" for c in outcome.admin_comment)[:MAX_ADMIN_COMMENT]
         commands.append(["scontrol", "update", f"JobId={job_id}", f"AdminComment={why}"])
     for argv in commands:
+        left = ends_at - time.monotonic()
+        if left <= 0:
+            say(job_id, f"{' '.join(argv)} not run: the Prolog's {budget_s:g}s for scontrol are spent")
+            continue
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=left)
         except (OSError, subprocess.TimeoutExpired) as e:
             say(job_id, f"{' '.join(argv)} failed: {e}")
             continue

@@ -19,7 +19,7 @@ from hypothesis import given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from support.waiting import wait_for
-from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, write_env
+from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, settle, write_env
 from noded.jobs.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
 from support.paths import REPO_ROOT
 
@@ -195,6 +195,26 @@ def test_the_epilog_cleans_whatever_else_the_sites_settings_get_wrong(tmp_path, 
     assert "NODED_SLURM_TIMEOUT_S must be in (0, 60] seconds, not 0: the Epilog waits 5s" in err
     assert "noded did not forget it (no admin socket at" in err
     assert "ON_REFUSAL" not in err and "RETRY" not in err and "failed" not in err
+
+
+def test_a_hung_slurmctld_holds_the_prolog_for_its_scontrol_budget_at_most(tmp_path, capsys, monkeypatch):
+    """scontrol waits on slurmctld: one hung held each of the Prolog's two calls (requeue,
+    AdminComment) for 30 s apiece. They share one budget: the requeue first, then the
+    AdminComment with what is left, or not run, said."""
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\nexec sleep 60\n")  # one process: the timeout's kill ends it
+    (fake / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    started = time.monotonic()
+    settle("7", PrologOutcome(put_back="hold", admin_comment="noded: refused: full"), budget_s=1.0)
+    assert time.monotonic() - started < 2.0
+    err = capsys.readouterr().err
+    assert "scontrol requeuehold 7 failed: Command '['scontrol', 'requeuehold', '7']' timed out" in err
+    assert "scontrol update JobId=7 AdminComment=noded: refused: full not run: the Prolog's 1s for scontrol " \
+           "are spent" in err
 
 
 def test_a_comment_too_long_or_not_text_is_refused_in_the_jobs_admin_comment(tmp_path, capsys, monkeypatch):
