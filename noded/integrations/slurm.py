@@ -37,17 +37,21 @@ prolog exits non-zero, so both hooks exit 0 whatever happens, and say on stderr 
 slurmd log) what went wrong: with noded down, or a comment noded cannot read (said in
 the job's AdminComment too), the job runs as it would without noded (without labels,
 and without an MPS share: on its GPU as Slurm gave it). Only a refusal by a running
-noded keeps a job from starting.
+noded keeps a job from starting. All of a Prolog's waits for noded end within
+``timeout_s + retry_s`` of its start (``NodedTime``), however slow or hung noded is; the
+Epilog reads only the settings it uses, so that none it does not use, wrong, keeps it from
+cleaning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from noded.admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
 from noded.jobs.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
@@ -71,6 +75,9 @@ DEFAULT_RECORD_DIR = "/run/noded-slurm/jobs"
 MAX_RECORD_BYTES = 4096
 #: an AdminComment noded writes: one printable line, at most this long
 MAX_ADMIN_COMMENT = 250
+#: the most a Prolog waits for Slurm's scontrol, its calls together (slurmctld hung: the
+#: requeue first, then the AdminComment, each with what is left)
+SCONTROL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,22 @@ class Settings:
         return cls(env.get("NODED_SOCKET") or DEFAULT_SOCKET, on_refusal,
                    env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout,
                    env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR, retry, on_not_ready)
+
+    @classmethod
+    def for_cleaning(cls, env: dict[str, str]) -> tuple["Settings", list[str]]:
+        """The Epilog's settings: only those it uses (the socket, the directories, the
+        timeout), with what is wrong in them. Nothing wrong keeps it from cleaning (the job's
+        environment file, labels and reservation would stay behind, job after job): a wrong
+        timeout is said and the default waited; what a refusal does is the Prolog's to say."""
+        problems = []
+        try:
+            timeout = _seconds(env, "NODED_SLURM_TIMEOUT_S", TIMEOUT_S, 0, 60, low_open=True)
+        except ValueError as e:
+            problems.append(f"{e}: the Epilog waits {TIMEOUT_S:g}s")
+            timeout = TIMEOUT_S
+        return cls(socket=env.get("NODED_SOCKET") or DEFAULT_SOCKET,
+                   env_dir=env.get("NODED_SLURM_ENV_DIR") or DEFAULT_ENV_DIR, timeout_s=timeout,
+                   record_dir=env.get("NODED_SLURM_RECORD_DIR") or DEFAULT_RECORD_DIR), problems
 
 
 def _seconds(env: dict[str, str], name: str, default: float, low: float, high: float, *,
@@ -173,9 +196,29 @@ def read_comment(stream: BinaryIO) -> bytes:
     return out
 
 
+class NodedTime:
+    """The Prolog's time for noded, every request and every ask again together: its waits
+    end within ``timeout_s + retry_s`` of its start, whatever mix of a slow and a hung noded
+    it meets (each request alone bounded by ``timeout_s`` could add a second timeout to the
+    retries). ``clock`` is the one request deadlines are kept in (monotonic)."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic):
+        self.settings, self.clock = settings, clock
+        self.ends_at = clock() + settings.timeout_s + settings.retry_s
+
+    def request(self, command: str, args: dict) -> Any:
+        """noded's answer, within what is left (NodectlError where none is)."""
+        left = self.ends_at - self.clock()
+        if left <= 0:
+            raise NodectlError(f"the Prolog's {self.settings.timeout_s + self.settings.retry_s:g}s for noded "
+                               "(NODED_SLURM_TIMEOUT_S + NODED_SLURM_RETRY_S) are spent")
+        return request(self.settings.socket, command, args, timeout=min(self.settings.timeout_s, left))
+
+
 def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
            clock: Callable[[], float] = time.monotonic) -> PrologOutcome:
     job_id, uid = env["SLURM_JOB_ID"], int(env["SLURM_JOB_UID"])
+    noded = NodedTime(settings, clock)
     job = f"slurm:{job_id}"
     try:
         req = JobRequest.from_job(comment, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env)
@@ -189,32 +232,45 @@ def prolog(env: dict[str, str], settings: Settings, comment: bytes, *,
     # Recorded before noded is asked anything: whatever noded comes to hold for the job,
     # the Epilog finds a record that says to clean it.
     write_record(settings, job_id, {"job": job, "env_file": env_file(settings, job_id) if req.share else None})
-    labelled = False
     try:
-        request(settings.socket, "label", {"job": job, "labels": req.labels}, timeout=settings.timeout_s)
-        labelled = True
-    except RefusedByNoded as e:
-        # e.g. noded's cap of registered jobs: the job runs unlabelled, but admission (if
-        # asked) is still asked, with the comment's model and batch size
-        say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
-            + ("; admission is asked all the same" if req.share else ""))
+        labels_refused = register_labels(noded, job_id, req)
     except NodectlError as e:
         say(job_id, f"noded did not answer ({e}): the job runs without noded" +
             (" (and without an MPS share)" if req.share else ""))
         return PrologOutcome()
+    labelled = labels_refused is None
     if req.share is None:
-        return PrologOutcome(labelled)
-    return ask_admission(settings, job_id, uid, req, labelled, clock)
+        return PrologOutcome(labelled, admin_comment=labels_refused)
+    outcome = ask_admission(settings, job_id, uid, req, labelled, noded)
+    if labels_refused is None:
+        return outcome
+    said = "; ".join(why for why in (labels_refused, outcome.admin_comment) if why)
+    return dataclasses.replace(outcome, admin_comment=said)
+
+
+def register_labels(noded: NodedTime, job_id: str, req: JobRequest) -> str | None:
+    """The job's labels registered with noded; what noded refused (a value out of range,
+    category=nlp, or noded at its cap of registered jobs), for the job's AdminComment: the
+    job runs unlabelled, said where its submitter sees it, as a comment noded cannot read
+    is, and admission (if asked) is still asked, with the comment's model and batch size.
+    Raises NodectlError where noded does not answer."""
+    try:
+        noded.request("label", {"job": f"slurm:{job_id}", "labels": req.labels})
+        return None
+    except RefusedByNoded as e:
+        say(job_id, f"noded refused its labels ({e}): it runs unlabelled"
+            + ("; admission is asked all the same" if req.share else ""))
+        return f"noded: labels refused: {e}"
 
 
 def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, labelled: bool,
-                  clock: Callable[[], float]) -> PrologOutcome:
+                  noded: NodedTime) -> PrologOutcome:
     """Admission onto a shared GPU, with the comment's model and batch size (whether or not
     noded took the job's labels); what is refused goes as the site chose."""
     args = {"job": f"slurm:{job_id}", "model": req.labels["model"], "batch_size": req.labels["batch_size"],
             "uid": uid}
     try:
-        decision = admit_within_budget(settings, args, clock)
+        decision = admit_within_budget(noded, args)
     except NodectlError as e:
         say(job_id, f"noded did not admit it ({e}): the job runs without an MPS share")
         return PrologOutcome(labelled)
@@ -232,13 +288,15 @@ def ask_admission(settings: Settings, job_id: str, uid: int, req: JobRequest, la
     return PrologOutcome(labelled, put_back=choice, admin_comment=why)
 
 
-def admit_within_budget(settings: Settings, args: dict, clock: Callable[[], float]) -> dict:
+def admit_within_budget(noded: NodedTime, args: dict) -> dict:
     """noded's admission decision, asked again while noded says its refusal is transient
-    (a typed field of its reply, not its prose), until ``settings.retry_s`` is spent."""
-    deadline = clock() + settings.retry_s
+    (a typed field of its reply, not its prose), until ``retry_s`` is spent (and no ask
+    waits past the Prolog's time for noded)."""
+    clock = noded.clock
+    deadline = min(clock() + noded.settings.retry_s, noded.ends_at)
     pause, longest = RETRY_PAUSE_S
     while True:
-        decision = request(settings.socket, "admit", args, timeout=settings.timeout_s)
+        decision = noded.request("admit", args)
         if decision["admit"] or not decision.get("transient") or clock() + pause > deadline:
             return decision
         time.sleep(pause)  # a backoff: noded's MPS or its first tick is what is waited for
@@ -250,7 +308,7 @@ def write_record(settings: Settings, job_id: str, record: dict | None) -> None:
     leaves for a job without ``noded:``), in a directory only root may write. Not kept
     (said on stderr): the Epilog then cleans all noded may hold for the job."""
     try:
-        _ensure_private_dir(settings.record_dir)
+        _ensure_private_dir(settings.record_dir, 0o700)
         fd = os.open(record_file(settings, job_id), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, b"" if record is None else json.dumps(record).encode())
@@ -261,8 +319,9 @@ def write_record(settings: Settings, job_id: str, record: dict | None) -> None:
             "cleans all noded may hold for it")
 
 
-def _ensure_private_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
+def _ensure_private_dir(path: str, mode: int) -> None:
+    """``path`` as a directory only this user may write (made with ``mode`` where missing)."""
+    os.makedirs(path, mode=mode, exist_ok=True)
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise OSError(f"{path} is not a directory only this user (uid {os.geteuid()}) may write")
@@ -270,16 +329,22 @@ def _ensure_private_dir(path: str) -> None:
 
 def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) -> None:
     """The job's MPS environment, for its TaskProlog (``export NAME=value`` lines, as Slurm
-    reads a TaskProlog's output: the value is the rest of the line, unquoted)."""
+    reads a TaskProlog's output: the value is the rest of the line, unquoted), in a
+    directory only root may write: whoever else may could swap the file for lines of their
+    own (LD_PRELOAD=...) before the job's tasks start."""
     lines = []
     for name, value in sorted(env.items()):
         if not name.replace("_", "").isalnum() or "\n" in value or "\r" in value:
             raise ValueError(f"noded's environment for job {job_id} holds {name!r}={value!r:.60}: not one line")
         lines.append(f"export {name}={value}\n")
-    os.makedirs(settings.env_dir, mode=0o755, exist_ok=True)
+    _ensure_private_dir(settings.env_dir, 0o755)
     path = env_file(settings, job_id)
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.unlink(tmp)  # an earlier Prolog's, cut short: the file is made new, never reopened
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, "".join(lines).encode())
         os.fchown(fd, uid, -1)
@@ -288,10 +353,12 @@ def write_env(settings: Settings, job_id: str, uid: int, env: dict[str, str]) ->
     os.replace(tmp, path)
 
 
-def settle(job_id: str, outcome: PrologOutcome) -> None:
+def settle(job_id: str, outcome: PrologOutcome, *, budget_s: float = SCONTROL_S) -> None:
     """Tells Slurm what the Prolog decided: the job back in the queue (hold or requeue),
-    and why, in its AdminComment."""
+    and why, in its AdminComment; all within ``budget_s``."""
     import subprocess  # here: only a refusal or an unreadable comment needs it
+
+    ends_at = time.monotonic() + budget_s
 
     commands = []
     if outcome.put_back:
@@ -300,8 +367,12 @@ def settle(job_id: str, outcome: PrologOutcome) -> None:
         why = "".join(c if c.isprintable() else "?" for c in outcome.admin_comment)[:MAX_ADMIN_COMMENT]
         commands.append(["scontrol", "update", f"JobId={job_id}", f"AdminComment={why}"])
     for argv in commands:
+        left = ends_at - time.monotonic()
+        if left <= 0:
+            say(job_id, f"{' '.join(argv)} not run: the Prolog's {budget_s:g}s for scontrol are spent")
+            continue
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=left)
         except (OSError, subprocess.TimeoutExpired) as e:
             say(job_id, f"{' '.join(argv)} failed: {e}")
             continue
@@ -374,11 +445,13 @@ def main(argv: list[str] | None = None, stdin: BinaryIO | None = None) -> int:
     try:
         if not job_id.isdigit() or not env.get("SLURM_JOB_UID", "").isdigit():
             raise ValueError("SLURM_JOB_ID and SLURM_JOB_UID must be set (run by slurmd as Prolog/Epilog)")
-        settings = Settings.from_environ(env)
         if argv[0] == "prolog":
-            outcome = prolog(env, settings, read_comment(stdin or sys.stdin.buffer))
+            outcome = prolog(env, Settings.from_environ(env), read_comment(stdin or sys.stdin.buffer))
             settle(job_id, outcome)
         else:
+            settings, problems = Settings.for_cleaning(env)
+            for problem in problems:
+                say(job_id, problem)
             epilog(env, settings)
     except Exception as e:  # noqa: BLE001 - fail safe: never drain the node for noded's sake
         say(job_id, f"{argv[0]} failed ({type(e).__name__}: {e}): the job goes on without noded")

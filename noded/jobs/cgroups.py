@@ -13,12 +13,12 @@ import errno
 import fnmatch
 import functools
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
@@ -101,13 +101,18 @@ class CgroupSource:
         base = os.path.basename(self.mount)
         return f"name={base}" if base == "systemd" else base
 
-    def job_id(self, rel: str) -> str:
+    def job_id(self, rel: str) -> str | None:
+        """The id of the job in directory ``rel`` (relative to root), from its name; None
+        where a Slurm or Kubernetes source's pattern matched a name its manager never gives a
+        job (``job_<number>``, kubelet's pod names): no job, rather than an id of whatever
+        bytes the name holds (an empty one, or control characters for logs and metrics)."""
         name = rel.rsplit("/", 1)[-1]
         if self.kind == "slurm":
-            return "slurm:" + name.removeprefix("job_")
+            number = name.removeprefix("job_")
+            return "slurm:" + number if name.startswith("job_") and number.isascii() and number.isdigit() else None
         if self.kind == "kubernetes":
-            uid = re.sub(r"\.slice$", "", name).rsplit("pod", 1)[-1]
-            return "k8s:" + uid.replace("_", "-")
+            uid = pod_uid(name)
+            return None if uid is None else "k8s:" + uid
         if self.kind == "systemd":
             return "systemd:" + name
         return "cgroup:" + rel
@@ -139,7 +144,9 @@ class CgroupSource:
         out = {}
         for pattern in self.patterns:
             for path in match_dirs(self.root, pattern):  # each is root joined with the rest
-                out[self.job_id(path[len(self.root):].lstrip("/"))] = path
+                job_id = self.job_id(path[len(self.root):].lstrip("/"))
+                if job_id is not None:
+                    out[job_id] = path
         return out
 
 
@@ -266,6 +273,7 @@ class CgroupScanner:
         self.listings = DirListings(relist_s, clock)
         self.generation = 0  # moves each time scan() finds something different
         self._found: dict[str, str] = {}
+        self._matched_paths = 0  # the directories the patterns matched when _found was made (jobs or not)
         self._owners: dict[str, int] = {}  # job directory -> its owner's uid
         self._matched: Matches = {}  # the last scan's matches, by listing
 
@@ -280,8 +288,9 @@ class CgroupScanner:
         paths = [p for pattern in self.source.patterns
                  for p in match_dirs(root, pattern, self.listings, matched, self._matched)]
         self.listings.end()
-        if self.listings.changed or len(paths) != len(self._found):
-            found = {self.source.job_id(p[len(root):].lstrip("/")): p for p in paths}
+        if self.listings.changed or len(paths) != self._matched_paths:
+            self._matched_paths = len(paths)
+            found = {job_id: p for p in paths if (job_id := self.source.job_id(p[len(root):].lstrip("/"))) is not None}
             if found != self._found:
                 self._found = found
                 self.generation += 1

@@ -361,8 +361,8 @@ class JobDiscovery:
         for src in self.sources:
             path = cgroups.get(src.hierarchy)
             rel = src.match(path) if path else None
-            if rel:
-                job_id = src.job_id(rel)
+            job_id = src.job_id(rel) if rel else None
+            if job_id is not None:
                 with self._lock:
                     self._woken.add(job_id)  # its directory is read at the next discovery, whatever the budget
                 prev = known.get(job_id)

@@ -76,6 +76,17 @@ class PodIdentity:
         return {"uid": self.uid, "qos": self.qos, "driver": self.driver, "containers": list(self.containers)}
 
 
+def pod_uid(name: str) -> str | None:
+    """The UID of the pod whose cgroup kubelet names ``name`` (either driver's form, any
+    QoS class), or None where kubelet names no pod's cgroup so: a job source's pod
+    patterns (``pod*``) match any name, and only kubelet's are pods."""
+    m = _SYSTEMD_POD.fullmatch(name)
+    if m is not None:
+        return m.group(2).replace("_", "-")
+    m = _CGROUPFS_POD.fullmatch(name)
+    return m.group(1) if m is not None else None
+
+
 def parse_pod_dir(rel: str) -> PodCgroup | None:
     """The pod a job directory (relative to its hierarchy's root) is, or None where the
     path is not one kubelet makes for a pod."""

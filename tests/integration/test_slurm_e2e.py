@@ -7,6 +7,7 @@ One Slurm, simulated node and noded for the module (starting them takes seconds)
 test cancels its jobs and waits for the Epilog before it ends."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -164,3 +165,26 @@ def test_noded_down_the_job_still_runs(node, tmp_path):
     finally:
         with open(node.hooks_conf, "w") as f:
             f.write(conf)
+
+
+def test_a_hooks_conf_that_is_not_shell_drains_no_node(node):
+    """A careless edit of slurm-hooks.conf (an unclosed quote): each hook says so and runs
+    with its defaults; the job runs, and the node is not drained (a hook that sourced the
+    file ended with sh's status 2, and slurmd drained the node at the first job)."""
+    conf = open(node.hooks_conf).read()
+    with open(node.hooks_conf, "w") as f:
+        f.write(conf + 'NODED_SOCKET="/run/noded/noded.sock\n')
+    try:
+        out = os.path.join(node.dir, "careless.out")
+        j = node.slurm.sbatch("-c", "1", "--comment", "noded: model=BiDAF", "-o", out,
+                              script="#!/bin/sh\necho ran\n")
+        wait_for(lambda: node.slurm.state(j) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"), 30,
+                 what=f"job {j} ended")
+        assert node.slurm.state(j) == "COMPLETED" and job_output(out).strip() == "ran"
+        assert node.slurm.node_state() == "idle"
+    finally:
+        with open(node.hooks_conf, "w") as f:
+            f.write(conf)
+        if node.slurm.node_state() != "idle":  # drained: the next test needs the node
+            subprocess.run(["scontrol", "update", f"NodeName={node.slurm.host}", "State=RESUME"],
+                           env=node.slurm.env, capture_output=True, timeout=30)

@@ -28,7 +28,7 @@ def v2_tree(tmp_path, sleeper):
     write(root / "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/cgroup.procs", f"{a.pid}\n{b.pid}\n")
     write(root / "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs", f"{c.pid}\n")
     write(root / "system.slice/slurmstepd.scope/job_17/cgroup.procs", "")  # no processes: no job
-    write(root / "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c_33d4.slice/cri-x.scope/cgroup.procs",
+    write(root / "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1c2d3e_4f50_6172_8394_a5b6c7d8e9f0.slice/cri-x.scope/cgroup.procs",
           f"{d.pid}\n")
     write(root / "system.slice/train.service/cgroup.procs", f"{d.pid}\n")
     return str(root), (a, b, c, d)
@@ -40,9 +40,9 @@ def test_v2_layouts_are_found_with_their_processes(v2_tree):
     sources = [CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root),
                CgroupSource.create("systemd", root, ["system.slice/*.service"])]
     jobs = JobDiscovery(sources).discover()
-    assert set(jobs) == {"slurm:4242", "k8s:1b2c-33d4", "systemd:train.service"}
+    assert set(jobs) == {"slurm:4242", "k8s:0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0", "systemd:train.service"}
     assert jobs["slurm:4242"].pids == {a.pid, b.pid, c.pid} and jobs["slurm:4242"].source == "slurm"
-    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}
+    assert jobs["k8s:0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"].pids == {d.pid}
     # Identity is stable across ticks.
     assert JobDiscovery(sources).discover()["slurm:4242"] == jobs["slurm:4242"]
 
@@ -61,7 +61,7 @@ def test_a_job_whose_subtree_cannot_be_read_is_held_and_blinds_no_other_job(v2_t
     os.makedirs(os.path.join(new, "cgroup.procs"))
     jobs = discovery.discover()
     assert jobs["slurm:4242"] is before["slurm:4242"]  # held as last seen
-    assert jobs["k8s:1b2c-33d4"].pids == {d.pid}  # the others as they are now
+    assert jobs["k8s:0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"].pids == {d.pid}  # the others as they are now
     assert "slurm:5" not in jobs  # never seen: nothing to hold
     assert set(discovery.unreadable) == {"slurm:4242", "slurm:5"}
     assert "Is a directory" in discovery.unreadable["slurm:4242"] and bad in discovery.unreadable["slurm:4242"]

@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 
 from noded.admin import nodectl
 from noded.jobs import CgroupSource, JobDiscovery
+from noded.jobs.cgroups import CgroupScanner
 from noded.jobs.kubepods import (QOS_CLASSES, PodCgroup, PodIdentities, PodIdentity, container_id,
                                  list_containers, parse_pod_dir)
 
@@ -214,3 +215,69 @@ def test_pods_on_the_real_v1_cpuset_hierarchy(v1_cpuset, sleeper, driver):
     # the process's own cgroup path (as the connector's path places a new process) finds the same pod
     placed = discovery.job_of_new_process(p.pid, jobs)
     assert placed is not None and placed.id == f"k8s:{uid}" and placed.pod == jobs[f"k8s:{uid}"].pod
+
+
+# -- names over the kernel's whole alphabet, and a tenant's own cgroups below its pod
+
+# a cgroup's name: any byte but '/' and NUL, 1 to 255 of them (not "." or "..")
+cgroup_names = st.binary(min_size=1, max_size=255).map(lambda b: b.replace(b"/", b"_").replace(b"\0", b"_")) \
+    .filter(lambda b: b not in (b".", b".."))
+# ...and those near kubelet's own: a pod's prefix, then anything
+near_pod_names = st.tuples(st.sampled_from([b"pod", b"kubepods-burstable-pod", b"kubepods-pod"]), cgroup_names) \
+    .map(b"".join).filter(lambda b: len(b) <= 255)
+
+
+@given(names=st.lists(cgroup_names | near_pod_names, min_size=1, max_size=6))
+def test_only_the_directories_kubelet_names_for_a_pod_are_jobs(names):
+    """Whatever else sits where kubelet puts pods (a name over the kernel's alphabet, one
+    that begins as a pod's, an empty UID), only a pod cgroup kubelet names is a job, with
+    its UID for id: never "k8s:" alone, nor an id of control characters for noded's logs and
+    metrics, nor a directory taken for another pod's."""
+    import tempfile
+
+    uid = str(uuid.uuid4())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "cgroup")
+        parents = [os.path.join(root, p) for p in ("kubepods", "kubepods/burstable", "kubepods.slice",
+                                                  "kubepods.slice/kubepods-burstable.slice")]
+        for parent in parents:
+            os.makedirs(parent)
+            for name in names:
+                os.makedirs(os.path.join(os.fsencode(parent), name), exist_ok=True)
+        os.makedirs(os.path.join(root, pod_dir(uid, "burstable", "cgroupfs")), exist_ok=True)
+        src = CgroupSource.create("kubernetes", root, version=1)
+        found = src.scan()
+        assert f"k8s:{uid}" in found and CgroupScanner(src).scan() == found
+        for job_id, path in found.items():
+            pod = parse_pod_dir(os.path.relpath(path, root))
+            assert pod is not None and job_id == f"k8s:{pod.uid}", (job_id, path)
+        for parent in parents:  # a process in such a directory is no pod's either
+            for name in names:
+                rel = src.match(os.path.join("/", os.path.relpath(parent, src.mount), os.fsdecode(name)))
+                if rel is not None:
+                    assert src.job_id(rel) is None or parse_pod_dir(rel) is not None, rel
+
+
+def test_a_tenants_cgroups_below_its_pod_are_its_pods(tmp_path, sleeper):
+    """A tenant with its container's cgroup delegated makes, below it, cgroups named as
+    kubelet names other pods (and as other pods' containers): its processes there stay its
+    pod's, no other pod appears, and the pod's containers are those the runtime made."""
+    root = tmp_path / "cgroup"
+    mine, other = str(uuid.uuid4()), str(uuid.uuid4())
+    app, others_container = os.urandom(32).hex(), os.urandom(32).hex()
+    container = root / pod_dir(mine, "burstable", "cgroupfs") / app
+    forged = [container / pod_dir(other, "burstable", "cgroupfs"), container / f"pod{other}",
+              container / pod_dir(other, "guaranteed", "systemd") / f"cri-containerd-{others_container}.scope",
+              container / others_container]
+    p = sleeper()
+    for d in forged:
+        d.mkdir(parents=True)
+    (forged[0] / "cgroup.procs").write_text(f"{p.pid}\n")
+    src = CgroupSource.create("kubernetes", str(root), version=1)
+    discovery = JobDiscovery([src])
+    jobs = discovery.discover()
+    assert set(jobs) == {f"k8s:{mine}"} and jobs[f"k8s:{mine}"].pids == {p.pid}
+    assert jobs[f"k8s:{mine}"].pod.containers == (app,)
+    below_mount = os.path.relpath(src.root, src.mount)
+    for d in forged:
+        assert src.match(f"/{below_mount}/{os.path.relpath(d, root)}") == pod_dir(mine, "burstable", "cgroupfs")

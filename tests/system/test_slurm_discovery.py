@@ -61,3 +61,18 @@ def test_v1_root_named_after_the_node(v1_cpuset, sleeper):
     with open(f"/proc/{a.pid}/cgroup") as f:
         path = next(line for line in f.read().splitlines() if ":cpuset:" in line).split(":", 2)[2]
     assert src.match(path) == "slurm_node7/uid_1000/job_31"
+
+
+def test_only_slurms_own_job_names_are_jobs(tmp_path):
+    """Slurm names a job's cgroup job_<number>: anything else the pattern job_* matches (an
+    empty number, a Unicode digit, control characters) is no job, rather than an id made
+    of its bytes ("slurm:" alone, or a line break for noded's logs)."""
+    root = tmp_path / "cgroup"
+    parent = root / "slurm" / "uid_0"
+    for name in ("job_", "job_4x", "job_\n7", "job_\u0663", "job_-1", "job_42"):
+        (parent / name).mkdir(parents=True)
+    os.mkdir(os.path.join(os.fsencode(parent), b"job_\xff"))
+    src = CgroupSource.create("slurm", str(root), version=1)
+    assert src.scan() == {"slurm:42": str(parent / "job_42")}
+    below_mount = os.path.relpath(src.root, src.mount)
+    assert src.job_id(src.match(f"/{below_mount}/slurm/uid_0/job_\n7/step_0")) is None

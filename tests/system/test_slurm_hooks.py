@@ -19,7 +19,7 @@ from hypothesis import given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from support.waiting import wait_for
-from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, write_env
+from noded.integrations.slurm import JobRequest, PrologOutcome, Settings, main, prolog, settle, write_env
 from noded.jobs.labelwords import MAX_COMMENT_BYTES, MAX_NODED_BYTES, LabelWordError, comment_words
 from support.paths import REPO_ROOT
 
@@ -107,6 +107,55 @@ def test_the_environment_file_is_the_jobs_users_and_one_line_a_variable(tmp_path
     assert not (tmp_path / "env/job_8.env").exists()
 
 
+@pytest.mark.parametrize("careless", ["others may write it", "another user's"])
+def test_no_environment_file_is_left_where_others_may_change_it(tmp_path, careless):
+    """A site that names an environment directory others may write (a path under /tmp a
+    user made first): whoever may write it could swap a job's file for their own lines
+    (LD_PRELOAD=...) before its TaskProlog reads it. The Prolog leaves no file there."""
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    if careless == "others may write it":
+        env_dir.chmod(0o1777)
+    else:
+        os.chown(env_dir, 65534, 65534)
+    settings = Settings(env_dir=str(env_dir))
+    with pytest.raises(OSError, match=f"{env_dir} is not a directory only this user"):
+        write_env(settings, "7", 65534, {"CUDA_VISIBLE_DEVICES": "GPU-1"})
+    assert os.listdir(env_dir) == []
+
+
+@pytest.fixture
+def public_tmp():
+    """A directory any user may read (pytest's tmp_path is root's alone)."""
+    import pathlib
+
+    path = tempfile.mkdtemp(prefix="noded-hooks-")
+    os.chmod(path, 0o755)
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_task_prolog_hands_over_only_the_jobs_users_own_file(public_tmp):
+    """The TaskProlog runs as the job's user, and the Prolog chowns the job's file to them:
+    a file there of anyone else's (another user's, planted where the site let them) is not
+    handed to the task, but said."""
+    tmp_path = public_tmp
+    env_dir = tmp_path / "env"
+    env_dir.mkdir()
+    (env_dir / "job_5.env").write_text("export LD_PRELOAD=/tmp/evil.so\n")  # root's: not the job user's
+    (env_dir / "job_5.env").chmod(0o644)
+    r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10, user=65534,
+                       env={"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(env_dir),
+                            "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf")})
+    assert (r.returncode, r.stdout) == (0, ""), r
+    assert f"{env_dir}/job_5.env is not this user's: not handed to the task" in r.stderr
+    os.chown(env_dir / "job_5.env", 65534, -1)  # the Prolog's: the job user's own
+    r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10, user=65534,
+                       env={"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(env_dir),
+                            "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf")})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "export LD_PRELOAD=/tmp/evil.so\n", ""), r
+
+
 def test_a_hook_exits_0_whatever_fails_and_says_why(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     monkeypatch.setenv("SLURM_JOB_UID", "0")
@@ -118,12 +167,54 @@ def test_a_hook_exits_0_whatever_fails_and_says_why(tmp_path, capsys, monkeypatc
     assert "its comment is not for noded ('batch_size=huge': batch_size must be a whole number)" in \
         capsys.readouterr().err
     monkeypatch.setenv("NODED_SLURM_ON_REFUSAL", "sometimes")
-    assert main(["epilog"]) == 0
-    assert "epilog failed (ValueError: NODED_SLURM_ON_REFUSAL must be one of" in capsys.readouterr().err
+    assert main(["prolog"], io.BytesIO(SHARED)) == 0
+    assert "prolog failed (ValueError: NODED_SLURM_ON_REFUSAL must be one of" in capsys.readouterr().err
     monkeypatch.delenv("SLURM_JOB_UID")
     assert main(["prolog"], io.BytesIO(b"")) == 0 and "SLURM_JOB_ID and SLURM_JOB_UID must be set" in \
         capsys.readouterr().err
     assert main(["neither"]) == 2
+
+
+def test_the_epilog_cleans_whatever_else_the_sites_settings_get_wrong(tmp_path, capsys, monkeypatch):
+    """A setting the Epilog does not use (what a refusal does, the retry budget) that is
+    wrong, or a wrong timeout, must not keep it from cleaning: the job's environment file,
+    its record and (asked of noded) its labels and reservation would stay behind, job after
+    job. Only the timeout is said (its default is used); the Prolog says the rest."""
+    for name in ("env", "records"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "env/job_12.env").write_text("export CUDA_VISIBLE_DEVICES=GPU-1\n")
+    (tmp_path / "records/job_12").write_text(json.dumps({"job": "slurm:12", "env_file": None}))
+    for name, value in {"SLURM_JOB_ID": "12", "SLURM_JOB_UID": "0", "NODED_SOCKET": str(tmp_path / "nobody.sock"),
+                        "NODED_SLURM_ENV_DIR": str(tmp_path / "env"), "NODED_SLURM_RECORD_DIR": str(tmp_path / "records"),
+                        "NODED_SLURM_ON_REFUSAL": "sometimes", "NODED_SLURM_ON_NOT_READY": "never",
+                        "NODED_SLURM_RETRY_S": "ages", "NODED_SLURM_TIMEOUT_S": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["epilog"]) == 0
+    assert os.listdir(tmp_path / "env") == [] and os.listdir(tmp_path / "records") == []
+    err = capsys.readouterr().err
+    assert "NODED_SLURM_TIMEOUT_S must be in (0, 60] seconds, not 0: the Epilog waits 5s" in err
+    assert "noded did not forget it (no admin socket at" in err
+    assert "ON_REFUSAL" not in err and "RETRY" not in err and "failed" not in err
+
+
+def test_a_hung_slurmctld_holds_the_prolog_for_its_scontrol_budget_at_most(tmp_path, capsys, monkeypatch):
+    """scontrol waits on slurmctld: one hung held each of the Prolog's two calls (requeue,
+    AdminComment) for 30 s apiece. They share one budget: the requeue first, then the
+    AdminComment with what is left, or not run, said."""
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\nexec sleep 60\n")  # one process: the timeout's kill ends it
+    (fake / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    started = time.monotonic()
+    settle("7", PrologOutcome(put_back="hold", admin_comment="noded: refused: full"), budget_s=1.0)
+    assert time.monotonic() - started < 2.0
+    err = capsys.readouterr().err
+    assert "scontrol requeuehold 7 failed: Command '['scontrol', 'requeuehold', '7']' timed out" in err
+    assert "scontrol update JobId=7 AdminComment=noded: refused: full not run: the Prolog's 1s for scontrol " \
+           "are spent" in err
 
 
 def test_a_comment_too_long_or_not_text_is_refused_in_the_jobs_admin_comment(tmp_path, capsys, monkeypatch):
@@ -195,6 +286,26 @@ def test_the_prolog_writes_no_record_through_a_link(tmp_path):
     assert r.returncode == 0 and "no-python" in r.stderr and (tmp_path / "victim").read_text() == "kept"
 
 
+def test_the_prolog_writes_no_record_where_others_may_write(tmp_path):
+    """A record directory others may write (NODED_SLURM_RECORD_DIR=/tmp, say): a user's
+    FIFO where the next job's empty record goes held the Prolog's fast path forever (sh's
+    noclobber opens an existing file that is not a regular one), and slurmd drains a node
+    whose Prolog outlives PrologEpilogTimeout. The fast path, like Python's, writes records
+    only in a directory only root may write, and says so where it is not."""
+    records = tmp_path / "records"
+    records.mkdir()
+    records.chmod(0o1777)
+    os.mkfifo(records / "job_5")
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "0", "SLURM_JOB_COMMENT": "plain job",
+           "NODED_PYTHON": str(tmp_path / "no-python"), "NODED_SLURM_HOOKS_CONF": str(tmp_path / "none.conf"),
+           "NODED_SLURM_RECORD_DIR": str(records), "NODED_SLURM_ENV_DIR": str(tmp_path / "env")}
+    r = subprocess.run([os.path.join(HOOKS, "prolog")], capture_output=True, text=True, timeout=10,
+                       env={"PYTHONPATH": REPO, **env})
+    assert r.returncode == 0, r
+    assert f"{records} is not a directory only root may write: no record kept" in r.stderr
+    assert os.listdir(records) == ["job_5"]  # the FIFO, untouched: the Epilog cleans all for the job
+
+
 def test_the_task_prolog_hands_the_file_to_the_task(tmp_path):
     (tmp_path / "job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
     r = subprocess.run([os.path.join(HOOKS, "task-prolog")], capture_output=True, text=True, timeout=10,
@@ -213,6 +324,122 @@ def test_the_prolog_with_a_dead_noded_exits_0(tmp_path):
                             "NODED_PYTHON": sys.executable, "NODED_SLURM_HOOKS_CONF": str(conf),
                             "PYTHONPATH": REPO})
     assert r.returncode == 0 and "job 9: noded did not answer" in r.stderr, r
+
+
+
+BROKEN_CONFS = {"an unclosed quote": 'NODED_SOCKET="/run/noded/noded.sock\n',
+                "a stray keyword": "NODED_SLURM_TIMEOUT_S=5\nfi\n",
+                "an exit": "NODED_SLURM_TIMEOUT_S=5\nexit 3\n"}
+
+
+@pytest.mark.parametrize("mistake", sorted(BROKEN_CONFS))
+@pytest.mark.parametrize("hook", ["prolog", "epilog", "task-prolog"])
+def test_a_hooks_conf_that_is_not_shell_drains_no_node(hook, mistake, tmp_path):
+    """A careless edit of slurm-hooks.conf (an unclosed quote: a syntax error, which ends the
+    sh that sources it, with status 2) must not fail the hook: slurmd drains a node whose
+    Prolog or Epilog exits non-zero. The hook says so, and does its work with its defaults
+    (here the environment's)."""
+    conf = tmp_path / "hooks.conf"
+    conf.write_text(BROKEN_CONFS[mistake])
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env/job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
+    env = {"SLURM_JOB_ID": "5", "SLURM_JOB_UID": "0", "SLURM_JOB_COMMENT": "plain job",
+           "NODED_PYTHON": str(tmp_path / "no-python"), "NODED_SLURM_HOOKS_CONF": str(conf),
+           "NODED_SLURM_ENV_DIR": str(tmp_path / "env"), "NODED_SLURM_RECORD_DIR": str(tmp_path / "records")}
+    if hook == "epilog":
+        (tmp_path / "records").mkdir()
+        (tmp_path / "records/job_5").write_bytes(b"")  # the Prolog's empty record
+    r = run_hook(hook, env)
+    assert r.returncode == 0, r
+    assert f"noded slurm hook: {conf} does not source whole as sh" in r.stderr, r
+    if hook == "prolog":
+        assert (tmp_path / "records/job_5").read_bytes() == b""
+    elif hook == "epilog":
+        assert os.listdir(tmp_path / "records") == []
+    else:
+        assert r.stdout == "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"
+
+
+def test_what_the_hooks_conf_prints_reaches_no_tasks_environment(tmp_path):
+    """slurmstepd reads a TaskProlog's stdout as the task's environment: a line the site's
+    conf prints (a debugging echo) goes to stderr, not into the task."""
+    conf = tmp_path / "hooks.conf"
+    conf.write_text("echo export LD_PRELOAD=/tmp/x.so\n")
+    (tmp_path / "job_5.env").write_text("export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n")
+    r = run_hook("task-prolog", {"SLURM_JOB_ID": "5", "NODED_SLURM_ENV_DIR": str(tmp_path),
+                                 "NODED_SLURM_HOOKS_CONF": str(conf)})
+    assert (r.returncode, r.stdout) == (0, "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50\n"), r
+    assert "LD_PRELOAD" in r.stderr
+
+
+
+class SlowNoded:
+    """An admin socket served as an overloaded noded would: each label answered
+    ``label_delay_s`` late, each admission refused as transient (MPS starting) for
+    ``transient_s`` after the first, and from then on never answered (noded hung, as
+    SIGSTOP leaves it)."""
+
+    def __init__(self, path, label_delay_s, transient_s):
+        import socket
+        import time
+
+        self.label_delay_s, self.transient_s, self.time = label_delay_s, transient_s, time
+        self.first_admit = None
+        self.done = threading.Event()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        self.path = str(path)
+        self.held = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            line = conn.makefile("rb").readline()
+            command = json.loads(line)["command"]
+            if command == "label":
+                self.done.wait(self.label_delay_s)  # noded slow to answer
+                conn.sendall(b'{"ok": true, "result": {}}\n')
+            elif self.first_admit is None or self.time.monotonic() - self.first_admit < self.transient_s:
+                self.first_admit = self.first_admit or self.time.monotonic()
+                conn.sendall(json.dumps({"ok": True, "result": {
+                    "admit": False, "transient": True, "refusal": "mps-not-ready",
+                    "reason": "MPS is not running (starting)"}}).encode() + b"\n")
+            else:
+                self.held.append(conn)  # read, never answered
+                continue
+            conn.close()
+
+    def close(self):
+        self.done.set()
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_the_prologs_waits_for_a_slow_noded_end_within_timeout_and_retry_together(tmp_path):
+    """Each request is bounded by NODED_SLURM_TIMEOUT_S and the asks again by
+    NODED_SLURM_RETRY_S, but a noded slow to label (just under the timeout), then hung on
+    the last ask again, held the Prolog for both timeouts besides the retries: the job's
+    start delayed past what the site set (and past Slurm's BatchStartTimeout). All of the
+    Prolog's waits for noded end within TIMEOUT_S + RETRY_S of its start."""
+    import time
+
+    slow = SlowNoded(tmp_path / "noded.sock", label_delay_s=1.8, transient_s=1.5)
+    settings = Settings(socket=slow.path, timeout_s=2.0, retry_s=2.0, record_dir=str(tmp_path / "records"),
+                        env_dir=str(tmp_path / "env"))
+    try:
+        started = time.monotonic()
+        out = prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "0"}, settings, SHARED)
+        took = time.monotonic() - started
+    finally:
+        slow.close()
+    assert out == PrologOutcome(labelled=True)  # not admitted: it runs without an MPS share
+    assert took < settings.timeout_s + settings.retry_s + 0.3, took
 
 
 # -- the shipped scripts against a noded's admin socket
@@ -361,6 +588,26 @@ def test_at_the_label_cap_a_shared_job_is_still_admitted(noded):
     assert "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100" in (n.env_dir / "job_7.env").read_text()
     run_hook("epilog", n.env("7", b""))
     assert n.holds("7") == NOTHING
+
+
+@pytest.mark.fuse
+def test_labels_noded_refuses_are_said_in_the_jobs_admin_comment(noded):
+    """A value noded refuses (category=nlp: the categories are CV, NLP, Speech) leaves the job
+    unlabelled: said where its submitter sees it (scontrol show job: AdminComment), as a
+    comment noded cannot read is, not only in slurmd's log; beside an admission's word."""
+    n = noded()
+    settings = Settings.from_environ({"NODED_SOCKET": n.server.path, "NODED_SLURM_ENV_DIR": str(n.env_dir),
+                                      "NODED_SLURM_RECORD_DIR": str(n.record_dir)})
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "0"}
+    out = prolog(env, settings, b"noded: model=BiDAF category=nlp")
+    assert out == PrologOutcome(admin_comment="noded: labels refused: labels of slurm:7: category must be one of "
+                                              "('CV', 'NLP', 'Speech'), not 'nlp'")
+    out = prolog({**env, "SLURM_JOB_ID": "8"}, settings, b"noded: model=BiDAF batch_size=7 category=nlp share=mps")
+    assert out.put_back == "hold" and out.admin_comment.startswith(
+        "noded: labels refused: labels of slurm:8: category must be one of ('CV', 'NLP', 'Speech'), not 'nlp'; "
+        "noded: refused: no profile for BiDAF")
+    assert prolog({**env, "SLURM_JOB_ID": "9"}, settings, b"noded: model=BiDAF category=NLP") == \
+        PrologOutcome(labelled=True)
 
 
 @pytest.mark.fuse
