@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Mapping
 
 from noded.capping.curve import LevelCurve
 
@@ -99,10 +100,14 @@ class CapController:
         self.threads = threads
         return curve
 
-    def update(self, measured_bps: float, busy_threads: int, held: Hold) -> Hold:
-        """The job moved ``measured_bps`` over the period it held ``held``: what next."""
+    def update(self, measured_bps: float, busy_threads: int, held: Hold,
+               in_force: Mapping[int, float] | None = None) -> Hold:
+        """The job moved ``measured_bps`` over the period it held ``held``: what next.
+        ``in_force``: each MB value's share of that period as the holder's writes really
+        landed (noded.capping.in_force), where it knows them; else the plan's shares."""
         curve = self._curve(busy_threads)
-        moved = self._learn(curve, measured_bps, held, busy_threads)
+        learnt = self._as_held(curve, measured_bps, held, in_force)
+        moved = learnt is not None and self._learn(curve, learnt[1], learnt[0], busy_threads)
         pinned = (held.low == held.high == self.values[0] and measured_bps > self.cap) or \
                  (held.low == self.values[-1] and measured_bps < self.cap)
         if moved or pinned:
@@ -113,6 +118,24 @@ class CapController:
             self.integral = max(-self.limit, min(self.limit, self.integral + self.gain * (self.cap - measured_bps)))
         self._last = self._choose(curve, self.cap + self.integral)
         return self._last
+
+    def _as_held(self, curve: LevelCurve, measured: float, held: Hold,
+                 in_force: Mapping[int, float] | None) -> tuple[Hold, float] | None:
+        """The period as it really was: ``held``'s two values at the shares they were in force,
+        and what the job moved at them. A value of another plan in force for part of it (the
+        last period's, until this one's first write landed) is taken out at what its curve
+        says; where the curve has no point for it, the period teaches nothing (None)."""
+        if in_force is None:
+            return held, measured
+        others = {v: s for v, s in in_force.items() if v not in (held.low, held.high) and s > 0}
+        if any(v not in curve.points for v in others):
+            return None
+        rest = 1.0 - sum(others.values())
+        if rest < MIN_PROBE_SHARE:
+            return None  # the plan was barely in force: its values' shares say too little
+        measured = max(0.0, (measured - sum(s * curve.points[v] for v, s in others.items())) / rest)
+        high_share = in_force.get(held.high, 0.0) / rest if held.high != held.low else 0.0
+        return Hold(held.low, held.high, min(1.0, high_share), held.unreachable), measured
 
     def _learn(self, curve: LevelCurve, measured: float, held: Hold, threads: int) -> bool:
         """Fold the period into the curve; True where the curve moved by more than noise."""
