@@ -57,7 +57,8 @@ class CapHolder:
 
     def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
                  busy_threads: Callable[[], int] | None = None, period_s: float = DEFAULT_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None):
+                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None,
+                 wait: Callable[[float], bool] | None = None):
         self.rc = rc
         self.job = job
         self.cap = cap_bps
@@ -94,6 +95,8 @@ class CapHolder:
         self.uncertain_periods = 0
         self._reset = threading.Event()  # the job's CPUs changed: what was learned is of other cores
         self._stop = threading.Event()
+        # waits up to so many seconds of ``clock``'s; True where the holder was stopped meanwhile
+        self._wait = wait or self._stop.wait
         self._thread: threading.Thread | None = None
 
     def start(self) -> "CapHolder":
@@ -201,13 +204,17 @@ class CapHolder:
 
     def _wait_until(self, when: float) -> bool:
         """True where the holder was stopped meanwhile."""
-        return self._stop.wait(max(0.0, when - self.clock()))
+        return self._wait(max(0.0, when - self.clock()))
 
     def _steer(self) -> None:
         start = self.clock()
         k = 0
         owed = HighTimeOwed(self.period)
         while not self._stop.is_set():
+            if self.clock() >= start + (k + 1) * self.period:
+                # a whole period behind (starved): the schedule starts again from now, or
+                # every period to come would end before its higher value was held
+                start, k = self.clock(), 0
             hold = self.step()
             if self._hold(hold.values if hold is not None else [(self.held.low, 1.0)],
                           start + (k + 1) * self.period, owed):
