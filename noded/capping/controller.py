@@ -42,6 +42,8 @@ DEFAULT_PERIOD_S = 0.1
 MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters
 AMD_UNIT_BYTES = 125_000_000  # 1/8 GB/s, AMD's MB unit
 MIX_DAMP_WITHIN = 0.05  # a point's correction from a mixed period this small is taken by half
+#: a period whose higher value was in force within this share of its plan was held as planned
+AS_PLANNED_WITHIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,14 @@ class Hold:
         if self.high_share >= 1:
             return [(self.high, 1.0)]
         return [(self.high, self.high_share), (self.low, 1.0 - self.high_share)]
+
+
+def _high_share(hold: Hold) -> float:
+    """The share of a period ``hold`` holds its higher value."""
+    parts = hold.values
+    if len(parts) == 2:
+        return parts[0][1]
+    return 1.0 if parts[0][0] == hold.high != hold.low else 0.0
 
 
 class CapController:
@@ -114,6 +124,12 @@ class CapController:
             self.integral = 0.0  # anti-windup: the curve took the change, or the scale ran out
         elif abs(self.cap - measured_bps) > 0.1 * self.cap:
             pass  # far from the cap: the curve's error to learn, not a bias to integrate
+        elif learnt is None or abs(_high_share(learnt[0]) - _high_share(held)) > AS_PLANNED_WITHIN:
+            # not held as planned (a starved holder's late switch, or what it paid back of
+            # one): the error is the timing's, which the holder pays back itself
+            # (noded.capping.owed); integrated, the periods that overran would count and
+            # those that paid back (far below the cap) would not
+            pass
         else:
             self.integral = max(-self.limit, min(self.limit, self.integral + self.gain * (self.cap - measured_bps)))
         self._last = self._choose(curve, self.cap + self.integral)

@@ -13,15 +13,21 @@ Counted as the least time surely in force, the error that is left (a write's own
 to the higher value's time; the controller learns from the same least time
 (noded.capping.in_force), so it takes the higher value's bandwidth as more than it is and
 plans less of it: the two errors cancel, and what does not goes under the cap. What is owed
-is bounded by half a period either way, and forgotten when the pair of values changes (a
-second at one pair says nothing of another), so a long stall is not paid back as a burst
-over the cap.
+is bounded (``MAX_OWED_SHARE``, ``MAX_AHEAD_SHARE``: less where paying it back goes over the
+cap) and forgotten when the pair of values changes (a second at one pair says nothing of
+another), so a long stall is not paid back as a burst over the cap.
 """
 
 from __future__ import annotations
 
-#: what may be owed either way, as a share of a period
+#: the most of the higher value owed to the plan, as a share of a period: paid back by
+#: holding it longer, over the cap for a while, so no more than half a period
 MAX_OWED_SHARE = 0.5
+#: the most held beyond the plan, to be taken out: paid back by holding the lower value
+#: (under the cap, the safe side), up to a whole period. Where a starved holder can only
+#: switch when its CPU quota refills, every period overruns its higher value; whole
+#: periods at the lower value now and then are then what brings the mean to the plan.
+MAX_AHEAD_SHARE = 1.0
 
 
 class HighTimeOwed:
@@ -44,5 +50,5 @@ class HighTimeOwed:
 
     def held_for(self, planned: float, surely: float) -> None:
         """The higher value was planned ``planned`` seconds and surely in force ``surely``."""
-        bound = MAX_OWED_SHARE * self.period
-        self.seconds = max(-bound, min(bound, planned - max(0.0, surely)))
+        self.seconds = max(-MAX_AHEAD_SHARE * self.period,
+                           min(MAX_OWED_SHARE * self.period, planned - max(0.0, surely)))

@@ -36,43 +36,58 @@ def job_bps(value: int) -> float:
     return THREADS * min(DEMAND_PER_THREAD, thread_limit(SKYLAKE, applied_percent(SKYLAKE, value)))
 
 
+#: the CPU quota's period (cpu.cfs_period_us): as long as the holder's, so the two can lock in phase
+CFS_PERIOD_S = 0.1
+
+
 class StarvedHost:
     """A clock, a control group and its counter for one holder, starved as a CPU quota
-    starves it: each step of its own work takes a little time and now and then a throttle's
-    worth; wake-ups are late; a write lands part-way through and returns later still. The
-    job's bytes are counted at each value from the moment its write landed, and written to
-    the group's counter file whenever the clock moves (a read sees them as of then)."""
+    starves it: in each quota period the holder's group runs until its tasks have spent the
+    quota (``runs_s``: a range, as the others' work varies), then nothing of it runs until
+    the quota refills; whatever the holder does (its own work, a wake-up, a write, which
+    lands part-way through and returns later) waits for that. The job's bytes are counted
+    at each value from the moment its write landed, and written to the group's counter file
+    whenever the holder reads the clock (it reads its counter next)."""
 
-    def __init__(self, root: str, seed: int, *, late_s: float, throttle_s: float, until_s: float):
+    def __init__(self, root: str, seed: int, *, runs_s: tuple[float, float], until_s: float):
         self.rng = random.Random(seed)
-        self.late, self.throttle, self.until = late_s, throttle_s, until_s
+        self.runs, self.until = runs_s, until_s
+        self.phase = self.rng.uniform(0.0, CFS_PERIOD_S)
+        self._quota_runs: dict[int, float] = {}
         self.t = 0.0
         self.value = 100
         self.bytes = 0.0
         self.path = root
         os.makedirs(f"{root}/mon_data/mon_L3_00")
         self.counter = f"{root}/mon_data/mon_L3_00/mbm_total_bytes"
-        self._advance(0.0)
+        self._count()
         self.limits = MbLimits(MbFlavour.PERCENT, 10, 10, 100)
         self.rc = types.SimpleNamespace(caps=types.SimpleNamespace(mb=types.SimpleNamespace(limits=self.limits)),
                                         prefix="noded-", ensure_ctrl_group=lambda name: self, proc="/proc")
 
-    def _advance(self, seconds: float) -> None:
-        self.bytes += job_bps(self.value) * seconds
-        self.t += seconds
+    def _runs_at(self, t: float) -> float:
+        """The first moment from ``t`` on when the holder's group may run."""
+        n, into = divmod(t - self.phase, CFS_PERIOD_S)
+        runs = self._quota_runs.setdefault(int(n), self.rng.uniform(*self.runs))
+        return t if into < runs else self.phase + (n + 1) * CFS_PERIOD_S
+
+    def _work(self, seconds: float) -> None:
+        """``seconds`` of the holder's (its work or its sleep), then until it runs again."""
+        until = self._runs_at(self.t + seconds)
+        self.bytes += job_bps(self.value) * (until - self.t)
+        self.t = until
+
+    def _count(self) -> None:
         with open(self.counter, "w") as f:
             f.write(f"{int(self.bytes)}\n")
 
-    def _starved(self) -> float:
-        """A throttle now and then: the quota spent, nothing of this group runs until it refills."""
-        return self.rng.uniform(0.0, self.throttle) if self.rng.random() < 0.05 else 0.0
-
     def clock(self) -> float:
-        self._advance(self.rng.uniform(0.0, 0.001) + self._starved())  # the holder's own work
+        self._work(self.rng.uniform(0.0, 0.001))  # the holder's own work
+        self._count()  # the holder reads its counter after reading its clock
         return self.t
 
     def wait(self, seconds: float) -> bool:
-        self._advance(seconds + self.rng.uniform(0.0, self.late))  # woken late
+        self._work(seconds)
         return self.t >= self.until
 
     # the control group's side
@@ -80,15 +95,12 @@ class StarvedHost:
         pass
 
     def set_mb(self, value: int) -> None:
-        self._advance(self.rng.uniform(0.0, 0.002) + self._starved())  # the write on its way
+        self._work(self.rng.uniform(0.0, 0.002))  # the write on its way
         self.value = value  # landed
-        self._advance(self.rng.uniform(0.0, 0.002) + self._starved())  # and back
+        self._work(self.rng.uniform(0.0, 0.002))  # and back
 
     def remove(self) -> None:
         pass
-
-    def bytes_at(self, t: float) -> float:
-        return self.bytes - job_bps(self.value) * (self.t - t)
 
 
 def held_rate(tmp_path, seed: int, cap: float, **starved) -> float:
@@ -112,14 +124,14 @@ def held_rate(tmp_path, seed: int, cap: float, **starved) -> float:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_holder_whose_wake_ups_and_writes_land_late_still_averages_to_the_cap(tmp_path, seed):
     cap = 20 * GB  # between what 10 % (16 GB/s) and 20 % (21.2) give: held by mixing the two
-    rate = held_rate(tmp_path, seed, cap, late_s=0.03, throttle_s=0.05)
+    rate = held_rate(tmp_path, seed, cap, runs_s=(0.02, 0.06))
     # within 5 % below, and over it by no more than 2 %: over the cap is the worse error
     assert 0.95 * cap <= rate <= 1.02 * cap, f"held at {rate / GB:.2f} GB/s against a cap of {cap / GB:g}"
 
 
 def test_an_unstarved_holder_is_held_at_the_cap_as_before(tmp_path):
     cap = 20 * GB
-    rate = held_rate(tmp_path, 0, cap, late_s=0.0, throttle_s=0.0)
+    rate = held_rate(tmp_path, 0, cap, runs_s=(CFS_PERIOD_S, CFS_PERIOD_S))
     assert 0.97 * cap <= rate <= 1.01 * cap, f"held at {rate / GB:.2f} GB/s against a cap of {cap / GB:g}"
 
 
