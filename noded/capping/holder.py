@@ -167,13 +167,13 @@ class CapHolder:
             return None
         self.last_rate = sum(r for r in rates.values() if r is not None) * (read[1] - last_read[1]) / (end - start)
         in_force = self.written.over(start, end)
+        self.threads = self.busy_threads()
         uncertain = in_force.uncertain_s + (last_read[1] - last_read[0] + read[1] - read[0]) / 2
         if uncertain > UNCERTAIN_SHARE * in_force.span:
             # starved in a read or a write: when the values changed is too little known to
             # learn from; the plan goes on as it was
             self.uncertain_periods += 1
             return self.held
-        self.threads = self.busy_threads()
         self.held = self.controller.update(self.last_rate, self.threads, self.held, in_force.shares())
         curve = self.controller.curves.get(self.controller.threads)
         self.lowest_bound = min(curve.points.values()) if curve is not None and curve.points else None
