@@ -24,6 +24,11 @@ How it chooses (one concept each):
   ramps); a higher value found to pass no more than the lower one says the lower point is
   wrong: the next period holds the lower value alone to measure it (below the cap, never
   above it).
+* What a period held is what the holder's writes really held where it says so
+  (``in_force``: a starved holder switches late), not the plan: each value's share as it
+  was in force, a value of the last plan still in force at the start taken out at its
+  point. A period not held as planned feeds no integral: its error is the timing's, which
+  the holder pays back itself (noded.capping.owed).
 * On AMD the value is an absolute limit per thread (1/8 GB/s): the first guess is the cap
   divided over the busy threads, then MBM corrects it like any other point.
 * Below the lowest value's bandwidth nothing here can meet the cap: ``Hold.unreachable``

@@ -16,6 +16,14 @@ is the slow one: one 10 % step a second, by local traffic unless the group's
 
 The MB value is the same on every domain; the cap is on the job's traffic summed over
 them (MBM counts each domain's L3; a job's threads may run on several).
+
+A holder starved of CPU (a quota, a loaded host) wakes late and writes late: the plan is
+not what was held. So each write is timed (``noded.capping.in_force``): the controller
+learns from the time each value was really in force, the higher value is timed from when
+its write returned, and what late switches took from it or added to it is paid back in the
+periods after (``noded.capping.owed``). Both count a write's own span to the lower value,
+so what error is left goes under the cap, not over it. A period whose reads and writes took
+too much of it is not learned from.
 """
 
 from __future__ import annotations
@@ -211,10 +219,11 @@ class CapHolder:
         k = 0
         owed = HighTimeOwed(self.period)
         while not self._stop.is_set():
-            if self.clock() >= start + (k + 1) * self.period:
+            now = self.clock()
+            if now >= start + (k + 1) * self.period:
                 # a whole period behind (starved): the schedule starts again from now, or
                 # every period to come would end before its higher value was held
-                start, k = self.clock(), 0
+                start, k = now, 0
             hold = self.step()
             if self._hold(hold.values if hold is not None else [(self.held.low, 1.0)],
                           start + (k + 1) * self.period, owed):
