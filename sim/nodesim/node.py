@@ -139,6 +139,7 @@ class SimNode:
         self._rng = random.Random(scenario.seed)
         self.labels: dict[str, JobMeta] = {}  # job id -> what it is (a labels file for a separate noded)
         self.domains: tuple[int, ...] = ()
+        self._last_moved: tuple[float, dict[int, float]] | None = None  # the emulator's, at the last step
 
     # -- lifecycle
     def start(self) -> "SimNode":
@@ -409,8 +410,7 @@ class SimNode:
         elapsed = self.elapsed
         self._apply_due_events(elapsed)
         self._follow_affinity()
-        rates = self.emu.control.rates()
-        per_domain = {d: sum(g.get(d, 0.0) for g in rates.values()) for d in self.domains}
+        per_domain = self._node_rates()
         peak = self.scenario.node.peak_gbps * GB
         utilisation = max((r / peak for r in per_domain.values()), default=0.0)
         utils: dict[str, float] = {}
@@ -436,6 +436,19 @@ class SimNode:
         self.publish()
         return SimState(elapsed, utilisation, sum(per_domain.values()) / GB, utils, tuple(self.procs),
                         dict(self.cores))
+
+    def _node_rates(self) -> dict[int, float]:
+        """Each domain's bytes/s since the last step (NVML's utilisation is an average over its
+        sample period, not a moment: a cap held by alternating MB values reads as its mean);
+        at the first step, the rates of this moment."""
+        assert self.emu is not None and self.emu.control is not None
+        at, moved = self.emu.control.moved()
+        last, self._last_moved = self._last_moved, (at, moved)
+        if last is None or at <= last[0]:
+            rates = self.emu.control.rates()
+            return {d: sum(g.get(d, 0.0) for g in rates.values()) for d in self.domains}
+        span = at - last[0]
+        return {d: max(0.0, moved.get(d, 0.0) - last[1].get(d, 0.0)) / span for d in self.domains}
 
     def _report_state(self, sim_id: str, rate: float) -> None:
         """Tell a reporting job its cores and contention (written only when they changed)."""

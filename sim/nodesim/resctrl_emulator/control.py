@@ -80,6 +80,12 @@ def _handle(kernel: ResctrlKernel, req: dict[str, Any]) -> dict[str, Any]:
                 out[path] = {str(d): kernel.counters[(group.rmid, d)].rate if (group.rmid, d) in kernel.counters
                              else 0.0 for d in kernel.online}
             return {"rates": out}
+        if op == "moved":
+            # Bytes moved per domain since the mount, and the kernel's clock then: a caller's
+            # average over any interval (NVML's utilisation is one over its sample period).
+            now = kernel.clock()
+            kernel.advance(now)
+            return {"at": now, "moved": {str(d): b for d, b in kernel.moved.items()}}
         if op == "task":
             st = kernel.resolve_task(int(req["tid"]))
             return {"task": None if st is None else {"closid": st.closid, "rmid": st.rmid}}
@@ -199,6 +205,11 @@ class EmulatorControl:
     def rates(self) -> dict[str, dict[int, float]]:
         raw = self.request("rates")["rates"]
         return {g: {int(d): r for d, r in v.items()} for g, v in raw.items()}
+
+    def moved(self) -> tuple[float, dict[int, float]]:
+        """The kernel's clock and the bytes moved on each domain since the mount."""
+        reply = self.request("moved")
+        return float(reply["at"]), {int(d): b for d, b in reply["moved"].items()}
 
     def task(self, tid: int) -> dict[str, int] | None:
         return self.request("task", tid=tid)["task"]

@@ -155,6 +155,9 @@ class ResctrlKernel:
         self.peak: dict[int, float] = {d: profile.peak_bytes_per_s for d in profile.domains}
         self.last_advance = clock()
         self._active: dict[int, set[int]] = {}  # domain -> RMIDs with traffic at the last advance
+        # domain -> every byte moved on it since the mount, whatever group counted it (groups
+        # come and go with their counts): what traffic averaged over a while was
+        self.moved: dict[int, float] = dict.fromkeys(self.profile.domains, 0.0)
         if profile.has_mon:
             for d in profile.domains:
                 self.counters[(0, d)] = Counter()
@@ -576,6 +579,7 @@ class ResctrlKernel:
                 c.total += c.rate * dt
                 c.local += c.rate * dt * self.profile.local_fraction
             self._active[domain] = {r for r, v in rates.items() if v > 0}
+            self.moved[domain] = self.moved.get(domain, 0.0) + sum(rates.values()) * dt
 
     # -------------------------------------------------------------------- write
     def write(self, parts: list[str], data: bytes, caller_pid: int, caller_uid: int) -> int:
