@@ -330,8 +330,10 @@ def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, 
         assert "noded did not answer within 0.5s;" in capsys.readouterr().err
 
         # The daemon gets to the backlog: the flood's connections first, then nodectl's.
-        server = serve_after_the_flood(busy, queued, b'{"ok": true, "result": {"served": true}, "version": 1}')
-        assert nodectl.request(path, "status", timeout=10) == {"served": True}
+        before_a_tick = {"paused": None, "node": None, "gpus": [], "jobs": [], "overrides": [], "missing": []}
+        server = serve_after_the_flood(busy, queued, json.dumps({"ok": True, "result": before_a_tick,
+                                                                 "version": 1}).encode())
+        assert nodectl.request(path, "status", timeout=10) == before_a_tick
         server.join(10)
         for q in queued:
             q.close()
