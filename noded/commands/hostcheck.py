@@ -79,10 +79,31 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     try:
         SecureDir(path, mode=mode, create=False, what=what).close()
     except DirectoryMissing:
-        return None  # noded makes it, under checked parents
+        return _uncreatable(path, what)  # noded makes it, under checked parents, where it can
     except SecureDirError as e:
         return e.reason
     return None
+
+
+def _uncreatable(path: str, what: str) -> str | None:
+    """Why noded could not make the missing directory ``path`` (None: nothing stops it):
+    the nearest directory above it that is there is on a read-only filesystem. noded run
+    refused it at start ('Read-only file system') where check-config, the unit's
+    ExecStartPre, had said ok."""
+    there = path
+    while not os.path.isdir(there):
+        parent = os.path.dirname(there)
+        if parent == there:
+            return None
+        there = parent
+    try:
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None  # what it is, SecureDir says when noded makes it
+    if not read_only:
+        return None
+    return (f"{what} {path}: cannot create {path}: {there} is on a read-only filesystem (under the unit's "
+            "ProtectSystem=strict, everything but its StateDirectory, RuntimeDirectory and ReadWritePaths is)")
 
 
 def watchdog_problem(tick_s: float, watchdog_s: float | None) -> str | None:
