@@ -45,7 +45,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-ANY: Shape = _leaf("anything", lambda v: True)
 STR = _leaf("a string", lambda v: isinstance(v, str))
 BOOL = _leaf("a boolean", lambda v: isinstance(v, bool))
 INT = _leaf("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool))
