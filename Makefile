@@ -172,7 +172,11 @@ install:
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
 	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
-	install -m 0644 systemd/noded.service $(DESTDIR)$(UNITDIR)/noded.service
+	@# the unit names the commands, the config and the docs where this install puts them
+	@# (BINDIR=/usr/bin left it running /usr/local/bin/noded, a file not there)
+	sed -e 's|/usr/local/bin/noded|$(BINDIR)/noded|g' -e 's|/etc/noded/noded.yaml|$(CONFDIR)/noded.yaml|g' \
+	    -e 's|file:///usr/local/share/doc/noded/|file://$(DOCDIR)/|g' systemd/noded.service \
+	    > $(DESTDIR)$(UNITDIR)/noded.service && chmod 0644 $(DESTDIR)$(UNITDIR)/noded.service
 	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(DOCDIR)/docs
 	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/  # where the README's links and the alerts' runbook_url point

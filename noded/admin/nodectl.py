@@ -10,6 +10,7 @@ import signal
 import stat
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 from noded.util import ages
@@ -17,6 +18,7 @@ from noded.util.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, opt
 from noded.util.journal import printable
 from noded.server.client import NotThePeer, ReplyTooLarge, request_line
 from noded.admin.protocol import VERSION, encode
+from noded.admin.replyshape import SHAPES, MalformedReply, check_reply
 
 DEFAULT_SOCKET = "/run/noded/noded.sock"
 GB = 1e9
@@ -24,6 +26,10 @@ GB = 1e9
 
 class NodectlError(Exception):
     pass
+
+
+class NotNodedsAnswer(NodectlError):
+    """What came back is not an answer noded gives: not JSON, or not of its command's shape."""
 
 
 class RefusedByNoded(NodectlError):
@@ -42,7 +48,9 @@ NODED_UID = 0
 
 def request(path: str, command: str, args: dict[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """One request and its reply, all within ``timeout`` seconds (not per read: a daemon
-    that answers a byte at a time cannot hold nodectl longer)."""
+    that answers a byte at a time cannot hold nodectl longer). The reply is checked whole
+    against the command's shape: one that is not noded's is NotNodedsAnswer, before any of
+    it is read."""
     try:
         buf = request_line(path, encode({"version": VERSION, "command": command, "args": args or {}}), timeout,
                            MAX_REPLY_BYTES, peer_uid=NODED_UID)
@@ -65,11 +73,19 @@ def request(path: str, command: str, args: dict[str, Any] | None = None, timeout
         raise NodectlError(f"{path}: noded closed the connection without an answer")
     try:
         reply = json.loads(buf)
-        ok, result = reply.get("ok"), reply.get("result")
-    except (ValueError, AttributeError):
-        raise NodectlError(f"{path}: not an answer from noded: {buf[:200]!r}") from None
-    if not ok:
+    except ValueError:  # not JSON, or not UTF-8
+        reply = None
+    if not isinstance(reply, dict):
+        raise NotNodedsAnswer(f"{path}: not an answer from noded: {buf[:200]!r}")
+    if not reply.get("ok"):
         raise RefusedByNoded(reply.get("error", "unknown error"))
+    result = reply.get("result")
+    if command in SHAPES:
+        try:
+            check_reply(command, result)
+        except MalformedReply as e:
+            raise NotNodedsAnswer(f"{path}: an answer to {command!r} of a shape noded does not give ({e}); "
+                                  "is it noded, of this version?") from None
     return result
 
 
@@ -214,7 +230,7 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
 def format_explain(e: dict[str, Any]) -> str:
     lines = [f"{e['job']}: {e['kind']} job, throttle level {e['level']}, {_gbps(e['bandwidth_bytes_per_s'])} GB/s"
              + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
-             f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {e['threshold']:.0%}; "
+             f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {_pct(e['threshold'], 100)}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
     pod = e.get("pod")
     if pod:
@@ -430,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     """nodectl; exit 0, 1 on an error (said on stderr), 2 on a bad command line, 3 for a
     refused admission, 130 after Ctrl-C (top ends on it with 0), 141 when stdout's reader
     went away (nodectl jobs | head)."""
+    _show_what_stdout_cannot_encode()
     try:
         try:
             ap = build_parser()
@@ -446,19 +463,32 @@ def main(argv: list[str] | None = None) -> int:
         return broken_pipe()
 
 
+def _show_what_stdout_cannot_encode() -> None:
+    """A character stdout's encoding lacks (a job named in UTF-8 on a C/latin-1 terminal,
+    PYTHONIOENCODING=ascii) is written as its escape, as Python writes stderr, not a
+    UnicodeEncodeError that ends nodectl halfway through a table."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
 def _main(args) -> int:
     try:
         return _run(args)
-    except NodectlError as e:
+    except NodectlError as e:  # noded's answers among them: checked whole where they came in
         print(f"nodectl: {printable(str(e))}", file=sys.stderr)
-        return 1
-    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
-        # A well-formed reply of the wrong shape: not one noded gives (or not this version's).
-        print(f"nodectl: {args.socket}: an answer to {args.command!r} of a shape noded does not give "
-              f"({type(e).__name__}: {e}); is it noded, of this version?", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader went away: main() ends quietly
+        raise
+    except Exception as e:
+        # Not noded's: its answer was checked before any of it was read. The traceback is
+        # for the bug report; the last line says whose error it is.
+        traceback.print_exc()
+        print(f"nodectl: {type(e).__name__} in nodectl itself, not in noded's answer: {printable(str(e))} (a bug in "
+              "nodectl; with --json it prints noded's answer as it came)", file=sys.stderr)
+        return 1
 
 
 def _top(args) -> int:

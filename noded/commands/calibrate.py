@@ -145,16 +145,22 @@ def measure_peak_gbps(seconds: float, size_mib: int = 512, threads: int | None =
 
 def calibrate(state_dir: str, command: str, seconds: float = 10, size_mib: int = 512, threads: int | None = None,
               progress: Progress | None = None) -> tuple[Calibration, str]:
-    """Measure, then write ``calibration.json`` into ``state_dir``: (the calibration, its path).
-    The state directory is checked (and made, 0700) first, so a bad one is refused before
-    the measurement; raises SecureDirError or StateWriteError for it."""
+    """Measure, then write ``calibration.json`` into ``state_dir``: (the calibration, its
+    absolute path). The state directory is checked (and made, 0700) first, so a bad one is
+    refused before the measurement; raises SecureDirError or StateWriteError for it.
+
+    A relative ``state_dir`` is taken from the current directory and the path returned is
+    absolute: noded's state_dir must be absolute, so the operator is shown the one its
+    config must name for noded to read this (a bare 'state' read as noded's own was a
+    calibration no noded read)."""
+    state_dir = os.path.abspath(state_dir)
     with SecureDir(state_dir, mode=0o700) as d:
         total = measure_peak_gbps(seconds, size_mib, threads, progress)
         domains = l3_domains()
         cal = Calibration(round(total / domains, 2), domains,
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), command)
         write_calibration(d, cal)
-    return cal, calibration_path(state_dir)  # as the caller named it
+    return cal, calibration_path(state_dir)
 
 
 def main(state_dir: str, seconds: float, size_mib: int, threads: int | None, command: str) -> int:
@@ -181,6 +187,7 @@ def main(state_dir: str, seconds: float, size_mib: int, threads: int | None, com
         return 1
     print(f"peak {cal.peak_gbps_per_domain:.2f} GB/s per L3 domain ({cal.domains} domain(s)); wrote {path}\n"
           f"command: {cal.command}\n"
-          f"noded uses it at its next start or reload where its config leaves peak_gbps_per_domain unset",
+          f"noded uses it at its next start or reload where its config's state_dir is {os.path.dirname(path)} "
+          "and its peak_gbps_per_domain unset",
           flush=True)
     return 0

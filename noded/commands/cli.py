@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "beyond any last-level cache (default: 512)")
     cal.add_argument("--threads", type=int, help="measuring threads, pinned to the CPUs in turn "
                      "(default: one per CPU)")
-    cal.add_argument("--state-dir", default="/var/lib/noded", help="noded's state_dir, where calibration.json goes "
+    cal.add_argument("--state-dir", default="/var/lib/noded", help="noded's state_dir, where calibration.json goes; "
+                     "a relative one is taken from the current directory, and the absolute path written is printed "
                      "(default: /var/lib/noded)")
     sim = sub.add_parser("sim", help="run the simulated GPU node from a scenario file, with noded's telemetry")
     sim.add_argument("--scenario", required=True, help="scenario YAML (see scenarios/)")
@@ -123,6 +124,8 @@ def _calibrate(args: argparse.Namespace, argv: list[str] | None, cal: argparse.A
                   f"got {args.seconds:g}")
     if args.size < 1:
         cal.error(f"--size must be at least 1 MiB, got {args.size}")
+    if not args.state_dir:  # taken from the current directory, it would be the current directory
+        cal.error("--state-dir is empty: name noded's state_dir (its config's state_dir, default /var/lib/noded)")
     if args.threads is not None and args.threads < 1:
         cal.error(f"--threads must be at least 1, got {args.threads}")
     cpus = len(os.sched_getaffinity(0))

@@ -79,21 +79,60 @@ def _directory(path: str, mode: int, what: str) -> str | None:
     try:
         SecureDir(path, mode=mode, create=False, what=what).close()
     except DirectoryMissing:
-        return None  # noded makes it, under checked parents
+        return _uncreatable(path, what)  # noded makes it, under checked parents, where it can
     except SecureDirError as e:
         return e.reason
     return None
 
 
-def start_check(config: Config, *, path: str | None = None, reloading: bool = False) -> StartCheck:
+def _uncreatable(path: str, what: str) -> str | None:
+    """Why noded could not make the missing directory ``path`` (None: nothing stops it):
+    the nearest directory above it that is there is on a read-only filesystem. noded run
+    refused it at start ('Read-only file system') where check-config, the unit's
+    ExecStartPre, had said ok."""
+    there = path
+    while not os.path.isdir(there):
+        parent = os.path.dirname(there)
+        if parent == there:
+            return None
+        there = parent
+    try:
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None  # what it is, SecureDir says when noded makes it
+    if not read_only:
+        return None
+    return (f"{what} {path}: cannot create {path}: {there} is on a read-only filesystem (under the unit's "
+            "ProtectSystem=strict, everything but its StateDirectory, RuntimeDirectory and ReadWritePaths is)")
+
+
+def watchdog_problem(tick_s: float, watchdog_s: float | None) -> str | None:
+    """Why systemd's watchdog would kill a noded ticking every ``tick_s`` (None: it would
+    not, or there is no watchdog). The loop tells the watchdog once a round, and a round
+    lasts a tick at least: one longer than half the watchdog's interval (the margin
+    sd_watchdog_enabled(3) asks for) gets noded killed, restarted and killed again, with
+    check-config content (it cannot know the unit's WatchdogSec)."""
+    if watchdog_s is None or tick_s <= watchdog_s / 2:
+        return None
+    return (f"{tick_s:g} seconds is longer than half of systemd's watchdog interval ({watchdog_s:g}s, the unit's "
+            f"WatchdogSec): noded tells the watchdog once a tick and would be killed as hung; give at most "
+            f"{watchdog_s / 2:g}, or raise WatchdogSec to at least twice tick_s")
+
+
+def start_check(config: Config, *, path: str | None = None, reloading: bool = False,
+                watchdog_s: float | None = None) -> StartCheck:
     """What `noded run` would refuse at start with ``config`` (read from the file at
     ``path``) on this host, and what it would start without; creates and changes nothing.
     ``reloading``: the noded asking runs, and its sockets and port are its own (a change
-    to them needs a restart)."""
+    to them needs a restart). ``watchdog_s``: systemd's watchdog interval for the noded
+    that would run it (None: none, or not known, as to check-config)."""
     from noded.stores.lockfile import instance_holder
 
     check = StartCheck()
     out = check.problems
+    reason = watchdog_problem(config.tick_s, watchdog_s)
+    if reason:
+        out.append(("tick_s", reason))
     if path is not None:
         reason = untrusted_reason(path, "the config file")
         if reason:

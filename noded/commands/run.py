@@ -95,8 +95,9 @@ def _run(args, signals: Signals) -> int:
 
 
 def _start_and_run(args, config: Config, signals: Signals, stack: ExitStack) -> int:
-    # what check-config checks, by the same code; before anything is made
-    check = start_check(config, path=args.config)
+    # what check-config checks, by the same code, and what only systemd's noded knows (its
+    # watchdog's interval); before anything is made
+    check = start_check(config, path=args.config, watchdog_s=SystemdNotifier().watchdog_s)
     if check.problems:
         raise StartError("; ".join(f"{key}: {reason}" for key, reason in check.problems))
     for key, what in check.warnings:
@@ -183,7 +184,7 @@ def _reload(path: str, settle) -> Config | None:
         # What `noded run` and check-config refuse on this host, a reload refuses whole:
         # taken as far as the schema goes, it would be half applied (the new tick, the old
         # job source that could not be used).
-        check = start_check(config, path=path, reloading=True)
+        check = start_check(config, path=path, reloading=True, watchdog_s=SystemdNotifier().watchdog_s)
         if check.problems:
             raise refusal(path, check.problems)
         for key, what in check.warnings:

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from noded.util.ages import format_age
+from noded.util.journal import word  # a GPU tenant's name in another job's reason: one word, no key of its own
 from noded.policy.baselines import LEARNED, Known
 from noded.config import ContentionConfig
 from noded.samplers.sample import CPU, GPU, Sample
@@ -262,7 +263,7 @@ def _contention_step(levels: _Levels, sample: Sample, share: float | None, confi
         job = candidates[0]
         worst = min(slowed, key=lambda j: jobs[j].gpu_util / baselines[j])
         levels.set_level(job, levels.of(job) + 1, CONTENTION,
-                   f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {worst} at "
+                   f"node bandwidth {share:.0%} >= {config.threshold:.0%} of peak and GPU job {word(worst)} at "
                    f"{jobs[worst].gpu_util:.0f}% < baseline {baselines[worst]:.0f}%"
                    f"{'' if sources.get(worst) == LEARNED else f' (from its {sources.get(worst)} history)'}"
                    f"; heaviest CPU job "
@@ -324,7 +325,7 @@ def held_because(job: str, throttle: Throttle, *, share: float | None, triggered
                 f"contention.missing_release_s ({c.missing_release_s:g}s), then every throttle is",)
     if triggered:
         out.append(f"contention goes on: node bandwidth {share:.0%} of peak >= threshold {c.threshold:.0%} and GPU "
-                   f"job(s) {', '.join(slowed)} below their baseline")
+                   f"job(s) {', '.join(map(word, slowed))} below their baseline")
     elif share >= c.release_threshold:
         out.append(f"node bandwidth {share:.0%} of peak is not below the release threshold "
                    f"{c.release_threshold:.0%} (contention.release_threshold)")

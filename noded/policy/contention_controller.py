@@ -14,7 +14,7 @@ from noded.knobs.controller import Found, Proposals, Proposer, Reading
 from noded.policy.baselines import BaselineStore
 from noded.policy.contention import NOTHING_LEFT_TO_THROTTLE, Decision, PolicyState, decide
 from noded.samplers.sample import GPU
-from noded.util.journal import log_change
+from noded.util.journal import log_change, word
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def nothing_left_to_throttle(decision: Decision) -> str | None:
     if decision.note != NOTHING_LEFT_TO_THROTTLE:
         return None
     return (f"node bandwidth {decision.node_share:.0%} of peak and GPU job"
-            f"{'s' * (len(decision.slowed) > 1)} {', '.join(decision.slowed)} below baseline, but no CPU "
+            f"{'s' * (len(decision.slowed) > 1)} {', '.join(map(word, decision.slowed))} below baseline, but no CPU "
             "job can be throttled further (exempt, overridden, at its deepest level, or its bandwidth "
             "unknown): `nodectl explain JOB` says which")
 

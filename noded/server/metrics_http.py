@@ -12,7 +12,9 @@ hardware.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from typing import Callable
 from typing import Protocol as Interface
 
 from prometheus_client import CollectorRegistry
@@ -71,13 +73,57 @@ def parse_http_request(head: bytes) -> HttpRequest:
     return HttpRequest(parts[0], parts[1].split("?", 1)[0], headers)
 
 
+#: after a render of the metrics the endpoint rests this many times as long as the render
+#: took (at most RENDER_REST_MAX_S) before it renders again: any local user may scrape, a
+#: render of a thousand jobs is some 70 ms of Python holding the GIL the control loop needs,
+#: and scrapes back to back would otherwise take it whole. Scrapes that arrive meanwhile
+#: wait, and are answered together from one render made after each of them arrived.
+RENDER_REST_FACTOR = 3.0
+#: the longest rest, well within a scrape's deadline (Limits.deadline_s) and Prometheus's
+RENDER_REST_MAX_S = 1.0
+
+
 class MetricsHttp(Protocol):
     """``health``: why the loop is not alive, or None while it is (and ``describe`` then
-    says so in words); without it /healthz is 404."""
+    says so in words); without it /healthz is 404. Renders are paced (RENDER_REST_FACTOR)
+    by ``clock`` (the server's)."""
 
-    def __init__(self, registry: CollectorRegistry, health: Health | None = None):
+    def __init__(self, registry: CollectorRegistry, health: Health | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
         self.registry = registry
         self.health = health
+        self.clock = clock
+        self.renders = 0  # how many times the registry was rendered
+        self._rest_until = 0.0
+        self._batch: dict[str, bytes] | None = None  # content type -> its render, within a batch
+
+    def paced(self, request: bytes) -> bool:
+        """A scrape of /metrics (a render); /healthz and the rest are answered at once."""
+        try:
+            return parse_http_request(request).path == "/metrics"
+        except HttpError:
+            return False
+
+    def resting_until(self) -> float:
+        return self._rest_until
+
+    def batch(self, on: bool) -> None:
+        self._batch = {} if on else None
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        if self._batch is not None and content_type in self._batch:
+            return self._batch[content_type], content_type  # rendered after this request arrived
+        began = self.clock()
+        try:
+            body = encoder(self.registry)
+        finally:
+            self.renders += 1
+            ended = self.clock()
+            self._rest_until = ended + min(RENDER_REST_MAX_S, max(0.0, ended - began) * RENDER_REST_FACTOR)
+        if self._batch is not None:
+            self._batch[content_type] = body
+        return body, content_type
 
     def framed(self, data: bytearray, new_from: int, eof: bool) -> bytes | None:
         start = max(0, new_from - 3)
@@ -105,8 +151,7 @@ class MetricsHttp(Protocol):
                 return http_response(503, f"{why}\n".encode(), head=head)
             return http_response(200, f"ok: {self.health.describe()}\n".encode(), head=head)
         try:
-            encoder, content_type = choose_encoder(req.headers.get("accept", ""))
-            body = encoder(self.registry)
+            body, content_type = self._render(req.headers.get("accept", ""))
         except Exception:
             log.exception("metrics: rendering failed")
             return http_response(500, b"rendering the metrics failed; see noded's log\n")

@@ -40,7 +40,7 @@ import socket
 import struct
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -167,9 +167,25 @@ class Protocol:
         """The answer to a connection held for ``hold``'s seconds: its request was not read."""
         return b""
 
+    def paced(self, request: bytes) -> bool:
+        """Whether the answer to ``request`` is a costly one, paced by ``resting_until``
+        (others are answered at once, rest or not)."""
+        return False
+
+    def resting_until(self) -> float:
+        """The server's clock time before which no paced request is answered (0: answer
+        now): a protocol whose answers are costly paces itself. A complete request waits,
+        within its deadline; when the rest ends every waiting request is answered in one
+        batch (``batch``), each having arrived before any of the batch's answers was made."""
+        return 0.0
+
+    def batch(self, on: bool) -> None:
+        """Answers between ``batch(True)`` and ``batch(False)`` are to requests that all
+        arrived before the first of them was made: one costly answer may serve them all."""
+
 
 class _Conn:
-    __slots__ = ("sock", "peer", "deadline", "inbuf", "out", "sent", "refusal", "unread", "draining")
+    __slots__ = ("sock", "peer", "deadline", "inbuf", "out", "sent", "refusal", "unread", "draining", "request")
 
     def __init__(self, sock: socket.socket, peer: Peer, deadline: float):
         self.sock = sock
@@ -181,6 +197,7 @@ class _Conn:
         self.refusal: bytes | None = None
         self.unread = False  # reading stopped before the client was done sending (too large)
         self.draining = 0  # bytes read and discarded after the reply; counts once the reply is out
+        self.request: bytes | None = None  # a complete request waiting for the protocol's rest to end
 
 
 @dataclass
@@ -218,6 +235,7 @@ class StreamServer:
         self._conns: OrderedDict[_Conn, None] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[_Conn, None]] = {}
         self._held: list[tuple[float, int, _Conn]] = []  # (answer at, tie, connection): a heap
+        self._waiting: deque[_Conn] = deque()  # complete requests, unanswered while the protocol rests
         self._stop = threading.Event()
         self._wake_r: socket.socket | None = None  # a socket pair that wakes the thread for stop()
         self._wake_w: socket.socket | None = None
@@ -292,6 +310,8 @@ class StreamServer:
             waits.append(self._resume_at - now)
         if self._held:
             waits.append(self._held[0][0] - now)
+        if self._waiting:
+            waits.append(self.protocol.resting_until() - now)
         events = self._sel.select(max(0.0, min(waits)) if waits else None)
         # Clients first, new connections last: a request that has arrived is answered
         # before newcomers could push its connection out.
@@ -322,6 +342,7 @@ class StreamServer:
                     self._close(conn)
         now = self.clock()
         self._answer_held(now)
+        self._answer_waiting(now)
         while self._conns:
             conn = next(iter(self._conns))
             if conn.deadline > now:
@@ -455,15 +476,47 @@ class StreamServer:
                 self._log.log(logging.WARNING, "abandoned", "%s: %s hung up before its request was read: "
                               "not carried out", self.name, conn.peer.key)
                 self._close(conn)
+            elif self.protocol.paced(request) and (self._waiting or self.protocol.resting_until() > self.clock()):
+                conn.request = request
+                self._sel.unregister(conn.sock)  # nothing more is read from it until it is answered
+                self._waiting.append(conn)
             else:
-                self._reply(conn, self.protocol.respond(request, conn.peer))
-                self.stats.served += 1
+                self._answer(conn, request)
         elif len(conn.inbuf) > self.limits.max_request_bytes:
             self.stats.too_large += 1
             conn.unread = True
             self._reply(conn, self.protocol.too_large(self.limits.max_request_bytes))
         elif not data:
             self._close(conn)  # the client went away before its request was complete
+
+    def _answer(self, conn: _Conn, request: bytes) -> None:
+        self._reply(conn, self.protocol.respond(request, conn.peer))
+        self.stats.served += 1
+
+    def _answer_waiting(self, now: float) -> None:
+        """Once the protocol's rest is over: every request that waited for it, in one batch."""
+        if not self._waiting or self.protocol.resting_until() > now:
+            return
+        waiting, self._waiting = self._waiting, deque()
+        self.protocol.batch(True)
+        try:
+            for conn in waiting:
+                if conn not in self._conns:
+                    continue  # evicted or past its deadline meanwhile
+                request, conn.request = conn.request, None
+                if hung_up(conn.sock):
+                    self.stats.abandoned += 1
+                    self._close(conn)
+                    continue
+                self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+                try:
+                    self._answer(conn, request)
+                except Exception:  # a bug must cost a connection, never the batch
+                    self._log.log(logging.ERROR, "bug", "%s: error serving %s", self.name, conn.peer.key,
+                                  exc_info=True)
+                    self._close(conn)
+        finally:
+            self.protocol.batch(False)
 
     def _reply(self, conn: _Conn, reply: bytes) -> None:
         conn.out = memoryview(reply)

@@ -56,6 +56,43 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
+def _escape(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def word(value: str) -> str:
+    """``value`` as one word of a ``key=value`` line: printable, with each space (any
+    Unicode space), ``=`` and quote written as its escape (``\\x20``, ``\\x3d``, ``\\x22``).
+    A tenant's cgroup named ``x job=slurm:42 level=0->3`` is then one word holding no
+    ``=`` of its own: it adds no key of its own to the line, and a search for
+    ``job=slurm:42`` finds only slurm:42's lines."""
+    return "".join(_escape(c) if c.isspace() or c in "=\"'" else c for c in printable(value))
+
+
+#: a printf-style placeholder of a log message, as logging's %-formatting reads them
+_PLACEHOLDER = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[diouxXeEfFgGcrsa%]")
+
+
+def with_values_as_words(record: logging.LogRecord) -> logging.LogRecord:
+    """``record`` with each string put in as ``key=%s`` made one ``word``: what a message
+    says after ``job=`` (a job id from a tenant's cgroup name, a model name from a job's
+    labels) cannot become keys and values of its own. Other arguments as they are."""
+    args = record.args
+    if not isinstance(args, tuple) or not any(isinstance(a, str) for a in args):
+        return record
+    msg, out, i = str(record.msg), list(args), 0
+    for m in _PLACEHOLDER.finditer(msg):
+        spec = m.group()
+        if spec == "%%":
+            continue
+        if "*" in spec:  # a width taken from the arguments: the count below would be off
+            return record
+        if i < len(out) and spec.endswith("s") and isinstance(out[i], str) and msg[m.start() - 1:m.start()] == "=":
+            out[i] = word(out[i])
+        i += 1
+    return logging.makeLogRecord({**vars(record), "args": tuple(out)})
+
+
 def syslog_priority(levelno: int) -> int:
     """Python level -> syslog priority (2 crit, 3 err, 4 warning, 5 notice, 6 info, 7 debug)."""
     if levelno >= logging.CRITICAL:
@@ -136,6 +173,7 @@ class LineHandler(logging.StreamHandler):
         # kernels before 5.2; a registered one) is escaped before it is put in: it cannot
         # split the message into lines of its own. The message's own lines (a traceback)
         # stay lines, each with its priority.
+        record = with_values_as_words(record)
         if isinstance(record.args, tuple) and any(isinstance(a, str) for a in record.args):
             record = logging.makeLogRecord(
                 {**vars(record), "args": tuple(printable(a) if isinstance(a, str) else a for a in record.args)})
@@ -179,7 +217,8 @@ class JournalHandler(logging.Handler):
         self.fallback.setFormatter(fmt)
 
     def fields(self, record: logging.LogRecord) -> list[tuple[str, str]]:
-        out = [("MESSAGE", self.format(record)), ("PRIORITY", str(syslog_priority(record.levelno))),
+        out = [("MESSAGE", self.format(with_values_as_words(record))),
+               ("PRIORITY", str(syslog_priority(record.levelno))),
                ("SYSLOG_IDENTIFIER", self.identifier), ("CODE_FILE", record.pathname),
                ("CODE_LINE", str(record.lineno)), ("CODE_FUNC", record.funcName), ("LOGGER", record.name)]
         return out + sorted(record_fields(record).items())
@@ -267,7 +306,7 @@ def log_change(action: str, job: str | None = None, *, level_from: int | None = 
         return
     words = [action]
     if job is not None:
-        words.append(f"job={job}")
+        words.append(f"job={word(job)}")  # the journal's NODED_JOB keeps it exactly
     if level_to is not None:
         words.append(f"level={level_to}" if level_from is None else f"level={level_from}->{level_to}")
     if cause:

@@ -252,3 +252,25 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
     assert not (stage / "usr/local/lib/noded").exists() and (stage / "etc/noded/slurm-hooks.conf").exists()
     assert not (stage / "etc/systemd/system/noded.service.d").exists()
     assert (stage / "etc/noded/noded.yaml").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.own_install
+@pytest.mark.timeout(360)
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="make install uses the system Python")
+def test_make_install_elsewhere_points_the_unit_where_it_put_the_commands_config_and_docs(tmp_path):
+    """`make install BINDIR=/usr/bin CONFDIR=... DOCDIR=...` (a careless operator's, or a
+    distribution's, layout): the unit named /usr/local/bin/noded and /etc/noded/noded.yaml
+    still, and systemd could not start noded (a command not there)."""
+    stage = tmp_path / "stage"
+    dirs = {"BINDIR": "/usr/bin", "CONFDIR": "/etc/noded-site", "DOCDIR": "/usr/share/doc/noded-site"}
+    p = subprocess.run(["make", "install", f"DESTDIR={stage}", *(f"{k}={v}" for k, v in dirs.items())],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    settings = unit_settings(str(stage / "etc/systemd/system/noded.service"))
+    assert settings[("Service", "ExecStart")] == ["/usr/bin/noded run --config /etc/noded-site/noded.yaml"]
+    assert settings[("Service", "ExecStartPre")] == ["/usr/bin/noded check-config /etc/noded-site/noded.yaml"]
+    for path in referenced_paths(settings):
+        assert os.path.exists(_in_stage(stage, path)) or (path.startswith("/bin/") and os.path.exists(path)), \
+            f"the unit names {path}, which make install did not put there"
+    assert oct(os.stat(stage / "etc/systemd/system/noded.service").st_mode & 0o777) == "0o644"

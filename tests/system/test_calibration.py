@@ -2,6 +2,7 @@
 directory (what `noded calibrate` measures and writes); else the default, said so."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -82,6 +83,27 @@ def test_noded_calibrate_measures_and_writes_what_noded_reads(tmp_path):
     assert f"wrote {state}/calibration.json" in p.stdout and oct(state.stat().st_mode & 0o777) == "0o700"
     config, note = with_node_peak(Config(state_dir=str(state)))
     assert config.peak_gbps_per_domain == cal.peak_gbps_per_domain and f"by `{cal.command}`" in note
+
+
+def test_noded_calibrate_says_the_absolute_state_dir_noded_must_name_for_a_relative_one(tmp_path):
+    """`make bench` passes a relative --state-dir (bench/out/state): it is taken from the
+    current directory, and the output names the absolute one (it said 'wrote
+    rel/calibration.json', and noded's state_dir, which must be absolute, never reads that)."""
+    p = subprocess.run([sys.executable, "-m", "noded", "calibrate", "--seconds", "2", "--size", "8",
+                        "--state-dir", "out/state"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert p.returncode == 0, p.stderr
+    state = tmp_path / "out" / "state"
+    assert read_calibration(str(state)).command == "noded calibrate --seconds 2 --size 8 --state-dir out/state"
+    assert f"wrote {state}/calibration.json\n" in p.stdout
+    assert f"where its config's state_dir is {state} and its peak_gbps_per_domain unset" in p.stdout
+
+
+def test_noded_calibrate_refuses_an_empty_state_dir(tmp_path):
+    """'' taken from the current directory would be the current directory."""
+    p = subprocess.run([sys.executable, "-m", "noded", "calibrate", "--state-dir", ""], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert p.returncode == 2 and "--state-dir is empty" in p.stderr and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("args, message", [

@@ -284,3 +284,29 @@ def test_a_reload_refuses_what_check_config_refuses_and_changes_nothing(tmp_path
     assert (f"config reload refused, keeping the running config: {cfg}:{line_of(cfg, 'jobs')}: jobs.sources[0].root: "
             f"{tmp_path}/no-such-tree is not a directory") in run.err, run.err
     assert "config reloaded" not in run.err, run.err
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory on a read-only filesystem (as all but the unit's writable paths are
+    under ProtectSystem=strict)."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.parametrize("key", ["state_dir", "runtime_dir"])
+def test_a_directory_noded_cannot_make_on_a_read_only_filesystem_is_refused_by_check_config_too(tmp_path, key,
+                                                                                                read_only_dir):
+    """check-config said 'ok' to a state_dir (or runtime_dir) to be made on a read-only
+    filesystem, and noded run then refused it ('Read-only file system')."""
+    cfg = write_config(tmp_path, **{key: f"{read_only_dir}/noded"})
+    check = noded("check-config", str(cfg))
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (f"{cfg}:{line_of(cfg, key)}: {key}: ") in check.stderr
+    assert f"cannot create {read_only_dir}/noded: {read_only_dir} is on a read-only filesystem" in check.stderr
+    start = noded("run", "--config", str(cfg))
+    assert start.returncode == 1 and f"cannot create {read_only_dir}/noded" in start.stderr, start.stderr

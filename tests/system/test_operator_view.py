@@ -94,7 +94,8 @@ def test_on_a_terminal_no_escape_sequence_of_a_job_id_reaches_it(root_logging):
         log_change("admit", "slurm:7\x1b]52;c;ZWNobyBwd25lZA==\x07", reason="GPU 0 is free\x1b[1A\x1b[2K")
         got = reader.read(4096).decode()
     assert "\x1b" not in got and "\x07" not in got
-    assert got == ("noded.changes: admit job=slurm:7\\x1b]52;c;ZWNobyBwd25lZA==\\x07: "
+    # (the id's '=' escaped too: one word after job=, no key of its own)
+    assert got == ("noded.changes: admit job=slurm:7\\x1b]52;c;ZWNobyBwd25lZA\\x3d\\x3d\\x07: "
                    "GPU 0 is free\\x1b[1A\\x1b[2K\r\n")
 
 

@@ -29,7 +29,7 @@ from noded.loop.daemon import TickResult
 from noded.jobs.discovery import RegisteredLabels
 from noded.jobs.model import JobMeta
 from noded.samplers.mongroups import group_name
-from noded.util.journal import LineHandler, _UNPRINTABLE, encode_native, printable
+from noded.util.journal import LineHandler, _UNPRINTABLE, encode_native, log_change, printable, word
 from noded.loop.metrics import NodedCollector
 from noded.policy.contention import Decision
 from noded.samplers.sample import CPU, JobSample, Sample
@@ -101,10 +101,48 @@ def test_log_lines_and_nodectl_text_take_any_id_and_show_it_escaped(job_id):
     handler.handleError = lambda record: pytest.fail("the log line could not be written")  # noqa: ARG005
     handler.emit(logging.LogRecord("noded", logging.WARNING, __file__, 1, "job=%s held", (job_id,), None))
     stream.seek(0)
-    assert stream.buffer.getvalue().decode() == f"<4>job={shown} held\n"
+    # one word after job= (its spaces, '=' and quotes escaped too): it cannot add keys of its own
+    assert stream.buffer.getvalue().decode() == f"<4>job={word(job_id)} held\n"
+    assert " " not in word(job_id) and "=" not in word(job_id)
     # nodectl's text output: every string of an answer through shown(), then a strict stdout
     answer = json.loads(json.dumps({"job": job_id, "labels": {"model": "x"}}))  # as the socket carries it
     nodectl.shown(answer)["job"].encode("utf-8")
+
+
+FORGERS = ["cgroup:x job=slurm:42 level=0->3 cause=operator", "cgroup:x\tjob=slurm:42", "cgroup:x\u3000job=slurm:42",
+           "cgroup:x' job='slurm:42", 'cgroup:x" job="slurm:42', "cgroup:x: release job=slurm:42"]
+
+
+def _change_line(job_id: str) -> str:
+    """The line log_change writes for a throttle of ``job_id``, as a journald stream reads it."""
+    stream = io.StringIO()
+    handler = LineHandler(stream, prefix=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("noded.changes")
+    logger.addHandler(handler)
+    try:
+        log_change("throttle", job_id, level_from=0, level_to=2, cause="contention", reason="r")
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("job_id", FORGERS)
+def test_a_tenants_name_adds_no_key_of_its_own_to_a_change_line(job_id):
+    """A cgroup named 'x job=slurm:42 level=0->3 ...' made 'throttle job=cgroup:x job=slurm:42
+    level=0->3 ...': another tenant's job, and a level, that noded never wrote, and a search
+    for job=slurm:42 found a line about cgroup:x."""
+    line = _change_line(job_id)
+    assert line == f"throttle job={word(job_id)} level=0->2 cause=contention: r\n"
+    assert "job=slurm:42" not in line and line.count("=") == 3
+
+
+@SETTINGS
+@given(JOB_ID)
+def test_a_change_line_has_one_job_word_for_any_id(job_id):
+    line = _change_line(job_id)
+    m = re.fullmatch(r"throttle job=(\S+) level=0->2 cause=contention: r\n", line)
+    assert m and m.group(1) == word(job_id) and "=" not in m.group(1)
 
 
 @SETTINGS
