@@ -13,40 +13,7 @@ from support.waiting import wait_for
 from resctrl.cpulist import format_cpu_list
 from nodesim.resctrl_emulator import MountedEmulator
 
-# one worker for the module: its mounts (below) are started once per worker that runs it
-pytestmark = [pytest.mark.fuse, pytest.mark.xdist_group("fuse-fidelity")]
-
-
-@pytest.fixture(scope="module")
-def mounts(tmp_path_factory):
-    """One mount per profile and options for the whole module, unmounted after it."""
-    started: dict[tuple[str, ...], MountedEmulator] = {}
-
-    def mount(*profile_and_args: str) -> MountedEmulator:
-        if profile_and_args not in started:
-            workdir = tmp_path_factory.mktemp("emu")
-            started[profile_and_args] = MountedEmulator(profile_and_args[0], workdir=str(workdir),
-                                                        extra_args=list(profile_and_args[1:])).start()
-        return started[profile_and_args]
-
-    yield mount
-    for emu in started.values():  # all told at once: each takes a while to unmount
-        emu.proc.terminate()
-    for emu in started.values():
-        emu.stop()
-
-
-@pytest.fixture
-def emulator(mounts):
-    """Factory: emulator(profile, *extra_args) -> the module's mount of that profile and those
-    options, reset to how it came up (a fresh mount's state: see test_reset_is_a_fresh_mount)."""
-
-    def reset_mount(profile: str = "intel", *extra_args: str) -> MountedEmulator:
-        emu = mounts(profile, *extra_args)
-        emu.control.reset()
-        return emu
-
-    return reset_mount
+pytestmark = pytest.mark.fuse  # its mounts: one per profile and options, reset between tests (conftest.py)
 
 
 def sh(cmd: str, cwd: str) -> tuple[int, str, str]:
