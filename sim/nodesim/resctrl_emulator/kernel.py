@@ -31,7 +31,7 @@ from resctrl.cpulist import format_cpu_list as _format_cpu_list
 from resctrl.cpulist import parse_cpu_list as _parse_cpu_list
 from resctrl.cpulist import parse_cpu_mask as _parse_cpu_mask
 from nodesim.resctrl_emulator import mba, procfs
-from nodesim.resctrl_emulator.profiles import MON_EVENTS, Profile
+from nodesim.resctrl_emulator.profiles import Profile
 
 CTRL = "ctrl_mon"
 MON = "mon"
