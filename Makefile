@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
+.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -180,9 +180,7 @@ install:
 	install -m 0644 README.md LICENSE systemd/remote-scrape.conf $(DESTDIR)$(DOCDIR)/
 	install -d $(DESTDIR)$(DOCDIR)/docs
 	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/docs/  # where the README's links and the alerts' runbook_url point
-	@if test -e $(DESTDIR)$(CONFDIR)/noded.yaml; then \
-	  echo "kept $(CONFDIR)/noded.yaml: keys new in this version take their defaults (config/noded.yaml lists every key); before the restart: noded check-config $(CONFDIR)/noded.yaml"; \
-	else install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml; fi
+	@$(MAKE) --no-print-directory install-config
 	install -d $(DESTDIR)$(SLURMHOOKDIR) $(DESTDIR)$(DOCDIR)/slurm
 	for hook in prolog epilog task-prolog; do \
 	  sed 's|/opt/noded/bin/python|$(APPDIR)/bin/python|; s|/etc/noded/slurm-hooks.conf|$(CONFDIR)/slurm-hooks.conf|' \
@@ -192,6 +190,14 @@ install:
 	@if [ -z "$(DESTDIR)" ]; then getent group $(ADMIN_GROUP) >/dev/null || groupadd --system $(ADMIN_GROUP); \
 	  systemctl daemon-reload 2>/dev/null || true; \
 	  echo "installed; now: systemctl enable --now noded"; fi
+
+# The commented default config, unless the host has one (an operator's config survives a
+# reinstall); part of `install`, a target of its own so that its tests need no venv built.
+install-config:
+	@install -d $(DESTDIR)$(CONFDIR)
+	@if test -e $(DESTDIR)$(CONFDIR)/noded.yaml; then \
+	  echo "kept $(CONFDIR)/noded.yaml: keys new in this version take their defaults (config/noded.yaml lists every key); before the restart: noded check-config $(CONFDIR)/noded.yaml"; \
+	else install -m 0644 config/noded.yaml $(DESTDIR)$(CONFDIR)/noded.yaml; fi
 
 uninstall:
 	@if [ -z "$(DESTDIR)" ]; then systemctl disable --now noded 2>/dev/null || true; fi

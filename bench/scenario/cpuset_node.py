@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import threading
 import uuid
+from typing import Callable
 
 from noded.samplers.cpus import read_cpuset_file
 from noded.config import Config, JobsConfig, JobSourceConfig, ResctrlConfig
@@ -191,8 +192,11 @@ class CpusetNode:
             jobs=JobsConfig(sources=(JobSourceConfig("cgroup", self.cpusets.base, ("victim", "stressor")),)),
             contention=dataclasses.replace(SCENARIO_CONTENTION, method=method))
 
-    def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None) -> dict:
-        """Victim alone (share None) or beside the stressor at ``share`` of the peak."""
+    def run_cell(self, share: float | None, with_noded: bool, warmup_s: int, seconds: int, progress=None,
+                 until: Callable[[], bool] | None = None) -> dict:
+        """Victim alone (share None) or beside the stressor at ``share`` of the peak, for
+        ``seconds`` of the victim's reports; or fewer where ``until`` (asked after each
+        report) holds first: a test's cell ends when what it waits for has happened."""
         assert self.victim is not None
         noded = None
         if with_noded:
@@ -214,6 +218,8 @@ class CpusetNode:
                 self.victim.wait_reports(first + k + 1, timeout=30)
                 if progress:
                     progress(k + 1, seconds)
+                if until is not None and until():
+                    break
             victim = self.victim.since(first)
             stressor = self.stressor.since(0) if self.stressor else []
             cpus_during = self.cpusets.cpus("stressor")

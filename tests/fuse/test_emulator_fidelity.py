@@ -13,7 +13,7 @@ from support.waiting import wait_for
 from resctrl.cpulist import format_cpu_list
 from nodesim.resctrl_emulator import MountedEmulator
 
-pytestmark = pytest.mark.fuse
+pytestmark = pytest.mark.fuse  # its mounts: one per profile and options, reset between tests (conftest.py)
 
 
 def sh(cmd: str, cwd: str) -> tuple[int, str, str]:
@@ -574,14 +574,54 @@ def test_amd_and_mbps_throttle_in_their_own_units(emulator, sleeper):
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_signals_unmount_cleanly(emulator, sig):
+def test_signals_unmount_cleanly(tmp_path, sig):
     import signal
 
-    emu = emulator("intel")
-    emu.proc.send_signal(getattr(signal, sig))
-    assert emu.proc.wait(timeout=10) == 0
-    assert not os.path.ismount(emu.root)
-    assert not os.path.exists(emu.control_path) and not os.path.exists(emu.mounts_file)
+    with MountedEmulator("intel", workdir=str(tmp_path / "emu")) as emu:  # its own: this ends it
+        emu.proc.send_signal(getattr(signal, sig))
+        assert emu.proc.wait(timeout=10) == 0
+        assert not os.path.ismount(emu.root)
+        assert not os.path.exists(emu.control_path) and not os.path.exists(emu.mounts_file)
+
+
+def tree(root: str) -> dict[str, str | None]:
+    """Every path under ``root`` (relative), with a file's text (None for a directory), but
+    the default group's tasks (every process of the host, which come and go)."""
+    seen: dict[str, str | None] = {}
+    for top, dirs, files in os.walk(root):
+        rel = os.path.relpath(top, root)
+        seen[rel] = None
+        for name in files:
+            if (rel, name) != (".", "tasks"):
+                with open(os.path.join(top, name)) as f:
+                    seen[os.path.join(rel, name)] = f.read()
+    return seen
+
+
+def test_reset_is_a_fresh_mount(emulator, sleeper, tmp_path):
+    # What the module's one mount per options rests on: after a reset, what a test can see
+    # is what a new mount would show, and the VFS has forgotten the groups that went.
+    options = ("intel", "--num-rmids", "4", "--limbo-ms", "600000")  # test_out_of_rmids_and_limbo's
+    with MountedEmulator(*options[:1], workdir=str(tmp_path / "fresh"), extra_args=list(options[1:])) as fresh:
+        expected = tree(fresh.root)
+    emu = emulator(*options)
+    r, p = emu.root, sleeper()
+    ok(f"mkdir g && mkdir g/mon_groups/m mon_groups/rm && echo {p.pid} > g/tasks", r)
+    ok("echo 'L3:0=f\nMB:1=30' > g/schemata && echo 'MB:0=50' > schemata && echo 2-3 > g/cpus_list", r)
+    ok("rmdir mon_groups/rm", r)  # its RMID in limbo for ten minutes
+    fails("mkdir mon_groups/again", r, "Device or resource busy", "Out of RMIDs")
+    emu.control.set_demand(p.pid, 5e9, domain=0)
+    emu.control.set_counter_state("Error", event="mbm_local_bytes")
+    emu.control.set_domain_online(1, False)
+    stale = os.path.join(r, "g", "mon_groups", "m")
+    os.stat(stale)  # in the VFS's caches now
+    emu.control.reset()
+    with pytest.raises(FileNotFoundError):
+        os.stat(stale)
+    assert tree(r) == expected
+    assert str(p.pid) in ok("cat tasks", r).split()  # back in the default group
+    assert emu.control.rates() == {"/": {0: 0.0, 1: 0.0}}
+    ok("mkdir g && mkdir g/mon_groups/m", r)  # the names are free, the RMIDs too
 
 
 def test_bad_arguments_are_refused_before_mounting(tmp_path):

@@ -32,6 +32,7 @@ from noded.colocation.outcomes import MODEL_FILE, ModelError, Outcomes, read_mod
 from noded.config import EmptyConfig, load_config
 from noded.loop.metrics import make_registry
 from noded.stores.securedir import StateWriteError
+from support.in_process import noded_in_process
 from support.system import popen_noded
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,7 +60,8 @@ def line_of(path, key: str) -> int:
 
 def refused_alike(cfg, key: str, reason: str, env=None) -> None:
     """check-config names the file, the line, the key and the reason; run refuses with the same reason."""
-    check = noded("check-config", str(cfg), env=env)
+    # in this process where the test's own environment is the one to check in (support.in_process)
+    check = noded("check-config", str(cfg), env=env) if env is not None else noded_in_process("check-config", str(cfg))
     out = check.stdout + check.stderr
     assert check.returncode == 1 and "Traceback" not in out, out
     assert f"{cfg}:{line_of(cfg, key.split('.')[0])}: {key}: {reason}" in check.stderr, out
@@ -247,11 +249,11 @@ def test_check_config_beside_the_noded_running_it_is_not_refused_for_its_own_lis
     cfg = write_config(tmp_path, metrics=f"{{address: 127.0.0.1, port: {port}}}",
                        resctrl=f"{{root: {emu.root}, mounts: {emu.mounts_file}}}")
     with running_noded(tmp_path, cfg) as run:
-        check = noded("check-config", str(cfg))
+        check = noded_in_process("check-config", str(cfg))
         assert check.returncode == 0 and check.stdout == f"{cfg}: ok\n", check.stdout + check.stderr
         other = tmp_path / "other.yaml"
         other.write_text(cfg.read_text().replace(f"{tmp_path}/run", f"{tmp_path}/run2"))
-        check = noded("check-config", str(other))
+        check = noded_in_process("check-config", str(other))
         assert check.returncode == 1 and f"metrics.port: metrics: port {port} on 127.0.0.1 is already in use" \
             in check.stderr, check.stdout + check.stderr
     assert run.p.returncode == 0, run.err
@@ -269,7 +271,7 @@ def test_a_reload_refuses_what_check_config_refuses_and_changes_nothing(tmp_path
         bad = cfg.read_text().replace("tick_s: 0.1", "tick_s: 0.2") + \
             f"jobs: {{sources: [{{kind: cgroup, root: {tmp_path}/no-such-tree, patterns: ['*']}}]}}\n"
         cfg.write_text(bad)
-        check = noded("check-config", str(cfg))
+        check = noded_in_process("check-config", str(cfg))
         assert check.returncode == 1 and f"jobs.sources[0].root: {tmp_path}/no-such-tree is not a directory" \
             in check.stderr, check.stdout + check.stderr
         run.p.send_signal(signal.SIGHUP)

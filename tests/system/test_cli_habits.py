@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from support.admin import nodectl_run
 from support.clocks import WallClock
+from support.in_process import noded_in_process
 from support.waiting import ended, read_until, stop_reading, wait_for
 from noded.admin import nodectl
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
@@ -401,8 +402,8 @@ def test_a_config_right_in_every_key_but_one_relation_names_that_relation():
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, text, line):
     f = tmp_path / "noded.yaml"
     f.write_text(text)
-    p = subprocess.run([sys.executable, "-m", "noded", "check-config", str(f)], capture_output=True, text=True,
-                       timeout=60, cwd=ROOT)
+    # in this process (support.in_process): the check-config just above is the operator's process
+    p = noded_in_process("check-config", str(f))
     assert p.returncode == 1 and p.stderr.startswith(f"{f}:{line}: (yaml): ") and p.stderr.count("\n") == 1, p.stderr
 
 

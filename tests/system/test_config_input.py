@@ -32,6 +32,7 @@ from noded.jobs.cgroups import CgroupSource, check_pattern
 from noded.jobs.discovery import LabelFile
 from nodesim.scenario import ScenarioError, load_scenario, parse_scenario
 from noded.util.yamlsafe import YamlError, parse_yaml, read_yaml_file
+from support.in_process import noded_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATIENT = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -49,7 +50,9 @@ def noded(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
 
 
 def check_config(path) -> subprocess.CompletedProcess:
-    return noded("check-config", str(path))
+    """``noded check-config PATH`` in this process (support.in_process); this module's
+    processes are the refusals by ``run``, the non-UTF-8 file's and those that must not block."""
+    return noded_in_process("check-config", str(path))
 
 
 def assert_refused(p: subprocess.CompletedProcess, *expected: str) -> None:
@@ -75,7 +78,8 @@ def test_a_non_utf8_config_is_an_error_naming_the_line_not_a_traceback(tmp_path)
     with pytest.raises(ConfigError) as e:
         load_config(str(f))
     assert e.value.line == 2 and "not UTF-8" in e.value.reason and "0xe9" in e.value.reason
-    assert_refused(check_config(f), f"{f}:2: ", "not UTF-8")
+    # a process of its own: what its stderr makes of the file's odd bytes is what an operator sees
+    assert_refused(noded("check-config", str(f)), f"{f}:2: ", "not UTF-8")
 
 
 def test_an_alias_bomb_is_refused_at_once_by_check_config_and_load_config(tmp_path):

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from mps.control import MpsControl, made_dir_key
 from mps.errors import MpsError
 from support.mps import STANDIN, processes_serving
+from support.in_process import noded_in_process
 from noded import config as config_module
 from noded.admin.server import AdminServer, SocketPathError
 from noded.config import Config, parse_config
@@ -146,7 +147,7 @@ def test_a_link_that_makes_two_paths_one_is_seen(tmp_path):
     (tmp_path / "state").mkdir()
     os.symlink(tmp_path / "state", tmp_path / "pipe")
     cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{pipe_dir: {tmp_path}/pipe}}}}\n")
-    refused(noded("check-config", str(cfg)),
+    refused(noded_in_process("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'pipe_dir')}: colocation.mps.pipe_dir: the MPS pipe directory {tmp_path}/pipe "
             f"(that is {tmp_path}/state) is also the state directory")
 
@@ -194,7 +195,7 @@ def test_check_config_and_run_refuse_pipe_dir_at_the_state_dir_and_keep_the_stat
     before = tree(state)
     cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{control: {STANDIN}, pipe_dir: {state}}}}}\n")
     where = f"{cfg}:{line_of(cfg, 'pipe_dir')}: colocation.mps.pipe_dir: "
-    refused(noded("check-config", str(cfg)), where + f"the MPS pipe directory {state} is also the state directory")
+    refused(noded_in_process("check-config", str(cfg)), where + f"the MPS pipe directory {state} is also the state directory")
     refused(noded("run", "--config", str(cfg)), f"colocation.mps.pipe_dir: the MPS pipe directory {state} is also")
     assert tree(state) == before
 
@@ -203,7 +204,7 @@ def test_check_config_refuses_an_existing_pipe_dir_noded_did_not_make(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{pipe_dir: {mine}}}}}\n")
-    refused(noded("check-config", str(cfg)),
+    refused(noded_in_process("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'pipe_dir')}: colocation.mps.pipe_dir: {mine} exists (a directory) and noded did "
             "not make it")
 
@@ -231,7 +232,7 @@ def test_an_admin_socket_at_an_existing_file_is_refused_and_the_file_kept(tmp_pa
         AdminServer(str(victim), _Daemon(), group=None).start()
     assert victim.read_text() == "root:x:0:0::/root:/bin/sh\n"
     cfg = write_config(tmp_path, f"admin: {{socket: {victim}}}\n")
-    refused(noded("check-config", str(cfg)),
+    refused(noded_in_process("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'socket')}: admin.socket: {victim} exists and is a regular file, not a socket")
     refused(noded("run", "--config", str(cfg)), f"admin.socket: {victim} exists and is a regular file")
     assert victim.read_text() == "root:x:0:0::/root:/bin/sh\n"
@@ -267,7 +268,7 @@ def test_stop_removes_only_the_socket_it_made(tmp_path):
 def test_check_config_refuses_the_admin_socket_at_the_report_socket(tmp_path):
     """Before: passed; run made the admin socket the 0666 report socket, and root's status was refused."""
     cfg = write_config(tmp_path, f"admin: {{socket: {tmp_path}/run/report.sock}}\n")
-    refused(noded("check-config", str(cfg)),
+    refused(noded_in_process("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'socket')}: admin.socket: the admin socket {tmp_path}/run/report.sock is also the "
             "report socket (runtime_dir)")
 
@@ -279,7 +280,7 @@ def test_check_config_refuses_the_admin_socket_at_the_report_socket(tmp_path):
 def test_a_state_dir_in_a_cgroup_filesystem_is_refused_before_anything_is_made(tmp_path):
     where = f"{CPUSET}/noded-state-{os.getpid()}"
     cfg = write_config(tmp_path, f"state_dir: {where}\n")
-    refused(noded("check-config", str(cfg)), f"state_dir: the state directory {where} is on a cgroup filesystem")
+    refused(noded_in_process("check-config", str(cfg)), f"state_dir: the state directory {where} is on a cgroup filesystem")
     refused(noded("run", "--config", str(cfg)), "state_dir: the state directory")
     assert not os.path.exists(where)
 
@@ -291,7 +292,7 @@ def test_an_mps_log_dir_another_user_may_change_is_refused(tmp_path):
     shared.mkdir()
     shared.chmod(0o1777)
     cfg = write_config(tmp_path, f"colocation: {{enabled: true, mps: {{log_dir: {shared}}}}}\n")
-    refused(noded("check-config", str(cfg)),
+    refused(noded_in_process("check-config", str(cfg)),
             f"{cfg}:{line_of(cfg, 'log_dir')}: colocation.mps.log_dir: refused: {shared} is writable by group and others (mode 1777)")
 
 

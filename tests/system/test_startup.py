@@ -6,10 +6,10 @@ import os
 import re
 import socket
 import subprocess
-import sys
 
 import pytest
 
+from support.in_process import noded_in_process
 from support.sockets import NotifySocket
 from support.waiting import wait_for
 from support.system import popen_noded
@@ -170,8 +170,7 @@ def test_check_config_refuses_what_run_refuses_on_this_host(tmp_path, key, value
     nobodys.mkdir()
     os.chown(nobodys, 65534, 65534)
     cfg = config(tmp_path, "c", **{key: value.replace("NOBODYS", str(nobodys))})
-    check = subprocess.run([sys.executable, "-m", "noded", "check-config", str(cfg)], capture_output=True, text=True,
-                           timeout=60)
+    check = noded_in_process("check-config", str(cfg))  # run's refusal below is the process of its own
     assert check.returncode == 1 and reason in check.stderr and "Traceback" not in check.stderr, check.stderr
     code, out, err = finish(run(cfg))
     assert code == 1 and reason in err and "Traceback" not in err, err

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from support.sockets import NotifySocket
+from support.in_process import noded_in_process
 from support.system import popen_noded
 from noded.stores.trustedfile import untrusted_reason
 
@@ -38,7 +39,7 @@ def base(tmp_path) -> str:
 
 
 def refused_by_both(cfg, line: str, env=None) -> None:
-    check = noded("check-config", str(cfg), env=env)
+    check = noded("check-config", str(cfg), env=env) if env is not None else noded_in_process("check-config", str(cfg))
     assert check.returncode == 1 and line in check.stderr, check.stdout + check.stderr
     start = noded("run", "--config", str(cfg), env=env)
     assert start.returncode == 1 and "Traceback" not in start.stderr, start.stderr
@@ -65,7 +66,7 @@ def test_a_config_in_a_directory_others_may_write_is_refused(tmp_path):
     os.chmod(shared, 0o777)  # not sticky: anyone may replace the file
     cfg = shared / "c.yaml"
     cfg.write_text(base(tmp_path))
-    check = noded("check-config", str(cfg))
+    check = noded_in_process("check-config", str(cfg))
     assert check.returncode == 1 and f"{cfg}:1: (file): the config file {cfg}: refused: {shared} is writable by " \
         "group and others (mode 0777) and not sticky" in check.stderr, check.stderr
 

@@ -86,11 +86,16 @@ def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing
 @pytest.mark.timeout(300)
 def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
     with CpusetNode("tokenise", 5.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=2, size_mib=64) as node:
-        node.run_cell(None, False, warmup_s=1, seconds=2)
+        # One second alone is enough: the solo rate only scales the GPU utilisation the
+        # victim's pace is fed as, its baseline (learnt in the next cell's warmup) and its
+        # contended value alike.
+        node.run_cell(None, False, warmup_s=1, seconds=1)
         assert node.solo_rate > 0
-        cell = node.run_cell(1.0, True, warmup_s=2, seconds=8)
         # The stressor takes CPU 1 from the victim: noded sees the GPU job slow at a
-        # saturated node and halves the stressor's cpuset, a real cgroup write.
+        # saturated node and halves the stressor's cpuset, a real cgroup write. The cell
+        # ends when the halving is there (a tick or two after the stressor's first report),
+        # at the latest after the 8 s the fixed cell took before.
+        cell = node.run_cell(1.0, True, warmup_s=2, seconds=8, until=lambda: node.cpusets.cpus("stressor") == "0")
         assert [a["kind"] for a in cell["actions"]][:1] == ["throttle"], cell
         assert cell["stressor_cpus_at_end"] == "0"
         assert node.cpusets.cpus("stressor") == "0-1"  # restored when noded stopped
@@ -190,7 +195,9 @@ def test_on_a_host_with_resctrl_the_cpuset_node_uses_it_and_mba(emulator):
     with CpusetNode("tokenise", 5.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=1, size_mib=32,
                     resctrl=(host.root, host.mounts_file)) as node:
         assert node.emu is None and "resctrl at" in node.name
-        node.run_cell(None, False, warmup_s=1, seconds=2)
-        cell = node.run_cell(0.25, True, warmup_s=1, seconds=2)
+        # no cell of the victim alone: its solo rate scales only the GPU utilisation fed to
+        # noded, and what this looks at (the method noded throttles by, scraped at the cell's
+        # end) does not depend on it, nor on the cell's length: one report of the victim's
+        cell = node.run_cell(0.25, True, warmup_s=1, seconds=1)
         assert cell["throttle"] == "mba"
     assert leftovers_of(node) == []

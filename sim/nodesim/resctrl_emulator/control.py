@@ -1,8 +1,8 @@
 """The emulator's control socket: what the hardware would do that no file shows.
 
 Tests and the simulated node use it to set how much memory bandwidth each task
-demands, to inject counter faults, resets and domains going offline, and to read
-the bandwidth the model actually granted. One JSON object per line each way.
+demands, to inject counter faults, resets and domains going offline, to read
+the bandwidth the model actually granted, and to reset the whole mount to how it came up. One JSON object per line each way.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def _handle(kernel: ResctrlKernel, req: dict[str, Any]) -> dict[str, Any]:
             stale = [] if online else [f"{path.rstrip('/')}/mon_data/{DOMAIN_DIR.format(domain)}"
                                        for path, _ in _all_groups(kernel)]
             return {STALE: stale}
+        if op == "reset":
+            # what vanished behind the VFS: every group; dropped as a domain's directories are
+            return {STALE: kernel.reset()}
         if op == "drain_limbo":
             kernel.drain_limbo_now()
             return {}
@@ -198,6 +201,12 @@ class EmulatorControl:
 
     def set_domain_online(self, domain: int, online: bool) -> None:
         self.request("set_domain_online", domain=domain, online=online)
+
+    def reset(self) -> None:
+        """The mount back to what it was when it came up (its profile and options kept): no
+        group but the default one, every domain online, no demand, fault or limbo; the VFS
+        told that the groups are gone. One mount can then serve many tests."""
+        self.request("reset")
 
     def drain_limbo(self) -> None:
         self.request("drain_limbo")

@@ -31,7 +31,7 @@ from resctrl.cpulist import format_cpu_list as _format_cpu_list
 from resctrl.cpulist import parse_cpu_list as _parse_cpu_list
 from resctrl.cpulist import parse_cpu_mask as _parse_cpu_mask
 from nodesim.resctrl_emulator import mba, procfs
-from nodesim.resctrl_emulator.profiles import MON_EVENTS, Profile
+from nodesim.resctrl_emulator.profiles import Profile
 
 CTRL = "ctrl_mon"
 MON = "mon"
@@ -133,6 +133,12 @@ class ResctrlKernel:
         # a comma-separated list, applied in order, stopping at the first failure.
         self.tasks_write = tasks_write
         self.lock = threading.RLock()
+        self._start_state()
+
+    def _start_state(self) -> None:
+        """What a fresh mount has: no group but the default one, every domain online, no
+        demand, no fault, every id free."""
+        profile, clock = self.profile, self.clock
         self.last_cmd_status = ""
         self.online: list[int] = list(profile.domains)
         self.all_cpus = set(profile.online_cpus)
@@ -940,6 +946,14 @@ class ResctrlKernel:
                 g.cpus -= cpus
                 for m in g.mon.values():
                     m.cpus -= cpus
+
+    def reset(self) -> list[str]:
+        """Back to the state of a fresh mount of the same profile and options, as an unmount
+        and a mount would leave it (a test module's one mount between its tests). The paths
+        of the groups that vanished (the caller drops them from the VFS's caches)."""
+        gone = [f"/mon_groups/{name}" for name in self.root.mon] + [f"/{name}" for name in self.groups]
+        self._start_state()
+        return gone
 
     def reset_counters(self, rmid: int | None, domain: int | None) -> None:
         self.advance(self.clock())
