@@ -219,21 +219,26 @@ def test_make_install_stages_everything_the_unit_refers_to_and_uninstall_removes
     assert not [n for n in os.listdir(venv_bin) if "standin" in n or "mps" in n]
     assert sorted(os.listdir(stage / "usr/local/bin")) == ["nodectl", "noded"]
     staged_python = str(venv_bin / "python")
+    # what the installed noded runs with on a host: no developer's PYTHONPATH pointing at a checkout
+    # (else the checkout's noded and bench would be the ones imported)
+    host = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     scripts = subprocess.run([staged_python, "-c", "import importlib.metadata as m; print(sorted(e.name for e in "
                               "m.distribution('noded').entry_points if e.group == 'console_scripts'))"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+                             capture_output=True, text=True, timeout=60, check=True, env=host).stdout
     assert scripts == "['nodectl', 'noded']\n"
     check = subprocess.run([str(venv_bin / "noded"), "check-config", str(stage / "etc/noded/noded.yaml")],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, env=host)
     assert check.returncode == 0, check.stderr
     # Calibration is part of what is installed (no checkout, no bench package); on one thread,
     # its shortest run: what it measures is tests/system/test_calibration.py's
     cal = subprocess.run([str(venv_bin / "noded"), "calibrate", "--seconds", "2", "--size", "16", "--threads", "1",
                           "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+                         cwd=tmp_path, env=host)
     assert cal.returncode == 0 and (tmp_path / "state/calibration.json").exists(), cal.stderr
-    assert subprocess.run([staged_python, "-c", "import bench"], capture_output=True, cwd=tmp_path).returncode == 1
-    assert subprocess.run([staged_python, "-c", "import noded.integrations.slurm"], cwd=tmp_path).returncode == 0
+    assert subprocess.run([staged_python, "-c", "import bench"], capture_output=True, cwd=tmp_path,
+                          env=host).returncode == 1
+    assert subprocess.run([staged_python, "-c", "import noded.integrations.slurm"], cwd=tmp_path,
+                          env=host).returncode == 0
     # An operator's config survives a reinstall: install's step for the config (install-config,
     # which put the commented default there above: "kept" was not said), run again on it;
     # a whole second install (6 core-seconds, its venv and pip again) would check no more.
