@@ -167,7 +167,12 @@ SHAREDIR ?= /usr/local/share
 
 install:
 	$(INSTALL_PYTHON) -m venv $(DESTDIR)$(APPDIR)
-	$(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check .
+	@# from a staged copy of the checkout (as make wheel builds): pip's build/ is the copy's,
+	@# so two installs at once do not share one, and the installed noded names its revision
+	mkdir -p build/packaging && src=$$(mktemp -d build/packaging/install-src.XXXXXX) \
+	  && trap 'rm -rf "$$src"' EXIT \
+	  && $(INSTALL_PYTHON) packaging/stage.py tree "$$src" pyproject.toml README.md LICENSE noded resctrl mps \
+	  && $(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check "$$src"
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl

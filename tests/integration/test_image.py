@@ -74,15 +74,26 @@ def test_noded_and_nodectl_in_the_image_name_the_revision_it_was_built_from(imag
         assert p.returncode == 0 and p.stdout == f"{command} {version()} (revision {revision()})\n", p
 
 
-def test_the_daemonsets_config_and_the_images_default_pass_check_config_in_the_image(image):
+def test_the_daemonsets_config_and_the_images_default_pass_check_config_in_the_image(image, tmp_path):
+    # the writable directories the DaemonSet's hostPath volumes give a read-only root (its
+    # state_dir and runtime_dir: check-config refuses one it would have to create there)
+    writable = []
+    for where in ("/var/lib/noded", "/run/noded"):
+        host = tmp_path / where.strip("/").replace("/", "-")
+        host.mkdir()
+        writable.append(f"{host}:{where}")
     # the host's cgroup tree as the DaemonSet's hostPath volume gives it (its job source is checked there)
     p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml",
-                 volumes=(f"{daemonset_config()}:/etc/noded/noded.yaml:ro", "/sys/fs/cgroup:/sys/fs/cgroup:ro,rbind"))
+                 volumes=(f"{daemonset_config()}:/etc/noded/noded.yaml:ro", "/sys/fs/cgroup:/sys/fs/cgroup:ro,rbind",
+                          *writable))
     assert p.returncode == 0 and p.stdout == "/etc/noded/noded.yaml: ok\n", p
-    p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml")
+    p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml", volumes=tuple(writable))
     assert p.returncode == 0 and p.stdout == "/etc/noded/noded.yaml: ok\n", p
     # the default has no job source: said, not silently accepted
     assert "no job source configured" in p.stderr
+    # without those volumes, the read-only root is said, naming the key
+    p = in_image(image, "noded", "check-config", "/etc/noded/noded.yaml")
+    assert p.returncode != 0 and "state_dir" in p.stdout + p.stderr, p
 
 
 def test_the_image_holds_the_product_only_not_the_simulations_dependencies(image):
