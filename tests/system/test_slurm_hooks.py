@@ -404,16 +404,19 @@ class SlowNoded:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            line = conn.makefile("rb").readline()
-            command = json.loads(line)["command"]
+            request = json.loads(conn.makefile("rb").readline())
+            command = request["command"]
             if command == "label":
                 self.done.wait(self.label_delay_s)  # noded slow to answer
-                conn.sendall(b'{"ok": true, "result": {}}\n')
+                # in noded's own shape (nodectl refuses any other as not noded's)
+                args = request.get("args", {})
+                answer = {"job": args.get("job", ""), "labels": args.get("labels", {})}
+                conn.sendall(json.dumps({"ok": True, "result": answer}).encode() + b"\n")
             elif self.first_admit is None or self.time.monotonic() - self.first_admit < self.transient_s:
                 self.first_admit = self.first_admit or self.time.monotonic()
                 conn.sendall(json.dumps({"ok": True, "result": {
-                    "admit": False, "transient": True, "refusal": "mps-not-ready",
-                    "reason": "MPS is not running (starting)"}}).encode() + b"\n")
+                    "admit": False, "job": request.get("args", {}).get("job", ""), "transient": True,
+                    "refusal": "mps-not-ready", "reason": "MPS is not running (starting)"}}).encode() + b"\n")
             else:
                 self.held.append(conn)  # read, never answered
                 continue
