@@ -97,18 +97,6 @@ def sleeper():
         p.wait()
 
 
-def rebuilt(daemon, **parts):
-    """``daemon`` built again from its parts but ``parts`` (a co-location, an overrides' store
-    with the test's clock ...), as the wiring would have built it: nothing is set on a Daemon
-    once built. The new daemon starts afresh (it has not ticked)."""
-    import dataclasses
-
-    from noded.loop.daemon import Daemon
-
-    return Daemon(daemon.config, dataclasses.replace(daemon.parts, **parts), clock=daemon.clock,
-                  extra_info=daemon.extra_info)
-
-
 @pytest.fixture
 def sim_gpus(tmp_path):
     """Two simulated GPUs that this process's pynvml sees through the stand-in library, for

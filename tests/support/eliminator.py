@@ -39,8 +39,8 @@ class Harness:
         return self.sim.open_resctrl()
 
     def rebuild(self, **parts):
-        """The daemon built again with these parts changed (conftest.rebuilt); returns it."""
-        from conftest import rebuilt
+        """The daemon built again with these parts changed (support.rebuild.rebuilt); returns it."""
+        from support.rebuild import rebuilt
 
         self.daemon = rebuilt(self.daemon, **parts)
         return self.daemon

@@ -218,7 +218,7 @@ def test_a_cap_group_left_by_a_daemon_that_never_stopped_is_removed_at_the_next_
     noded's start removes it with every group of noded's, and caps the job anew."""
     from support.eliminator import NLP_AND_HOG, Harness, end_threads_as_a_kill_would
 
-    from conftest import rebuilt
+    from support.rebuild import rebuilt
     from noded.commands.wiring import build_daemon
 
     h = Harness(tmp_path, NLP_AND_HOG)

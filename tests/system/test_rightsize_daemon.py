@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from conftest import rebuilt
+from support.rebuild import rebuilt
 from noded.config import Config, MetricsConfig, RightsizeConfig
 from noded.rightsize import allocator as alloc
 from noded.rightsize import cpuplan

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from conftest import rebuilt, wait_for
+from support.rebuild import rebuilt
 from noded.rightsize.curves import MODEL_CURVES
 from nodesim import reporter
 from nodesim.node import SimNode
