@@ -19,24 +19,8 @@ import urllib.request
 
 from bench.measure import metric
 from nodesim.launch import node_and_daemon
+from nodesim.scrapers import SCRAPE_FLOOD
 
-NOBODY = 65534
-SCRAPER = """
-import encodings.idna, os, socket, sys, time  # imported before the interpreter's files may be out of reach
-os.setgroups([]); os.setgid(%(uid)d); os.setuid(%(uid)d)
-port, n = int(sys.argv[1]), int(sys.argv[2])
-socks = [None] * n
-print("up", flush=True)
-while True:
-    for i in range(n):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
-        socks[i] = s
-    for s in socks:
-        while s.recv(65536):
-            pass
-        s.close()
-""" % {"uid": NOBODY}
 
 
 def scenario(jobs: int) -> str:
@@ -64,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         for phase in ("no client", f"{args.in_flight} scrapes in flight, as nobody"):
             scraper = None
             if phase != "no client":
-                scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, str(daemon.port), str(args.in_flight)],
+                scraper = subprocess.Popen([sys.executable, "-c", SCRAPE_FLOOD, str(daemon.port), "1e9", str(args.in_flight)],
                                            stdout=subprocess.PIPE, text=True)
                 if scraper.stdout.readline() != "up\n":
                     raise SystemExit("bench.scrape_flood: the scraper did not start")

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodesim.scrapers import SCRAPE_FLOOD
 from support.sockets import unix_exchange
 from support.waiting import ended, wait_for
 from noded.admin import nodectl
@@ -717,22 +718,6 @@ def test_nodectl_answers_a_reply_of_the_wrong_shape_with_one_line(tmp_path, caps
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
 
 
-SCRAPER = """
-import encodings.idna, os, socket, sys, time  # all imported before the interpreter's files may be out of reach
-os.setgroups([]); os.setgid(65534); os.setuid(65534)
-port, seconds, n = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-socks, end = [None] * n, time.monotonic() + seconds
-print("up", flush=True)
-while time.monotonic() < end:  # n scrapes in flight at all times, each reread at once
-    for i in range(n):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
-        socks[i] = s
-    for s in socks:
-        while s.recv(65536):
-            pass
-        s.close()
-"""
 
 
 class BusyCollector:
@@ -769,7 +754,7 @@ def test_scrapes_back_to_back_by_another_user_take_at_most_a_quarter_of_the_rend
     registry.register(busy)
     server = MetricsServer(registry, "127.0.0.1", 0, METRICS).start()
     seconds = 4.0
-    p = subprocess.Popen([sys.executable, "-c", SCRAPER, str(server.port), str(seconds), "4"], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", SCRAPE_FLOOD, str(server.port), str(seconds), "4"], stdout=subprocess.PIPE,
                          text=True)
     try:
         assert p.stdout.readline() == "up\n"
