@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
+.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-files install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -173,10 +173,15 @@ install:
 	  && trap 'rm -rf "$$src"' EXIT \
 	  && $(INSTALL_PYTHON) packaging/stage.py tree "$$src" pyproject.toml README.md LICENSE noded resctrl mps \
 	  && $(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check "$$src"
+	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
+	@$(MAKE) --no-print-directory install-files
+
+# install's second half: everything but the virtualenv (and the completions and man page
+# its noded writes), a target of its own so that a test of where files go needs no venv built.
+install-files:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(DOCDIR)
 	ln -sf $(APPDIR)/bin/noded $(DESTDIR)$(BINDIR)/noded
 	ln -sf $(APPDIR)/bin/nodectl $(DESTDIR)$(BINDIR)/nodectl
-	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
 	@# the unit names the commands, the config and the docs where this install puts them
 	@# (BINDIR=/usr/bin left it running /usr/local/bin/noded, a file not there)
 	sed -e 's|/usr/local/bin/noded|$(BINDIR)/noded|g' -e 's|/etc/noded/noded.yaml|$(CONFDIR)/noded.yaml|g' \
