@@ -65,24 +65,26 @@ def test_a_tick_longer_than_half_systemds_watchdog_is_refused_at_start_and_on_re
     """tick_s: 45 under the unit's WatchdogSec=30s (check-config takes up to 60): noded told
     the watchdog once a tick, was killed as hung every 30 s, and restarted to be killed again."""
     notify = NotifySocket(tmp_path / "notify")
-    watchdog = {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "30000000"}
+    # a 2 s watchdog, the rule the unit's 30 s one follows: a reload is read at a tick's end,
+    # so a tick of 15 s, as the unit allows, would make this test wait for it
+    watchdog = {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2000000"}
     try:
         p = subprocess.run([sys.executable, "-m", "noded", "run", "--config",
-                            str(cpu_only_config(tmp_path, tick_s="15.5"))], capture_output=True, text=True,
+                            str(cpu_only_config(tmp_path, tick_s="1.5"))], capture_output=True, text=True,
                            timeout=60, env={**os.environ, **watchdog})
         assert p.returncode == 1, p.stderr
-        assert ("tick_s: 15.5 seconds is longer than half of systemd's watchdog interval (30s, the unit's "
-                "WatchdogSec)") in p.stderr and "give at most 15," in p.stderr
+        assert ("tick_s: 1.5 seconds is longer than half of systemd's watchdog interval (2s, the unit's "
+                "WatchdogSec)") in p.stderr and "give at most 1," in p.stderr
         assert not os.path.exists(tmp_path / "run" / "noded.pid")  # refused before anything was made
         # Half of it is taken, and a reload to more than half is refused, the running tick kept.
-        cfg = cpu_only_config(tmp_path, tick_s="15")
+        cfg = cpu_only_config(tmp_path, tick_s="1")
         p = start(cfg, watchdog)
         procs.append(p)
         assert notify.ready()["READY"] == "1"
-        cfg.write_text(cfg.read_text().replace("tick_s: 15\n", "tick_s: 45\n"))
+        cfg.write_text(cfg.read_text().replace("tick_s: 1\n", "tick_s: 3\n"))
         p.send_signal(signal.SIGHUP)
         line = read_until(p.stderr, "config reload refused", "the refusal of a tick too long for the watchdog")
-        assert "tick_s: 45 seconds is longer than half of systemd's watchdog interval (30s" in line, line
+        assert "tick_s: 3 seconds is longer than half of systemd's watchdog interval (2s" in line, line
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=20) == 0
     finally:
