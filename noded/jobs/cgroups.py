@@ -16,7 +16,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
@@ -141,13 +141,51 @@ class CgroupSource:
         """
         if not os.path.isdir(self.root):
             raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", self.root)
-        out = {}
-        for pattern in self.patterns:
-            for path in match_dirs(self.root, pattern):  # each is root joined with the rest
-                job_id = self.job_id(path[len(self.root):].lstrip("/"))
-                if job_id is not None:
-                    out[job_id] = path
+        paths = [p for pattern in self.patterns for p in match_dirs(self.root, pattern)]
+        return one_directory_each(self.directories_by_id(paths))[0]
+
+    def directories_by_id(self, paths: list[str]) -> dict[str, list[str]]:
+        """job id -> the matched directories (each root joined with the rest) that give it."""
+        out: dict[str, list[str]] = {}
+        for path in paths:
+            job_id = self.job_id(path[len(self.root):].lstrip("/"))
+            if job_id is not None:
+                out.setdefault(job_id, []).append(path)
         return out
+
+
+#: at most this many cgroups read below each directory that shares its job id with another
+SHARED_ID_MOST = 64
+
+
+def one_directory_each(by_id: Mapping[str, list[str]]) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """job id -> its one directory, and the ids no one directory can be told for.
+
+    Several directories may give one id: a pod's stale directory beside its live one (kubelet
+    after a restart with another cgroup driver, or a QoS class the pod had), a Slurm job's
+    under two uids. The one with processes is the job; where several have processes (or
+    cannot be read, so may have), which is the job cannot be told: the id is left out, with
+    its directories, for the caller to say (never the last one listed, silently: with a
+    stale directory listed last the running job was no job at all)."""
+    out: dict[str, str] = {}
+    ambiguous: dict[str, tuple[str, ...]] = {}
+    for job_id, paths in by_id.items():
+        if len(paths) == 1:
+            out[job_id] = paths[0]
+            continue
+        live = [p for p in paths if _may_hold_processes(p)]
+        if len(live) <= 1:
+            out[job_id] = (live or paths)[0]
+        else:
+            ambiguous[job_id] = tuple(live)
+    return out, ambiguous
+
+
+def _may_hold_processes(path: str) -> bool:
+    try:
+        return bool(read_procs(path, most=SHARED_ID_MOST))
+    except OSError:
+        return True  # unreadable: it may, so it is not set aside
 
 
 def _has_magic(part: str) -> bool:
@@ -276,6 +314,10 @@ class CgroupScanner:
         self._matched_paths = 0  # the directories the patterns matched when _found was made (jobs or not)
         self._owners: dict[str, int] = {}  # job directory -> its owner's uid
         self._matched: Matches = {}  # the last scan's matches, by listing
+        self._shared: dict[str, list[str]] = {}  # job id -> its directories, where more than one gives it
+        self._resolved: dict[str, str] = {}  # what the last scan returned
+        #: job id -> its directories with processes, where more than one has them: no job
+        self.ambiguous: dict[str, tuple[str, ...]] = {}
 
     def scan(self) -> dict[str, str]:
         """job id -> absolute job directory (as ``CgroupSource.scan``)."""
@@ -290,13 +332,24 @@ class CgroupScanner:
         self.listings.end()
         if self.listings.changed or len(paths) != self._matched_paths:
             self._matched_paths = len(paths)
-            found = {job_id: p for p in paths if (job_id := self.source.job_id(p[len(root):].lstrip("/"))) is not None}
+            by_id = self.source.directories_by_id(paths)
+            found = {job_id: ps[0] for job_id, ps in by_id.items()}
+            self._shared = {job_id: ps for job_id, ps in by_id.items() if len(ps) > 1}
             if found != self._found:
                 self._found = found
                 self.generation += 1
-                present = set(found.values())
+                present = {p for ps in by_id.values() for p in ps}
                 self._owners = {p: uid for p, uid in self._owners.items() if p in present}
-        return self._found
+        if self._shared:
+            # which of an id's directories holds processes can change without a listing's: asked each scan
+            resolved, self.ambiguous = one_directory_each({**{j: [p] for j, p in self._found.items()},
+                                                           **self._shared})
+        else:
+            resolved, self.ambiguous = self._found, {}
+        if resolved is not self._resolved and resolved != self._resolved:
+            self.generation += 1
+        self._resolved = resolved
+        return resolved
 
     def owner(self, path: str) -> int:
         """The uid owning a job directory (-1 where it is gone): whose directories they are,

@@ -276,6 +276,8 @@ class JobDiscovery:
                 found = poll.scanner.scan()
                 listed.update(found)
                 cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable))
+                self._hold_ambiguous(poll.scanner.ambiguous, jobs, unreadable)
+                listed.update(poll.scanner.ambiguous)
         finally:
             self._pods.forget_unseen()
         for job_id in unreadable.keys() - self.unreadable.keys():
@@ -287,6 +289,16 @@ class JobDiscovery:
         if self.sources:  # only a node that lists job directories can tell a job is gone
             self.registered_labels.forget_absent(listed | jobs.keys(), self.clock())
         return jobs
+
+    def _hold_ambiguous(self, ambiguous: Mapping[str, tuple[str, ...]], jobs: dict[str, Job],
+                        unreadable: dict[str, str]) -> None:
+        """A job id that several directories with processes give: which is the job cannot be
+        told, so none is read as it; held as last seen (if ever seen), and said."""
+        for job_id, paths in ambiguous.items():
+            unreadable[job_id] = (f"{len(paths)} directories with processes give this job id "
+                                  f"({', '.join(paths)}): which is the job cannot be told")
+            if (held := self._last.get(job_id)) is not None:
+                jobs[job_id] = held
 
     def _read_listed(self, poll: SourcePoll, found: Mapping[str, str], woken: set[str],
                      labels: Mapping[str, JobMeta], jobs: dict[str, Job], unreadable: dict[str, str]) -> SourceCost:

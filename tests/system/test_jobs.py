@@ -230,3 +230,43 @@ def test_right_sizing_hints_are_labels_and_reach_the_allocator_as_it_reads_them(
     for bad in ("yes", 1, None):
         with pytest.raises(ValueError, match="labels.yaml:3: "):
             JobMeta.from_mapping({"pipelined": bad}, "labels.yaml:3")
+
+
+POD = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+
+
+def two_pod_directories(root, live_in):
+    """One pod's directory under two QoS classes (a stale one kubelet has not removed, as
+    after a restart with another cgroup driver or QoS): the job id both give is one."""
+    dirs = {qos: root / f"kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{POD.replace('-', '_')}.slice"
+            for qos in ("besteffort", "burstable")}
+    for qos, path in dirs.items():
+        write(path / "cri-x.scope/cgroup.procs", "".join(f"{p.pid}\n" for p in live_in.get(qos, ())))
+    return {qos: str(path) for qos, path in dirs.items()}
+
+
+@pytest.mark.parametrize("live", ["besteffort", "burstable"])
+def test_a_jobs_stale_second_directory_does_not_hide_the_live_one(tmp_path, sleeper, live):
+    # Before: the directory scanned last won, whatever was in it: with the stale one last
+    # the running pod was no job at all (no processes there), and nothing said so.
+    root = tmp_path / "cgroup"
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    p = sleeper()
+    dirs = two_pod_directories(root, {live: [p]})
+    discovery = JobDiscovery([CgroupSource.create("kubernetes", str(root))])
+    jobs = discovery.discover()
+    assert jobs[f"k8s:{POD}"].pids == {p.pid} and jobs[f"k8s:{POD}"].cgroup == dirs[live]
+    assert discovery.unreadable == {}
+
+
+def test_a_job_id_two_live_directories_give_is_no_job_and_said(tmp_path, sleeper):
+    root = tmp_path / "cgroup"
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    a, b = sleeper(), sleeper()
+    dirs = two_pod_directories(root, {"besteffort": [a], "burstable": [b]})
+    discovery = JobDiscovery([CgroupSource.create("kubernetes", str(root))])
+    jobs = discovery.discover()
+    # which is the job cannot be told: noded acts on neither, and says why
+    assert f"k8s:{POD}" not in jobs
+    why = discovery.unreadable[f"k8s:{POD}"]
+    assert "2 directories" in why and dirs["besteffort"] in why and dirs["burstable"] in why
