@@ -24,11 +24,6 @@ How it chooses (one concept each):
   ramps); a higher value found to pass no more than the lower one says the lower point is
   wrong: the next period holds the lower value alone to measure it (below the cap, never
   above it).
-* What a period held is what the holder's writes really held where it says so
-  (``in_force``: a starved holder switches late), not the plan: each value's share as it
-  was in force, a value of the last plan still in force at the start taken out at its
-  point. A period not held as planned feeds no integral: its error is the timing's, which
-  the holder pays back itself (noded.capping.owed).
 * On AMD the value is an absolute limit per thread (1/8 GB/s): the first guess is the cap
   divided over the busy threads, then MBM corrects it like any other point.
 * Below the lowest value's bandwidth nothing here can meet the cap: ``Hold.unreachable``
@@ -39,7 +34,6 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Mapping
 
 from noded.capping.curve import LevelCurve
 
@@ -47,8 +41,6 @@ DEFAULT_PERIOD_S = 0.1
 MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters
 AMD_UNIT_BYTES = 125_000_000  # 1/8 GB/s, AMD's MB unit
 MIX_DAMP_WITHIN = 0.05  # a point's correction from a mixed period this small is taken by half
-#: a period whose higher value was in force within this share of its plan was held as planned
-AS_PLANNED_WITHIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -68,14 +60,6 @@ class Hold:
         if self.high_share >= 1:
             return [(self.high, 1.0)]
         return [(self.high, self.high_share), (self.low, 1.0 - self.high_share)]
-
-
-def _high_share(hold: Hold) -> float:
-    """The share of a period ``hold`` holds its higher value."""
-    parts = hold.values
-    if len(parts) == 2:
-        return parts[0][1]
-    return 1.0 if parts[0][0] == hold.high != hold.low else 0.0
 
 
 class CapController:
@@ -115,48 +99,20 @@ class CapController:
         self.threads = threads
         return curve
 
-    def update(self, measured_bps: float, busy_threads: int, held: Hold,
-               in_force: Mapping[int, float] | None = None) -> Hold:
-        """The job moved ``measured_bps`` over the period it held ``held``: what next.
-        ``in_force``: each MB value's share of that period as the holder's writes really
-        landed (noded.capping.in_force), where it knows them; else the plan's shares."""
+    def update(self, measured_bps: float, busy_threads: int, held: Hold) -> Hold:
+        """The job moved ``measured_bps`` over the period it held ``held``: what next."""
         curve = self._curve(busy_threads)
-        learnt = self._as_held(curve, measured_bps, held, in_force)
-        moved = learnt is not None and self._learn(curve, learnt[1], learnt[0], busy_threads)
+        moved = self._learn(curve, measured_bps, held, busy_threads)
         pinned = (held.low == held.high == self.values[0] and measured_bps > self.cap) or \
                  (held.low == self.values[-1] and measured_bps < self.cap)
         if moved or pinned:
             self.integral = 0.0  # anti-windup: the curve took the change, or the scale ran out
         elif abs(self.cap - measured_bps) > 0.1 * self.cap:
             pass  # far from the cap: the curve's error to learn, not a bias to integrate
-        elif learnt is None or abs(_high_share(learnt[0]) - _high_share(held)) > AS_PLANNED_WITHIN:
-            # not held as planned (a starved holder's late switch, or what it paid back of
-            # one): the error is the timing's, which the holder pays back itself
-            # (noded.capping.owed); integrated, the periods that overran would count and
-            # those that paid back (far below the cap) would not
-            pass
         else:
             self.integral = max(-self.limit, min(self.limit, self.integral + self.gain * (self.cap - measured_bps)))
         self._last = self._choose(curve, self.cap + self.integral)
         return self._last
-
-    def _as_held(self, curve: LevelCurve, measured: float, held: Hold,
-                 in_force: Mapping[int, float] | None) -> tuple[Hold, float] | None:
-        """The period as it really was: ``held``'s two values at the shares they were in force,
-        and what the job moved at them. A value of another plan in force for part of it (the
-        last period's, until this one's first write landed) is taken out at what its curve
-        says; where the curve has no point for it, the period teaches nothing (None)."""
-        if in_force is None:
-            return held, measured
-        others = {v: s for v, s in in_force.items() if v not in (held.low, held.high) and s > 0}
-        if any(v not in curve.points for v in others):
-            return None
-        rest = 1.0 - sum(others.values())
-        if rest < MIN_PROBE_SHARE:
-            return None  # the plan was barely in force: its values' shares say too little
-        measured = max(0.0, (measured - sum(s * curve.points[v] for v, s in others.items())) / rest)
-        high_share = in_force.get(held.high, 0.0) / rest if held.high != held.low else 0.0
-        return Hold(held.low, held.high, min(1.0, high_share), held.unreachable), measured
 
     def _learn(self, curve: LevelCurve, measured: float, held: Hold, threads: int) -> bool:
         """Fold the period into the curve; True where the curve moved by more than noise."""

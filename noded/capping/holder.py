@@ -16,14 +16,6 @@ is the slow one: one 10 % step a second, by local traffic unless the group's
 
 The MB value is the same on every domain; the cap is on the job's traffic summed over
 them (MBM counts each domain's L3; a job's threads may run on several).
-
-A holder starved of CPU (a quota, a loaded host) wakes late and writes late: the plan is
-not what was held. So each write is timed (``noded.capping.in_force``): the controller
-learns from the time each value was really in force, the higher value is timed from when
-its write returned, and what late switches took from it or added to it is paid back in the
-periods after (``noded.capping.owed``). Both count a write's own span to the lower value,
-so what error is left goes under the cap, not over it. A period whose reads and writes took
-too much of it is not learned from.
 """
 
 from __future__ import annotations
@@ -37,8 +29,6 @@ from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlEr
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
-from noded.capping.in_force import WriteRecord
-from noded.capping.owed import HighTimeOwed
 from noded.capping.threads import BusyThreads
 from noded.util.journal import log_change
 
@@ -46,9 +36,6 @@ log = logging.getLogger(__name__)
 MIB = 1 << 20
 KERNEL_MBPS = "kernel mba_MBps"
 NODED = "noded"
-#: a period whose reads and writes took more than this share of it (a starved holder: the
-#: times its values changed are that uncertain) is not learned from
-UNCERTAIN_SHARE = 0.2
 
 
 def scale_of(rc: Resctrl) -> list[int]:
@@ -65,8 +52,7 @@ class CapHolder:
 
     def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
                  busy_threads: Callable[[], int] | None = None, period_s: float = DEFAULT_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None,
-                 wait: Callable[[float], bool] | None = None):
+                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None):
         self.rc = rc
         self.job = job
         self.cap = cap_bps
@@ -96,15 +82,8 @@ class CapHolder:
         #: least measured passes more); None: nothing measured yet. Written by the holder's
         #: thread after each period, read by the daemon's.
         self.lowest_bound: float | None = None
-        #: the MB values written and when (noded.capping.in_force): what each period really held
-        self.written = WriteRecord(self.held.low if self.held else 0)
-        self._last_read: tuple[float, float] | None = None  # (clock before, after) the last counter read
-        #: periods not learned from: a read or a write took too much of them (a starved holder)
-        self.uncertain_periods = 0
         self._reset = threading.Event()  # the job's CPUs changed: what was learned is of other cores
         self._stop = threading.Event()
-        # waits up to so many seconds of ``clock``'s; True where the holder was stopped meanwhile
-        self._wait = wait or self._stop.wait
         self._thread: threading.Thread | None = None
 
     def start(self) -> "CapHolder":
@@ -160,29 +139,12 @@ class CapHolder:
             self.controller.integral = 0.0
             self.unreachable_since = self.lowest_bound = None
             self.meter = BandwidthMeter(MBM_TOTAL)  # the next period is measured from now
-            self._last_read = None
-        sample = read_mbm(self.group.path, (MBM_TOTAL,))
-        read = (now, self.clock())
-        last_read, self._last_read = self._last_read, read
-        rates = self.meter.update(sample, read[1])
-        if not rates or any(r is None for r in rates.values()) or last_read is None:
-            self.written.over(read[0], read[0])  # what is in force from here on
+        rates = self.meter.update(read_mbm(self.group.path, (MBM_TOTAL,)), now)
+        if not rates or any(r is None for r in rates.values()):
             return None  # a first reading or a reset: the next period measures
-        # The counters were read somewhere within each read's span: measured from the middle
-        # of one read to the middle of the next, half of each span either way is uncertain.
-        start, end = sum(last_read) / 2, sum(read) / 2
-        if end - start <= 0:
-            return None
-        self.last_rate = sum(r for r in rates.values() if r is not None) * (read[1] - last_read[1]) / (end - start)
-        in_force = self.written.over(start, end)
+        self.last_rate = sum(r for r in rates.values() if r is not None)
         self.threads = self.busy_threads()
-        uncertain = in_force.uncertain_s + (last_read[1] - last_read[0] + read[1] - read[0]) / 2
-        if uncertain > UNCERTAIN_SHARE * in_force.span:
-            # starved in a read or a write: when the values changed is too little known to
-            # learn from; the plan goes on as it was
-            self.uncertain_periods += 1
-            return self.held
-        self.held = self.controller.update(self.last_rate, self.threads, self.held, in_force.shares())
+        self.held = self.controller.update(self.last_rate, self.threads, self.held)
         curve = self.controller.curves.get(self.controller.threads)
         self.lowest_bound = min(curve.points.values()) if curve is not None and curve.points else None
         if not self.held.unreachable:
@@ -202,56 +164,23 @@ class CapHolder:
             # thread's stderr; the service sees the holder not alive and starts it anew
             log.exception("cap %s: stopped steering on an error of noded's", self.job)
 
-    def _write(self, value: int) -> tuple[float, float]:
-        """Write ``value``; (clock before, after): it took effect somewhere between."""
-        began = self.clock()
-        self.group.set_mb(value)
-        returned = self.clock()
-        self.written.wrote(value, began, returned)
-        return began, returned
-
-    def _wait_until(self, when: float) -> bool:
-        """True where the holder was stopped meanwhile."""
-        return self._wait(max(0.0, when - self.clock()))
-
     def _steer(self) -> None:
         start = self.clock()
         k = 0
-        owed = HighTimeOwed(self.period)
         while not self._stop.is_set():
-            now = self.clock()
-            if now >= start + (k + 1) * self.period:
-                # a whole period behind (starved): the schedule starts again from now, or
-                # every period to come would end before its higher value was held
-                start, k = now, 0
             hold = self.step()
-            if self._hold(hold.values if hold is not None else [(self.held.low, 1.0)],
-                          start + (k + 1) * self.period, owed):
-                return
+            parts = hold.values if hold is not None else [(self.held.low, 1.0)]
+            offset = 0.0
+            for value, share in parts:
+                self.group.set_mb(value)
+                offset += share * self.period
+                if len(parts) > 1 and share < 1.0 and self._stop.wait(max(0.0, start + k * self.period + offset
+                                                                           - self.clock())):
+                    return
             k += 1
             # the next period starts on the schedule, not after this one's work
-            if self._wait_until(start + k * self.period):
+            if self._stop.wait(max(0.0, start + k * self.period - self.clock())):
                 return
-
-    def _hold(self, parts: list[tuple[int, float]], period_end: float, owed: HighTimeOwed) -> bool:
-        """Hold one period's values (the higher first); True where stopped meanwhile."""
-        if len(parts) == 1:
-            self._write(parts[0][0])
-            owed.clear()
-            return False
-        (high, share), (low, _) = parts
-        planned = owed.plan(high, low, share)
-        if planned <= 0:  # an earlier period held the higher value longer than planned: paid back here
-            self._write(low)
-            owed.held_for(planned, 0.0)
-            return False
-        # the higher value's time counted from when its write returned, not from the
-        # schedule: a late wake-up or write would take it out of the period's share
-        high_from = self._write(high)[1]
-        if self._wait_until(min(period_end, high_from + planned)):
-            return True
-        owed.held_for(planned, self._write(low)[0] - high_from)
-        return False
 
     def stop(self, *, remove: bool = True) -> None:
         """Stop steering and remove the group: the kernel puts the job's tasks back in the root.
