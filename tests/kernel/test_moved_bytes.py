@@ -12,14 +12,21 @@ from nodesim.resctrl_emulator.profiles import PROFILES
 GB = 1e9
 
 
-def test_moved_bytes_integrate_every_group_and_outlive_a_removed_one(sleeper):
+def one_hog_in_group_g(sleeper):
+    """A kernel on a clock the test moves (``now[0]``), a task asking 15 GB/s of a 20 GB/s
+    domain in group ``g``."""
     a = sleeper()
     now = [0.0]
     kernel = ResctrlKernel(PROFILES["intel"].replace(peak_bytes_per_s=20 * GB), clock=lambda: now[0])
     kernel.mkdir(["g"])
     kernel.write(["g", "tasks"], f"{a.pid}\n".encode(), os.getpid(), 0)
-    kernel.write(["g", "schemata"], b"MB:0=20\n", os.getpid(), 0)  # 20 % of 20 GB/s: 4 GB/s
     kernel.set_demand(a.pid, 15 * GB, 0)
+    return kernel, now
+
+
+def test_moved_bytes_integrate_every_group_and_outlive_a_removed_one(sleeper):
+    kernel, now = one_hog_in_group_g(sleeper)
+    kernel.write(["g", "schemata"], b"MB:0=20\n", os.getpid(), 0)  # 20 % of 20 GB/s: 4 GB/s
     now[0] = 1.0
     kernel.write(["g", "schemata"], b"MB:0=50\n", os.getpid(), 0)  # 10 GB/s from here
     now[0] = 2.0
@@ -32,12 +39,7 @@ def test_moved_bytes_integrate_every_group_and_outlive_a_removed_one(sleeper):
 
 
 def test_a_cap_alternating_between_two_values_moves_its_mean(sleeper):
-    a = sleeper()
-    now = [0.0]
-    kernel = ResctrlKernel(PROFILES["intel"].replace(peak_bytes_per_s=20 * GB), clock=lambda: now[0])
-    kernel.mkdir(["g"])
-    kernel.write(["g", "tasks"], f"{a.pid}\n".encode(), os.getpid(), 0)
-    kernel.set_demand(a.pid, 15 * GB, 0)
+    kernel, now = one_hog_in_group_g(sleeper)
     for period in range(10):  # 30 ms at 10 % (2 GB/s), 70 ms at 50 % (10 GB/s)
         now[0] = period * 0.1
         kernel.write(["g", "schemata"], b"MB:0=10\n", os.getpid(), 0)
