@@ -167,6 +167,11 @@ class NvmlSampler:
         self._last_seen_us: dict[int, int] = {}  # device index -> newest sample timestamp
         # device index -> pid -> (SM utilisation %, stamp of its newest sample, µs)
         self._sm_util: dict[int, dict[int, tuple[int, int]]] = {}
+        # device index -> (handle, UUID, name): what a handle names is fixed while NVML stays
+        # initialised (its handles are valid until nvmlShutdown), so each is asked once an
+        # init, not three calls a GPU a tick; forgotten at an init, a shutdown, and for a
+        # device lost (asked again next tick)
+        self._identity: dict[int, tuple[object, str, str]] = {}
 
     def _ensure_init(self, now: float) -> bool:
         if self._initialised:
@@ -189,6 +194,7 @@ class NvmlSampler:
             self._retry_in = min(self._retry_in * 2, self.retry_s)
             return False
         self._initialised = True
+        self._identity.clear()
         self._retry_in = 1.0
         if self._unavailable:
             log.info("nvml=available after: %s", self._unavailable)
@@ -228,18 +234,30 @@ class NvmlSampler:
         except pynvml.NVMLError as e:
             return NvmlSample(False, f"nvmlDeviceGetCount failed: {_err(e)}", self._driver, (),
                               processes_known=not self._seen_gpus)
+        for index in [i for i in self._identity if i >= count]:
+            del self._identity[index]
         gpus = tuple(self._sample_device(i) for i in range(count))
         self._seen_gpus = self._seen_gpus or bool(gpus)
         return NvmlSample(True, None, self._driver, gpus, all(g.processes_known for g in gpus))
 
     def _sample_device(self, index: int) -> GpuSample:
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-        except pynvml.NVMLError as e:
-            return GpuSample(index, None, None, None, None, None, None, None,
-                             error=_err(e), lost=isinstance(e, pynvml.NVMLError_GpuIsLost), processes_known=False)
+        identity = self._identity.get(index)
+        if identity is None:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                identity = (handle, pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle))
+            except pynvml.NVMLError as e:
+                return GpuSample(index, None, None, None, None, None, None, None,
+                                 error=_err(e), lost=isinstance(e, pynvml.NVMLError_GpuIsLost), processes_known=False)
+        handle, uuid, name = identity
+        sample = self._sample_known(index, handle, uuid, name)
+        if sample.lost:
+            self._identity.pop(index, None)  # asked again next tick (the handle may be no more)
+        else:
+            self._identity[index] = identity
+        return sample
+
+    def _sample_known(self, index: int, handle, uuid: str, name: str) -> GpuSample:
         errors: list[str] = []
         failed: list[Exception] = []
 
@@ -332,3 +350,4 @@ class NvmlSampler:
             except pynvml.NVMLError:
                 pass
             self._initialised = False
+            self._identity.clear()

@@ -145,6 +145,28 @@ def test_a_gpu_lost_mid_run_is_marked_and_the_others_still_read(node):
     assert not s.processes_known  # whatever ran on the lost GPU is not known
 
 
+def test_who_a_gpu_is_is_asked_once_an_init_and_again_after_it_was_lost(node):
+    # A handle names one device until nvmlShutdown: its UUID and name are asked at the first
+    # sample, not three calls a GPU every tick. A faulty name call after that is never made;
+    # once the GPU was lost, who it is is asked again.
+    sampler = NvmlSampler(wall_clock=Clock())
+    assert sampler.sample(0.0).gpus[0].name == "NVIDIA A100-SXM4-80GB"
+    node.state.gpus[0].faults = {"name": pynvml.NVML_ERROR_UNKNOWN, "uuid": pynvml.NVML_ERROR_UNKNOWN}
+    node.publish(node.state)
+    d0 = sampler.sample(1.0).gpus[0]
+    assert (d0.uuid, d0.name, d0.error) == (uuid(0), "NVIDIA A100-SXM4-80GB", None)
+    node.state.gpus[0].lost = True
+    node.publish(node.state)
+    assert sampler.sample(2.0).gpus[0].lost
+    node.state.gpus[0].lost = False
+    node.publish(node.state)
+    d0 = sampler.sample(3.0).gpus[0]
+    assert d0.uuid is None and d0.error is not None  # asked again: the faulty calls answer now
+    node.state.gpus[0].faults = {}
+    node.publish(node.state)
+    assert sampler.sample(4.0).gpus[0].uuid == uuid(0)
+
+
 def test_unsupported_and_forbidden_fields_are_missing_not_fatal(node):
     g = node.state.gpus
     g[0].faults = {"utilization": pynvml.NVML_ERROR_NOT_SUPPORTED, "processes": pynvml.NVML_ERROR_NO_PERMISSION}
