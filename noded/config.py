@@ -79,6 +79,11 @@ class ResctrlConfig:
     root: str = "/sys/fs/resctrl"
     mounts: str = "/proc/mounts"
     prefix: str = "noded-"
+    #: while the node is quiet (below half the contention threshold; nothing throttled,
+    #: capped or overridden; no per-job cap, source cap or GPU reserve configured), each
+    #: job's counters are read every this many ticks, the node's every tick (1: every job
+    #: every tick)
+    quiet_read_every: int = 5
 
 
 @dataclass(frozen=True)
@@ -384,6 +389,7 @@ _RULES: dict[str, Check] = {
     "admin.reports_per_job": _between(1, 100_000, " per second"),
     "jobs.sources.kind": _must(lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
     "resctrl.prefix": prefix_problem,
+    "resctrl.quiet_read_every": _between(1, 60, " ticks"),
     "rightsize.sources": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
     "rightsize.lend_to": _must(lambda v: len(set(v)) == len(v), "distinct source kinds (one is listed twice)"),
     "rightsize.method": _must(lambda v: v in ("top", "coda", "synergy"), "one of top, coda, synergy"),

@@ -36,6 +36,7 @@ from noded.loop.parts import Parts
 from noded.loop.planners import plan_knobs
 from noded.policy.contention import Decision, PolicyState
 from noded.rightsize.service import RightsizeView
+from noded.samplers.bandwidth import QuietRead
 from noded.samplers.sample import GPU, Sample
 from noded.loop.tickstats import TickStats, Totals
 from noded.loop.watching import Watch, watching
@@ -252,7 +253,7 @@ class Daemon:
     def tick(self) -> TickResult:
         """sample -> decide (each controller proposes) -> one plan per knob -> apply -> result."""
         t0 = self.clock()
-        sample = self.parts.telemetry.sample()
+        sample = self.parts.telemetry.sample(self._quiet_read())
         t1 = self.clock()
         control = self.control.read()  # what operators set, once: every step below sees this reading
         unwritable = self._state_check(t1)
@@ -272,6 +273,21 @@ class Daemon:
         t3 = self.clock()
         durations = {"sample": t1 - t0, "decide": t2 - t1, "act": t3 - t2}
         return self._publish(t0, sample, control, decided, acted, durations)
+
+    def _quiet_read(self) -> QuietRead | None:
+        """Whether this tick may read a quiet node thin (noded.samplers.bandwidth): only where
+        the last tick left nothing throttled, capped or overridden, and no rule of the config
+        needs each job's bandwidth every tick (a per-job cap, a source's cap, a GPU reserve)."""
+        c, last = self.config, self.last
+        if last is None or c.resctrl.quiet_read_every <= 1:
+            return None
+        contention = c.contention
+        if (contention.cpu_job_cap_gbps is not None or contention.gpu_reserve_gbps is not None
+                or any(s.cap_gbps is not None for s in c.jobs.sources)):
+            return None
+        if any(last.levels.values()) or self.state.throttles or last.caps or last.control.overrides:
+            return None
+        return QuietRead(0.5 * contention.threshold * c.peak_bytes_per_domain, c.resctrl.quiet_read_every)
 
     def _reading(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Reading:
         """What every controller sees of this tick: the Sample, the operators' one reading and

@@ -256,6 +256,10 @@ def _contention_step(levels: _Levels, sample: Sample, share: float | None, confi
         return note, False
     if share is None:
         return "holding: node bandwidth unknown", False
+    if triggered and settled and not sample.job_bandwidth_current:
+        # the node was read thin until now: a job read some ticks ago has a mean over them, and
+        # a hog that rose since reads low; heaviest-first picks on one tick's rates, next tick
+        return "contention: waiting a tick for every job's bandwidth over one tick", False
     if triggered and settled:
         candidates = sorted((j for j in jobs if throttleable(j)), key=lambda j: (-jobs[j].bandwidth_bps, j))
         if not candidates:

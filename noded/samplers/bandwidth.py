@@ -6,6 +6,17 @@ inside it, i.e. the tasks in its own RMID). Summing residuals rather than contro
 group totals keeps the node rate steady when a job's group is removed (the
 parent's total drops by that group's count, as on the kernel) or created.
 
+While the groups stay as they are, the node's rate is read from the control groups'
+totals (each holds its monitoring groups' counts), which is the same sum read at once.
+
+A quiet node (the caller says when: nothing throttled, capped or overridden; and the node
+below ``QuietRead.below_bps`` on every domain) is read thin: every control group's total
+each tick, each job's counters every ``QuietRead.every`` ticks, a share of the jobs each tick (those
+read longest ago first). A job's rate is then its mean since its last read, carried until
+its next; the sample says so (``jobs_current`` False). The first tick the node is not quiet
+reads every job again, and says the same of that tick: a job read some ticks ago has a
+longer window, and heaviest-first must not act on it (the policy waits one tick).
+
 No descriptor stays open between ticks (an operator must be able to unmount
 resctrl); a reading that is missing makes that rate None, never zero, so policy
 can tell quiet from unknown.
@@ -13,9 +24,10 @@ can tell quiet from unknown.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from resctrl import BandwidthMeter, CounterReading, MonGroup, Resctrl
 from resctrl.info import read_domains
@@ -30,6 +42,9 @@ class BandwidthSample:
     node_bps: dict[int, float | None]  # per domain
     job_bps: dict[str, dict[int, float | None]]  # job id -> domain -> bytes/s
     missing: tuple[str, ...]  # what could not be measured, in words
+    #: every job's rate is over the last tick alone (False on a thin tick, where rates are
+    #: means since each job's last read, and on the first tick after one)
+    jobs_current: bool = True
 
 
 def residual(total: MbmSample, children: list[MbmSample], domains: tuple[int, ...]) -> MbmSample:
@@ -69,6 +84,14 @@ def _every_domain(rates: dict[int, float | None], domains: tuple[int, ...]) -> d
     return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}
 
 
+class QuietRead(NamedTuple):
+    """The caller's word that nothing is throttled, capped or overridden: below
+    ``below_bps`` per domain, each job's counters are read every ``every`` ticks."""
+
+    below_bps: float
+    every: int
+
+
 class BandwidthSampler:
     name = "resctrl"
 
@@ -85,6 +108,13 @@ class BandwidthSampler:
         self._ctrl_paths: set[str] = set()
         self._last_read: float | None = None
         self._generation: int | None = None
+        # each control group's total (its own RMID and its monitoring groups'), by its path:
+        # the node's rate while the groups stay as they are
+        self._total_meters: dict[str, BandwidthMeter] = {}
+        self._layout: tuple | None = None  # the groups as last read: which job's is where
+        self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
+        self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
+        self._behind: set[str] = set()  # jobs not read on the last tick
 
     def _new_meter(self, domains: tuple[int, ...], created_at: float | None, dip: int) -> BandwidthMeter:
         meter = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
@@ -96,32 +126,55 @@ class BandwidthSampler:
             meter.start_from_zero(domains, start)
         return meter
 
-    def sample(self, rc: Resctrl, generation: int, groups: Mapping[str, MonGroup]) -> BandwidthSample:
-        """Rates of every job group and the node, from counters read now. Descriptors are
+    def sample(self, rc: Resctrl, generation: int, groups: Mapping[str, MonGroup],
+               quiet: QuietRead | None = None) -> BandwidthSample:
+        """Rates of every job group and the node, from counters read now; with ``quiet``, a
+        quiet node read thin (see the module's doc); None: every counter. Descriptors are
         closed before returning: noded holds nothing open in resctrl between ticks."""
         if generation != self._generation:
             # A new mount: counters of the old one mean nothing here.
             self._job_meters.clear()
             self._own_meters.clear()
+            self._total_meters.clear()
             self._ctrl_paths.clear()
+            self._job_bps.clear()
+            self._job_read_at.clear()
+            self._layout = None
             self._last_read = None
             self._generation = generation
         try:
-            return self._sample(rc, groups)
+            return self._sample(rc, groups, quiet)
         finally:
             self.reader.close()
 
-    def _sample(self, rc: Resctrl, groups: Mapping[str, MonGroup]) -> BandwidthSample:
+    def _sample(self, rc: Resctrl, groups: Mapping[str, MonGroup], quiet: QuietRead | None) -> BandwidthSample:
         domains = read_domains(rc.root, True)
+        ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
+        layout = (tuple(ctrl_paths), frozenset((j, g.path, g.parent.path) for j, g in groups.items()))
+        same = layout == self._layout
+        if not same:
+            self._total_meters.clear()  # a group made, moved or removed: each total jumps or dips
+        self._layout = layout
+        by_totals: dict[int, float | None] | None = None
+        totals_read = False  # this tick's totals taken already: a second read would measure microseconds
+        if same and quiet is not None and quiet.every > 1 and self._every_job_rated(groups):
+            totals_read = True
+            by_totals = self._node_from_totals(self._read_all({p: p for p in ctrl_paths}, domains, self.clock()),
+                                               domains)
+            if by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
+                return self._thin(groups, domains, by_totals, quiet)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
+        behind = bool(self._behind & groups.keys())  # some job's last reading is older than the last tick
         job_readings = self._read_all({job_id: g.path for job_id, g in groups.items()}, domains, started)
-        ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
         ctrl_readings = self._read_all({p: p for p in ctrl_paths}, domains, self.clock())
         now = self.clock()
         span = now - started
         node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
         job_bps = self._job_rates(job_readings, domains, node)
+        self._job_bps = job_bps
+        self._job_read_at = {j: at for j, (_, at) in job_readings.items()}
+        self._behind = set()
         in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
         for job_id, g in groups.items():
             in_ctrl.setdefault(g.parent.path, []).append(job_id)
@@ -138,6 +191,12 @@ class BandwidthSampler:
                 meter = self._own_meters[path] = self._new_meter(domains, self._last_read if new else None,
                                                                  RESIDUAL_DIP_BYTES)
             _add_into(node, _every_domain(meter.update(own, at, tolerance), domains))
+        if not totals_read:
+            by_totals = self._node_from_totals(ctrl_readings, domains)
+        if same and by_totals is not None:
+            # the same counters summed at once: after thin ticks the jobs' and residuals'
+            # windows differ, the totals' is the last tick's
+            node = by_totals
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         for job_id in [j for j in self._job_meters if j not in groups]:
             del self._job_meters[job_id]
@@ -145,7 +204,41 @@ class BandwidthSampler:
             del self._own_meters[path]
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
-        return BandwidthSample(domains, node, job_bps, tuple(missing))
+        return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind)
+
+    def _node_from_totals(self, ctrl_readings: Mapping[str, tuple[MbmSample, float]],
+                          domains: tuple[int, ...]) -> dict[int, float | None] | None:
+        """The node's rate per domain as the sum of every control group's total's; None
+        where a total has no rate yet (a new meter, a group made or removed since)."""
+        node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
+        for path, (readings, at) in ctrl_readings.items():
+            meter = self._total_meters.get(path)
+            if meter is None:
+                meter = self._total_meters[path] = BandwidthMeter(MBM_TOTAL)
+            _add_into(node, _every_domain(meter.update(readings, at), domains))
+        return None if any(r is None for r in node.values()) else node
+
+    def _every_job_rated(self, groups: Mapping[str, MonGroup]) -> bool:
+        """Every job has a rate to carry: a job never read, or whose last read gave none (a
+        first reading, a counter the kernel could not give), is read every tick."""
+        rates = self._job_bps
+        return all(j in rates and None not in rates[j].values() for j in groups)
+
+    def _thin(self, groups: Mapping[str, MonGroup], domains: tuple[int, ...], node: dict[int, float | None],
+              quiet: QuietRead) -> BandwidthSample:
+        """A thin tick: the node's rate from the totals (read), and the share of the jobs
+        whose turn it is, those read longest ago first; the others' rates carried."""
+        share = math.ceil(len(groups) / quiet.every)
+        due = sorted(groups, key=lambda j: (self._job_read_at[j], j))[:share]
+        job_readings = self._read_all({j: groups[j].path for j in due}, domains, self.clock())
+        job_bps = {j: self._job_bps[j] for j in groups}
+        for job_id, (readings, at) in job_readings.items():
+            job_bps[job_id] = _every_domain(self._job_meters[job_id].update(readings, at), domains)
+            self._job_read_at[job_id] = at
+        self._job_bps = job_bps
+        self._behind = groups.keys() - job_readings.keys()
+        self._last_read = self.clock()
+        return BandwidthSample(domains, node, job_bps, (), jobs_current=False)
 
     def _read_all(self, paths: Mapping[str, str], domains: tuple[int, ...],
                   before: float) -> dict[str, tuple[MbmSample, float]]:

@@ -71,6 +71,9 @@ class Sample:
     job_sources: tuple[str, ...] = ()
     # the memory cgroups of the jobs right-sizing's memory is for (None: memory is not sized)
     memory: MemoryReading | None = None
+    # every job's bandwidth is its rate over the last tick alone: False on a quiet node's
+    # thin tick (each job's mean since its last read) and on the first tick after one
+    job_bandwidth_current: bool = True
 
     @property
     def node_bandwidth_total_bps(self) -> float | None:
@@ -195,6 +198,7 @@ def build_sample(
         bandwidth.domains if bandwidth else (), MappingProxyType(dict(bandwidth.node_bps) if bandwidth else {}),
         _missing(samplers, nvml, bandwidth, unavailable), samplers, jobs is not None, resctrl,
         _job_errors(monitor, cpus_unreadable), tuple(job_sources),
+        job_bandwidth_current=bandwidth.jobs_current if bandwidth is not None else True,
     )
 
 

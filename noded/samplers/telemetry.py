@@ -25,7 +25,7 @@ from noded.samplers.mongroups import JobMonitor
 from noded.jobs.procevents import DEFAULT_PER_UID, ProcessEvents
 from noded.samplers.sample import GPU, Sample, build_sample
 from noded.samplers import SamplerStatus, run_sampler
-from noded.samplers.bandwidth import BandwidthSampler
+from noded.samplers.bandwidth import BandwidthSampler, QuietRead
 from noded.samplers.cpus import CpuPlacementSampler
 from noded.samplers.memcgroups import MemoryCgroupSampler
 from noded.samplers.missing import MissingInputs
@@ -71,7 +71,10 @@ class Telemetry:
             self._known[job.id] = job
         self.monitor.add_process(job, pid)
 
-    def sample(self) -> Sample:
+    def sample(self, quiet: QuietRead | None = None) -> Sample:
+        """This tick's Sample. ``quiet``: nothing is throttled, capped or overridden, so a
+        quiet node's job counters may be read every few ticks (noded.samplers.bandwidth);
+        None: every counter this tick."""
         now = self.clock()
         statuses: list[SamplerStatus] = []
 
@@ -102,7 +105,8 @@ class Telemetry:
         bandwidth = None
         if rc is not None and rc.caps.mon is not None:
             groups = report.groups if report is not None else self.monitor.groups()
-            bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups))
+            bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups,
+                                                                        quiet))
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
                               cpus_unreadable=self.cpus.unreadable if cpus is not None else {},
                               unavailable=unavailable,

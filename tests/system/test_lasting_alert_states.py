@@ -38,7 +38,7 @@ class Node:
         self.held: tuple[str, ...] = ()  # jobs whose monitoring group's sync failed
         self.resctrl: ResctrlFacts | None = None
 
-    def sample(self):
+    def sample(self, quiet=None):
         jobs = {j: JobSample(j, "cgroup", frozenset({pid}), JobMeta(), CPU, (), None, 1e9, "own")
                 for j, pid in (("cgroup:a", 11), ("cgroup:b", 12))}
         errors = tuple(("monitor", j, "OSError: a tenant's group") for j in self.held)

@@ -44,7 +44,7 @@ class Node:
                           "meta": meta or JobMeta(model="BiDAF", batch_size=32, category="NLP"), "curve": curve,
                           "gpus": tuple(f"GPU-{i}" for i in range(gpus)) if kind == GPU else ()}
 
-    def sample(self) -> Sample:
+    def sample(self, quiet=None) -> Sample:
         jobs = {}
         for job, j in self.jobs.items():
             util = j["curve"][len(j["cpus"])] if j["kind"] == GPU else None

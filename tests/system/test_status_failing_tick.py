@@ -39,7 +39,7 @@ class TelemetryThatFailsUntilMended:
         self.mend = threading.Event()
         self.n = 0
 
-    def sample(self):
+    def sample(self, quiet=None):
         self.n += 1
         if not self.mend.is_set():
             raise OSError(5, "Input/output error", "/sys/fs/resctrl/mon_data/mon_L3_00/mbm_total_bytes")

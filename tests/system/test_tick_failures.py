@@ -39,7 +39,7 @@ class BrokenTelemetry:
         self.mend = threading.Event()
         self.n = 0
 
-    def sample(self):
+    def sample(self, quiet=None):
         self.n += 1
         if not self.mend.is_set():
             raise UnicodeEncodeError("utf-8", "cgroup:\udcff", 7, 8, "surrogates not allowed")
@@ -141,7 +141,7 @@ class TwoJobs:
         self.monitor_error = monitor_error
         self.t = 0.0
 
-    def sample(self):
+    def sample(self, quiet=None):
         self.t += 1.0
         jobs = {j: JobSample(j, "cgroup", frozenset({pid}), JobMeta(), CPU, (), None, 1e9, "own")
                 for j, pid in (("cgroup:bad\udcff", 11), ("cgroup:good", 12))}

@@ -129,7 +129,7 @@ class CapsAfterTheWrites(Proposer):
 
 
 class JobsUnknownAfterTheFirst(OneCpuJob):
-    def sample(self):
+    def sample(self, quiet=None):
         first = super().sample()
         return first if self.t == 1.0 else replace(first, jobs_known=False)
 

@@ -59,6 +59,20 @@ def test_steps_wait_to_settle_and_gpu_jobs_are_never_throttled():
     assert "gpu2" not in state.throttles
 
 
+def test_a_tick_whose_job_rates_span_more_than_one_tick_takes_no_step_the_next_does():
+    # the node was read thin until now (noded.samplers.bandwidth): the hog that rose since its
+    # last read reads low, so heaviest-first would pick "steady"; the policy waits one tick
+    from dataclasses import replace
+    base = [sample(3, js("nlp", GPU, 80), js("hog", CPU, bw=0.5 * GB), js("steady", CPU, bw=2 * GB), t=0)]
+    first = replace(sample(9.5, js("nlp", GPU, 40), js("hog", CPU, bw=1.6 * GB), js("steady", CPU, bw=2 * GB), t=1),
+                    job_bandwidth_current=False)
+    then = sample(9.5, js("nlp", GPU, 40), js("hog", CPU, bw=7 * GB), js("steady", CPU, bw=2 * GB), t=2)
+    ds, state = run(base + [first, then])
+    assert ds[1].actions == () and "waiting a tick" in ds[1].note
+    (a,) = ds[2].actions
+    assert (a.job, a.to_level) == ("hog", 1)
+
+
 def test_missing_bandwidth_never_throttles():
     ds, state = run([sample(4, js("nlp", GPU, 80), js("hog", CPU, bw=3 * GB), t=0),
                      sample(None, js("nlp", GPU, 30), js("hog", CPU, bw=9 * GB), t=1)])

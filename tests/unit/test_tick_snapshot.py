@@ -33,7 +33,7 @@ class OneCpuJob:
         self.during = during
         self.t = 0.0
 
-    def sample(self):
+    def sample(self, quiet=None):
         self.during()
         self.t += 1.0
         jobs = {JOB: JobSample(JOB, "cgroup", frozenset({11}), JobMeta(), CPU, (), None, 1e9, "own")}

@@ -1,0 +1,185 @@
+"""A quiet node read thin (noded.samplers.bandwidth, issue #25's CPU goal): the node's rate
+every tick from the control groups' totals, each job's counters every few ticks, a job's
+rate its mean since its last read; any tick that is not quiet, or whose groups changed,
+reads every counter. Counters here are a model the test drives (bytes per path), read
+through the sampler's own reader interface, so every rate it gives can be checked exactly."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noded.samplers.bandwidth import BandwidthSampler, QuietRead
+from resctrl.mbm import MBM_TOTAL, CounterReading
+
+GB = 1e9
+QUIET = QuietRead(below_bps=50 * GB, every=5)
+
+
+class Node:
+    """Jobs each in their monitoring group under the root; the root's total holds every
+    group's bytes and its own (as the kernel sums a control group's RMIDs)."""
+
+    def __init__(self, root: str, jobs: int):
+        self.root = root
+        self.now = 0.0
+        self.rates = {f"j{i}": 1 * GB for i in range(jobs)}  # bytes/s per job
+        self.own_rate = 0.5 * GB  # tasks in the root's own RMID
+        self.bytes = {j: 0.0 for j in self.rates}
+        self.own = 0.0
+        self.reads: list[str] = []  # paths read this tick
+        self.groups = {j: SimpleNamespace(path=f"{root}/mon_groups/{j}", parent=SimpleNamespace(path=root))
+                       for j in self.rates}
+        self.rc = SimpleNamespace(root=root, list_ctrl_groups=lambda: [])
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        for j, r in self.rates.items():
+            self.bytes[j] += r * dt
+        self.own += self.own_rate * dt
+
+    # the sampler's reader
+    def read(self, path, domains):
+        self.reads.append(path)
+        if path == self.root:
+            value = self.own + sum(self.bytes.values())
+        else:
+            value = self.bytes[path.rsplit("/", 1)[1]]
+        return {d: {MBM_TOTAL: CounterReading(int(value))} for d in domains}
+
+    def close(self):
+        pass
+
+    def tick(self, sampler, quiet=QUIET):
+        self.reads = []
+        s = sampler.sample(self.rc, 1, dict(self.groups), quiet)
+        return s, [p.rsplit("/", 1)[1] for p in self.reads if p != self.root]
+
+
+@pytest.fixture
+def node(tmp_path):
+    (tmp_path / "mon_data" / "mon_L3_00").mkdir(parents=True)
+    return Node(str(tmp_path), 20)
+
+
+def sampler_of(node):
+    return BandwidthSampler(SimpleNamespace(created_at=lambda job: None), node, clock=lambda: node.now)
+
+
+def warm(node, sampler, ticks=3):
+    """``ticks`` ticks a second apart, the last just now: the first reads give no rate, so
+    the second reads every job again; thin from the third."""
+    out = [node.tick(sampler)]
+    for _ in range(ticks - 1):
+        node.advance(1.0)
+        out.append(node.tick(sampler))
+    return out
+
+
+def test_a_quiet_node_reads_each_job_every_fifth_tick_and_the_node_every_tick(node):
+    sampler = sampler_of(node)
+    (_, first), (s, second) = warm(node, sampler, 2)
+    assert sorted(first) == sorted(second) == sorted(node.rates) and s.jobs_current
+    node.advance(1.0)
+    last_read = {j: 1 for j in node.rates}
+    for tick in range(2, 22):
+        s, read = node.tick(sampler)
+        assert len(read) == 4, read  # 20 jobs / 5
+        for j in read:
+            last_read[j] = tick
+        assert all(tick - t < 5 for t in last_read.values()), last_read
+        assert s.node_bps[0] == pytest.approx(20.5 * GB) and not s.jobs_current
+        assert all(r[0] == pytest.approx(1 * GB) for r in s.job_bps.values())
+        node.advance(1.0)
+
+
+def test_a_jobs_rate_on_a_thin_tick_is_its_mean_since_its_last_read(node):
+    sampler = sampler_of(node)
+    warm(node, sampler)
+    # every job at 3 GB/s from now: each job's first read after the change gives its mean
+    # since its read before, which began before the change; its next read gives 3 GB/s
+    for j in node.rates:
+        node.rates[j] = 3 * GB
+    seen: dict[str, float] = {}
+    for _ in range(10):
+        node.advance(1.0)
+        s, read = node.tick(sampler)
+        for j in read:
+            seen[j] = s.job_bps[j][0]
+        assert s.node_bps[0] == pytest.approx(60.5 * GB)  # the node's own rate follows at once
+    assert seen.keys() == node.rates.keys()
+    assert all(v == pytest.approx(3 * GB) for v in seen.values()), seen
+
+
+def test_the_node_past_the_quiet_bound_reads_every_job_at_once_and_says_the_rates_are_not_one_ticks(node):
+    sampler = sampler_of(node)
+    warm(node, sampler, 4)
+    node.rates["j7"] = 60 * GB  # a hog rises: the node passes the bound on this tick
+    node.advance(1.0)
+    s, read = node.tick(sampler)
+    assert sorted(read) == sorted(node.rates)  # every job read on the tick it was seen
+    assert not s.jobs_current  # j7's window reaches back to its last read
+    assert s.node_bps[0] == pytest.approx(20.5 * GB + 59 * GB)  # the last second's, from the totals
+    node.advance(1.0)
+    s, read = node.tick(sampler)
+    assert sorted(read) == sorted(node.rates) and s.jobs_current
+    assert s.job_bps["j7"][0] == pytest.approx(60 * GB)
+
+
+def test_a_group_made_or_removed_reads_every_job_that_tick(node):
+    sampler = sampler_of(node)
+    warm(node, sampler, 4)
+    node.advance(1.0)
+    del node.groups["j3"]  # its group removed: the root's total drops by its count
+    node.own += node.bytes.pop("j3")
+    node.own_rate += node.rates.pop("j3")
+    s, read = node.tick(sampler)
+    assert sorted(read) == sorted(node.rates)
+    assert s.node_bps[0] is not None and s.node_bps[0] == pytest.approx(20.5 * GB, rel=0.02)
+
+
+def test_without_the_quiet_word_every_job_is_read_every_tick(node):
+    sampler = sampler_of(node)
+    for _ in range(4):
+        s, read = node.tick(sampler, quiet=None)
+        node.advance(1.0)
+        assert sorted(read) == sorted(node.rates) and s.jobs_current
+
+
+@given(every=st.integers(1, 8), jobs=st.integers(0, 30),
+       steps=st.lists(st.tuples(st.integers(0, 29), st.floats(0, 40)), min_size=1, max_size=30))
+def test_property_rates_are_exact_means_and_no_job_waits_longer_than_its_turn(tmp_path_factory, every, jobs, steps):
+    root = tmp_path_factory.mktemp("resctrl")
+    (root / "mon_data" / "mon_L3_00").mkdir(parents=True)
+    node = Node(str(root), jobs)
+    sampler = sampler_of(node)
+    quiet = QuietRead(below_bps=50 * GB, every=every)
+    history: dict[str, list[tuple[float, float]]] = {j: [] for j in node.rates}  # (time, bytes) at each read
+    last_read: dict[str, int] = {}
+    for tick, (who, gbps) in enumerate(steps):
+        node.advance(1.0)
+        if jobs:
+            node.rates[f"j{who % jobs}"] = gbps * GB
+        before = dict(node.bytes)
+        s, read = node.tick(sampler, quiet)
+        true_node = sum(node.rates.values()) + node.own_rate
+        for j in read:
+            if history[j]:
+                t0, b0 = history[j][-1]
+                assert s.job_bps[j][0] == pytest.approx((before[j] - b0) / (node.now - t0), rel=1e-6, abs=2)
+            history[j].append((node.now, before[j]))
+            last_read[j] = tick
+        if tick >= 1:
+            # the node's rate is the last second's, thin or not
+            assert s.node_bps[0] == pytest.approx(true_node_prev_mean(node, prev_total, prev_now), rel=1e-6, abs=2)
+        if tick >= 1 and s.jobs_current:
+            assert sorted(read) == sorted(node.rates)
+        assert all(tick - t < max(every, 1) for t in last_read.values()) or not jobs
+        prev_total, prev_now = node.own + sum(node.bytes.values()), node.now
+        assert true_node >= 0
+
+
+def true_node_prev_mean(node, prev_total, prev_now):
+    return (node.own + sum(node.bytes.values()) - prev_total) / (node.now - prev_now)
