@@ -11,7 +11,7 @@ import pytest
 
 from support.in_process import noded_in_process
 from support.sockets import NotifySocket
-from support.waiting import wait_for
+from support.waiting import settled, wait_for
 from support.system import popen_noded
 
 pytestmark = pytest.mark.fuse
@@ -121,7 +121,10 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
     emu, shared = node
     notify = NotifySocket(tmp_path / "notify")
     try:
-        p = run(config(tmp_path, "n", **shared), env={**os.environ, "NOTIFY_SOCKET": notify.path})
+        cfg = config(tmp_path, "n", **shared)
+        if sig == "SIGHUP":
+            settled(cfg)  # else the reload may be deferred past the stop below (the file just written)
+        p = run(cfg, env={**os.environ, "NOTIFY_SOCKET": notify.path})
         notify.until("STATUS", "starting")  # the handlers are in place from here on
         p.send_signal(getattr(signal, sig))
         if sig == "SIGHUP":
