@@ -249,8 +249,9 @@ class Daemon:
         except Exception:
             log.exception("config reload failed, keeping the running config")
             return "config reload failed; the running config is kept (the journal says why)"
-        waited = (f" (the file was changing: deferred {deferred.tries} {'time' if deferred.tries == 1 else 'times'}, "
-                  f"{self.clock() - deferred.since:.1f} s)") if deferred is not None and deferred.tries else ""
+        waited = (f" (once the file had been unchanged for {SETTLE_S:g} s: deferred {deferred.tries} "
+                  f"{'time' if deferred.tries == 1 else 'times'}, {self.clock() - deferred.since:.1f} s)"
+                  if deferred is not None and deferred.tries else "")
         log.warning("config reloaded%s%s", waited,
                     f"; these changes need a restart and were not applied: {', '.join(restart)}" if restart else "")
         return "config reloaded" + waited + (f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
@@ -266,9 +267,10 @@ class Daemon:
             return (f"config reload given up: the file kept changing for {waited:.0f} s; the running config is kept "
                     "(the journal says why)")
         self._deferred = DeferredReload(since, tries)
-        (log.warning if tries == 1 else log.info)(
-            "config reload deferred (try %d): %s; read again each tick until it is unchanged for %g s, for at most "
-            "%g s", tries, e, SETTLE_S, RELOAD_PATIENCE_S)
+        # the usual reload (saved, then reloaded within a second) is deferred once: not a
+        # warning; its outcome's line says it was
+        log.info("config reload deferred (try %d): %s; read again each tick until it is unchanged for %g s, for at "
+                 "most %g s", tries, e, SETTLE_S, RELOAD_PATIENCE_S)
         return None
 
     def _state_check(self, now: float) -> str | None:
