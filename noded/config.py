@@ -14,6 +14,7 @@ import ipaddress
 import math
 import os
 import re
+import time
 import types
 import typing
 from dataclasses import dataclass, field
@@ -645,12 +646,15 @@ def parse_config(text: str | bytes, where: str = "<config>", *, empty_ok: bool =
     return config
 
 
-def load_config(path: str, *, empty_ok: bool = True) -> Config:
+def load_config(path: str, *, empty_ok: bool = True, settle_s: float | None = None,
+                now: Callable[[], float] = time.time) -> Config:
     """The config in a file; raises only ConfigError, whatever the file holds or is
     (a directory, a FIFO, a device, too large: never read, never blocked on);
-    EmptyConfig for a file with no keys unless ``empty_ok``."""
+    EmptyConfig for a file with no keys unless ``empty_ok``. Where ``settle_s`` is given
+    (a reload), raises noded.util.settled.Unsettled, before anything is parsed, for a file
+    that changed while it was read or less than ``settle_s`` seconds of ``now`` before."""
     try:
-        data = read_regular_file(path)
+        data = read_regular_file(path, settle_s=settle_s, now=now)
     except YamlError as e:
         raise ConfigError(path, "(file)", None, e.reason) from None
     return parse_config(data, path, empty_ok=empty_ok)

@@ -2,7 +2,8 @@
 
 Signals: SIGTERM/SIGINT stop the loop, release every throttle, restore what was
 changed and remove noded's groups; SIGHUP reloads the config (a bad one is refused
-with its reason and the running one kept). Under systemd the notify protocol says
+with its reason and the running one kept; one still being written is read again at the
+next tick: noded.util.settled). Under systemd the notify protocol says
 READY after the loop's first round, a STATUS line each round (saying so where the tick
 failed), and WATCHDOG after every round that ends, failed or not.
 """
@@ -13,7 +14,9 @@ import logging
 import os
 import sys
 import threading
+import time
 from contextlib import ExitStack
+from typing import Callable
 
 from mps.errors import MpsError
 
@@ -23,6 +26,7 @@ from noded.stores.calibration import CalibrationError
 from noded.util.cliopts import say
 from noded.config import Config, ConfigError, EmptyConfig, load_config
 from noded.util.heap import settle_heap
+from noded.util.settled import SETTLE_S, Unsettled
 from noded.loop.daemon import TickFailure, TickResult
 from noded.commands.hostcheck import refusal, start_check
 from noded.util.journal import configure_logging
@@ -176,11 +180,16 @@ def _listening(server: AdminServer, what: str, path: str) -> AdminServer:
         raise StartError(f"cannot listen on the {what} {path}: {e.strerror or e}") from None
 
 
-def _reload(path: str, settle) -> Config | None:
+def _reload(path: str, settle, *, settle_s: float = SETTLE_S, now: Callable[[], float] = time.time) -> Config | None:
+    """The config in ``path`` for a reload; None where it is refused (said in the journal).
+    Raises Unsettled for a file that may be half written (the daemon reads it again at a
+    later tick: noded.util.settled)."""
     try:
         # An empty file is refused: a file truncated or half written (an editor, a full
         # disk) would otherwise put every key back to its default (tick, caps, the peak).
-        config = load_config(path, empty_ok=False)
+        # One being written is not read as it is now: a file an editor or `cat >` rewrites
+        # in place may be caught cut short yet still parse, its later keys at their defaults.
+        config = load_config(path, empty_ok=False, settle_s=settle_s, now=now)
         # What `noded run` and check-config refuse on this host, a reload refuses whole:
         # taken as far as the schema goes, it would be half applied (the new tick, the old
         # job source that could not be used).
@@ -192,6 +201,8 @@ def _reload(path: str, settle) -> Config | None:
         config, source = settle(config)
         log.info("reload: node peak %g GB/s per L3 domain (%s)", config.peak_gbps_per_domain, source)
         return config
+    except Unsettled:
+        raise  # not refused: read again at a later tick
     except ConfigError as e:
         log.error("config reload refused, keeping the running config: %s", e.summary())
         return None

@@ -109,26 +109,34 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
                           memory_jobs=sizing["rightsize"].gpu_jobs if sized_memory is not None else lambda s: ())
     if caps and not rightsize:
         sizing["cpu_owner"] = cores.owner  # the one writer of every job's CPUs: a cap's fewer cores too
-    colocation = _colocation(config, clock, originals, dry_run, notes)
     overrides = OverrideStore(state, wall_clock, persist=not dry_run)
     notes_for_operators = list(overrides.notes)  # printed where `noded run` prints them, after its first lines
-    # the controllers that are on follow from these parts (Parts.tick_controllers); a new
-    # controller is a file of its package, registered here in controllers=(...)
-    parts = Parts(
-        telemetry=telemetry, throttle=throttle, baselines=baselines,
-        caps=cap_service,
-        colocation=colocation, overrides=overrides,
-        # the labels job managers' hooks register: admin state, as the overrides are
-        registered_labels=telemetry.discovery.registered_labels,
-        state_probe=None if dry_run else originals.probe,
-        state_failed_writes=None if dry_run else (lambda: state.failed_writes),
-        reloader=reloader, notifier=notifier,
-        # the report socket listens where a tenant's reports are read: co-location or right-sizing
-        report_budget=ReportBudget(config.admin.reports_per_uid, config.admin.reports_per_job)
-        if colocation is not None or sizing else None,
-        **sizing)
-    daemon = Daemon(config, parts, clock=clock,
-                    extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    # Co-location last: it starts MPS, which nothing stops until the Daemon exists and the
+    # caller has registered its shutdown; whatever fails after it closes it (MPS stopped,
+    # compute modes put back) before the error goes on.
+    colocation = _colocation(config, clock, originals, dry_run, notes)
+    try:
+        # the controllers that are on follow from these parts (Parts.tick_controllers); a new
+        # controller is a file of its package, registered here in controllers=(...)
+        parts = Parts(
+            telemetry=telemetry, throttle=throttle, baselines=baselines,
+            caps=cap_service,
+            colocation=colocation, overrides=overrides,
+            # the labels job managers' hooks register: admin state, as the overrides are
+            registered_labels=telemetry.discovery.registered_labels,
+            state_probe=None if dry_run else originals.probe,
+            state_failed_writes=None if dry_run else (lambda: state.failed_writes),
+            reloader=reloader, notifier=notifier,
+            # the report socket listens where a tenant's reports are read: co-location or right-sizing
+            report_budget=ReportBudget(config.admin.reports_per_uid, config.admin.reports_per_job)
+            if colocation is not None or sizing else None,
+            **sizing)
+        daemon = Daemon(config, parts, clock=clock,
+                        extra_info={"throttle": throttle.kind if throttle else "none", "dry_run": str(dry_run).lower()})
+    except BaseException:
+        if colocation is not None:
+            colocation.close()
+        raise
     for n in notes:
         log.warning(n)
     return Built(daemon, rc, state, notes, notes_for_operators)

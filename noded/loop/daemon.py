@@ -28,6 +28,7 @@ from noded.config import Config
 from noded.knobs.controller import NO_FINDINGS, Found, Outcome, Plans, Proposals, Reading
 from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
+from noded.util.settled import SETTLE_S, Unsettled
 from noded.util.signalflag import SignalFlag
 from noded.util.journal import NOTICE, log_change, printable
 from noded.loop.health import Liveness
@@ -50,6 +51,10 @@ log = logging.getLogger(__name__)
 #: How often the state directory is tried for writing while throttles may be needed.
 STATE_PROBE_S = 10.0
 
+#: how long a reload waits for its file to stop changing (noded.util.settled) before it is
+#: given up, the running config kept: read once a tick meanwhile
+RELOAD_PATIENCE_S = 30.0
+
 #: where in a tick one job's part can fail alone (that job held, the others go on), in words
 #: lasting states logged as their alerts see them (monitoring/prometheus/noded-rules.yml): more
 #: than OVERRUN_SHARE of the last OVERRUN_WINDOW ticks overran (NodedTickOverruns); noded's
@@ -58,6 +63,15 @@ OVERRUN_WINDOW = 60
 OVERRUN_SHARE = 0.1
 RMIDS_NEARLY_EXHAUSTED = 0.9
 JOB_ERROR_STAGES = {"monitor": "monitoring group's sync", "cpus": "CPUs' reading", "act": "change"}
+
+
+@dataclass(frozen=True)
+class DeferredReload:
+    """A reload asked for whose file may be half written: since when (the daemon's clock)
+    and how many reads found it so."""
+
+    since: float
+    tries: int
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,8 @@ class Daemon:
         self.totals = Totals()  # the counters as of the last loop round, failed ticks too: what metrics read
         self.extra_info = dict(extra_info or {})
         self._reload = SignalFlag()  # set by SIGHUP's handler: no lock taken (see SignalFlag)
+        self._deferred: DeferredReload | None = None  # a reload asked for, its file not yet settled
+        self._reload_notifier = None  # told RELOADING=1 for the reload in progress: told READY=1 at its end
         self._state_failures_seen = 0
         self._state_checked: float | None = None
         self._state_unwritable: str | None = None
@@ -188,23 +204,42 @@ class Daemon:
             self.parts.throttle.use_peak(self.config.peak_bytes_per_domain)  # new MBps levels use it
         return needs_restart
 
-    def _maybe_reload(self) -> None:
-        if not self._reload.is_set() or self.parts.reloader is None:
+    def reload_if_due(self) -> None:
+        """Called by the loop before each tick: a reload asked for (SIGHUP), or one deferred,
+        tried once a round and never waited for inside one. A file that may be half written
+        (the reloader raises Unsettled) is read again the next round, for at most
+        RELOAD_PATIENCE_S; then the reload is given up and the running config kept. A SIGHUP
+        while one is deferred starts its patience again."""
+        if self.parts.reloader is None:
             return
-        self._reload.clear()
-        # systemd hears RELOADING=1 now and READY=1 when it is over, applied or not; not
-        # before the first tick's READY=1, which says that noded has started.
-        notifier = self.parts.notifier if self.last is not None else None
-        if notifier is not None:
-            notifier.reloading()
+        asked = self._reload.is_set()
+        if not asked and self._deferred is None:
+            return
+        if asked:
+            self._reload.clear()
+            if self._deferred is None:
+                # systemd hears RELOADING=1 now and READY=1 when it is over, applied or not;
+                # not before the first tick's READY=1, which says that noded has started.
+                self._reload_notifier = self.parts.notifier if self.last is not None else None
+                if self._reload_notifier is not None:
+                    self._reload_notifier.reloading()
+            self._deferred = DeferredReload(self.clock(), 0)
         status = self._reload_config()
+        if status is None:
+            return  # deferred: read again next round
+        self._deferred = None
+        notifier, self._reload_notifier = self._reload_notifier, None
         if notifier is not None:
             notifier.ready(status)
 
-    def _reload_config(self) -> str:
-        """Read the config again and take it; returns how that went, for systemd's STATUS."""
+    def _reload_config(self) -> str | None:
+        """Read the config again and take it; returns how that went, for systemd's STATUS
+        (None: deferred, the file may be half written)."""
+        deferred = self._deferred
         try:
             new = self.parts.reloader()
+        except Unsettled as e:
+            return self._unsettled(e)
         except Exception:
             log.exception("config reload failed, keeping the running config")
             new = None
@@ -215,9 +250,29 @@ class Daemon:
         except Exception:
             log.exception("config reload failed, keeping the running config")
             return "config reload failed; the running config is kept (the journal says why)"
-        log.warning("config reloaded%s", f"; these changes need a restart and were not applied: {', '.join(restart)}"
-                    if restart else "")
-        return "config reloaded" + (f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
+        waited = (f" (once the file had been unchanged for {SETTLE_S:g} s: deferred {deferred.tries} "
+                  f"{'time' if deferred.tries == 1 else 'times'}, {self.clock() - deferred.since:.1f} s)"
+                  if deferred is not None and deferred.tries else "")
+        log.warning("config reloaded%s%s", waited,
+                    f"; these changes need a restart and were not applied: {', '.join(restart)}" if restart else "")
+        return "config reloaded" + waited + (f"; needs a restart to apply: {', '.join(restart)}" if restart else "")
+
+    def _unsettled(self, e: Unsettled) -> str | None:
+        """The file may be half written: deferred to the next round (None), or given up
+        with the running config kept once RELOAD_PATIENCE_S have passed (the status)."""
+        since, tries = self._deferred.since, self._deferred.tries + 1
+        waited = self.clock() - since
+        if waited >= RELOAD_PATIENCE_S:
+            log.error("config reload given up after %d tries over %.0f s, keeping the running config: %s; write the "
+                      "file elsewhere and rename it into place, then reload again", tries, waited, e)
+            return (f"config reload given up: the file kept changing for {waited:.0f} s; the running config is kept "
+                    "(the journal says why)")
+        self._deferred = DeferredReload(since, tries)
+        # the usual reload (saved, then reloaded within a second) is deferred once: not a
+        # warning; its outcome's line says it was
+        log.info("config reload deferred (try %d): %s; read again each tick until it is unchanged for %g s, for at "
+                 "most %g s", tries, e, SETTLE_S, RELOAD_PATIENCE_S)
+        return None
 
     def _state_check(self, now: float) -> str | None:
         """Why the state directory cannot be written now (None: it can): tried every
@@ -436,7 +491,7 @@ class Daemon:
         in_a_row = 0
         self.liveness.loop_started(self.config.tick_s)
         while not stop.is_set():
-            self._maybe_reload()
+            self.reload_if_due()
             period = self.config.tick_s
             try:
                 result = self.tick()

@@ -75,7 +75,8 @@ class Parts:
     # now, and how many writes into it have failed so far (a new failure is probed at once)
     state_probe: Callable[[], str | None] | None = None
     state_failed_writes: Callable[[], int] | None = None
-    reloader: Callable[[], Config | None] | None = None  # reads the config again (None: refused)
+    # reads the config again (None: refused; raises noded.util.settled.Unsettled: read it again next round)
+    reloader: Callable[[], Config | None] | None = None
     notifier: Notifier | None = None  # told RELOADING=1, then READY=1, around each reload
     report_budget: ReportBudget | None = None  # the report socket's, where it listens: its counts are metrics
     # controllers beyond those the parts above are (a new controller is a file of its package

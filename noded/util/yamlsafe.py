@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 from yaml.composer import Composer
@@ -36,6 +37,7 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
 from noded.util.journal import printable
+from noded.util.settled import Unsettled, unsettled_reason
 
 try:
     from yaml.cyaml import CParser
@@ -292,18 +294,21 @@ def parse_yaml(data: bytes | str, where: str, *, max_bytes: int = MAX_BYTES, max
     return Document(value, lines)
 
 
-def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES, kind: str = "a YAML file") -> bytes:
+def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES, kind: str = "a YAML file",
+                      settle_s: float | None = None, now: Callable[[], float] = time.time) -> bytes:
     """A regular file's bytes, at most ``max_bytes``: a FIFO, device or directory is
     refused (opened without blocking, checked before a byte is read). Raises YamlError
-    (its message names the limit as that for ``kind``)."""
+    (its message names the limit as that for ``kind``). Where ``settle_s`` is given, raises
+    noded.util.settled.Unsettled instead unless the file did not change while it was read
+    and had not changed for ``settle_s`` seconds of ``now`` (the wall clock) when it was."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
         raise YamlError(path, None, e.strerror or str(e)) from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise YamlError(path, None, f"not a regular file (a {_file_kind(mode)})")
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise YamlError(path, None, f"not a regular file (a {_file_kind(before.st_mode)})")
         chunks, size = [], 0
         while size <= max_bytes:
             chunk = os.read(fd, max_bytes + 1 - size)
@@ -311,13 +316,29 @@ def read_regular_file(path: str, *, max_bytes: int = MAX_BYTES, kind: str = "a Y
                 break
             chunks.append(chunk)
             size += len(chunk)
+        after = os.fstat(fd) if settle_s is not None else before
     except OSError as e:
         raise YamlError(path, None, e.strerror or str(e)) from None
     finally:
         os.close(fd)
+    if settle_s is not None:
+        _check_settled(path, before, after, settle_s, now)
     if size > max_bytes:
         raise YamlError(path, None, f"larger than the {_size(max_bytes)} limit for {kind}")
     return b"".join(chunks)
+
+
+def _check_settled(path: str, before: os.stat_result, after: os.stat_result, settle_s: float,
+                   now: Callable[[], float]) -> None:
+    try:
+        at_path: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        at_path = None
+    except OSError as e:
+        raise YamlError(path, None, e.strerror or str(e)) from None
+    reason = unsettled_reason(before, after, at_path, round(now() * 1e9), settle_s)
+    if reason is not None:
+        raise Unsettled(path, reason)
 
 
 def read_yaml_file(path: str, *, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES) -> Document:

@@ -3,6 +3,7 @@
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 from noded.util.procstat import PPID, stat_fields
@@ -37,6 +38,30 @@ def processes_serving(pipe_dir: str) -> list[int]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return found
+
+
+def end_serving(pipe_dir: str, timeout: float = 10.0) -> list[int]:
+    """A test's last resort, registered before anything that may start MPS on ``pipe_dir``
+    (request.addfinalizer, ExitStack): every process still serving it SIGKILLed and waited
+    for. Returns those it found: none where the test's own stop worked."""
+    from support.waiting import wait_for
+
+    found = processes_serving(pipe_dir)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: all(gone(pid) for pid in found), timeout=timeout, interval=0.05,
+             what=f"the processes serving {pipe_dir} gone")
+    return found
+
+
+def not_left_serving(pipe_dir: str) -> None:
+    """A fixture's teardown, after its own stops: fails if a process still served
+    ``pipe_dir`` (ended here first, so the failure leaves nothing running)."""
+    left = end_serving(pipe_dir)
+    assert not left, f"processes left serving {pipe_dir} after every stop (killed now): {left}"
 
 
 def zombie_children() -> list[int]:

@@ -4,13 +4,16 @@ prints (``read_until``)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 
 from nodesim.waiting import wait_for
 
-__all__ = ["read_until", "thread_stacks", "wait_for"]
+from noded.util.settled import SETTLE_S
+
+__all__ = ["read_until", "settled", "thread_stacks", "wait_for"]
 
 
 _readers: dict[int, tuple] = {}
@@ -71,3 +74,10 @@ def ended(process) -> None:
     if process.poll() is None:
         process.kill()
     process.wait()
+
+
+def settled(path, timeout=10.0) -> None:
+    """Wait until the file at ``path`` has been unchanged for the settle time, as a reload
+    wants it (noded.util.settled): one reloaded sooner is read again a tick later."""
+    wait_for(lambda: time.time_ns() - os.stat(path).st_ctime_ns > SETTLE_S * 1e9, timeout=timeout, interval=0.05,
+             what=f"{path} unchanged for {SETTLE_S:g} s")

@@ -43,6 +43,7 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
 
     (tmp_path / "profiles.yaml").write_text(PROFILES)
     h = Harness(tmp_path, "  []", gpus=1)
+    colocation = None  # closed below whatever fails once it is started
     try:
         import dataclasses
 
@@ -52,8 +53,9 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
             enabled=True, profiles=str(tmp_path / "profiles.yaml"), threshold_c=60.0,
             mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
         # the operators' store the admin socket reads, in a directory of its own
-        h.rebuild(colocation=build_colocation(config, h.daemon.clock),
-                  overrides=OverrideStore(str(tmp_path / "st"), lambda: 0.0))
+        overrides = OverrideStore(str(tmp_path / "st"), lambda: 0.0)
+        colocation = build_colocation(config, h.daemon.clock)  # MPS started, or nothing left if it raised
+        h.rebuild(colocation=colocation, overrides=overrides)
         wait_for(lambda: h.daemon.parts.colocation.mps_state == "ok", timeout=30, what="MPS up")
 
         def mode():  # as the driver says it (the simulated node's model learns it at its next step)
@@ -115,9 +117,9 @@ def test_admission_on_the_simulated_node_under_mps(tmp_path, capsys):
         assert processes_serving(pipe) == []
     finally:
         # a failed admission left MPS's control daemon running past the test (two seen): stopped
-        # here whatever failed (closing co-location twice is safe)
-        if h.daemon.parts.colocation is not None:
-            h.daemon.parts.colocation.close()
+        # here whatever failed, the daemon rebuilt with it or not (closing co-location twice is safe)
+        if colocation is not None:
+            colocation.close()
         h.sim.stop()
 
 
@@ -305,6 +307,7 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
     from support.eliminator import Harness
 
     h = Harness(tmp_path, "  []", gpus=1)
+    colocation = None
     try:
         h.sim.gpus[0].compute_capability = (6, 1)  # pre-Volta: 16 MPS clients per device
         h.sim.publish()
@@ -316,4 +319,6 @@ def test_max_jobs_per_gpu_is_capped_at_mps_client_limit(tmp_path, caplog):
         assert colocation.rule.max_jobs_per_gpu == 16
         assert any("exceeds MPS's 16 clients per device" in r.message for r in caplog.records)
     finally:
+        if colocation is not None:
+            colocation.close()  # before the node goes, whatever failed (the daemon's stop closes it again: safe)
         h.stop()

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from mps.control import MpsControl, made_dir_key
 from mps.errors import MpsError
-from support.mps import STANDIN, processes_serving
+from support.mps import STANDIN, end_serving, processes_serving
 from support.in_process import noded_in_process
 from noded import config as config_module
 from noded.admin.server import AdminServer, SocketPathError
@@ -155,9 +155,10 @@ def test_a_link_that_makes_two_paths_one_is_seen(tmp_path):
 # ------------------------------------------------------------ the pipe directory
 
 
-def test_an_existing_pipe_dir_is_neither_emptied_nor_removed(tmp_path):
+def test_an_existing_pipe_dir_is_neither_emptied_nor_removed(tmp_path, request):
     """Before: emptied at start (shutil.rmtree) and removed at stop."""
     mine = tmp_path / "mine"
+    request.addfinalizer(lambda: end_serving(str(mine)))  # a start that wrongly went ahead leaves nothing
     mine.mkdir()
     (mine / "thesis.tex").write_text("four years\n")
     control = MpsControl(STANDIN, str(mine), str(tmp_path / "log"))
@@ -168,11 +169,14 @@ def test_an_existing_pipe_dir_is_neither_emptied_nor_removed(tmp_path):
     assert processes_serving(str(mine)) == []
 
 
-def test_a_pipe_dir_noded_made_is_known_as_its_own_after_a_sigkill(tmp_path):
+def test_a_pipe_dir_noded_made_is_known_as_its_own_after_a_sigkill(tmp_path, request):
     """Recorded in the state before it is made: a new noded (a new object, the same state)
     takes it over, kills the daemon left on it, and removes it, and its record, at stop."""
     state = OriginalValues(str(tmp_path / "state"))
     pipe = str(tmp_path / "run" / "mps")
+    # ``first`` stands for a SIGKILLed noded (never stopped): should the test fail before
+    # ``second`` takes over, or after, whatever serves the pipe directory is ended here
+    request.addfinalizer(lambda: end_serving(pipe))
     first = MpsControl(STANDIN, pipe, str(tmp_path / "log"), recorder=state)
     first.start()
     left = first.pid()

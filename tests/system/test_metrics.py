@@ -259,11 +259,12 @@ def colocation_node_exposition(tmp_path) -> bytes:
     from noded.config import ColocationConfig, MpsConfig
 
     h = Harness(tmp_path, "  []", gpus=1)
-    server = None
+    server = service = None
     try:
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, mps=MpsConfig(control=STANDIN, log_dir=str(tmp_path / "mpslog"))))
-        service = h.rebuild(colocation=build_colocation(config, h.daemon.clock)).parts.colocation
+        service = build_colocation(config, h.daemon.clock)  # MPS started, or nothing left if it raised
+        h.rebuild(colocation=service)
         server = MetricsServer(make_registry(h.daemon), "127.0.0.1", 0, METRICS).start()
         before, _ = parse(http_scrape(server))
         assert_every_counter_at_zero(before, colocation=True)
@@ -277,6 +278,8 @@ def colocation_node_exposition(tmp_path) -> bytes:
     finally:
         if server is not None:
             server.stop()
+        if service is not None:
+            service.close()  # before the node goes, whatever failed (the daemon's stop closes it again: safe)
         h.stop()
     values, _ = parse(body)
     uuid = h.sim.gpus[0].uuid

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from contextlib import ExitStack
 from types import MappingProxyType
 
 import pynvml
@@ -17,7 +18,7 @@ from support.waiting import wait_for
 from mps.computemodes import ComputeModes
 from mps.control import MpsControl
 from mps.supervisor import MpsSupervisor
-from support.mps import STANDIN, control_log, gone, processes_serving, zombie_children
+from support.mps import STANDIN, control_log, gone, not_left_serving, processes_serving, zombie_children
 from noded.colocation.admission import ColocationRule
 from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
@@ -54,8 +55,10 @@ def service(tmp_path, gpus):
         return s
 
     yield make
-    for s in made:
-        s.close()
+    with ExitStack() as closes:  # every close runs, whatever one of them raises; nothing left serving
+        closes.callback(lambda: not_left_serving(str(tmp_path / "pipe")))
+        for s in reversed(made):
+            closes.callback(s.close)
     for s in made:
         left_behind(s, gpus)
     assert set(zombie_children()) <= zombies_before, "an MPS child was never reaped"
@@ -199,11 +202,13 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
     from noded.config import ColocationConfig, MpsConfig
 
     h = Harness(tmp_path, "  []", gpus=1)
+    s = None
     try:
         log_dir = str(tmp_path / "mpslog")
         config = dataclasses.replace(h.config, runtime_dir=str(tmp_path / "run"), colocation=ColocationConfig(
             enabled=True, max_jobs_per_gpu=4, mps=MpsConfig(control=STANDIN, log_dir=log_dir)))
-        s = h.rebuild(colocation=build_colocation(config, h.daemon.clock)).parts.colocation
+        s = build_colocation(config, h.daemon.clock)  # MPS started, or nothing left if it raised
+        h.rebuild(colocation=s)
         wait_for(lambda: s.mps_state == "ok", timeout=30, what="MPS up")
         expected = f"Cmd:set_default_device_pinned_mem_limit 0 {h.sim.gpus[0].memory_total // 4 >> 20}M"
         first = s.mps.control.pid()
@@ -218,6 +223,8 @@ def test_the_daemon_sets_its_mps_defaults_at_start_and_after_every_restart(tmp_p
         assert took < CLOSE_BUDGET_S and processes_serving(s.mps.pipe_dir) == []
         assert h.sim.gpus.compute_mode(0) == pynvml.NVML_COMPUTEMODE_DEFAULT
     finally:
+        if s is not None:
+            s.close()  # whatever failed above (closed already where it got that far: twice is safe)
         h.stop()
 
 

@@ -38,7 +38,7 @@ from support.system import CPUSET, compute_modes, cpusets, noded_groups, running
 
 from support.waiting import wait_for
 from resctrl.cpulist import parse_cpu_list
-from support.mps import processes_serving
+from support.mps import end_serving, processes_serving
 from support.system import popen_noded
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow, pytest.mark.skipif(not os.path.isdir(CPUSET), reason="no v1 cpuset hierarchy"),
@@ -149,43 +149,52 @@ def kill_and_restart(node: SimulatedNode, rng: random.Random, while_running=None
     a loaded machine's kills all land before noded acts). Returns what noded had changed
     at the moment it was killed."""
     daemon = spawn_daemon(node.env)
-    stop = threading.Event()
-    helper = threading.Thread(target=while_running, args=(stop,), daemon=True) if while_running else None
-    if helper:
-        helper.start()
     try:
-        if acting is None:
-            moment = time.monotonic() + rng.uniform(0.3, 2.2)
-        else:
-            wait_for(lambda: acting(node.changed()) or daemon.poll() is not None, timeout=60, interval=0.02,
-                     what="noded acting")
-            moment = time.monotonic() + rng.uniform(0.0, 0.5)
-        wait_for(lambda: time.monotonic() >= moment or daemon.poll() is not None, timeout=10, interval=0.02,
-                 what="the moment to kill")
-        assert daemon.poll() is None, f"the daemon exited by itself ({daemon.returncode})"
-        at_kill = node.changed()
-        daemon.kill()
-        daemon.wait()
-    finally:
-        stop.set()
+        stop = threading.Event()
+        helper = threading.Thread(target=while_running, args=(stop,), daemon=True) if while_running else None
         if helper:
-            helper.join(timeout=10)
-    with restarted_daemon(node.env) as restart:
-        # its start, alone: what the killed run left is put right or it is no restart at all
-        # (a clean stop puts back every record too, so it would hide a start that did not)
-        held = node.changed()
-        assert {k: v for k, v in held.items() if k in RECOVERED_AT_START} == {}, \
-            f"left by a SIGKILL at {at_kill} when the restarted noded starts ticking"
-        url = restart.release()
-        wait_for(lambda: re.search(r"^noded_ticks_total [1-9]", scrape(url), re.M), timeout=30, interval=0.05,
-                 what="the restarted daemon ticking")
-        # the killed run's MPS control daemon and servers: killed by the restart's MPS start
-        # (in the supervisor's thread, beside the first ticks), whoever serves now
-        wait_for(lambda: not set(at_kill.get("mps", ())) & set(node.changed().get("mps", ())), timeout=10,
-                 what="the killed run's MPS processes gone")
-        if after_restart:
-            after_restart(url)
-    assert node.changed() == {}, f"left after a SIGKILL at {at_kill} and a restart"
+            helper.start()
+        try:
+            if acting is None:
+                moment = time.monotonic() + rng.uniform(0.3, 2.2)
+            else:
+                wait_for(lambda: acting(node.changed()) or daemon.poll() is not None, timeout=60, interval=0.02,
+                         what="noded acting")
+                moment = time.monotonic() + rng.uniform(0.0, 0.5)
+            wait_for(lambda: time.monotonic() >= moment or daemon.poll() is not None, timeout=10, interval=0.02,
+                     what="the moment to kill")
+            assert daemon.poll() is None, f"the daemon exited by itself ({daemon.returncode})"
+            at_kill = node.changed()
+            daemon.kill()
+            daemon.wait()
+        finally:
+            stop.set()
+            if helper:
+                helper.join(timeout=10)
+        with restarted_daemon(node.env) as restart:
+            # its start, alone: what the killed run left is put right or it is no restart at all
+            # (a clean stop puts back every record too, so it would hide a start that did not)
+            held = node.changed()
+            assert {k: v for k, v in held.items() if k in RECOVERED_AT_START} == {}, \
+                f"left by a SIGKILL at {at_kill} when the restarted noded starts ticking"
+            url = restart.release()
+            wait_for(lambda: re.search(r"^noded_ticks_total [1-9]", scrape(url), re.M), timeout=30, interval=0.05,
+                     what="the restarted daemon ticking")
+            # the killed run's MPS control daemon and servers: killed by the restart's MPS start
+            # (in the supervisor's thread, beside the first ticks), whoever serves now
+            wait_for(lambda: not set(at_kill.get("mps", ())) & set(node.changed().get("mps", ())), timeout=10,
+                     what="the killed run's MPS processes gone")
+            if after_restart:
+                after_restart(url)
+        assert node.changed() == {}, f"left after a SIGKILL at {at_kill} and a restart"
+    except BaseException:
+        # failed anywhere: neither run may outlive the test, nor the MPS daemon either one
+        # started (the killed run's is ended by a restart that got that far, not otherwise)
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.wait()
+        end_serving(node.pipe_dir)
+        raise
     return at_kill
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from contextlib import ExitStack
 
 import pytest
 from hypothesis import given, settings as hypothesis_settings
@@ -501,16 +502,21 @@ class NodedBeside:
         from noded.jobs import RegisteredLabels
         from support.eliminator import Harness
 
-        self.h = Harness(tmp_path, "  []", gpus=1)
-        profiles = {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")}
-        self.colocation = Colocation(ColocationRule(), profiles,
-                                     mps=mps, clock=self.h.daemon.clock).start()  # its kernels compiled first
-        self.labels = RegisteredLabels(label_limit)
-        self.h.rebuild(colocation=self.colocation, registered_labels=self.labels)
-        self.h.tick()
-        self.rundir = tempfile.mkdtemp(prefix="noded-hooks-")
-        os.chmod(self.rundir, 0o755)
-        self.server = AdminServer(os.path.join(self.rundir, "noded.sock"), self.h.daemon, group=None).start()
+        with ExitStack() as undo:  # a step that fails undoes those before it: the fixture never gets this object
+            self.h = Harness(tmp_path, "  []", gpus=1)
+            undo.callback(self.h.stop)
+            profiles = {("BiDAF", 32): JobProfile("BiDAF", 32, 12e6, 10e6, 1e6, "test")}
+            self.colocation = Colocation(ColocationRule(), profiles,
+                                         mps=mps, clock=self.h.daemon.clock).start()  # its kernels compiled first
+            undo.callback(self.colocation.close)
+            self.labels = RegisteredLabels(label_limit)
+            self.h.rebuild(colocation=self.colocation, registered_labels=self.labels)
+            self.h.tick()
+            self.rundir = tempfile.mkdtemp(prefix="noded-hooks-")
+            undo.callback(shutil.rmtree, self.rundir, ignore_errors=True)
+            os.chmod(self.rundir, 0o755)
+            self.server = AdminServer(os.path.join(self.rundir, "noded.sock"), self.h.daemon, group=None).start()
+            undo.pop_all()  # started whole: close() undoes it from here on
         self.env_dir, self.record_dir = tmp_path / "env", tmp_path / "records"
         self.conf = tmp_path / "hooks.conf"
         self.conf.write_text(f"NODED_SOCKET={self.server.path}\nNODED_SLURM_ENV_DIR={self.env_dir}\n"

@@ -9,9 +9,10 @@ import subprocess
 
 import pytest
 
+from noded.jobs.discovery import JobDiscovery
 from support.in_process import noded_in_process
 from support.sockets import NotifySocket
-from support.waiting import wait_for
+from support.waiting import settled, wait_for
 from support.system import popen_noded
 
 pytestmark = pytest.mark.fuse
@@ -121,7 +122,10 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
     emu, shared = node
     notify = NotifySocket(tmp_path / "notify")
     try:
-        p = run(config(tmp_path, "n", **shared), env={**os.environ, "NOTIFY_SOCKET": notify.path})
+        cfg = config(tmp_path, "n", **shared)
+        if sig == "SIGHUP":
+            settled(cfg)  # else the reload may be deferred past the stop below (the file just written)
+        p = run(cfg, env={**os.environ, "NOTIFY_SOCKET": notify.path})
         notify.until("STATUS", "starting")  # the handlers are in place from here on
         p.send_signal(getattr(signal, sig))
         if sig == "SIGHUP":
@@ -139,10 +143,14 @@ def test_a_signal_while_starting_never_kills_noded_half_started(tmp_path, node, 
         notify.close()
 
 
-def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
-    from support.mps import STANDIN, processes_serving
+def test_a_start_refused_with_co_location_on_leaves_no_mps_daemon(tmp_path, request):
+    """The metrics port in use is refused by the start's check (hostcheck.start_check),
+    before anything is made: MPS never starts here. A failure after MPS started is the
+    next test's."""
+    from support.mps import STANDIN, end_serving, processes_serving
 
     pipe_dir, log_dir = tmp_path / "mps", tmp_path / "mps-log"
+    request.addfinalizer(lambda: end_serving(str(pipe_dir)))  # whatever happens below, nothing serves it after
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
@@ -158,6 +166,51 @@ def test_a_start_that_fails_after_mps_started_leaves_no_mps_daemon(tmp_path):
         taken.close()
     assert code == 1 and "is already in use" in err and "Traceback" not in err, err
     assert processes_serving(str(pipe_dir)) == [] and not pipe_dir.exists()
+
+
+class LabelsThatFailOnceMpsServes(JobDiscovery):
+    """A job discovery whose registered labels' store fails when the wiring reads it to put
+    the parts together, which is after co-location has started MPS: it waits for the MPS
+    control daemon to serve ``pipe_dir``, then raises, as a part that fails late would."""
+
+    def __init__(self, pipe_dir: str):
+        super().__init__([])
+        self._pipe_dir = pipe_dir
+
+    @property
+    def registered_labels(self):
+        from support.mps import processes_serving
+
+        if getattr(self, "_pipe_dir", None) is None:  # JobDiscovery.__init__ reading back what it set
+            return self._labels
+        wait_for(lambda: processes_serving(self._pipe_dir), timeout=30, what="MPS serving")
+        raise OSError(5, "Input/output error (the registered labels' store)")
+
+    @registered_labels.setter
+    def registered_labels(self, value):
+        self._labels = value
+
+
+def test_a_build_that_fails_after_co_location_started_mps_stops_it(tmp_path, sim_gpus, request):
+    """build_daemon started co-location (MPS, the GPUs in EXCLUSIVE_PROCESS) before the
+    overrides' store and the parts, and nothing closed it when one of those raised: the
+    Daemon whose shutdown `noded run` registers did not exist yet. Before: the MPS control
+    daemon kept serving after the error, its GPUs left exclusive."""
+    import pynvml
+
+    from noded.commands.wiring import build_daemon
+    from noded.config import ColocationConfig, Config, MpsConfig
+    from support.mps import STANDIN, end_serving, processes_serving
+
+    pipe_dir = str(tmp_path / "mps")
+    request.addfinalizer(lambda: end_serving(pipe_dir))  # registered before MPS can start
+    config = Config(state_dir=str(tmp_path / "state"), runtime_dir=str(tmp_path / "run"),
+                    colocation=ColocationConfig(enabled=True, mps=MpsConfig(
+                        control=STANDIN, pipe_dir=pipe_dir, log_dir=str(tmp_path / "mps-log"))))
+    with pytest.raises(OSError, match="the registered labels' store"):
+        build_daemon(config, discovery=LabelsThatFailOnceMpsServes(pipe_dir))
+    assert processes_serving(pipe_dir) == [] and not os.path.exists(pipe_dir)
+    assert [sim_gpus.compute_mode(i) for i in range(2)] == [pynvml.NVML_COMPUTEMODE_DEFAULT] * 2
 
 
 @pytest.mark.parametrize("key, value, reason", [
