@@ -68,6 +68,8 @@ MODELS = ["BiDAF", "Transformer", "DeepSpeech", "VGG16"]
 PEAK_GBPS = 100  # per L3 domain (2 in the intel profile): the node runs at about a third
 WARMUP_TICKS = 3
 SCRAPES = 20
+#: noded's own CPU at 8 GPUs x 100 jobs and a 1 s tick, a share of one core (issue #25)
+GOAL = 0.007
 #: the shortest measured window: below it, /proc's clock ticks (10 ms) round a share of ~1 % of a core to 0
 MIN_WINDOW_S = 5.0
 JBW = "noded_job_memory_bandwidth_bytes_per_second"
@@ -185,12 +187,19 @@ class _RecordingReader(MbmReader):
 class MirrorSampler:
     """noded's ``BandwidthSampler`` (its own code, in this process) over the resctrl tree at
     ``root`` (a mirror of the mount), sampling it as noded does: every monitoring group of
-    noded's in it as its jobs' groups, every control group. ``files`` are the counter
-    files one sample reads, as observed; ``sample_cpu_s()`` is this thread's CPU for one."""
+    noded's in it as its jobs' groups, every control group, a quiet node read thin as
+    noded's default config reads it (the mirror's counters stand still: the node is quiet).
+    ``files`` are the counter files ``cycle`` samples in steady state read, as observed
+    (one thin cycle: each job once); ``sample_cpu_s()`` is this thread's CPU for one."""
 
     def __init__(self, root: str, caps):
-        from noded.samplers.bandwidth import BandwidthSampler  # noded's own code, as it runs in the daemon
+        from noded.config import Config  # noded's own code and defaults, as they run in the daemon
+        from noded.samplers.bandwidth import BandwidthSampler, QuietRead
 
+        defaults = Config()
+        self.quiet = QuietRead(0.5 * defaults.contention.threshold * defaults.peak_bytes_per_domain,
+                               defaults.resctrl.quiet_read_every)
+        self.cycle = self.quiet.every
         self.rc = rc = Resctrl(root, caps, prefix=DEFAULT_PREFIX)
         self.groups = {}
         for ctrl in [rc.root_group()] + rc.list_ctrl_groups():
@@ -198,14 +207,20 @@ class MirrorSampler:
                 if rc.owns(name):
                     self.groups[name] = MonGroup(rc, name, os.path.join(ctrl.path, "mon_groups", name), ctrl)
         recording = _RecordingReader(events=(MBM_TOTAL,))
-        self.last = BandwidthSampler(_NoCreationTimes(), recording).sample(rc, 1, self.groups)
+        observed = BandwidthSampler(_NoCreationTimes(), recording)
+        for _ in range(2):  # the first reads make the meters, the second gives every rate: steady after
+            observed.sample(rc, 1, self.groups, self.quiet)
+        recording.read_paths.clear()
+        for _ in range(self.cycle):
+            self.last = observed.sample(rc, 1, self.groups, self.quiet)
         self.files = list(recording.read_paths)
         self.sampler = BandwidthSampler(_NoCreationTimes())  # as noded's: the plain reader
-        self.sampler.sample(rc, 1, self.groups)  # the first sample makes the meters: steady state after
+        for _ in range(2):
+            self.sampler.sample(rc, 1, self.groups, self.quiet)
 
     def sample_cpu_s(self) -> float:
         c0 = time.thread_time()
-        self.last = self.sampler.sample(self.rc, 1, self.groups)
+        self.last = self.sampler.sample(self.rc, 1, self.groups, self.quiet)
         return time.thread_time() - c0
 
 
@@ -321,9 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             files = mbm_files(env["NODED_SIM_RESCTRL"])
             cg = sorted(glob.glob(os.path.join(env["NODED_SIM_CGROUP"], "*", "cpuset.*")))
             kernfs_s = read_like_noded([cg[i % len(cg)] for i in range(len(files))])
-            # the mirror sampler's own reads, and as many on kernfs, the same way
-            tmpfs_reads_s = read_like_noded(on_mirror.files)
-            kernfs_mirror_s = read_like_noded([cg[i % len(cg)] for i in range(len(on_mirror.files))])
+            # the mirror sampler's own reads (a tick's share of a thin cycle's), and as many on
+            # kernfs, the same way
+            tmpfs_reads_s = read_like_noded(on_mirror.files) / on_mirror.cycle
+            kernfs_mirror_s = read_like_noded([cg[i % len(cg)] for i in range(len(on_mirror.files))]) / on_mirror.cycle
             # what a scrape costs noded (its ticks meanwhile subtracted at their measured cost)
             ticks = metric(after, "noded_ticks_total") - metric(before, "noded_ticks_total")
             per_tick = win.result()["cpu_s"]["noded"] / ticks
@@ -359,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             s: (metric(after, "noded_sampler_cpu_seconds_total", f'sampler="{s}"')
                 - metric(before, "noded_sampler_cpu_seconds_total", f'sampler="{s}"')) / ticks * 1e3
             for s in ("resctrl_groups", "jobs", "cpus", "nvml", "resctrl")},
-        "resctrl_sampler_on_tmpfs": {"files": len(on_mirror.files), "samples": len(mirror_cpu),
+        "resctrl_sampler_on_tmpfs": {"files": len(on_mirror.files) / on_mirror.cycle, "samples": len(mirror_cpu),
                                      "sampler_cpu_s": statistics.mean(mirror_cpu),
                                      "sampler_cpu_s_range": [min(mirror_cpu), max(mirror_cpu)],
                                      "tmpfs_reads_cpu_s": tmpfs_reads_s, "kernfs_reads_cpu_s": kernfs_mirror_s},
@@ -373,9 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     per_tick = {"noded": d["cpu_s"]["noded"] / ticks * 1e3, "bare": b["cpu_s"]["bare"] / bare_ticks * 1e3}
     result["ms_per_tick"] = per_tick
     # FUSE's client-side cost of the counter reads (the bare tick's, made as noded makes them)
-    # replaced by as many reads on kernfs: what a host would see (an estimate)
+    # replaced by as many reads on kernfs: what a host would see (an estimate); noded's
+    # share of it by the counter files it reads a tick (fewer than every one on a quiet node)
     swap = (kernfs_s - bare_parts["mbm"]) * 1e3
-    result["host_estimate_ms_per_tick"] = {k: v + swap for k, v in per_tick.items()}
+    noded_share = result["resctrl_sampler_on_tmpfs"]["files"] / len(files)
+    result["noded_mbm_files_per_tick"] = result["resctrl_sampler_on_tmpfs"]["files"]
+    result["host_estimate_ms_per_tick"] = {"noded": per_tick["noded"] + swap * noded_share,
+                                           "bare": per_tick["bare"] + swap}
     # noded's resctrl sampler through FUSE (its own count, its window) swapped for the same
     # sampler on tmpfs with its reads' cost made kernfs's: the estimate the goal is judged on
     m = result["resctrl_sampler_on_tmpfs"]
@@ -441,8 +461,10 @@ def print_table(r: dict) -> None:
     print(f"  FUSE's share: {r['mbm_files']} counter reads (open, pread, close, as noded makes them) cost the bare "
           f"tick {fuse * 1e3:.1f} ms through the emulator; as many on kernfs (cgroup files, as a host's resctrl "
           f"is) {kernfs * 1e3:.1f} ms")
-    print(f"  estimate by the baseline, resctrl on kernfs as on a host: noded {noded_ms:.1f} - {fuse * 1e3:.1f} + "
-          f"{kernfs * 1e3:.1f} = {host_ms:.1f} ms per tick, {host_ms / 1e3 / tick:.2%} of one core; bare tick "
+    share = r["noded_mbm_files_per_tick"] / r["mbm_files"]
+    print(f"  estimate by the baseline, resctrl on kernfs as on a host (noded reads {r['noded_mbm_files_per_tick']:g} "
+          f"counter files a tick: {share:.0%} of that swap): noded {noded_ms:.1f} - {fuse * 1e3 * share:.1f} + "
+          f"{kernfs * 1e3 * share:.1f} = {host_ms:.1f} ms per tick, {host_ms / 1e3 / tick:.2%} of one core; bare tick "
           f"{bare_ms:.1f} - {fuse * 1e3:.1f} + {kernfs * 1e3:.1f} = {bare_host:.1f} ms ({host_ms / bare_host:.1f}x)")
     cpu = r["noded_sampler_cpu_ms_per_tick"]
     print("  noded's CPU by sampler, ms per tick (noded_sampler_cpu_seconds_total over its window): "
@@ -450,15 +472,16 @@ def print_table(r: dict) -> None:
     m, e = r["resctrl_sampler_on_tmpfs"], r["host_estimate_by_sampler_ms_per_tick"]
     print(f"  noded's resctrl sampler (its BandwidthSampler, in this process) over a tmpfs copy of the mount, once "
           f"a tick beside the baseline: {m['sampler_cpu_s'] * 1e3:.2f} ms (mean of {m['samples']}), of which its "
-          f"{m['files']} reads {m['tmpfs_reads_cpu_s'] * 1e3:.2f}; "
+          f"{m['files']:g} reads a tick {m['tmpfs_reads_cpu_s'] * 1e3:.2f}; "
           f"as many on kernfs {m['kernfs_reads_cpu_s'] * 1e3:.2f}: {e['resctrl_sampler_on_host']:.2f} ms on a host")
     host_s = e["noded"]
     print(f"  estimate by the sampler: noded {noded_ms:.1f} - {e['resctrl_sampler_through_fuse']:.1f} (its resctrl "
           f"sampler through FUSE) + {e['resctrl_sampler_on_host']:.1f} = {host_s:.1f} ms per tick, "
           f"{host_s / 1e3 / tick:.2%} of one core")
     share = d["cpu_s"]["noded"] / d["wall_s"]
-    verdict = lambda v: "met" if v <= 0.01 else f"NOT met ({v / 0.01:.1f}x the goal)"
-    print(f"  goal: noded <= 1 % of one core at a {tick:g} s tick, emulator excluded: as measured {verdict(share)}; "
+    verdict = lambda v: "met" if v <= GOAL else f"NOT met ({v / GOAL:.2f}x the goal)"
+    print(f"  goal (issue #25): noded <= {GOAL:.1%} of one core at a {tick:g} s tick, emulator excluded: as measured "
+          f"{verdict(share)}; "
           f"estimated for a host (by the sampler) {verdict(host_s / 1e3 / tick)}, (by the baseline) "
           f"{verdict(host_ms / 1e3 / tick)}")
 

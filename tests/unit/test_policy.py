@@ -117,6 +117,16 @@ def test_per_job_cap_throttles_regardless_of_gpus():
     assert state.throttles["big"].level == 1
 
 
+def test_a_per_job_cap_acts_only_on_one_ticks_rates():
+    # a cap set by a reload while the node was read thin: the job's first rate is a mean
+    # over several ticks (a hog that stopped still reads 6 GB/s); the next tick's is its own
+    from dataclasses import replace
+    cfg = ContentionConfig(cpu_job_cap_gbps=4, settle_s=0, hold_s=5)
+    ds, state = run([replace(sample(5, js("was_big", CPU, bw=6 * GB), t=0), job_bandwidth_current=False),
+                     sample(1, js("was_big", CPU, bw=0.5 * GB), t=1)], cfg=cfg)
+    assert ds[0].actions == () and ds[1].actions == () and "was_big" not in state.throttles
+
+
 @settings(max_examples=200)
 @given(st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 12)),  # node GB/s
                           st.floats(0, 100), st.floats(0, 10), st.floats(0, 10), st.booleans()),

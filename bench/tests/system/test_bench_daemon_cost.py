@@ -2,7 +2,9 @@
 reads what it reads on the mount (the goal's verdict rests on it); bench.host_costs, the
 terms only a real host can measure."""
 
+import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,11 +45,18 @@ def test_the_mirror_holds_the_mounts_counters_and_the_sampler_reads_noded_groups
     sample = on_mirror.last
     assert set(sample.job_bps) == {"noded-job-a", "noded-job-b", "noded-job-c"}
     assert None not in sample.node_bps.values()  # every counter found and read
-    # what it read (observed): the 3 job groups' and the 2 control groups' counters on every
-    # domain, each once, none of the foreign group's
+    # what it read (observed) over one thin cycle, as noded reads a quiet node: the 2 control
+    # groups' counters on every domain each sample, each of the 3 job groups' at least once,
+    # a share of the jobs a sample; none of the foreign group's
     domains = os.listdir(os.path.join(emu.root, "mon_data"))
-    read = on_mirror.files
-    assert len(read) == len(set(read)) == (3 + 2) * len(domains) and all(os.path.isfile(f) for f in read)
+    read, cycle = on_mirror.files, on_mirror.cycle
+    times = collections.Counter(read)
+    jobs = [f for f in times if "/mon_groups/" in f]
+    ctrl = [f for f in times if "/mon_groups/" not in f]
+    assert cycle > 1 and len(ctrl) == 2 * len(domains) and all(times[f] == cycle for f in ctrl)
+    assert len(jobs) == 3 * len(domains)
+    assert sum(times[f] for f in jobs) == math.ceil(3 / cycle) * cycle * len(domains)
+    assert all(os.path.isfile(f) for f in read)
     assert not any("someone-elses" in f for f in read)
     assert all(f.startswith(mirror + "/") for f in read)  # the copy's, never the mount's
 
