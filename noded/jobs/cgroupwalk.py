@@ -52,26 +52,34 @@ def vanished(e: OSError) -> bool:
 class Node:
     """One directory of the walk: its name below its parent (the top's: its path)."""
 
-    __slots__ = ("parent", "name", "fd", "_path")
+    __slots__ = ("parent", "name", "fd", "length", "_path")
 
     def __init__(self, parent: "Node | None", name: str):
         self.parent = parent
         self.name = name
         self.fd = -1  # held open while its children are still to be read (at most WALK_FDS)
-        self._path: str | None = None
+        self.length: int = len(name) if parent is None else parent.length + 1 + len(name)  # its path's
+        self._path: str | None = name if parent is None else None
 
     @property
     def path(self) -> str:
-        """Its path (a string only: it may be longer than PATH_MAX, and is never opened)."""
+        """Its path (a string only: it may be longer than PATH_MAX, and is never opened);
+        built from the nearest ancestor whose path was asked for (a walk that asks for every
+        one, parents first, pays one join each), with no recursion: any depth."""
         if self._path is None:
-            self._path = self.name if self.parent is None else f"{self.parent.path.rstrip('/')}/{self.name}"
+            names = []
+            node: Node = self
+            while node._path is None:
+                names.append(node.name)
+                node = node.parent  # type: ignore[assignment]  (the top's path is always set)
+            names.append(node._path.rstrip("/"))
+            self._path = "/".join(reversed(names))
         return self._path
 
     def short(self) -> str:
         """Its path for a message: the top, '/…/' and its own name where longer than 300."""
-        path = self.path
-        if len(path) <= 300:
-            return path
+        if self.length <= 300:
+            return self.path
         top = self
         while top.parent is not None:
             top = top.parent

@@ -8,6 +8,7 @@ the originals it recorded, never from what it remembers having written.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from noded.util.journal import printable
 from noded.util.procstat import STARTTIME, stat_fields
 
 log = logging.getLogger(__name__)
+
+PATH_MAX = 4096  # Linux's, the terminating NUL included
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,18 @@ class CpusetTree:
 
 
 def read_cpuset_tree(top: str, most: int | None = None) -> CpusetTree:
-    """The cpuset tree of a job, breadth first by directory descriptors (any depth), at most
-    ``most`` cgroups; a cgroup removed meanwhile is left out, a part noded may not read (or
-    beyond ``most``) is left out and said (``noded.jobs.cgroupwalk``). Raises OSError where
-    the job's own directory cannot be read."""
+    """The cpuset tree of a job, breadth first by directory descriptors, at most ``most``
+    cgroups; a cgroup removed meanwhile is left out, a part noded may not read, beyond
+    ``most`` or deeper than PATH_MAX (noded writes cpusets by path) is left out and said
+    (``noded.jobs.cgroupwalk``). Raises OSError where the job's own directory cannot be read."""
     out = []
 
     def visit(dir_fd: int | None, base: str, node: Node) -> bool:
+        if node.length + len("/cpuset.cpus.effective") >= PATH_MAX:
+            # the cpusets noded writes it writes by path, and the Sample and the records keep
+            # their paths: a cgroup deeper than that is left out, and said (a part unread)
+            raise OSError(errno.ENAMETOOLONG, "deeper than PATH_MAX, by which noded writes cpusets: left out",
+                          node.short())
         try:
             value = _read_at(dir_fd, base + "cpuset.cpus", node)
         except FileNotFoundError:

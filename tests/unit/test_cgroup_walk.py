@@ -120,3 +120,14 @@ def test_the_job_s_own_cgroup_unreadable_is_an_error_and_gone_is_no_processes(tm
     with pytest.raises(IsADirectoryError):
         read_subtree_procs(top)
     assert read_subtree_procs(str(tmp_path / "gone")).pids == frozenset()
+
+
+def test_a_node_s_path_is_built_without_recursion_and_its_message_is_short():
+    from noded.jobs.cgroupwalk import Node
+
+    node = Node(None, "/sys/fs/cgroup/job")
+    for _ in range(5000):  # deeper than Python's recursion limit
+        node = Node(node, "n" * 250)
+    assert node.length == len("/sys/fs/cgroup/job") + 5000 * 251
+    assert len(node.path) == node.length and node.path.startswith("/sys/fs/cgroup/job/nnn")
+    assert node.short() == "/sys/fs/cgroup/job/…/" + "n" * 100
