@@ -5,20 +5,21 @@ shapes it: names of 255 bytes nested past PATH_MAX, thousands of cgroups, a dire
 shut with ``chmod 000`` (noded's unit keeps no CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH).
 None of these may freeze noded's view of the job. So the walk:
 
-* opens each directory by its parent's descriptor (``openat``), never by a path: a subtree
-  of any depth reads as the kernel lets root read it;
+* reaches each cgroup below the job's own from its parent's descriptor (``fstatat``, and
+  ``openat`` of ``name/cgroup.procs`` or of the directory to list it), never by a whole
+  path: a subtree of any depth reads as the kernel lets root read it;
 * goes breadth first, the job's own cgroup and the shallow ones first, and stops after
   ``most`` cgroups: what it read is used, and the rest said (``Walk.more``);
 * holds at most ``WALK_FDS`` directory descriptors open at once, whatever the shape (a
-  directory beyond them is opened again from the top, name by name, when its children
-  are read): a 50 000-deep chain never costs 50 000 descriptors;
+  parent beyond them is opened again, name by name from its nearest ancestor holding one,
+  when its children are read): a 50 000-deep chain never costs 50 000 descriptors;
 * passes over a cgroup removed meanwhile (the job ending), and one it may not read (EACCES,
   a ``cgroup.procs`` that is not a file) with its subtree, said in ``Walk.unread``; only an
   error at the job's own directory, or one that says noded itself is short (descriptors,
   memory), is raised.
 
-Every tick reads every job's subtree, so it is lean: a directory is listed only where its
-link count (one ``fstat`` of the descriptor already open) says it has subdirectories. On
+Every tick reads every job's subtree, so it is lean: a directory is opened and listed only
+where its link count (the one stat each cgroup costs) says it has subdirectories. On
 cgroupfs (kernfs, v1 and v2) the count is 2 + its subdirectories, refreshed at each stat; job
 sources are refused on any other filesystem (``noded.commands.hostcheck``), and tmpfs, where
 tests lay out v2 trees, keeps the count too.
@@ -35,7 +36,7 @@ from typing import Callable
 NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 #: directory descriptors one walk keeps open at once at most (the parents whose children
-#: are still to be read; beyond, a parent is opened again from the top when they are)
+#: are still to be read; beyond, a parent is opened again when they are)
 WALK_FDS = 64
 
 #: the unreadable parts one walk names at most (it counts them all)
@@ -88,9 +89,10 @@ class Node:
 
 @dataclass(slots=True)
 class Walk:
-    """What one walk read: ``read`` cgroups (at most ``most``); ``more``: directories
-    whose subdirectories the bound left unread (0: none: every one found was read); ``unread``: (path, why) of the parts it
-    could not read, each with its subtree (the first ``UNREAD_NAMED``), of ``unread_count``."""
+    """What one walk read: ``read`` cgroups (at most ``most``); ``more``: directories whose
+    subdirectories the bound left unread (0: every one found was read); ``unread``: (path,
+    why) of the parts it could not read, each with its subtree (the first ``UNREAD_NAMED``
+    of ``unread_count``), ``first_errno`` the first one's error."""
 
     top: str
     most: int | None
