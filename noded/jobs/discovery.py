@@ -330,7 +330,8 @@ class JobDiscovery:
                 got = None
                 why = f"{e.filename or path}: {e.strerror or e}"
             else:
-                why = f"{path}: {got.partial}" if got.partial is not None else None
+                why = None if got.partial is None else (
+                    f"{path}: {got.partial}" + (" (jobs.max_polled_per_source)" if got.over_bound else ""))
                 if why is not None and got.pids:
                     partial[job_id] = why
             if got is None or (why is not None and not got.pids):

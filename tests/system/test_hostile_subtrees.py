@@ -88,7 +88,7 @@ def test_a_job_over_the_bound_is_what_its_first_cgroups_hold_and_a_new_process_t
     assert jobs["slurm:32"].pids == {a.pid} and discovery.unreadable == {}
     assert "more than 16 cgroups" in discovery.partial["slurm:32"] and job in discovery.partial["slurm:32"]
     assert any("job=slurm:32 cgroup partly read" in r.getMessage() and "more than 16" in r.getMessage()
-               for r in caplog.records)
+               and "jobs.max_polled_per_source" in r.getMessage() for r in caplog.records)
     put(steps[2], b.pid)  # a new step's process
     put(job, c.pid)
     assert discovery.discover()["slurm:32"].pids == {a.pid, b.pid, c.pid}  # at the next tick
