@@ -104,7 +104,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, discovery: JobDiscove
                              places=lambda: throttle.cap_places) if caps else None
     telemetry = Telemetry(discovery, session, monitor, nvml, clock=clock, process_events=config.jobs.process_events,
                           exec_events_per_uid=config.jobs.exec_events_per_uid,
-                          cpus=_placement_sampler(throttle is cores or rightsize, cap_service, cores),
+                          cpus=_placement_sampler(throttle is cores or rightsize, cap_service, cores,
+                                                  config.jobs.max_polled_per_source),
                           memory=MemoryCgroupSampler() if sized_memory is not None else None,
                           memory_jobs=sizing["rightsize"].gpu_jobs if sized_memory is not None else lambda s: ())
     if caps and not rightsize:
@@ -214,14 +215,17 @@ def _throttle(config: Config, session: ResctrlSession, rc: Resctrl | None, cores
     return cores
 
 
-def _placement_sampler(every_job: bool, caps: CapService | None, cores: CoreHalving) -> CpuPlacementSampler | None:
+def _placement_sampler(every_job: bool, caps: CapService | None, cores: CoreHalving,
+                       most: int) -> CpuPlacementSampler | None:
     """Where each job's CPUs are, for whatever may change them: every job's where cores are
-    halved or right-sized; where only caps do, the capped jobs' and those the owner recorded."""
+    halved or right-sized; where only caps do, the capped jobs' and those the owner recorded.
+    ``most``: cgroups read per job's tree at most (the bound discovery reads a job's with)."""
     if every_job:
-        return CpuPlacementSampler()
+        return CpuPlacementSampler(most=most)
     if caps is None:
         return None
-    return CpuPlacementSampler(wanted=lambda jobs: caps.placements_wanted(jobs, (k for k, _ in cores.owner.originals.items())))
+    return CpuPlacementSampler(wanted=lambda jobs: caps.placements_wanted(jobs, (k for k, _ in cores.owner.originals.items())),
+                               most=most)
 
 
 def _rightsize_parts(config: Config, state: SecureDir, cores: CoreHalving, memory: MemorySoftLimits,

@@ -16,8 +16,9 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
+from noded.jobs.cgroupwalk import Node, vanished, walk_cgroups
 from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
 
@@ -183,9 +184,10 @@ def one_directory_each(by_id: Mapping[str, list[str]]) -> tuple[dict[str, str], 
 
 def _may_hold_processes(path: str) -> bool:
     try:
-        return bool(read_procs(path, most=SHARED_ID_MOST))
+        got = read_subtree_procs(path, most=SHARED_ID_MOST)
     except OSError:
         return True  # unreadable: it may, so it is not set aside
+    return bool(got.pids) or got.partial is not None  # a part unread may hold some
 
 
 def _has_magic(part: str) -> bool:
@@ -364,73 +366,89 @@ class CgroupScanner:
         return uid
 
 
-def _vanished(e: OSError) -> bool:
-    # ENODEV: a cgroup file read after its cgroup was removed.
-    return e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESRCH)
-
-
 class SubtreeTooLarge(OSError):
-    """A job's cgroup has more cgroups below it than discovery reads for one job."""
+    """A job's cgroup has more cgroups below it than one read takes (``read_procs``'s ``most``)."""
 
 
-def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
-    """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike).
+class SubtreeProcs(NamedTuple):  # a tuple: made for every job every tick, at a tenth of a frozen dataclass's cost
+    """The processes in the part of a job's subtree one walk read (``noded.jobs.cgroupwalk``),
+    and why that was only part of it (None: the whole subtree)."""
 
-    A cgroup removed while we walk (the job ending) is passed over; any other error
-    (EMFILE, EACCES, …) is raised, so a failed read is never mistaken for no processes.
-    With ``most``, SubtreeTooLarge (E2BIG) once more than ``most`` cgroups were read:
-    whoever owns a delegated subtree may make thousands, and they must not cost a
-    read each every tick.
+    pids: frozenset[int]
+    partial: str | None = None
+    over_bound: bool = False  # more cgroups than the read's bound (the rest of ``partial``: unreadable parts)
+    errno: int = 0  # the first unreadable part's error (0: none)
+
+
+def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs:
+    """Every process in a cgroup and its descendants (cgroup.procs, v1 and v2 alike), read
+    breadth first by directory descriptors (any depth), at most ``most`` cgroups (None: all).
+
+    Whoever owns a delegated subtree may make thousands of cgroups, nest names past PATH_MAX
+    or shut a directory to noded: what can be read is used, the rest said in ``partial``
+    (a cgroup removed while we walk, the job ending, is passed over and not said). Raises
+    OSError where the job's own directory cannot be read (an empty result where it is gone)
+    and where noded itself is short (EMFILE, ENOMEM, ...): never mistaken for no processes.
     """
-    # Every tick reads every job's cgroup, so this is lean: a directory is listed only
-    # where it has subdirectories. A directory's link count is 2 + its subdirectories on
-    # cgroupfs (kernfs, v1 and v2), refreshed at each stat; job sources are refused on any
-    # other filesystem (noded.commands.hostcheck), so a count that some filesystems fix at 2 never
-    # hides a child here (tests lay out v2 trees on tmpfs, which keeps the count too).
-    # Listing a cgroup directory costs more than reading its cgroup.procs (tens of
-    # entries, one object each), and most jobs have none.
     pids: set[int] = set()
-    todo = [cgroup_dir]
-    read = 0
-    while todo:
-        path = todo.pop()
-        read += 1
-        if most is not None and read > most:
-            raise SubtreeTooLarge(errno.E2BIG, f"more than {most} cgroups in it and below it", cgroup_dir)
+
+    def visit(dir_fd: int | None, base: str, node: Node) -> bool:
         try:
-            links = os.stat(path).st_nlink
-        except OSError as e:
-            if not _vanished(e):
-                raise
-            continue
-        try:
-            pids.update(map(int, _read_whole(f"{path.rstrip('/')}/cgroup.procs").split()))
+            data = _read_at(dir_fd, base + "cgroup.procs", node)
         except OSError as e:
             if e.errno == errno.EOPNOTSUPP:
                 # a threaded cgroup (v2, made by whoever owns the subtree): its processes are
                 # listed by its threaded domain's cgroup.procs, read already; so are its children's
-                continue
-            if not _vanished(e):  # no cgroup.procs: not a cgroup, though it may hold some
-                raise
-        if links != 2:
-            try:
-                with os.scandir(path) as entries:
-                    todo += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
-            except OSError as e:
-                if not _vanished(e):
-                    raise
-    return pids
+                return False
+            if e.errno == errno.ENOENT:
+                return True  # no cgroup.procs: not a cgroup, though it may hold some below
+            raise
+        pids.update(map(int, data.split()))
+        return True
+
+    # the job's own cgroup first, here: most have no child, and pay no more than its stat and read
+    top = Node(None, cgroup_dir)
+    try:
+        links = os.stat(cgroup_dir).st_nlink
+        go_on = visit(None, f"{cgroup_dir.rstrip('/')}/", top)
+    except OSError as e:
+        if vanished(e):
+            return SubtreeProcs(frozenset())
+        raise
+    if not go_on or links == 2:
+        return SubtreeProcs(frozenset(pids))
+    walk = walk_cgroups(cgroup_dir, visit, most, top_visited=True)
+    if not (walk.more or walk.unread_count):
+        return SubtreeProcs(frozenset(pids))
+    return SubtreeProcs(frozenset(pids), walk.partial, walk.more > 0, walk.first_errno)
 
 
-def _read_whole(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
+    """``read_subtree_procs``'s processes, where it read the whole subtree: SubtreeTooLarge
+    (E2BIG) once more than ``most`` cgroups are in it, and OSError (EACCES, ...) where a part
+    could not be read, for whoever needs all of a job's processes or none."""
+    got = read_subtree_procs(cgroup_dir, most)
+    if got.partial is not None:
+        if got.over_bound:
+            raise SubtreeTooLarge(errno.E2BIG, got.partial, cgroup_dir)
+        raise OSError(got.errno or errno.EIO, got.partial, cgroup_dir)
+    return set(got.pids)
+
+
+def _read_at(dir_fd: int | None, path: str, node: Node) -> bytes:
+    """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
+        raise
     try:
         chunks = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
         return b"".join(chunks)
     except OSError as e:
-        e.filename = path  # os.read's error names no file: the message must
+        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"  # os.read's error names no file: the message must
         raise
     finally:
         os.close(fd)

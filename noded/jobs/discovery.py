@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -15,7 +14,8 @@ from noded.util.ratelimit import RateLimitedLog
 from noded.stores.securedir import SecureDir, StateWriteError
 from noded.jobs.labelwords import REGISTRABLE
 from noded.util.yamlsafe import read_yaml_file
-from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_procs, read_process_cgroups
+from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_process_cgroups, read_subtree_procs
+from noded.jobs.cgroupwalk import NODED_SHORT_OF
 from noded.jobs.proccgroup import ProcCgroupError
 from noded.jobs.kubepods import PodIdentities
 from noded.jobs.model import Job, JobMeta
@@ -24,9 +24,6 @@ from noded.jobs.polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
 log = logging.getLogger(__name__)
 #: processes attributed to no job because their /proc/PID/cgroup was refused
 _UNATTRIBUTED = RateLimitedLog(log, interval_s=60.0)
-
-#: errors that say noded itself is short of something: every job's reading would fail alike
-NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 NO_LABELS = JobMeta()  # a job nobody labelled (frozen: one serves them all)
 
@@ -239,6 +236,9 @@ class JobDiscovery:
         self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
         #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
         self.unreadable: dict[str, str] = {}
+        #: job id -> why only part of its subtree was read in the last discovery (the processes
+        #: found there are the job's: a part it cannot read, or its size, never freezes it)
+        self.partial: dict[str, str] = {}
         #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
         self.unattributed = 0
 
@@ -263,10 +263,14 @@ class JobDiscovery:
         short (descriptors, memory): the jobs are then unknown, never none. A job whose own
         subtree cannot be read (a delegated subtree its owner made unreadable, a cgroup.procs
         that fails) is held as last seen, and said in ``unreadable``: one tenant's cgroups
-        must not blind noded to every job on the node."""
+        must not blind noded to every job on the node. A job of which only a part could be
+        read (more cgroups than the bound, a directory shut to noded) is what that part
+        holds, and said in ``partial``; where that part holds no process, it is held as last
+        seen and said in ``unreadable``."""
         labels = self._all_labels()
         jobs: dict[str, Job] = {}
         unreadable: dict[str, str] = {}
+        partial: dict[str, str] = {}
         with self._lock:
             woken, self._woken = self._woken, set()
         cost = []
@@ -275,14 +279,21 @@ class JobDiscovery:
             for poll in self._polls:
                 found = poll.scanner.scan()
                 listed.update(found)
-                cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable))
+                cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable, partial))
                 self._hold_ambiguous(poll.scanner.ambiguous, jobs, unreadable)
                 listed.update(poll.scanner.ambiguous)
         finally:
             self._pods.forget_unseen()
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
+        for job_id in partial.keys() - self.partial.keys():
+            log.warning("job=%s cgroup partly read, the processes found there are the job's (said once): %s",
+                        job_id, printable(partial[job_id]))
+        for job_id in self.partial.keys() - partial.keys() - unreadable.keys():
+            if job_id in listed:
+                log.info("job=%s cgroup read whole again", job_id)
         self.unreadable = unreadable
+        self.partial = partial
         self.cost = tuple(cost)
         self._last = {j: job for j, job in jobs.items()}
         jobs.update(self._registered_jobs(labels))
@@ -301,25 +312,37 @@ class JobDiscovery:
                 jobs[job_id] = held
 
     def _read_listed(self, poll: SourcePoll, found: Mapping[str, str], woken: set[str],
-                     labels: Mapping[str, JobMeta], jobs: dict[str, Job], unreadable: dict[str, str]) -> SourceCost:
+                     labels: Mapping[str, JobMeta], jobs: dict[str, Job], unreadable: dict[str, str],
+                     partial: dict[str, str]) -> SourceCost:
         """One source's jobs into ``jobs``: those its poll chooses this tick read (one that
-        cannot be read held as last seen, and said in ``unreadable``), the rest held as last
-        seen. Returns the poll's cost."""
+        cannot be read held as last seen, and said in ``unreadable``; one read in part, what
+        that part holds, said in ``partial``), the rest held as last seen. Returns the
+        poll's cost."""
         src = poll.scanner.source
         chosen = poll.choose(found, woken)
         for job_id in chosen:
             path = found[job_id]
             try:
-                pids = frozenset(read_procs(path, most=poll.max_polled))
+                got = read_subtree_procs(path, most=poll.max_polled)
             except OSError as e:
                 if e.errno in NODED_SHORT_OF:
                     raise
-                unreadable[job_id] = f"{e.filename or path}: {e.strerror or e}"
+                got = None
+                why = f"{e.filename or path}: {e.strerror or e}"
+            else:
+                why = None if got.partial is None else (
+                    f"{path}: {got.partial}" + (" (jobs.max_polled_per_source)" if got.over_bound else ""))
+                if why is not None and got.pids:
+                    partial[job_id] = why
+            if got is None or (why is not None and not got.pids):
+                # nothing of it could be read, or the part read holds no process: the rest may
+                unreadable[job_id] = why
                 held = self._last.get(job_id)
                 if held is not None:
                     jobs[job_id] = held
                 poll.read(job_id, held is not None)  # to the back of its line, as any read
                 continue
+            pids = got.pids
             poll.read(job_id, bool(pids))
             if pids:
                 pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
@@ -334,6 +357,9 @@ class JobDiscovery:
         for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
             if job_id in found and job_id not in read:
                 unreadable[job_id] = why
+        for job_id, why in self.partial.items():
+            if job_id in found and job_id not in read:
+                partial[job_id] = why
         for job_id in poll.held(read):  # over the budget: not read this tick
             if (held := self._last.get(job_id)) is not None:
                 jobs[job_id] = held

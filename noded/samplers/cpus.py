@@ -16,11 +16,15 @@ from typing import Callable, Iterable, Mapping
 
 from resctrl.cpulist import parse_cpu_list
 
-from noded.jobs.discovery import NODED_SHORT_OF
+from noded.jobs.cgroupwalk import NODED_SHORT_OF, Node, walk_cgroups
+from noded.jobs.polling import DEFAULT_MAX_POLLED
 from noded.jobs.model import Job
+from noded.util.journal import printable
 from noded.util.procstat import STARTTIME, stat_fields
 
 log = logging.getLogger(__name__)
+
+PATH_MAX = 4096  # Linux's, the terminating NUL included
 
 
 @dataclass(frozen=True)
@@ -55,30 +59,61 @@ def read_cpuset_file(path: str, name: str) -> str:
     return ""
 
 
+def _read_at(dir_fd: int | None, path: str, node: Node) -> str:
+    """A small kernel file: ``path`` relative to ``dir_fd`` (None: as it is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
+        raise
+    try:
+        with os.fdopen(fd, "rb", closefd=True) as f:  # closes fd, read or not
+            return f.read(65536).decode("ascii", "replace").strip()
+    except OSError as e:
+        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
+        raise
+
+
 def has_cpuset(cgroup: str | None) -> bool:
     return bool(cgroup) and os.path.exists(os.path.join(cgroup, "cpuset.cpus"))
 
 
-def _gone(e: OSError) -> bool:
-    return e.errno in (errno.ENOENT, errno.ENODEV, errno.ESRCH)
+@dataclass(frozen=True)
+class CpusetTree:
+    """A job's cpuset tree as one walk read it: (directory, its cpuset.cpus), parents
+    first, breadth first; ``partial``: why only part of the tree was read (None: all)."""
+
+    cpusets: tuple[tuple[str, frozenset[int]], ...]
+    partial: str | None = None
 
 
-def read_cpusets(top: str) -> tuple[tuple[str, frozenset[int]], ...]:
-    """The cpuset tree of a job, parents first; a cgroup removed meanwhile is left out."""
-    def walk_error(e: OSError) -> None:
-        if not _gone(e):
-            raise e
-
+def read_cpuset_tree(top: str, most: int | None = None) -> CpusetTree:
+    """The cpuset tree of a job, breadth first by directory descriptors, at most ``most``
+    cgroups; a cgroup removed meanwhile is left out, a part noded may not read, beyond
+    ``most`` or deeper than PATH_MAX (noded writes cpusets by path) is left out and said
+    (``noded.jobs.cgroupwalk``). Raises OSError where the job's own directory cannot be read."""
     out = []
-    for d, _sub, files in os.walk(top, onerror=walk_error):
-        if "cpuset.cpus" not in files:
-            continue
+
+    def visit(dir_fd: int | None, base: str, node: Node) -> bool:
+        if node.length + len("/cpuset.cpus.effective") >= PATH_MAX:
+            # the cpusets noded writes it writes by path, and the Sample and the records keep
+            # their paths: a cgroup deeper than that is left out, and said (a part unread)
+            raise OSError(errno.ENAMETOOLONG, "deeper than PATH_MAX, by which noded writes cpusets: left out",
+                          node.short())
         try:
-            out.append((d, frozenset(parse_cpu_list(read_cpuset_file(d, "cpuset.cpus")))))
-        except OSError as e:
-            if not _gone(e):
-                raise
-    return tuple(out)
+            value = _read_at(dir_fd, base + "cpuset.cpus", node)
+        except FileNotFoundError:
+            return True  # no cpuset here (v2 without the controller below): its children may have one
+        if not value:  # v2: empty inherits the parent's
+            try:
+                value = _read_at(dir_fd, base + "cpuset.cpus.effective", node)
+            except FileNotFoundError:
+                pass
+        out.append((node.path, frozenset(parse_cpu_list(value))))
+        return True
+
+    walk = walk_cgroups(top, visit, most)
+    return CpusetTree(tuple(out), walk.partial)
 
 
 def read_affinities(proc: str, pids: frozenset[int]) -> tuple[tuple[int, str, frozenset[int]], ...]:
@@ -99,28 +134,36 @@ def read_affinities(proc: str, pids: frozenset[int]) -> tuple[tuple[int, str, fr
 class CpuPlacementSampler:
     """Each job's placement; a job whose own tree cannot be read (a delegated subtree its
     owner shut noded out of: EACCES) is left out, its CPUs unknown this tick, and said
-    once: one tenant's cgroups must not blind noded to every job's CPUs. What says noded
+    once: one tenant's cgroups must not blind noded to every job's CPUs. A tree read only in
+    part (more than ``most`` cgroups, a directory below the job's shut to noded) gives what
+    that part holds, the job's own cpuset first, and is said in ``partial``. What says noded
     itself is short (descriptors, memory) fails the sampler: every job would fail alike."""
 
     name = "cpus"
 
-    def __init__(self, proc: str = "/proc", wanted: Callable[[Mapping[str, Job]], Iterable[str]] | None = None):
+    def __init__(self, proc: str = "/proc", wanted: Callable[[Mapping[str, Job]], Iterable[str]] | None = None,
+                 most: int = DEFAULT_MAX_POLLED):
         self.proc = proc
+        self.most = most  # cgroups read per job's tree at most (jobs.max_polled_per_source)
         # Which jobs' CPUs this tick's plan may read (None: every job's). Where only caps change
         # CPUs (an MBA host without right-sizing), that is the capped jobs and those whose
         # CPUs noded recorded: reading every job's cpuset tree was most of a tick's own CPU.
         self.wanted = wanted
         self.unreadable: dict[str, str] = {}  # job id -> why its CPUs could not be read, last sample
+        self.partial: dict[str, str] = {}  # job id -> why only part of its cpuset tree was read, last sample
 
     def sample(self, jobs: Mapping[str, Job]) -> dict[str, CpuPlacement]:
-        out, unreadable = {}, {}
+        out, unreadable, partial = {}, {}, {}
         if self.wanted is not None:
             names = set(self.wanted(jobs))
             jobs = {j: job for j, job in jobs.items() if j in names}
         for job_id, job in jobs.items():
             try:
                 if has_cpuset(job.cgroup):
-                    out[job_id] = CpuPlacement(cpusets=read_cpusets(job.cgroup))
+                    tree = read_cpuset_tree(job.cgroup, self.most)
+                    out[job_id] = CpuPlacement(cpusets=tree.cpusets)
+                    if tree.partial is not None:
+                        partial[job_id] = f"{job.cgroup}: {tree.partial}"
                 else:
                     out[job_id] = CpuPlacement(affinities=read_affinities(self.proc, job.pids))
             except OSError as e:
@@ -130,5 +173,9 @@ class CpuPlacementSampler:
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s CPUs unreadable, unknown until they can be read (said once): %s", job_id,
                         unreadable[job_id])
+        for job_id in partial.keys() - self.partial.keys():
+            log.warning("job=%s cpuset tree partly read, the part read used (said once): %s", job_id,
+                        printable(partial[job_id]))
         self.unreadable = unreadable
+        self.partial = partial
         return out

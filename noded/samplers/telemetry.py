@@ -90,6 +90,8 @@ class Telemetry:
         if jobs is not None:
             unavailable += tuple(f"job {j}: cgroup unreadable, held as last seen ({why})"
                                  for j, why in sorted(self.discovery.unreadable.items()))
+            unavailable += tuple(f"job {j}: cgroup partly read, its processes there used ({why})"
+                                 for j, why in sorted(self.discovery.partial.items()))
         report = None
         if jobs is not None:
             with self._lock:
@@ -97,6 +99,9 @@ class Telemetry:
             if rc is None or facts is not None:  # a failed listing must not look like "no groups"
                 report = self.monitor.sync(jobs, facts.groups if facts else None)
         cpus = run("cpus", lambda: self.cpus.sample(jobs)) if self.cpus is not None and jobs is not None else None
+        if cpus is not None:
+            unavailable += tuple(f"job {j}: cpuset tree partly read, the part read used ({why})"
+                                 for j, why in sorted(self.cpus.partial.items()))
         nvml = None
         if self.nvml is not None:
             nvml = run("nvml", lambda: self.nvml.sample(now))

@@ -47,10 +47,13 @@ def test_v2_layouts_are_found_with_their_processes(v2_tree):
     assert JobDiscovery(sources).discover()["slurm:4242"] == jobs["slurm:4242"]
 
 
-def test_a_job_whose_subtree_cannot_be_read_is_held_and_blinds_no_other_job(v2_tree, sleeper):
+def test_a_job_whose_subtree_cannot_be_read_in_part_is_what_the_rest_holds_and_blinds_no_other_job(
+        v2_tree, sleeper):
     # Whoever owns a delegated subtree shapes it: one job's unreadable cgroup (here a
     # cgroup.procs that is a directory: EISDIR from the kernel) must not make every job
-    # unknown, nor make that job look ended.
+    # unknown, nor make that job look ended, nor freeze it: the part that can be read is
+    # read every tick (before, the whole job was held as last seen, and a new process in
+    # a readable part went unseen), and the part that cannot is said.
     root, (a, b, c, d) = v2_tree
     discovery = JobDiscovery([CgroupSource.create("slurm", root), CgroupSource.create("kubernetes", root)])
     before = discovery.discover()
@@ -60,53 +63,66 @@ def test_a_job_whose_subtree_cannot_be_read_is_held_and_blinds_no_other_job(v2_t
     new = os.path.join(root, "system.slice/slurmstepd.scope/job_5")  # a new job, unreadable from the start
     os.makedirs(os.path.join(new, "cgroup.procs"))
     jobs = discovery.discover()
-    assert jobs["slurm:4242"] is before["slurm:4242"]  # held as last seen
+    assert jobs["slurm:4242"] is before["slurm:4242"]  # what it holds is what it held
     assert jobs["k8s:0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"].pids == {d.pid}  # the others as they are now
-    assert "slurm:5" not in jobs  # never seen: nothing to hold
-    assert set(discovery.unreadable) == {"slurm:4242", "slurm:5"}
-    assert "Is a directory" in discovery.unreadable["slurm:4242"] and bad in discovery.unreadable["slurm:4242"]
+    assert "slurm:5" not in jobs  # never seen, its own cgroup unreadable: nothing to hold
+    assert set(discovery.unreadable) == {"slurm:5"} and set(discovery.partial) == {"slurm:4242"}
+    assert "Is a directory" in discovery.partial["slurm:4242"] and bad in discovery.partial["slurm:4242"]
     e = sleeper()
     with open(os.path.join(root, "system.slice/slurmstepd.scope/job_4242/step_batch/cgroup.procs"), "a") as f:
         f.write(f"{e.pid}\n")
-    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid}  # still held, not re-read
+    assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid, e.pid}  # seen at the next tick
     os.rmdir(os.path.join(bad, "cgroup.procs"))
     assert discovery.discover()["slurm:4242"].pids == {a.pid, b.pid, c.pid, e.pid}
-    assert discovery.unreadable == {"slurm:5": discovery.unreadable["slurm:5"]}
+    assert discovery.partial == {} and discovery.unreadable == {"slurm:5": discovery.unreadable["slurm:5"]}
 
 
 HELD_SCRIPT = """
 import json, os, sys
 from noded.jobs import CgroupSource, JobDiscovery
-base, step = sys.argv[1:]
+from noded.samplers.cpus import CpuPlacementSampler
+base, job, step, pid = sys.argv[1:]
 d = JobDiscovery([CgroupSource.create("slurm", base)])
 first = d.discover()
-os.chmod(step, 0o700)  # the subtree's owner shuts noded out (CAP_FOWNER is kept, as the unit keeps it)
+os.chmod(step, 0)  # the subtree's owner shuts noded out: chmod 000 (CAP_FOWNER is kept here to do it)
 second = d.discover()
+with open(os.path.join(job, "cgroup.procs"), "w") as f:  # a new process in the part noded can read
+    f.write(pid)
+third = d.discover()
+cpus = CpuPlacementSampler()
+placed = cpus.sample(third)
 print(json.dumps({"first": sorted(first["slurm:8"].pids), "second": sorted(second["slurm:8"].pids),
-                  "held": second["slurm:8"] is first["slurm:8"], "unreadable": d.unreadable}))
+                  "third": sorted(third["slurm:8"].pids), "unreadable": d.unreadable, "partial": d.partial,
+                  "cpusets": [p for p, _ in placed["slurm:8"].cpusets], "cpus_partial": cpus.partial}))
 """
 
 
-def test_eacces_below_a_real_job_cgroup_holds_that_job_as_the_unit_runs_noded(v1_cpuset, sleeper):
-    # noded's unit runs it as root without CAP_DAC_OVERRIDE: a subtree's owner (a
-    # delegated user) can make their cgroups unreadable to it; setpriv drops the same
-    # capabilities here, and the kernel answers EACCES for real.
+def test_eacces_below_a_real_job_cgroup_leaves_the_rest_of_that_job_read_as_the_unit_runs_noded(v1_cpuset, sleeper):
+    # noded's unit runs it as root without CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH
+    # (systemd/noded.service): a subtree's owner (a delegated user) can make their cgroups
+    # unreadable to it; setpriv drops the same capabilities here, and the kernel answers
+    # EACCES for real. The job is what noded can read (before: held as last seen, frozen,
+    # and a new process in its own cgroup unseen), its processes and its cpusets, and the
+    # part shut is said.
     base, mkcg = v1_cpuset
     job, step = mkcg("slurm/uid_0/job_8"), mkcg("slurm/uid_0/job_8/step_0")
-    a, b = sleeper(), sleeper()
+    a, b, c = sleeper(), sleeper(), sleeper()
     write(f"{job}/cgroup.procs", str(a.pid))
     write(f"{step}/cgroup.procs", str(b.pid))
     os.chown(step, 65534, 65534)
     try:
         out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
-                              sys.executable, "-c", HELD_SCRIPT, base, step],
+                              sys.executable, "-c", HELD_SCRIPT, base, job, step, str(c.pid)],
                              capture_output=True, text=True, timeout=60, check=True).stdout
     finally:
         os.chmod(step, 0o755)
         os.chown(step, 0, 0)
     got = json.loads(out)
-    assert got["first"] == got["second"] == sorted({a.pid, b.pid}) and got["held"]
-    assert "Permission denied" in got["unreadable"]["slurm:8"]
+    assert got["first"] == sorted({a.pid, b.pid})
+    assert got["second"] == [a.pid] and got["third"] == sorted({a.pid, c.pid})
+    assert got["unreadable"] == {} and "Permission denied" in got["partial"]["slurm:8"]
+    assert step in got["partial"]["slurm:8"]
+    assert got["cpusets"] == [job] and "Permission denied" in got["cpus_partial"]["slurm:8"]
 
 
 def test_source_configuration_errors_are_clear(tmp_path):

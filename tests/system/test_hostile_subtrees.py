@@ -1,0 +1,148 @@
+"""A tenant's delegated job subtree shaped to freeze noded's view of the job, on the real
+cgroup v1 cpuset hierarchy: names nested past PATH_MAX, more cgroups than the bound. The
+job must stay what noded can read of it, every tick (noded.jobs.cgroupwalk); a directory
+shut to noded is in test_jobs.py (it needs the unit's capabilities dropped)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from support.cgtree import make_chain, remove_tree, write_at, read_at
+from noded.jobs import CgroupSource, JobDiscovery
+from noded.samplers.cpus import CpuPlacementSampler
+from noded.samplers.mongroups import JobMonitor
+from noded.samplers.resctrl import ResctrlSession
+from noded.samplers.telemetry import Telemetry
+
+NAME = "n" * 250  # the longest a name may be: 17 of them nest past PATH_MAX (4096)
+
+
+def put(cgroup: str, pid: int) -> None:
+    with open(f"{cgroup}/cgroup.procs", "w") as f:
+        f.write(str(pid))
+
+
+def cpuset_fill(pid_at: int | None = None, pid: int = 0):
+    """Each new v1 cpuset cgroup gets its parent's CPUs and memory nodes (a task may join
+    only then), and the one at depth ``pid_at`` the process ``pid``."""
+    def fill(parent_fd, fd, depth):
+        for f in ("cpuset.cpus", "cpuset.mems"):
+            write_at(fd, f, read_at(parent_fd, f))
+        if depth == pid_at:
+            write_at(fd, "cgroup.procs", str(pid))
+    return fill
+
+
+def test_a_job_whose_cgroups_nest_past_path_max_is_read_to_the_bottom(v1_cpuset, sleeper):
+    # Before: open() of the deepest cgroup.procs failed with ENAMETOOLONG, and the job
+    # was held as last seen (here never seen: no job at all), its processes unattributed.
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_31")
+    a, deep = sleeper(), sleeper()
+    put(job, a.pid)
+    depth = 18
+    try:
+        make_chain(job, [NAME] * depth, cpuset_fill(depth, deep.pid))
+        assert len(job) + depth * (len(NAME) + 1) > 4096
+        discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+        jobs = discovery.discover()
+        assert jobs["slurm:31"].pids == {a.pid, deep.pid}
+        assert discovery.unreadable == {} and discovery.partial == {}
+        # its cpusets, which noded writes by path: those within PATH_MAX, the rest said
+        cpus = CpuPlacementSampler()
+        placed = cpus.sample(jobs)["slurm:31"]
+        within = [job + f"/{NAME}" * k for k in range(depth + 1)
+                  if len(job) + k * (len(NAME) + 1) + len("/cpuset.cpus.effective") < 4096]
+        assert [d for d, _ in placed.cpusets] == within and len(within) < depth + 1
+        assert "PATH_MAX" in cpus.partial["slurm:31"]
+    finally:
+        for name in os.listdir(job):
+            if name == NAME:
+                remove_tree(f"{job}/{NAME}", cgroupfs=True)
+
+
+def over_the_bound(mkcg):
+    """A job whose cgroups pass a bound of 16: its own, three steps, and 30 cgroups below
+    the first step (read breadth first, the job's own and its steps are read every tick)."""
+    job = mkcg("slurm/uid_0/job_32")
+    steps = [mkcg(f"slurm/uid_0/job_32/step_{i}") for i in range(3)]
+    for i in range(30):
+        mkcg(f"slurm/uid_0/job_32/step_0/t{i:02d}")
+    return job, steps
+
+
+def test_a_job_over_the_bound_is_what_its_first_cgroups_hold_and_a_new_process_there_counts_next_tick(
+        v1_cpuset, sleeper, caplog):
+    # Before: SubtreeTooLarge, the job held as last seen (here: never seen, no job), and a
+    # new process (a new step, kubectl exec) neither counted nor throttled.
+    base, mkcg = v1_cpuset
+    job, steps = over_the_bound(mkcg)
+    a, b, c = sleeper(), sleeper(), sleeper()
+    put(job, a.pid)
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
+    jobs = discovery.discover()
+    assert jobs["slurm:32"].pids == {a.pid} and discovery.unreadable == {}
+    assert "more than 16 cgroups" in discovery.partial["slurm:32"] and job in discovery.partial["slurm:32"]
+    assert any("job=slurm:32 cgroup partly read" in r.getMessage() and "more than 16" in r.getMessage()
+               and "jobs.max_polled_per_source" in r.getMessage() for r in caplog.records)
+    put(steps[2], b.pid)  # a new step's process
+    put(job, c.pid)
+    assert discovery.discover()["slurm:32"].pids == {a.pid, b.pid, c.pid}  # at the next tick
+    cpus = CpuPlacementSampler(most=16)
+    placed = cpus.sample(discovery.discover())["slurm:32"]
+    assert placed.cpusets[0][0] == job and {d for d, _ in placed.cpusets[1:4]} == set(steps)  # breadth first
+    assert len(placed.cpusets) == 16 and "more than 16 cgroups" in cpus.partial["slurm:32"]
+
+
+@pytest.mark.fuse
+def test_a_new_process_in_an_over_the_bound_job_joins_its_monitoring_group_at_the_next_sample(
+        v1_cpuset, sleeper, emulator, open_resctrl):
+    base, mkcg = v1_cpuset
+    job, steps = over_the_bound(mkcg)
+    a, b = sleeper(), sleeper()
+    put(job, a.pid)
+    rc = open_resctrl(emulator("intel"))
+    monitor = JobMonitor(ResctrlSession.of(rc), clock=time.monotonic, retry_s=3600)
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
+    telemetry = Telemetry(discovery, monitor.session, monitor, None, process_events=False)
+    try:
+        sample = telemetry.sample()
+        group = monitor.groups()["slurm:32"]
+        assert sorted(group.read_tasks()) == [a.pid]
+        assert any(m.startswith("job slurm:32: cgroup partly read") for m in sample.missing)
+        put(steps[1], b.pid)
+        sample = telemetry.sample()
+        assert sorted(group.read_tasks()) == sorted([a.pid, b.pid])
+        assert sample.jobs["slurm:32"].pids == {a.pid, b.pid}
+    finally:
+        telemetry.close()
+
+
+DEEP_SCRIPT = """
+import resource, sys
+from noded.jobs.cgroups import read_subtree_procs
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))  # fewer than the walk's own bound on directories held
+got = read_subtree_procs(sys.argv[1])
+print(len(got.pids), min(got.pids), max(got.pids), got.partial)
+"""
+
+
+def test_a_50000_deep_chain_is_read_whole_within_a_few_descriptors():
+    # EMFILE is a real fault (every job's reading fails alike): a chain of any depth must
+    # cost a bounded number of descriptors, here read under a limit of 32 open files.
+    # On tmpfs (/dev/shm): 50 000 directories made and removed in seconds, not a disk's tens.
+    top = tempfile.mkdtemp(dir="/dev/shm", prefix="noded-test-deep-")
+    try:
+        with open(os.path.join(top, "cgroup.procs"), "w") as f:
+            f.write("1\n")
+        depth = 50_000
+        make_chain(top, ["d"] * depth, lambda _p, fd, d: write_at(fd, "cgroup.procs", f"{d + 1}\n", create=True))
+        out = subprocess.run([sys.executable, "-c", DEEP_SCRIPT, top], capture_output=True, text=True,
+                             timeout=120, check=True).stdout.split()
+        assert out == [str(depth + 1), "1", str(depth + 1), "None"]
+    finally:
+        subprocess.run(["rm", "-rf", top], check=True, timeout=120)  # fts: any depth
