@@ -390,7 +390,27 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
     OSError where the job's own directory cannot be read (an empty result where it is gone)
     and where noded itself is short (EMFILE, ENOMEM, ...): never mistaken for no processes.
     """
+    # the job's own cgroup first, here: most have no child, and pay no more than its stat and
+    # read (every job, every tick: no walk's objects made for them)
+    try:
+        links = os.stat(cgroup_dir).st_nlink
+    except OSError as e:
+        if vanished(e):
+            return SubtreeProcs(frozenset())  # the job ended
+        raise
     pids: set[int] = set()
+    go_on = True
+    try:
+        pids.update(map(int, _read_at(None, f"{cgroup_dir.rstrip('/')}/cgroup.procs", cgroup_dir).split()))
+    except OSError as e:
+        if e.errno == errno.EOPNOTSUPP:
+            go_on = False  # a threaded cgroup (v2): its threaded domain lists its processes and its children's
+        elif e.errno != errno.ENOENT:  # ENOENT: not a cgroup, though some may be below it
+            if vanished(e):
+                return SubtreeProcs(frozenset())
+            raise
+    if not go_on or links == 2:
+        return SubtreeProcs(frozenset(pids))
 
     def visit(dir_fd: int | None, base: str, node: Node) -> bool:
         try:
@@ -406,17 +426,6 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
         pids.update(map(int, data.split()))
         return True
 
-    # the job's own cgroup first, here: most have no child, and pay no more than its stat and read
-    top = Node(None, cgroup_dir)
-    try:
-        links = os.stat(cgroup_dir).st_nlink
-        go_on = visit(None, f"{cgroup_dir.rstrip('/')}/", top)
-    except OSError as e:
-        if vanished(e):
-            return SubtreeProcs(frozenset())
-        raise
-    if not go_on or links == 2:
-        return SubtreeProcs(frozenset(pids))
     walk = walk_cgroups(cgroup_dir, visit, most, top_visited=True)
     if not (walk.more or walk.unread_count):
         return SubtreeProcs(frozenset(pids))
@@ -435,12 +444,13 @@ def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
     return set(got.pids)
 
 
-def _read_at(dir_fd: int | None, path: str, node: Node) -> bytes:
-    """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is)."""
+def _read_at(dir_fd: int | None, path: str, node: Node | str) -> bytes:
+    """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is);
+    ``node``: the directory it is in, for an error's file name (a Node, or the top's path)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
-        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
+        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
         raise
     try:
         chunks = []
@@ -448,7 +458,8 @@ def _read_at(dir_fd: int | None, path: str, node: Node) -> bytes:
             chunks.append(chunk)
         return b"".join(chunks)
     except OSError as e:
-        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"  # os.read's error names no file: the message must
+        # os.read's error names no file: the message must
+        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
         raise
     finally:
         os.close(fd)
