@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple
 
-from noded.jobs.cgroupwalk import Node, vanished, walk_cgroups
+from noded.jobs.cgroupwalk import Node, read_at, vanished, walk_cgroups
 from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
 
@@ -401,7 +401,7 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
     pids: set[int] = set()
     go_on = True
     try:
-        pids.update(map(int, _read_at(None, f"{cgroup_dir.rstrip('/')}/cgroup.procs", cgroup_dir).split()))
+        pids.update(map(int, read_at(None, f"{cgroup_dir.rstrip('/')}/cgroup.procs", cgroup_dir).split()))
     except OSError as e:
         if e.errno == errno.EOPNOTSUPP:
             go_on = False  # a threaded cgroup (v2): its threaded domain lists its processes and its children's
@@ -414,7 +414,7 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
 
     def visit(dir_fd: int | None, base: str, node: Node) -> bool:
         try:
-            data = _read_at(dir_fd, base + "cgroup.procs", node)
+            data = read_at(dir_fd, base + "cgroup.procs", node)
         except OSError as e:
             if e.errno == errno.EOPNOTSUPP:
                 # a threaded cgroup (v2, made by whoever owns the subtree): its processes are
@@ -442,27 +442,6 @@ def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
             raise SubtreeTooLarge(errno.E2BIG, got.partial, cgroup_dir)
         raise OSError(got.errno or errno.EIO, got.partial, cgroup_dir)
     return set(got.pids)
-
-
-def _read_at(dir_fd: int | None, path: str, node: Node | str) -> bytes:
-    """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is);
-    ``node``: the directory it is in, for an error's file name (a Node, or the top's path)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as e:
-        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
-        raise
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as e:
-        # os.read's error names no file: the message must
-        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
-        raise
-    finally:
-        os.close(fd)
 
 
 @functools.lru_cache(maxsize=16)

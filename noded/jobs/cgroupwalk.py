@@ -274,3 +274,24 @@ def _reopen(node: Node) -> int:
             os.close(fd)
         raise
     return fd
+
+
+def read_at(dir_fd: int | None, path: str, node: Node | str) -> bytes:
+    """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is);
+    ``node``: the directory it is in, for an error's file name (a Node, or the top's path)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
+        raise
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        # os.read's error names no file: the message must
+        e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
+        raise
+    finally:
+        os.close(fd)

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping
 
 from resctrl.cpulist import parse_cpu_list
 
-from noded.jobs.cgroupwalk import NODED_SHORT_OF, Node, walk_cgroups
+from noded.jobs.cgroupwalk import NODED_SHORT_OF, Node, read_at, walk_cgroups
 from noded.jobs.polling import DEFAULT_MAX_POLLED
 from noded.jobs.model import Job
 from noded.util.journal import printable
@@ -60,18 +60,8 @@ def read_cpuset_file(path: str, name: str) -> str:
 
 
 def _read_at(dir_fd: int | None, path: str, node: Node) -> str:
-    """A small kernel file: ``path`` relative to ``dir_fd`` (None: as it is)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as e:
-        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
-        raise
-    try:
-        with os.fdopen(fd, "rb", closefd=True) as f:  # closes fd, read or not
-            return f.read(65536).decode("ascii", "replace").strip()
-    except OSError as e:
-        e.filename = f"{node.short()}/{path.rsplit('/', 1)[-1]}"
-        raise
+    """A small kernel file as text: ``path`` relative to ``dir_fd`` (None: as it is)."""
+    return read_at(dir_fd, path, node).decode("ascii", "replace").strip()
 
 
 def has_cpuset(cgroup: str | None) -> bool:
