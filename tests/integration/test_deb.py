@@ -56,8 +56,10 @@ case "$1" in is-enabled) echo disabled; exit 1;; is-active) exit 3;; esac
 exit 0
 """
 
-# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("packaging"),
+# the packages built (the module's fixture) for the module's tests: one worker. A group of its
+# own, not the image's: each build stages a tree of its own (mktemp under build/packaging), so
+# the two build at once on two workers
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("deb"),
               pytest.mark.own_install]
 
 

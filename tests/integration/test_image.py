@@ -30,8 +30,10 @@ def daemonset_config() -> str:
     v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
     return os.path.join(KUBERNETES, "base" if v2 else "overlays/cgroup-v1", "noded.yaml")
 
-# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("packaging"),
+# one image built (the module's fixture) for the module's tests: one worker. A group of its own,
+# not the package's: each build stages a tree of its own (mktemp under build/packaging), so
+# the two build at once on two workers
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("image"),
               pytest.mark.own_install]
 
 
