@@ -38,6 +38,9 @@ import pytest
 
 from noded.util.buildinfo import revision
 from noded.util.buildinfo import version
+from support.packaging import built_content
+from support.packaging import checkout_copy
+from support.packaging import stand_ins
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
 CACHE = os.path.join(ROOT, "build", "packaging")
@@ -56,8 +59,10 @@ case "$1" in is-enabled) echo disabled; exit 1;; is-active) exit 3;; esac
 exit 0
 """
 
-# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("packaging"),
+# the packages built (the module's fixture) for the module's tests: one worker. A group of its
+# own, not the image's: each build stages a tree of its own (mktemp under build/packaging), so
+# the two build at once on two workers
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("deb"),
               pytest.mark.own_install]
 
 
@@ -188,6 +193,10 @@ def throwaway_root(tmp_path):
     root.mkdir()
     subprocess.run(["tar", "-C", str(root), "-xf", root_tarball()], check=True, timeout=300)
     (root / "run" / "systemd" / "system").mkdir(parents=True)
+    # dpkg without an fsync of each file it unpacks (as Debian's build chroots and mmdebstrap
+    # itself run it): a root thrown away after the test needs no file on the disk at a crash,
+    # and the venv's some 4000 files made dpkg wait on the disk for most of its time
+    (root / "etc" / "dpkg" / "dpkg.cfg.d" / "unsafe-io").write_text("force-unsafe-io\n")
     systemctl = root / "usr" / "bin" / "systemctl"
     systemctl.write_text(SYSTEMCTL_RECORDER)
     systemctl.chmod(0o755)
@@ -280,3 +289,22 @@ def test_install_upgrade_remove_and_purge_in_a_throwaway_root(packages, throwawa
     assert not (root / "etc" / "noded").exists()
     assert not state.exists()
     assert inside(root, "dpkg-query", "-W", "noded", check=False).returncode != 0
+
+
+def test_a_package_built_by_another_recipe_is_not_taken_for_this_ones(tmp_path):
+    """The content a package names (make deb reuses one with the same Noded-Content-Hash)
+    covers the recipe too: packaging/debian was among the sources, but not the script that
+    writes the changelog and the fields (packaging/deb/build). Run in a copy, with a
+    stand-in for dpkg-buildpackage (support.packaging)."""
+    checkout = checkout_copy(tmp_path / "checkout")
+    env = stand_ins(tmp_path / "bin")
+
+    def content(outdir: str) -> str:
+        return built_content([os.path.join(checkout, "packaging", "deb", "build"), str(tmp_path / outdir),
+                              "0.1.0+test1-1"], env, checkout)
+
+    first = content("a")
+    assert content("b") == first  # the same recipe and sources: the same content
+    with open(os.path.join(checkout, "packaging", "deb", "build"), "a") as f:
+        f.write("# a change of the recipe\n")
+    assert content("c") != first

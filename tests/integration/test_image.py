@@ -18,6 +18,9 @@ import yaml
 
 from noded.util.buildinfo import revision
 from noded.util.buildinfo import version
+from support.packaging import built_content
+from support.packaging import checkout_copy
+from support.packaging import stand_ins
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
 PODMAN = os.path.join(ROOT, "packaging", "image", "podman")
@@ -30,8 +33,10 @@ def daemonset_config() -> str:
     v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
     return os.path.join(KUBERNETES, "base" if v2 else "overlays/cgroup-v1", "noded.yaml")
 
-# one worker for every build under build/packaging (image, package, wheel): each stages its tree there
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("packaging"),
+# one image built (the module's fixture) for the module's tests: one worker. A group of its own,
+# not the package's: each build stages a tree of its own (mktemp under build/packaging), so
+# the two build at once on two workers
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("image"),
               pytest.mark.own_install]
 
 
@@ -103,3 +108,19 @@ def test_the_image_holds_the_product_only_not_the_simulations_dependencies(image
     # the commands the DaemonSet and an operator run are on PATH
     p = in_image(image, "sh", "-c", "command -v noded; command -v nodectl")
     assert p.stdout.split() == ["/opt/noded/bin/noded", "/opt/noded/bin/nodectl"], p
+
+
+def test_an_image_built_by_another_recipe_is_not_taken_for_this_ones(tmp_path):
+    """The content an image is labelled with (make image reuses one with the same label)
+    covers the recipe too: before, only the sources, so after an edit of the Containerfile
+    (or of the base's script) in a tree already dirty, make image said "built already" and
+    tagged the image of the old recipe. Run in a copy, with stand-ins for podman and
+    mmdebstrap (support.packaging)."""
+    checkout = checkout_copy(tmp_path / "checkout")
+    env = stand_ins(tmp_path / "bin")
+    build = [os.path.join(checkout, "packaging", "image", "build")]
+    first = built_content(build, env, checkout)
+    assert built_content(build, env, checkout) == first  # the same recipe and sources: the same content
+    with open(os.path.join(checkout, "packaging", "image", "Containerfile"), "a") as f:
+        f.write("LABEL a.recipe.change=1\n")
+    assert built_content(build, env, checkout) != first

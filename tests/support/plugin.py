@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from nodesim.resctrl_emulator import MountedEmulator
 from resctrl import Resctrl
 from support import numba_cache
+from support.ordering import builds_first
 from support.paths import REPO_ROOT
 
 FUSE_MISSING = None
@@ -68,6 +69,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    builds_first(items)
     if FUSE_MISSING is None:
         return
     skip = pytest.mark.skip(reason=f"needs FUSE: {FUSE_MISSING}")

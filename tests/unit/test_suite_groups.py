@@ -1,5 +1,5 @@
 """The suite's xdist groups hold: `make test` runs with --dist loadgroup, and the tests of
-one group (the image, the package and the wheel staging one tree; the SIGKILL tests) must
+one group (the image's tests, sharing one build; the package's; the wheel's; the SIGKILL tests) must
 run in one worker, one after another. pytest 9.2 with xdist 3.8 grouped nothing, silently
 (pytest-xdist issue #1386): this runs a tiny suite the same way and looks."""
 
