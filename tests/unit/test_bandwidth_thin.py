@@ -183,3 +183,67 @@ def test_property_rates_are_exact_means_and_no_job_waits_longer_than_its_turn(tm
 
 def true_node_prev_mean(node, prev_total, prev_now):
     return (node.own + sum(node.bytes.values()) - prev_total) / (node.now - prev_now)
+
+
+# --- Review (helper V): the sampler's thin reads driven into the contention policy, the way
+# the Daemon does (noded.loop.daemon._quiet_read: the quiet word only while nothing is
+# throttled and no per-job cap is configured; its bound half the threshold of the peak).
+
+from types import MappingProxyType  # noqa: E402
+
+from noded.config import ContentionConfig  # noqa: E402
+from noded.jobs.model import JobMeta  # noqa: E402
+from noded.policy.contention import PolicyState, decide  # noqa: E402
+from noded.samplers.sample import CPU, GPU, JobSample, Sample  # noqa: E402
+
+PEAK = 100 * GB  # per domain: half of a 0.8 threshold is 40 GB/s, twice the quiet node's 20.5
+POLICY = ContentionConfig(threshold=0.8, release_threshold=0.6, hold_s=10, settle_s=2, gpu_drop_margin=0.1)
+
+
+def quiet_word(config, state, every):
+    """What the Daemon gives the sampler (noded.loop.daemon._quiet_read)."""
+    if every <= 1 or config.cpu_job_cap_gbps is not None or state.throttles:
+        return None
+    return QuietRead(0.5 * config.threshold * PEAK, every)
+
+
+def policy_sample(bs, t, gpu_util):
+    """The Sample the policy sees of one BandwidthSample: every model job a CPU job, and a
+    GPU job "nlp" (no group of its own: its traffic is the root's own) at ``gpu_util``."""
+    def job(jid, kind, util, bw):
+        return JobSample(jid, "registered", frozenset(), JobMeta(), kind, ("GPU-0",) if kind == GPU else (),
+                         util, bw, "own")
+    jobs = {j: job(j, CPU, None, None if None in r.values() else sum(r.values())) for j, r in bs.job_bps.items()}
+    jobs["nlp"] = job("nlp", GPU, gpu_util, None)
+    return Sample(t, MappingProxyType(jobs), (), True, None, bs.domains, MappingProxyType(dict(bs.node_bps)),
+                  bs.missing, (), job_bandwidth_current=bs.jobs_current)
+
+
+def drive(node, sampler, state, config, every, gpu_util):
+    """One tick as the Daemon runs it: sample (thin where the quiet word allows), decide."""
+    node.reads = []
+    bs = sampler.sample(node.rc, 1, dict(node.groups), quiet_word(config, state, every))
+    read = [p.rsplit("/", 1)[1] for p in node.reads if p != node.root]
+    s = policy_sample(bs, node.now, gpu_util)
+    d, state = decide(s, state, config, PEAK, {j: 5 for j in s.jobs}, node.now)
+    return bs, read, d, state
+
+
+@pytest.mark.parametrize("every", [1, pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
+    "a hog over the threshold every other tick is never throttled on a node read thin: each tick over "
+    "the bound follows a thin tick, so its job rates are never 'current' and the policy waits for ever")))])
+def test_a_hog_that_bursts_every_other_tick_is_throttled_as_when_every_job_is_read_every_tick(node, every):
+    sampler, state = sampler_of(node), PolicyState()
+    for i in range(3):  # quiet: nlp's baseline learned at 80 %
+        node.advance(1.0 * bool(i))
+        _, _, _, state = drive(node, sampler, state, POLICY, every, 80)
+    throttled = []
+    for tick in range(20):
+        burst = tick % 2 == 0
+        node.rates["j7"] = 70 * GB if burst else 1 * GB  # 89.5 GB/s, 0.9 of the peak, on a burst
+        node.advance(1.0)
+        bs, _, d, state = drive(node, sampler, state, POLICY, every, 40 if burst else 80)
+        if burst:
+            assert d.node_share == pytest.approx(0.895) and d.slowed == ("nlp",)
+        throttled += [a for a in d.actions if a.job == "j7" and a.to_level > a.from_level]
+    assert throttled, "j7 pushed the node to 0.9 of its peak and slowed nlp on 10 ticks, and was never throttled"
