@@ -247,3 +247,48 @@ def test_a_hog_that_bursts_every_other_tick_is_throttled_as_when_every_job_is_re
             assert d.node_share == pytest.approx(0.895) and d.slowed == ("nlp",)
         throttled += [a for a in d.actions if a.job == "j7" and a.to_level > a.from_level]
     assert throttled, "j7 pushed the node to 0.9 of its peak and slowed nlp on 10 ticks, and was never throttled"
+
+
+@pytest.mark.parametrize("every", [1, pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
+    "a per-job cap set by a reload while the node was read thin steps a job down on its mean since its "
+    "last read: the policy's cap steps do not wait for job rates over one tick")))])
+def test_a_cap_set_by_a_reload_while_thin_does_not_step_down_a_job_on_a_stale_mean(node, every):
+    sampler, state = sampler_of(node), PolicyState()
+    node.rates["j7"] = 8 * GB  # 27.5 GB/s on the node: quiet
+    for i in range(3):
+        node.advance(1.0 * bool(i))
+        _, _, _, state = drive(node, sampler, state, POLICY, every, 80)
+    for _ in range(10):  # until j7's turn
+        node.advance(1.0)
+        _, read, _, state = drive(node, sampler, state, POLICY, every, 80)
+        if "j7" in read:
+            break
+    assert "j7" in read
+    for _ in range(3):
+        node.advance(1.0)
+        _, _, _, state = drive(node, sampler, state, POLICY, every, 80)
+    node.rates["j7"] = 1 * GB  # j7 drops, and an operator's reload sets a 5 GB/s per-job cap
+    node.advance(1.0)
+    capped = ContentionConfig(**{**POLICY.__dict__, "cpu_job_cap_gbps": 5.0})
+    bs, read, d, state = drive(node, sampler, state, capped, every, 80)
+    assert "j7" in read  # read in full: the cap takes the quiet word away
+    steps = [a for a in d.actions if a.job == "j7"]
+    assert not steps, f"j7 at 1 GB/s over the last second stepped down: {steps[0].reason}"
+
+
+@pytest.mark.parametrize("quiet", [None, pytest.param(QUIET, marks=pytest.mark.xfail(strict=True, reason=(
+    "on a tick whose groups changed after thin ticks the node's rate sums residuals last read at the "
+    "last full tick (any number of ticks ago) and job means since each job's last read: not the last "
+    "tick's; the node read at 20.5 GB/s when it moved 49 GB/s")))])
+def test_the_node_rate_on_a_tick_whose_groups_changed_after_thin_ticks_is_the_last_ticks(node, quiet):
+    sampler = sampler_of(node)
+    for i in range(30):  # read thin: 28 thin ticks, the root's residual last read 29 s ago
+        node.advance(1.0 * bool(i))
+        node.tick(sampler, quiet)
+    node.own_rate = 30 * GB  # tasks in the root's own RMID rise (still under the bound: 49.5 < 50)
+    node.advance(1.0)
+    # and j3's group is removed (its job ended): on the kernel the root's total drops by its count
+    del node.groups["j3"], node.bytes["j3"], node.rates["j3"]
+    s, read = node.tick(sampler, quiet)
+    assert sorted(read) == sorted(node.rates)
+    assert s.node_bps[0] == pytest.approx(19 * GB + 30 * GB, rel=0.05)
