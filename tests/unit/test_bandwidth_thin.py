@@ -191,7 +191,8 @@ def true_node_prev_mean(node, prev_total, prev_now):
 
 from types import MappingProxyType  # noqa: E402
 
-from noded.config import ContentionConfig  # noqa: E402
+from noded.config import Config, ContentionConfig, ResctrlConfig  # noqa: E402
+from noded.loop.daemon import Daemon  # noqa: E402
 from noded.jobs.model import JobMeta  # noqa: E402
 from noded.policy.contention import PolicyState, decide  # noqa: E402
 from noded.samplers.sample import CPU, GPU, JobSample, Sample  # noqa: E402
@@ -201,10 +202,12 @@ POLICY = ContentionConfig(threshold=0.8, release_threshold=0.6, hold_s=10, settl
 
 
 def quiet_word(config, state, every):
-    """What the Daemon gives the sampler (noded.loop.daemon._quiet_read)."""
-    if every <= 1 or config.cpu_job_cap_gbps is not None or state.throttles:
-        return None
-    return QuietRead(0.5 * config.threshold * PEAK, every)
+    """What the Daemon gives the sampler (its own _quiet_read, over a last tick that left
+    what the policy's state holds throttled, nothing capped or overridden)."""
+    cfg = Config(peak_gbps_per_domain=PEAK / GB, contention=config, resctrl=ResctrlConfig(quiet_read_every=every))
+    last = SimpleNamespace(levels={j: t.level for j, t in state.throttles.items()}, caps={},
+                           control=SimpleNamespace(overrides={}))
+    return Daemon._quiet_read(SimpleNamespace(config=cfg, last=last, state=state))
 
 
 def policy_sample(bs, t, gpu_util):
