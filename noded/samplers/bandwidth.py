@@ -10,12 +10,15 @@ While the groups stay as they are, the node's rate is read from the control grou
 totals (each holds its monitoring groups' counts), which is the same sum read at once.
 
 A quiet node (the caller says when: nothing throttled, capped or overridden; and the node
-below ``QuietRead.below_bps`` on every domain) is read thin: every control group's total
+below ``QuietRead.below_bps`` on every domain, and so for ``QuietRead.calm_s``) is read thin: every control group's total
 each tick, each job's counters every ``QuietRead.every`` ticks, a share of the jobs each tick (those
 read longest ago first). A job's rate is then its mean since its last read, carried until
 its next; the sample says so (``jobs_current`` False). The first tick the node is not quiet
 reads every job again, and says the same of that tick: a job read some ticks ago has a
-longer window, and heaviest-first must not act on it (the policy waits one tick).
+longer window, and heaviest-first must not act on it (the policy waits one tick). The node
+then stays read in full for ``calm_s`` after it was last at or over the bound: a hog that
+bursts past the threshold every few ticks would otherwise find a thin tick before each
+burst, and each burst's rates never over one tick.
 
 No descriptor stays open between ticks (an operator must be able to unmount
 resctrl); a reading that is missing makes that rate None, never zero, so policy
@@ -86,10 +89,12 @@ def _every_domain(rates: dict[int, float | None], domains: tuple[int, ...]) -> d
 
 class QuietRead(NamedTuple):
     """The caller's word that nothing is throttled, capped or overridden: below
-    ``below_bps`` per domain, each job's counters are read every ``every`` ticks."""
+    ``below_bps`` per domain, and so for ``calm_s`` seconds, each job's counters are read
+    every ``every`` ticks."""
 
     below_bps: float
     every: int
+    calm_s: float = 0.0
 
 
 class BandwidthSampler:
@@ -115,6 +120,7 @@ class BandwidthSampler:
         self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
         self._behind: set[str] = set()  # jobs not read on the last tick
+        self._loud_at: float | None = None  # when the node was last read at or over the quiet bound
 
     def _new_meter(self, domains: tuple[int, ...], created_at: float | None, dip: int) -> BandwidthMeter:
         meter = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
@@ -161,7 +167,8 @@ class BandwidthSampler:
             totals_read = True
             by_totals = self._node_from_totals(self._read_all({p: p for p in ctrl_paths}, domains, self.clock()),
                                                domains)
-            if by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
+            calm = self._loud_at is None or self.clock() - self._loud_at >= quiet.calm_s
+            if calm and by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
                 return self._thin(groups, domains, by_totals, quiet)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
@@ -198,6 +205,8 @@ class BandwidthSampler:
             # windows differ, the totals' is the last tick's
             node = by_totals
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
+        if quiet is not None and any(r is not None and r >= quiet.below_bps for r in node.values()):
+            self._loud_at = now
         for job_id in [j for j in self._job_meters if j not in groups]:
             del self._job_meters[job_id]
         for path in self._own_meters.keys() - set(ctrl_paths):

@@ -232,24 +232,43 @@ def drive(node, sampler, state, config, every, gpu_util):
     return bs, read, d, state
 
 
-@pytest.mark.parametrize("every", [1, pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
-    "a hog over the threshold every other tick is never throttled on a node read thin: each tick over "
-    "the bound follows a thin tick, so its job rates are never 'current' and the policy waits for ever")))])
-def test_a_hog_that_bursts_every_other_tick_is_throttled_as_when_every_job_is_read_every_tick(node, every):
+@pytest.mark.parametrize("every", [1, 5])
+@pytest.mark.parametrize("period", [2, 4])
+def test_a_hog_that_bursts_every_few_ticks_is_throttled_as_when_every_job_is_read_every_tick(node, every, period):
     sampler, state = sampler_of(node), PolicyState()
     for i in range(3):  # quiet: nlp's baseline learned at 80 %
         node.advance(1.0 * bool(i))
         _, _, _, state = drive(node, sampler, state, POLICY, every, 80)
     throttled = []
     for tick in range(20):
-        burst = tick % 2 == 0
+        burst = tick % period == 0
         node.rates["j7"] = 70 * GB if burst else 1 * GB  # 89.5 GB/s, 0.9 of the peak, on a burst
         node.advance(1.0)
         bs, _, d, state = drive(node, sampler, state, POLICY, every, 40 if burst else 80)
         if burst:
             assert d.node_share == pytest.approx(0.895) and d.slowed == ("nlp",)
         throttled += [a for a in d.actions if a.job == "j7" and a.to_level > a.from_level]
-    assert throttled, "j7 pushed the node to 0.9 of its peak and slowed nlp on 10 ticks, and was never throttled"
+    assert throttled, "j7 pushed the node to 0.9 of its peak and slowed nlp, and was never throttled"
+
+
+def test_a_node_once_at_the_bound_is_read_in_full_until_it_stayed_below_it_calm_s(node):
+    sampler = sampler_of(node)
+    quiet = QUIET._replace(calm_s=3.0)
+    for i in range(4):
+        node.advance(1.0 * bool(i))
+        node.tick(sampler, quiet)
+    node.rates["j7"] = 40 * GB  # 59.5 GB/s: at the bound (50) for one second
+    node.advance(1.0)
+    s, read = node.tick(sampler, quiet)
+    assert len(read) == 20 and not s.jobs_current
+    node.rates["j7"] = 1 * GB
+    for _ in range(2):  # 1 s and 2 s after: below the bound, not yet for calm_s
+        node.advance(1.0)
+        s, read = node.tick(sampler, quiet)
+        assert len(read) == 20 and s.jobs_current and s.node_bps[0] == pytest.approx(20.5 * GB)
+    node.advance(1.0)  # 3 s after: calm
+    s, read = node.tick(sampler, quiet)
+    assert len(read) == 4 and not s.jobs_current
 
 
 @pytest.mark.parametrize("every", [1, 5])
