@@ -312,3 +312,49 @@ def test_the_node_rate_on_a_tick_whose_groups_changed_after_thin_ticks_is_the_la
     s, read = node.tick(sampler, quiet)
     assert sorted(read) == sorted(node.rates)
     assert s.node_bps[0] == pytest.approx(19 * GB + 30 * GB, rel=0.05)
+
+
+@given(calm=st.sampled_from([0.0, 2.0, 10.0]), every=st.integers(2, 6), jobs=st.integers(0, 12),
+       steps=st.lists(st.tuples(st.sampled_from(["rate", "add", "remove", "own", "none", "none", "none"]), st.integers(0, 40),
+                                st.floats(0, 30)), min_size=1, max_size=40))
+def test_property_groups_made_and_removed_any_tick_the_node_and_current_rates_hold(tmp_path_factory, calm, every,
+                                                                                     jobs, steps):
+    # jobs arriving and leaving at any tick, rates and the root's own moving, the node crossing
+    # the quiet bound (15 GB/s) both ways: no exception; the node's rate is the last second's
+    # on every tick whose groups stayed as they were since the tick before; a tick that says
+    # its job rates are current has each job's over the last second; no job waits past its
+    # turn while the groups stay; nothing kept of a job that left
+    root = tmp_path_factory.mktemp("resctrl")
+    (root / "mon_data" / "mon_L3_00").mkdir(parents=True)
+    node = Node(str(root), jobs)
+    created: dict[str, float] = {}
+    sampler = BandwidthSampler(SimpleNamespace(created_at=created.get), node, clock=lambda: node.now)
+    quiet = QuietRead(below_bps=15 * GB, every=every, calm_s=calm)
+    made, changed_before, before, last_read = jobs, True, set(), {}
+    for tick, (op, who, gbps) in enumerate(steps):
+        names, changed = sorted(node.groups), op in ("add", "remove")
+        if op == "rate" and names:
+            node.rates[names[who % len(names)]] = gbps * GB
+        elif op == "own":
+            node.own_rate = gbps * GB
+        elif op == "add":
+            j, made = f"n{made}", made + 1
+            node.rates[j], node.bytes[j], created[j] = gbps * GB, 0.0, node.now
+            node.groups[j] = SimpleNamespace(path=f"{root}/mon_groups/{j}", parent=SimpleNamespace(path=str(root)))
+        elif op == "remove" and names:
+            j = names[who % len(names)]
+            del node.groups[j], node.bytes[j], node.rates[j]  # the root's total drops by its count
+            last_read.pop(j, None)
+        node.advance(1.0)
+        s, read = node.tick(sampler, quiet)
+        last_read.update(dict.fromkeys(read, tick))
+        if tick >= 2 and not changed and not changed_before:
+            assert s.node_bps[0] == pytest.approx(sum(node.rates.values()) + node.own_rate, rel=1e-6, abs=10)
+        if s.jobs_current:
+            for j in set(node.groups) & before:
+                assert s.job_bps[j][0] == pytest.approx(node.rates[j], rel=1e-6, abs=10)
+        if not changed:
+            assert all(tick - t < every for t in last_read.values()), last_read
+        assert s.job_bps.keys() == node.groups.keys()
+        assert sampler._job_meters.keys() <= node.groups.keys() and sampler._job_read_at.keys() <= node.groups.keys()
+        before, changed_before = set(node.groups), changed
