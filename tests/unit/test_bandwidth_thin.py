@@ -369,9 +369,7 @@ def test_property_groups_made_and_removed_any_tick_the_node_and_current_rates_ho
         before, changed_before = set(node.groups), changed
 
 
-@pytest.mark.parametrize("every", [1, pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
-    "a GPU reserve set by a reload while the node was read thin shares the node out on job means since "
-    "each job's last read: j7 read 6.25 GB/s where it moved 1, and all 20 CPU jobs are capped at 4 GB/s for a tick")))])
+@pytest.mark.parametrize("every", [1, 5])
 def test_a_reserve_set_by_a_reload_while_thin_caps_no_job_on_a_stale_mean(node, every):
     sampler = sampler_of(node)
     state = j7_read_then_dropped(node, sampler, PolicyState(), every)
