@@ -381,3 +381,54 @@ def test_a_reserve_set_by_a_reload_while_thin_caps_no_job_on_a_stale_mean(node, 
     assert "j7" in [p.rsplit("/", 1)[1] for p in node.reads]  # read in full: the reserve takes the quiet word away
     caps = CapService(lambda: None, lambda job: job).plan(policy_sample(bs, node.now, 80), {}, {}, 77 * GB, PEAK)
     assert not caps, caps
+
+
+class KernelNode(Node):
+    """The counter model with the kernel's sum over a control group's RMIDs as it is
+    (fs/resctrl/monitor.c, mon_event_count): a monitoring group whose read fails (Error,
+    Unavailable) is left out of its control group's total, silently, where any read of
+    the group succeeded; its own file says the word."""
+
+    def __init__(self, root, jobs):
+        super().__init__(root, jobs)
+        self.failing: set[str] = set()
+
+    def read(self, path, domains):
+        job = path.rsplit("/", 1)[1]
+        if path != self.root and job in self.failing:
+            self.reads.append(path)
+            return {d: {MBM_TOTAL: CounterReading(None, "Error")} for d in domains}
+        if path == self.root:
+            self.reads.append(path)
+            value = self.own + sum(b for j, b in self.bytes.items() if j not in self.failing)
+            return {d: {MBM_TOTAL: CounterReading(int(value))} for d in domains}
+        return super().read(path, domains)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the node's rate from the control groups' totals, where the kernel leaves a failing group out of its "
+    "parent's total: a job whose counter reads Error is left out of the node's rate (19.5 GB/s, not "
+    "unknown), and the tick it reads again its whole count lands in one tick (322.5 GB/s); so on every "
+    "full tick too, quiet_read_every 1 included"))
+@pytest.mark.parametrize("quiet", [None, QUIET])
+def test_a_job_whose_counter_fails_makes_the_node_unknown_never_a_total_without_it_nor_a_spike(tmp_path, quiet):
+    (tmp_path / "mon_data" / "mon_L3_00").mkdir(parents=True)
+    node = KernelNode(str(tmp_path), 20)
+    sampler = sampler_of(node)
+    for i in range(300):  # five minutes quiet: j3 has counted 300 GB
+        node.advance(1.0 * bool(i))
+        node.tick(sampler, quiet)
+    node.failing.add("j3")  # its counter reads Error for 3 ticks (the hardware's error bit)
+    seen = []
+    for _ in range(3):
+        node.advance(1.0)
+        s, _ = node.tick(sampler, quiet)
+        seen.append(s.node_bps[0])
+    node.failing.clear()
+    for _ in range(3):
+        node.advance(1.0)
+        s, _ = node.tick(sampler, quiet)
+        seen.append(s.node_bps[0])
+    # while j3's traffic is unknown the node's is; never a rate short of j3's, never its 300 GB at once
+    assert all(v is None or v == pytest.approx(20.5 * GB) for v in seen), [v and v / GB for v in seen]
+    assert seen[:3] == [None] * 3 and seen[-1] == pytest.approx(20.5 * GB)
