@@ -7,7 +7,11 @@ group totals keeps the node rate steady when a job's group is removed (the
 parent's total drops by that group's count, as on the kernel) or created.
 
 While the groups stay as they are, the node's rate is read from the control groups'
-totals (each holds its monitoring groups' counts), which is the same sum read at once.
+totals (each holds its monitoring groups' counts), which is the same sum read at once; but
+only where every job's counters read a value on this tick and on the tick before: the kernel
+leaves a monitoring group whose read fails out of its control group's total, silently
+(fs/resctrl/monitor.c, mon_event_count), so a total then lacks that job, and gains its whole
+count back the tick it reads again.
 
 A quiet node (the caller says when: nothing throttled, capped or overridden; and the node
 below ``QuietRead.below_bps`` on every domain, and so for ``QuietRead.calm_s``) is read thin: every control group's total
@@ -87,6 +91,17 @@ def _every_domain(rates: dict[int, float | None], domains: tuple[int, ...]) -> d
     return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}
 
 
+def _has_values(readings: MbmSample, domains: tuple[int, ...]) -> bool:
+    """A group's counters gave a value on every domain (none gone, none a word)."""
+    if len(readings) != len(domains):
+        return False
+    for events in readings.values():
+        r = events.get(MBM_TOTAL)
+        if r is None or r.value is None:
+            return False
+    return True
+
+
 class QuietRead(NamedTuple):
     """The caller's word that nothing is throttled, capped or overridden: below
     ``below_bps`` per domain, and so for ``calm_s`` seconds, each job's counters are read
@@ -121,6 +136,8 @@ class BandwidthSampler:
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
         self._behind: set[str] = set()  # jobs not read on the last tick
         self._loud_at: float | None = None  # when the node was last read at or over the quiet bound
+        # every job's counters read a value when last read (so the totals held every group)
+        self._whole = False
 
     def _new_meter(self, domains: tuple[int, ...], created_at: float | None, dip: int) -> BandwidthMeter:
         meter = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
@@ -200,10 +217,12 @@ class BandwidthSampler:
             _add_into(node, _every_domain(meter.update(own, at, tolerance), domains))
         if not totals_read:
             by_totals = self._node_from_totals(ctrl_readings, domains)
-        if same and by_totals is not None:
+        whole = all(_has_values(readings, domains) for readings, _ in job_readings.values())
+        if same and by_totals is not None and whole and self._whole:
             # the same counters summed at once: after thin ticks the jobs' and residuals'
-            # windows differ, the totals' is the last tick's
+            # windows differ, the totals' is the last tick's (each held every group at both ends)
             node = by_totals
+        self._whole = whole
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
         if quiet is not None and any(r is not None and r >= quiet.below_bps for r in node.values()):
             self._loud_at = now
@@ -244,6 +263,7 @@ class BandwidthSampler:
         for job_id, (readings, at) in job_readings.items():
             job_bps[job_id] = _every_domain(self._job_meters[job_id].update(readings, at), domains)
             self._job_read_at[job_id] = at
+            self._whole = self._whole and _has_values(readings, domains)
         self._job_bps = job_bps
         self._behind = groups.keys() - job_readings.keys()
         self._last_read = self.clock()

@@ -405,11 +405,6 @@ class KernelNode(Node):
         return super().read(path, domains)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the node's rate from the control groups' totals, where the kernel leaves a failing group out of its "
-    "parent's total: a job whose counter reads Error is left out of the node's rate (19.5 GB/s, not "
-    "unknown), and the tick it reads again its whole count lands in one tick (322.5 GB/s); so on every "
-    "full tick too, quiet_read_every 1 included"))
 @pytest.mark.parametrize("quiet", [None, QUIET])
 def test_a_job_whose_counter_fails_makes_the_node_unknown_never_a_total_without_it_nor_a_spike(tmp_path, quiet):
     (tmp_path / "mon_data" / "mon_L3_00").mkdir(parents=True)
