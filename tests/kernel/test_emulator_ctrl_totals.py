@@ -6,17 +6,12 @@ if any of the monitor event reads succeeded"). noded's node rate rests on it
 
 import os
 
-import pytest
-
 from nodesim.resctrl_emulator.kernel import ResctrlKernel
 from nodesim.resctrl_emulator.profiles import PROFILES
 
 TOTAL = ["mon_data", "mon_L3_00", "mbm_total_bytes"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the emulator sums every RMID of a group whatever their faults, and says the group's own fault's word "
-    "even where its MON groups read: not as the kernel does"))
 def test_a_control_groups_total_leaves_out_each_rmid_whose_read_fails():
     now = [100.0]
     kernel = ResctrlKernel(PROFILES["intel"], clock=lambda: now[0])
