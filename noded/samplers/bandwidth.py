@@ -14,9 +14,9 @@ leaves a monitoring group whose read fails out of its control group's total, sil
 count back the tick it reads again.
 
 A quiet node (the caller says when: nothing throttled, capped or overridden; and the node
-below ``QuietRead.below_bps`` on every domain, and so for ``QuietRead.calm_s``) is read thin: every control group's total
-each tick, each job's counters every ``QuietRead.every`` ticks, a share of the jobs each tick (those
-read longest ago first). A job's rate is then its mean since its last read, carried until
+below ``QuietRead.below_bps`` on every domain, and so for ``QuietRead.calm_s``) is read
+thin: every control group's total each tick, each job's counters every ``QuietRead.every``
+ticks, a share of the jobs each tick (those read longest ago first). A job's rate is then its mean since its last read, carried until
 its next; the sample says so (``jobs_current`` False). The first tick the node is not quiet
 reads every job again, and says the same of that tick: a job read some ticks ago has a
 longer window, and heaviest-first must not act on it (the policy waits one tick). The node
