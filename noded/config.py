@@ -80,10 +80,10 @@ class ResctrlConfig:
     root: str = "/sys/fs/resctrl"
     mounts: str = "/proc/mounts"
     prefix: str = "noded-"
-    #: while the node is quiet (below half the contention threshold; nothing throttled,
-    #: capped or overridden; no per-job cap, source cap or GPU reserve configured), each
-    #: job's counters are read every this many ticks, the node's every tick (1: every job
-    #: every tick)
+    #: while the node is quiet (below half the contention threshold, for contention.hold_s;
+    #: nothing throttled, capped or overridden; no per-job cap, source cap or GPU reserve
+    #: configured), each job's counters are read every this many ticks, the node's every
+    #: tick (1: every job every tick)
     quiet_read_every: int = 5
 
 

@@ -92,8 +92,13 @@ class CapService:
         level_owned = frozenset(j for j, o in overrides.items() if o.cap_bps is None)
         domains = len(sample.node_bandwidth_bps)
         peak = peak_bytes_per_domain * domains if domains else None
+        # A tick whose job rates span more than one tick (the node read thin until now, a
+        # reserve just set by a reload) shares nothing out: a job's mean since its last read
+        # may be a level it left. Nothing is capped then (a node is read thin only with no
+        # reserve and no cap): the reserve's caps come a tick later.
+        reserve = reserve_bps if automatic and sample.job_bandwidth_current else None
         caps = plan_caps(sample.jobs, override_caps, level_owned, source_caps if automatic else {},
-                         reserve_bps if automatic else None, peak, {j: c.bps for j, c in self.caps.items()})
+                         reserve, peak, {j: c.bps for j, c in self.caps.items()})
         return caps if automatic else {j: c for j, c in caps.items() if c.source == OVERRIDE}
 
     def before_apply(self, caps: Mapping[str, Cap]) -> None:

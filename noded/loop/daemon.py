@@ -342,7 +342,8 @@ class Daemon:
             return None
         if any(last.levels.values()) or self.state.throttles or last.caps or last.control.overrides:
             return None
-        return QuietRead(0.5 * contention.threshold * c.peak_bytes_per_domain, c.resctrl.quiet_read_every)
+        return QuietRead(0.5 * contention.threshold * c.peak_bytes_per_domain, c.resctrl.quiet_read_every,
+                         contention.hold_s)
 
     def _reading(self, sample: Sample, control: ControlSnapshot, unwritable: str | None, now: float) -> Reading:
         """What every controller sees of this tick: the Sample, the operators' one reading and

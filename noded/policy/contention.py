@@ -154,7 +154,8 @@ def decide(
                                      missing_for=None if missing_since is None else now - missing_since,
                                      slowed=slowed, baselines=baselines, sources=sources, throttleable=throttleable)
     if config.cpu_job_cap_gbps is not None and settled and sample.job_bandwidth_current:
-        # (a cap set by a reload while the node was read thin: its first tick's rates are means)
+        # a job's rate over more than one tick (a node read thin until now: a cap set by a
+        # reload) is a mean that may be a level it left: a cap step waits a tick for the last tick's
         stepped = _cap_steps(levels, sample, config, throttleable) or stepped
 
     # Release, one step of one job per hold period, once the node is calm.

@@ -7,15 +7,22 @@ group totals keeps the node rate steady when a job's group is removed (the
 parent's total drops by that group's count, as on the kernel) or created.
 
 While the groups stay as they are, the node's rate is read from the control groups'
-totals (each holds its monitoring groups' counts), which is the same sum read at once.
+totals (each holds its monitoring groups' counts), which is the same sum read at once; but
+only where every job's counters read a value on this tick and on the tick before: the kernel
+leaves a monitoring group whose read fails out of its control group's total, silently
+(fs/resctrl/monitor.c, mon_event_count), so a total then lacks that job, and gains its whole
+count back the tick it reads again.
 
 A quiet node (the caller says when: nothing throttled, capped or overridden; and the node
-below ``QuietRead.below_bps`` on every domain) is read thin: every control group's total
-each tick, each job's counters every ``QuietRead.every`` ticks, a share of the jobs each tick (those
-read longest ago first). A job's rate is then its mean since its last read, carried until
+below ``QuietRead.below_bps`` on every domain, and so for ``QuietRead.calm_s``) is read
+thin: every control group's total each tick, each job's counters every ``QuietRead.every``
+ticks, a share of the jobs each tick (those read longest ago first). A job's rate is then its mean since its last read, carried until
 its next; the sample says so (``jobs_current`` False). The first tick the node is not quiet
 reads every job again, and says the same of that tick: a job read some ticks ago has a
-longer window, and heaviest-first must not act on it (the policy waits one tick).
+longer window, and heaviest-first must not act on it (the policy waits one tick). The node
+then stays read in full for ``calm_s`` after it was last at or over the bound: a hog that
+bursts past the threshold every few ticks would otherwise find a thin tick before each
+burst, and each burst's rates never over one tick.
 
 No descriptor stays open between ticks (an operator must be able to unmount
 resctrl); a reading that is missing makes that rate None, never zero, so policy
@@ -84,12 +91,25 @@ def _every_domain(rates: dict[int, float | None], domains: tuple[int, ...]) -> d
     return rates if len(rates) == len(domains) else {d: rates.get(d) for d in domains}
 
 
+def _has_values(readings: MbmSample, domains: tuple[int, ...]) -> bool:
+    """A group's counters gave a value on every domain (none gone, none a word)."""
+    if len(readings) != len(domains):
+        return False
+    for events in readings.values():
+        r = events.get(MBM_TOTAL)
+        if r is None or r.value is None:
+            return False
+    return True
+
+
 class QuietRead(NamedTuple):
     """The caller's word that nothing is throttled, capped or overridden: below
-    ``below_bps`` per domain, each job's counters are read every ``every`` ticks."""
+    ``below_bps`` per domain, and so for ``calm_s`` seconds, each job's counters are read
+    every ``every`` ticks."""
 
     below_bps: float
     every: int
+    calm_s: float = 0.0
 
 
 class BandwidthSampler:
@@ -115,6 +135,9 @@ class BandwidthSampler:
         self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
         self._behind: set[str] = set()  # jobs not read on the last tick
+        self._loud_at: float | None = None  # when the node was last read at or over the quiet bound
+        # every job's counters read a value when last read (so the totals held every group)
+        self._whole = False
 
     def _new_meter(self, domains: tuple[int, ...], created_at: float | None, dip: int) -> BandwidthMeter:
         meter = BandwidthMeter(MBM_TOTAL, dip_tolerance=dip)
@@ -161,7 +184,8 @@ class BandwidthSampler:
             totals_read = True
             by_totals = self._node_from_totals(self._read_all({p: p for p in ctrl_paths}, domains, self.clock()),
                                                domains)
-            if by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
+            calm = self._loud_at is None or self.clock() - self._loud_at >= quiet.calm_s
+            if calm and by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
                 return self._thin(groups, domains, by_totals, quiet)
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
@@ -193,11 +217,15 @@ class BandwidthSampler:
             _add_into(node, _every_domain(meter.update(own, at, tolerance), domains))
         if not totals_read:
             by_totals = self._node_from_totals(ctrl_readings, domains)
-        if same and by_totals is not None:
+        whole = all(_has_values(readings, domains) for readings, _ in job_readings.values())
+        if same and by_totals is not None and whole and self._whole:
             # the same counters summed at once: after thin ticks the jobs' and residuals'
-            # windows differ, the totals' is the last tick's
+            # windows differ, the totals' is the last tick's (each held every group at both ends)
             node = by_totals
+        self._whole = whole
         missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
+        if quiet is not None and any(r is not None and r >= quiet.below_bps for r in node.values()):
+            self._loud_at = now
         for job_id in [j for j in self._job_meters if j not in groups]:
             del self._job_meters[job_id]
         for path in self._own_meters.keys() - set(ctrl_paths):
@@ -235,6 +263,7 @@ class BandwidthSampler:
         for job_id, (readings, at) in job_readings.items():
             job_bps[job_id] = _every_domain(self._job_meters[job_id].update(readings, at), domains)
             self._job_read_at[job_id] = at
+            self._whole = self._whole and _has_values(readings, domains)
         self._job_bps = job_bps
         self._behind = groups.keys() - job_readings.keys()
         self._last_read = self.clock()

@@ -432,19 +432,35 @@ class ResctrlKernel:
         return ",".join(words) + "\n"
 
     # -------------------------------------------------------------- MBM counters
+    def _fault(self, rmid: int, domain: int, event: str) -> str | None:
+        """The word one RMID's read gives now (an injected fault), or None: a value."""
+        for key in ((rmid, domain, event), (rmid, domain, None), (rmid, None, None),
+                    (None, domain, event), (None, domain, None), (None, None, event), (None, None, None)):
+            if key in self.faults:
+                return self.faults[key]
+        return None
+
     def _read_counter(self, group: Group, domain: int | None, event: str) -> str:
         assert domain is not None
         self.advance(self.clock())
-        for key in ((group.rmid, domain, event), (group.rmid, domain, None), (group.rmid, None, None),
-                    (None, domain, event), (None, domain, None), (None, None, event), (None, None, None)):
-            if key in self.faults:
-                return self.faults[key] + "\n"
+        # As mon_event_count: a CTRL_MON group's RMID, then each MON group's; an RMID whose
+        # read fails is left out, silently, where any read succeeded ("Discard error if any
+        # of the monitor event reads succeeded"); where none did, the last failure's word.
+        read, word = [], None
+        for r in group.rmids():
+            failed = self._fault(r, domain, event)
+            if failed is None:
+                read.append(r)
+            else:
+                word = failed
+        if not read:
+            return f"{word}\n"
         scale = self.profile.mon_scale
         if event == "llc_occupancy":
-            occ = sum(self._occupancy(r, domain) for r in group.rmids())
+            occ = sum(self._occupancy(r, domain) for r in read)
             return f"{int(occ) // scale * scale}\n"
         attr = "total" if event == "mbm_total_bytes" else "local"
-        total = sum(getattr(self.counters.get((r, domain), Counter()), attr) for r in group.rmids())
+        total = sum(getattr(self.counters.get((r, domain), Counter()), attr) for r in read)
         return f"{int(total) // scale * scale}\n"
 
     def _occupancy(self, rmid: int, domain: int) -> float:
