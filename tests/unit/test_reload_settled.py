@@ -54,6 +54,14 @@ class Reloading:
             f.write(self.base + data)
         assert os.stat(self.path).st_ino == ino
 
+    def sighup_after_saving(self, data: bytes, age_s: float) -> None:
+        """The operator's habit: the file rewritten in place, ``age_s`` ago, then a SIGHUP
+        and the loop's first try."""
+        self.rewrite_in_place(data)
+        self.after_change(age_s)
+        self.daemon.request_reload()
+        self.daemon.reload_if_due()
+
     def append(self, data: bytes) -> None:
         with open(self.path, "ab") as f:
             f.write(data)
@@ -67,10 +75,7 @@ def reloading(tmp_path):
 def test_a_file_rewritten_in_place_within_the_settle_time_is_not_applied_until_it_settles(reloading, caplog):
     h = reloading
     running = h.daemon.config
-    h.rewrite_in_place(b"contention: {threshold: 0.9}\n")
-    h.after_change(0.3)
-    h.daemon.request_reload()
-    h.daemon.reload_if_due()
+    h.sighup_after_saving(b"contention: {threshold: 0.9}\n", 0.3)
     assert h.daemon.config is running and h.read == []
     # rewritten again while the reload waits: the settle time counts from this change
     h.rewrite_in_place(b"contention: {threshold: 0.85}\n")
@@ -145,10 +150,7 @@ def test_a_file_that_keeps_changing_is_given_up_after_the_patience_and_the_runni
 
 def test_a_sighup_while_a_reload_is_deferred_starts_its_patience_again(reloading):
     h = reloading
-    h.rewrite_in_place(b"contention: {threshold: 0.9}\n")
-    h.after_change(0.1)
-    h.daemon.request_reload()
-    h.daemon.reload_if_due()
+    h.sighup_after_saving(b"contention: {threshold: 0.9}\n", 0.1)
     h.mono += RELOAD_PATIENCE_S - 1
     h.daemon.request_reload()
     h.daemon.reload_if_due()
@@ -161,10 +163,7 @@ def test_a_sighup_while_a_reload_is_deferred_starts_its_patience_again(reloading
 def test_a_settled_file_that_fails_to_parse_keeps_the_running_config_whole_and_says_where(reloading, caplog):
     h = reloading
     running = h.daemon.config
-    h.rewrite_in_place(b"contention:\n  threshold: 0.9\n  treshold: 0.8\n")
-    h.after_change(0.2)
-    h.daemon.request_reload()
-    h.daemon.reload_if_due()
+    h.sighup_after_saving(b"contention:\n  threshold: 0.9\n  treshold: 0.8\n", 0.2)
     assert "refused" not in caplog.text  # deferred first: a writer may not be done
     h.after_change(SETTLED)
     h.daemon.reload_if_due()
