@@ -7,7 +7,13 @@ group totals keeps the node rate steady when a job's group is removed (the
 parent's total drops by that group's count, as on the kernel) or created.
 
 While the groups stay as they are, the node's rate is read from the control groups'
-totals (each holds its monitoring groups' counts), which is the same sum read at once; but
+totals (each holds its monitoring groups' counts), which is the same sum read at once. A
+job group made since goes on counting what its control group counted before (the total goes
+on); one noded removed had its counters read just before its rmdir (``removed``, from the
+monitoring sync), and the kernel dropped its count from the total: it is added back to each
+reading of that total from then on, so the totals go on across the jobs that end too (else
+the first tick after thin ticks summed means over different windows). A group moved, or
+removed unread, starts the totals again, that tick's rate the residuals' sum. All of it
 only where every job's counters read a value on this tick and on the tick before: the kernel
 leaves a monitoring group whose read fails out of its control group's total, silently
 (fs/resctrl/monitor.c, mon_event_count), so a total then lacks that job, and gains its whole
@@ -131,6 +137,9 @@ class BandwidthSampler:
         # each control group's total (its own RMID and its monitoring groups'), by its path:
         # the node's rate while the groups stay as they are
         self._total_meters: dict[str, BandwidthMeter] = {}
+        # control group path -> domain -> bytes of its groups removed since its total's meter
+        # began: the kernel dropped them from the total, each reading gets them back
+        self._removed_bytes: dict[str, dict[int, int]] = {}
         self._layout: tuple | None = None  # the groups as last read: which job's is where
         self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
@@ -150,15 +159,19 @@ class BandwidthSampler:
         return meter
 
     def sample(self, rc: Resctrl, generation: int, groups: Mapping[str, MonGroup],
-               quiet: QuietRead | None = None) -> BandwidthSample:
+               quiet: QuietRead | None = None,
+               removed: tuple[tuple[str, str, MbmSample], ...] = ()) -> BandwidthSample:
         """Rates of every job group and the node, from counters read now; with ``quiet``, a
-        quiet node read thin (see the module's doc); None: every counter. Descriptors are
+        quiet node read thin (see the module's doc); None: every counter. ``removed``: the
+        job groups removed since the last sample, each with its control group and its
+        counters read just before its rmdir (noded.samplers.mongroups). Descriptors are
         closed before returning: noded holds nothing open in resctrl between ticks."""
         if generation != self._generation:
             # A new mount: counters of the old one mean nothing here.
             self._job_meters.clear()
             self._own_meters.clear()
             self._total_meters.clear()
+            self._removed_bytes.clear()
             self._ctrl_paths.clear()
             self._job_bps.clear()
             self._job_read_at.clear()
@@ -166,17 +179,21 @@ class BandwidthSampler:
             self._last_read = None
             self._generation = generation
         try:
-            return self._sample(rc, groups, quiet)
+            return self._sample(rc, groups, quiet, removed)
         finally:
             self.reader.close()
 
-    def _sample(self, rc: Resctrl, groups: Mapping[str, MonGroup], quiet: QuietRead | None) -> BandwidthSample:
+    def _sample(self, rc: Resctrl, groups: Mapping[str, MonGroup], quiet: QuietRead | None,
+                removed: tuple[tuple[str, str, MbmSample], ...]) -> BandwidthSample:
         domains = read_domains(rc.root, True)
         ctrl_paths = [rc.root] + [g.path for g in rc.list_ctrl_groups()]
         layout = (tuple(ctrl_paths), frozenset((j, g.path, g.parent.path) for j, g in groups.items()))
         same = layout == self._layout
-        if not same:
-            self._total_meters.clear()  # a group made, moved or removed: each total jumps or dips
+        # the totals still count every byte across the change: see _totals_carry_over
+        carried = not same and self._totals_carry_over(layout, removed, domains)
+        if not same and not carried:
+            self._total_meters.clear()  # a group moved, or removed unread: each total jumps or dips
+            self._removed_bytes.clear()
         self._layout = layout
         by_totals: dict[int, float | None] | None = None
         totals_read = False  # this tick's totals taken already: a second read would measure microseconds
@@ -218,7 +235,7 @@ class BandwidthSampler:
         if not totals_read:
             by_totals = self._node_from_totals(ctrl_readings, domains)
         whole = all(_has_values(readings, domains) for readings, _ in job_readings.values())
-        if same and by_totals is not None and whole and self._whole:
+        if (same or carried) and by_totals is not None and whole and self._whole:
             # the same counters summed at once: after thin ticks the jobs' and residuals'
             # windows differ, the totals' is the last tick's (each held every group at both ends)
             node = by_totals
@@ -234,15 +251,46 @@ class BandwidthSampler:
         self._last_read = now
         return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind)
 
+    def _totals_carry_over(self, layout: tuple, removed: tuple[tuple[str, str, MbmSample], ...],
+                           domains: tuple[int, ...]) -> bool:
+        """Whether each control group's total still counts every byte across this change of
+        the groups, so that its meter's rates stay the last tick's: the same control groups;
+        a group made (it counts from zero what its control group counted before: the total
+        goes on); a group removed only where noded read its counters just before its rmdir
+        (the kernel drops its count from the total: added back, from now on, to every reading
+        of that total). A group moved, or removed unread (by someone else, or its last read
+        failed), and the totals start again."""
+        if self._layout is None or layout[0] != self._layout[0]:
+            return False
+        before, now = self._layout[1], layout[1]
+        jobs_now = {j for j, _, _ in now}
+        if any(j in jobs_now for j, _, _ in before - now):
+            return False  # a job's group moved (or another took its place)
+        last = {path: (parent, readings) for path, parent, readings in removed}
+        gone = before - now
+        if any(path not in last or last[path][0] != parent or not _has_values(last[path][1], domains)
+               for _, path, parent in gone):
+            return False
+        for _, path, parent in gone:
+            into = self._removed_bytes.setdefault(parent, dict.fromkeys(domains, 0))
+            for d in domains:
+                into[d] = into.get(d, 0) + last[path][1][d][MBM_TOTAL].value
+        return True
+
     def _node_from_totals(self, ctrl_readings: Mapping[str, tuple[MbmSample, float]],
                           domains: tuple[int, ...]) -> dict[int, float | None] | None:
-        """The node's rate per domain as the sum of every control group's total's; None
-        where a total has no rate yet (a new meter, a group made or removed since)."""
+        """The node's rate per domain as the sum of every control group's total's (with the
+        counts of the groups removed from it since its meter began added back); None where
+        a total has no rate yet (a new meter, a group moved or removed unread)."""
         node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
         for path, (readings, at) in ctrl_readings.items():
             meter = self._total_meters.get(path)
             if meter is None:
-                meter = self._total_meters[path] = BandwidthMeter(MBM_TOTAL)
+                meter = self._total_meters[path] = BandwidthMeter(MBM_TOTAL, dip_tolerance=RESIDUAL_DIP_BYTES)
+            if (back := self._removed_bytes.get(path)) is not None:
+                readings = {d: {MBM_TOTAL: CounterReading(r.value + back.get(d, 0))}
+                            if (r := events.get(MBM_TOTAL)) is not None and r.value is not None else events
+                            for d, events in readings.items()}
             _add_into(node, _every_domain(meter.update(readings, at), domains))
         return None if any(r is None for r in node.values()) else node
 

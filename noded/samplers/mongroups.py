@@ -23,6 +23,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from resctrl import CtrlGroup, GroupNotFoundError, MonGroup, OutOfRmidsError, Resctrl, ResctrlError, TaskMoveError
+from resctrl.info import read_domains
+from resctrl.mbm import MBM_TOTAL, MbmReader, MbmSample
 
 from noded.samplers.resctrl import GroupsView, ResctrlSession
 from noded.jobs.model import Job
@@ -71,6 +73,10 @@ class MonitorReport:
     # job id -> why its group could not be brought in line this tick: the job is held
     # (keeps the group it had, if any) and every other job went on
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # (path, its control group's path, its counters read just before its rmdir) of each group
+    # removed this sync: the kernel drops a removed group's count from its control group's
+    # total, and the bandwidth sampler adds it back (noded.samplers.bandwidth)
+    removed: tuple[tuple[str, str, MbmSample], ...] = ()
 
 
 class JobMonitor:
@@ -88,6 +94,7 @@ class JobMonitor:
         self._listed_at: dict[tuple[str, str], MonGroup] = {}
         self._listed_rc: Resctrl | None = None
         self._failing: set[str] = set()  # jobs whose sync failed last time (said once, when it begins)
+        self._reader = MbmReader(events=(MBM_TOTAL,), keep_open=False)  # a removed group's last counts
 
     def groups(self) -> dict[str, MonGroup]:
         """Each job's group as last listed (or made) by ``sync``."""
@@ -115,6 +122,7 @@ class JobMonitor:
             names = {group_name(rc.prefix, j): j for j in jobs}  # total: every str has a name
             listed: dict[str, MonGroup] = {}
             freed = False
+            removed: list[tuple[str, str, MbmSample]] = []
             known_at = self._listed_at if self._listed_rc is rc else {}
             self._listed_at, self._listed_rc = {}, rc
             for name, parent in sorted(view.mon_parent.items()):
@@ -122,7 +130,10 @@ class JobMonitor:
                 self._listed_at[(name, parent)] = group
                 job = names.get(name)
                 if job is None:
-                    freed |= self._remove(group)
+                    final = self._last_counts(rc, group)
+                    if self._remove(group):
+                        freed = True
+                        removed.append((group.path, group.parent.path, final))
                 else:
                     listed[job] = group
             self._jobs = {j: self._jobs.get(j) or _Tracked() for j in jobs}
@@ -138,7 +149,7 @@ class JobMonitor:
             report = MonitorReport(
                 MappingProxyType({j: OWN if j in listed else SHARED for j in jobs}),
                 MappingProxyType(dict(listed)), tuple(vanished), any(j not in listed for j in jobs),
-                MappingProxyType(errors))
+                MappingProxyType(errors), tuple(removed))
         return report
 
     def _sync_job(self, rc: Resctrl, job: Job, listed: dict[str, MonGroup], freed: bool) -> list[int]:
@@ -236,6 +247,16 @@ class JobMonitor:
             vanished += result.vanished
         tracked.moved &= job.pids | set(todo)
         return vanished
+
+    def _last_counts(self, rc: Resctrl, group: MonGroup) -> MbmSample:
+        """A group's total counters just before its rmdir ({}: unknown). What it counts
+        between this read and the rmdir (microseconds of one job's traffic) is lost."""
+        try:
+            return self._reader.read(group.path, read_domains(rc.root, True))
+        except OSError:
+            return {}
+        finally:
+            self._reader.close()
 
     def _remove(self, group: MonGroup) -> bool:
         """rmdir a group no job owns any more; True once it is gone. A failure is logged

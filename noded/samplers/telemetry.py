@@ -110,8 +110,8 @@ class Telemetry:
         bandwidth = None
         if rc is not None and rc.caps.mon is not None:
             groups = report.groups if report is not None else self.monitor.groups()
-            bandwidth = run("resctrl", lambda: self.bandwidth.sample(rc, self.session.generation, groups,
-                                                                        quiet))
+            bandwidth = run("resctrl", lambda: self.bandwidth.sample(
+                rc, self.session.generation, groups, quiet, report.removed if report is not None else ()))
         sample = build_sample(now, jobs, report, nvml, bandwidth, tuple(statuses), resctrl=facts, cpus=cpus,
                               cpus_unreadable=self.cpus.unreadable if cpus is not None else {},
                               unavailable=unavailable,

@@ -39,3 +39,43 @@ def test_a_job_whose_counter_fails_leaves_the_node_unknown_not_short_of_it(emula
     assert failing == [None] * 3, [v and v / GB for v in failing]  # never b's alone (1 GB/s)
     assert all(v is None or v < 4 * GB for v in back), [v and v / GB for v in back]  # never a's whole count
     assert back[-1] is not None and 2 * GB < back[-1] < 4 * GB
+
+
+def test_a_job_group_removed_after_thin_ticks_leaves_the_node_rate_whole(emulator, open_resctrl, sleeper):
+    # noded's monitoring sync removes an ended job's group, reading its counters first; the
+    # kernel drops the group's count from the root's total, and the sampler adds it back:
+    # the node's rate on that tick is its last window's, though the node was read thin
+    from noded.samplers.bandwidth import QuietRead
+    from noded.samplers.mongroups import JobMonitor
+    from noded.samplers.resctrl import ResctrlSession, read_groups
+    from noded.jobs.model import Job
+
+    emu = emulator("intel")
+    rc = open_resctrl(emu)
+    monitor = JobMonitor(ResctrlSession.of(rc), clock=time.monotonic, retry_s=3600)
+    pids = {}
+    for name, gbps in (("a", 2), ("b", 1), ("c", 0.5), ("d", 0.5)):
+        pids[name] = p = sleeper()
+        emu.control.set_demand(p.pid, gbps * GB, domain=0)
+    sampler = BandwidthSampler(monitor)
+    quiet = QuietRead(below_bps=50 * GB, every=4)
+
+    def tick(names):
+        time.sleep(0.5)  # a measurement window, not a synchronisation
+        report = monitor.sync({n: Job(n, "registered", frozenset({pids[n].pid})) for n in names},
+                              read_groups(rc))
+        return report, sampler.sample(rc, 1, report.groups, quiet, report.removed)
+
+    for _ in range(6):  # groups made, then read thin
+        _, s = tick("abcd")
+    assert not s.jobs_current  # thin
+    report, s = tick("bcd")  # a's job ended: its group removed (its process runs on, in the root's RMID)
+    ((path, parent, last),) = report.removed
+    assert path.endswith("/mon_groups/" + monitor_name(rc, "a")) and parent == rc.root and last[0]
+    assert 3.5 * GB < s.node_bps[0] < 4.5 * GB, s.node_bps[0] / GB  # 2 + 1 + 0.5 + 0.5, the last window's
+
+
+def monitor_name(rc, job):
+    from noded.samplers.mongroups import group_name
+
+    return group_name(rc.prefix, job)
