@@ -144,6 +144,7 @@ class BandwidthSampler:
         self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
         self._behind: set[str] = set()  # jobs not read on the last tick
+        self._young: set[str] = set()  # jobs read once only: their next read is on the next tick
         self._loud_at: float | None = None  # when the node was last read at or over the quiet bound
         # every job's counters read a value when last read (so the totals held every group)
         self._whole = False
@@ -175,6 +176,7 @@ class BandwidthSampler:
             self._ctrl_paths.clear()
             self._job_bps.clear()
             self._job_read_at.clear()
+            self._young.clear()
             self._layout = None
             self._last_read = None
             self._generation = generation
@@ -212,6 +214,7 @@ class BandwidthSampler:
         now = self.clock()
         span = now - started
         node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
+        self._young.clear()  # every job read now: those read once before have their second read
         job_bps = self._job_rates(job_readings, domains, node)
         self._job_bps = job_bps
         self._job_read_at = {j: at for j, (_, at) in job_readings.items()}
@@ -305,7 +308,12 @@ class BandwidthSampler:
         """A thin tick: the node's rate from the totals (read), and the share of the jobs
         whose turn it is, those read longest ago first; the others' rates carried."""
         share = math.ceil(len(groups) / quiet.every)
-        due = sorted(groups, key=lambda j: (self._job_read_at[j], j))[:share]
+        # a job read once only (its first rate, since its start, a ramp included) first, then
+        # those read longest ago
+        young = [j for j in sorted(self._young) if j in groups]
+        due = young + sorted((j for j in groups if j not in self._young), key=lambda j: (self._job_read_at[j], j))[
+            :max(0, share - len(young))]
+        self._young.clear()
         job_readings = self._read_all({j: groups[j].path for j in due}, domains, self.clock())
         job_bps = {j: self._job_bps[j] for j in groups}
         for job_id, (readings, at) in job_readings.items():
@@ -344,6 +352,7 @@ class BandwidthSampler:
                 # when its group was made matters only to a new meter (asked once, not every tick)
                 created_at = self.monitor.created_at(job_id)
                 meter = meters[job_id] = self._new_meter(domains, created_at, 0)
+                self._young.add(job_id)  # its first rate reaches back to its start: read again next tick
                 rates = _every_domain(meter.update(readings, at), domains)
                 _add_into(node, rates)
                 job_bps[job_id] = self._own_rate(rates, at, created_at)

@@ -51,6 +51,12 @@ def test_a_capped_job_without_a_closid_shares_a_held_group_then_gets_its_own(tmp
         h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
         h.until(lambda r: sum(bandwidth(x, "c") is not None and bandwidth(x, "c") > 0 for x in h.results) >= 3, 15,
                 "the hogs running")
+        # the node is quiet (nothing capped yet), so each job's rate is its mean since its
+        # last read, every resctrl.quiet_read_every ticks: past two such rounds none of
+        # them reaches back to the hogs' start (a mean over it read a free rate too low,
+        # and so a cap for c below what MBA can hold, under a loaded suite)
+        for _ in range(2 * h.config.resctrl.quiet_read_every):
+            h.tick()
         free = sorted(bandwidth(x, "c") for x in h.results[-3:])[1]
         caps = {"a": 0.8 * free, "b": 0.8 * free, "c": 0.6 * free}  # the sum reachable with MBA alone
         for job in ("a", "b"):
@@ -108,6 +114,12 @@ def test_with_every_closid_a_levels_a_capped_job_is_held_at_the_lowest_value_the
         h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
         h.until(lambda r: sum(bandwidth(x, "c") is not None and bandwidth(x, "c") > 0 for x in h.results) >= 3, 15,
                 "the hogs running")
+        # the node is quiet (nothing capped yet), so each job's rate is its mean since its
+        # last read, every resctrl.quiet_read_every ticks: past two such rounds none of
+        # them reaches back to the hogs' start (a mean over it read a free rate too low,
+        # and so a cap for c below what MBA can hold, under a loaded suite)
+        for _ in range(2 * h.config.resctrl.quiet_read_every):
+            h.tick()
         free = sorted(bandwidth(x, "c") for x in h.results[-3:])[1]
         # operators hold a at the deepest level and b at the second: both CLOSIDs are levels'
         store.set(Override("sim:a", 5, 0, "test", clock(), None))
@@ -181,6 +193,12 @@ def test_left_alone_in_a_cap_group_whose_cap_ended_a_job_takes_its_closid(tmp_pa
         h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
         h.until(lambda r: sum(bandwidth(x, "c") is not None and bandwidth(x, "c") > 0 for x in h.results) >= 3, 15,
                 "the hogs running")
+        # the node is quiet (nothing capped yet), so each job's rate is its mean since its
+        # last read, every resctrl.quiet_read_every ticks: past two such rounds none of
+        # them reaches back to the hogs' start (a mean over it read a free rate too low,
+        # and so a cap for c below what MBA can hold, under a loaded suite)
+        for _ in range(2 * h.config.resctrl.quiet_read_every):
+            h.tick()
         free = sorted(bandwidth(x, "c") for x in h.results[-3:])[1]
         cap = 0.6 * free
         store.set(Override("sim:a", 0, 0, "test", clock(), None, 0.8 * free))
@@ -226,6 +244,12 @@ def test_where_other_tools_hold_every_closid_a_capped_job_is_said_unheld_once_th
         h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
         h.until(lambda r: sum(bandwidth(x, "c") is not None and bandwidth(x, "c") > 0 for x in h.results) >= 3, 15,
                 "the hogs running")
+        # the node is quiet (nothing capped yet), so each job's rate is its mean since its
+        # last read, every resctrl.quiet_read_every ticks: past two such rounds none of
+        # them reaches back to the hogs' start (a mean over it read a free rate too low,
+        # and so a cap for c below what MBA can hold, under a loaded suite)
+        for _ in range(2 * h.config.resctrl.quiet_read_every):
+            h.tick()
         free = sorted(bandwidth(x, "c") for x in h.results[-3:])[1]
         store.set(Override("sim:c", 0, 0, "test", clock(), None, 0.6 * free))
         h.until(lambda r: r.caps.get("sim:c") is not None, 5, "c capped")

@@ -460,3 +460,21 @@ def test_a_job_whose_counter_fails_makes_the_node_unknown_never_a_total_without_
     # while j3's traffic is unknown the node's is; never a rate short of j3's, never its 300 GB at once
     assert all(v is None or v == pytest.approx(20.5 * GB) for v in seen), [v and v / GB for v in seen]
     assert seen[:3] == [None] * 3 and seen[-1] == pytest.approx(20.5 * GB)
+
+
+def test_a_new_jobs_second_read_is_on_the_next_tick_even_when_read_thin(node):
+    # its first rate is over its whole life (a ramp included); carried for a thin cycle it
+    # read a hog low for 5 s (test_cap_closids took c's free rate from it, under load)
+    created = {}
+    sampler = BandwidthSampler(SimpleNamespace(created_at=created.get), node, clock=lambda: node.now)
+    warm(node, sampler, 4)
+    node.advance(1.0)
+    node.rates["n1"], node.bytes["n1"], created["n1"] = 8 * GB, 0.0, node.now - 1.0
+    node.bytes["n1"] = 2 * GB  # its first second: a ramp, 2 GB where it now moves 8 a second
+    node.groups["n1"] = SimpleNamespace(path=f"{node.root}/mon_groups/n1", parent=SimpleNamespace(path=node.root))
+    s, read = node.tick(sampler)
+    assert "n1" in read and s.job_bps["n1"][0] == pytest.approx(2 * GB)
+    node.advance(1.0)
+    s, read = node.tick(sampler)  # thin: n1 among the jobs read
+    assert "n1" in read and len(read) == 5 and not s.jobs_current
+    assert s.job_bps["n1"][0] == pytest.approx(8 * GB)
