@@ -378,6 +378,7 @@ class SubtreeProcs(NamedTuple):  # a tuple: made for every job every tick, at a 
     partial: str | None = None
     over_bound: bool = False  # more cgroups than the read's bound (the rest of ``partial``: unreadable parts)
     errno: int = 0  # the first unreadable part's error (0: none)
+    cgroups: int = 1  # the cgroups read
 
 
 def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs:
@@ -428,8 +429,8 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
 
     walk = walk_cgroups(cgroup_dir, visit, most, top_visited=True)
     if not (walk.more or walk.unread_count):
-        return SubtreeProcs(frozenset(pids))
-    return SubtreeProcs(frozenset(pids), walk.partial, walk.more > 0, walk.first_errno)
+        return SubtreeProcs(frozenset(pids), cgroups=walk.read)
+    return SubtreeProcs(frozenset(pids), walk.partial, walk.more > 0, walk.first_errno, walk.read)
 
 
 def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:

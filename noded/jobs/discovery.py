@@ -14,7 +14,8 @@ from noded.util.ratelimit import RateLimitedLog
 from noded.stores.securedir import SecureDir, StateWriteError
 from noded.jobs.labelwords import REGISTRABLE
 from noded.util.yamlsafe import read_yaml_file
-from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_process_cgroups, read_subtree_procs
+from noded.jobs.cgroups import CgroupScanner, CgroupSource, read_process_cgroups
+from noded.jobs.heldsubtrees import HeldSubtrees
 from noded.jobs.cgroupwalk import NODED_SHORT_OF
 from noded.jobs.proccgroup import ProcCgroupError
 from noded.jobs.kubepods import PodIdentities
@@ -234,6 +235,8 @@ class JobDiscovery:
         self._registered: dict[str, tuple[int, JobMeta]] = {}  # job id -> (root pid, meta)
         self._pods = PodIdentities()  # kubernetes sources' pods, parsed once per pod
         self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
+        #: small job subtrees held open between ticks (each job's cgroups read without a path)
+        self.held = HeldSubtrees()
         #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
         self.unreadable: dict[str, str] = {}
         #: job id -> why only part of its subtree was read in the last discovery (the processes
@@ -275,15 +278,20 @@ class JobDiscovery:
             woken, self._woken = self._woken, set()
         cost = []
         listed: set[str] = set()  # every job directory the sources list now, read or not
+        paths: set[str] = set()  # the directories of those
         try:
             for poll in self._polls:
                 found = poll.scanner.scan()
                 listed.update(found)
+                paths.update(found.values())
+                if poll.scanner.listings.listed:  # listed again: each held job's directory checked against its path
+                    self.held.verify(found.values())
                 cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable, partial))
                 self._hold_ambiguous(poll.scanner.ambiguous, jobs, unreadable)
                 listed.update(poll.scanner.ambiguous)
         finally:
             self._pods.forget_unseen()
+        self.held.retain(paths)
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
         for job_id in partial.keys() - self.partial.keys():
@@ -323,7 +331,7 @@ class JobDiscovery:
         for job_id in chosen:
             path = found[job_id]
             try:
-                got = read_subtree_procs(path, most=poll.max_polled)
+                got = self.held.read(path, most=poll.max_polled, hold_procs=src.version == 2)
             except OSError as e:
                 if e.errno in NODED_SHORT_OF:
                     raise

@@ -173,6 +173,31 @@ def test_processes_in_child_cgroups_on_the_real_hierarchy_count_from_the_tick_th
     assert discovery.discover()["slurm:7"].pids == {a.pid, b.pid, c.pid}
 
 
+def test_a_held_job_on_the_real_v1_hierarchy_sees_each_move_at_the_next_read_without_a_walk(v1_cpuset, sleeper):
+    # A job's small subtree is held open between ticks (noded.jobs.heldsubtrees). On v1 a
+    # cgroup.procs descriptor read again within a second gives the process list its last
+    # read loaded (the kernel's pidlists), so v1's are opened afresh from the held
+    # directories: a process moved in is seen at once (held open, it was not: the system
+    # test of exec placement timed out on it).
+    base, mkcg = v1_cpuset
+    job, step = mkcg("slurm/uid_0/job_11"), mkcg("slurm/uid_0/job_11/step_0")
+    a, b, c = sleeper(), sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+    assert discovery.discover()["slurm:11"].pids == {a.pid}
+    assert (discovery.held.held, discovery.held.walked) == (1, 1)
+    for p in (b, c):
+        write(f"{step}/cgroup.procs", str(p.pid))
+        assert p.pid in discovery.discover()["slurm:11"].pids
+    write(f"{job}/cgroup.procs", str(b.pid))  # moved back up
+    assert discovery.discover()["slurm:11"].pids == {a.pid, b.pid, c.pid}
+    assert discovery.held.walked == 1  # every read since the first through the held directories
+    write(f"{base}/cgroup.procs", str(c.pid))  # out of the job, then its step removed
+    os.rmdir(step)
+    assert discovery.discover()["slurm:11"].pids == {a.pid, b.pid}
+    assert discovery.held.walked == 2
+
+
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

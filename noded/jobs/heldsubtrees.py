@@ -1,0 +1,249 @@
+"""Each small job subtree's cgroups held open from one tick to the next.
+
+Every tick reads every job's processes. Reached by path, each cgroup costs a path walk, an
+open, reads and a close, and its parent a listing; most jobs' subtrees are small and stay
+as they are for the job's life (one cgroup; a Slurm job's job, step and task cgroups; a
+pod's containers). So a job whose whole subtree is at most ``HOLD_CGROUPS`` cgroups has its
+directories held open, and a tick reads each of its cgroups' ``cgroup.procs`` from its
+directory's descriptor, with no path walk, and checks it with an ``fstat``.
+
+On cgroup v2 each ``cgroup.procs`` is held open too and read with a ``pread`` from offset 0:
+v2 lists a cgroup's processes afresh for each read from 0 (a css task iterator restarted).
+Not on v1: there a ``cgroup.procs`` (or ``tasks``) descriptor reads the process list its
+first read loaded, kept by the kernel for a second after each read (v1's "pidlists",
+``CGROUP_PIDLIST_DESTROY_DELAY``), so a descriptor read every tick would never see a process
+arrive (seen on this host's v1 cpuset hierarchy); v1's are opened afresh each read.
+
+That the held cgroups are still the job's whole subtree is observed each tick, never
+assumed; where it may not be, the job is read by the walk (``noded.jobs.cgroupwalk``), as
+any job is the first time, and held again from what is there then:
+
+* on cgroupfs (kernfs, v1 and v2, refreshed at each stat; tmpfs too) a directory's link
+  count is 2 + its subdirectories: a held directory whose count is not 2 + the children
+  held under it gained or lost one. The counts are taken after the reads, so a cgroup made
+  while they ran is seen, and a process moved into it was read where it was before;
+* a held cgroup that was removed fails its read (ENODEV), as one made threaded does
+  (EOPNOTSUPP); one removed and another made in its place thus fails too;
+* a held directory or ``cgroup.procs`` whose mode or owner changed (its owner shut it to
+  noded, say) is read by the walk, which reads only what the kernel lets noded open now:
+  a descriptor opened before must not see more than a path would;
+* a cgroup renamed keeps its processes, and so the set still reads them;
+* the job's own directory is checked against its path (by inode) whenever its source is
+  listed again (``verify``): one renamed away and another put at the path is not the job.
+
+The descriptors are bounded: at most ``HOLD_CGROUPS`` a job (2 each), and all of them at
+most a quarter of the process's descriptor limit; beyond, jobs are read by the walk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import weakref
+from collections.abc import Iterable
+
+from noded.jobs.cgroups import SubtreeProcs, read_subtree_procs
+
+#: a job's subtree is held open only where it has at most this many cgroups
+HOLD_CGROUPS = 8
+
+#: a job whose subtree could not be held is walked this many reads before it is tried again
+RETRY_AFTER_READS = 30
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def default_budget() -> int:
+    """A quarter of the process's descriptor limit (its soft limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 4096 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
+
+
+class _Held:
+    """One job's subtree held open: its directories breadth first (the job's own first),
+    each one's cgroup.procs, and what each of those descriptors' fstat must say (link
+    count, mode, owner, group): a directory's count is 2 + its children held."""
+
+    __slots__ = ("dirs", "procs", "expected", "ino")  # procs: empty where they are opened each read (v1)
+
+    def __init__(self, dirs: list[int], procs: list[int], expected: list[tuple[int, int, int, int]], ino: int):
+        self.dirs = dirs
+        self.procs = procs
+        self.expected = expected  # for dirs + procs, in that order
+        self.ino = ino
+
+    def fds(self) -> list[int]:
+        return self.dirs + self.procs
+
+
+def _close(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # released anyway
+
+
+def _close_all(held: dict[str, _Held]) -> None:
+    for h in held.values():
+        _close(h.fds())
+    held.clear()
+
+
+def _read_at(dir_fd: int) -> bytes:
+    """A directory's cgroup.procs, whole, opened from its descriptor."""
+    fd = os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_whole(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 65536, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+class HeldSubtrees:
+    """Reads jobs' processes (as ``read_subtree_procs``), holding small subtrees open
+    between reads. ``budget``: the descriptors all held subtrees may take (None: a quarter
+    of the process's limit)."""
+
+    def __init__(self, budget: int | None = None):
+        self.budget = default_budget() if budget is None else budget
+        self._held: dict[str, _Held] = {}
+        self._fds = 0
+        self._skip: dict[str, int] = {}  # job directory -> reads left before holding it is tried again
+        self.walked = 0  # reads that walked the subtree (for tests and the curious)
+        self._finalizer = weakref.finalize(self, _close_all, self._held)
+
+    @property
+    def held(self) -> int:
+        """Jobs held open now."""
+        return len(self._held)
+
+    @property
+    def descriptors(self) -> int:
+        return self._fds
+
+    def read(self, path: str, most: int | None = None, *, hold_procs: bool = False) -> SubtreeProcs:
+        """Every process in the job directory ``path`` and below it, as
+        ``read_subtree_procs(path, most)`` reads them. ``hold_procs``: its cgroup.procs are
+        held open too (cgroup v2 only: see the module's doc)."""
+        held = self._held.get(path)
+        if held is not None:
+            pids = self._read_held(held)
+            if pids is not None:
+                return SubtreeProcs(pids)
+            self._drop(path)
+        got = read_subtree_procs(path, most)
+        self.walked += 1
+        if got.partial is None and got.cgroups <= HOLD_CGROUPS and (most is None or got.cgroups <= most):
+            left = self._skip.get(path, 0)
+            if left > 0:
+                self._skip[path] = left - 1
+            elif not self._hold(path, hold_procs):
+                self._skip[path] = RETRY_AFTER_READS
+        return got
+
+    def _read_held(self, held: _Held) -> frozenset[int] | None:
+        """The processes in the held cgroups, None where they may no longer be the job's
+        whole subtree (or one could not be read: the walk says why)."""
+        pids: set[int] = set()
+        try:
+            if held.procs:
+                for fd in held.procs:
+                    pids.update(map(int, _read_whole(fd).split()))
+            else:
+                for fd in held.dirs:
+                    pids.update(map(int, _read_at(fd).split()))
+            # after the reads: a cgroup made while they ran is seen (a process moved into it
+            # was read where it was before)
+            for fd, expected in zip(held.dirs + held.procs, held.expected):
+                st = os.fstat(fd)
+                if (st.st_nlink, st.st_mode, st.st_uid, st.st_gid) != expected:
+                    return None
+        except (OSError, ValueError):
+            return None
+        return frozenset(pids)
+
+    def _hold(self, path: str, hold_procs: bool) -> bool:
+        """Opens the job's subtree and holds it, where it is small, within the budget and
+        consistent (each directory's link count says the children found); False where not."""
+        dirs: list[int] = []
+        procs: list[int] = []
+        children: list[int] = []
+        try:
+            dirs.append(os.open(path, _DIR_FLAGS))
+            ino = os.fstat(dirs[0]).st_ino
+            i = 0
+            while i < len(dirs):
+                fd = dirs[i]
+                if hold_procs:
+                    procs.append(os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd))
+                with os.scandir(fd) as entries:
+                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                if len(dirs) + len(names) > HOLD_CGROUPS:
+                    raise OSError(errno.E2BIG, "subtree too large to hold")
+                for name in names:
+                    dirs.append(os.open(name, _DIR_FLAGS, dir_fd=fd))
+                children.append(len(names))
+                i += 1
+            if self._fds + len(dirs) + len(procs) > self.budget:
+                raise OSError(errno.EMFILE, "over the held subtrees' budget")
+            expected = []
+            for fd in dirs + procs:
+                st = os.fstat(fd)
+                expected.append((st.st_nlink, st.st_mode, st.st_uid, st.st_gid))
+            for i, n in enumerate(children):
+                expected[i] = (2 + n,) + expected[i][1:]
+            held = _Held(dirs, procs, expected, ino)
+            if self._read_held(held) is None:  # a threaded cgroup, one gone meanwhile, a count moved
+                raise OSError(errno.EAGAIN, "subtree changed while held")
+        except OSError:
+            _close(dirs + procs)
+            return False
+        self._held[path] = held
+        self._fds += len(dirs) + len(procs)
+        self._skip.pop(path, None)
+        return True
+
+    def _drop(self, path: str) -> None:
+        held = self._held.pop(path, None)
+        if held is not None:
+            self._fds -= len(held.dirs) + len(held.procs)
+            _close(held.fds())
+
+    def verify(self, paths: Iterable[str]) -> None:
+        """Lets go of each held job among ``paths`` whose directory is no longer the one at
+        its path (renamed away, another put there): its source was listed again."""
+        for path in paths:
+            held = self._held.get(path)
+            if held is None:
+                continue
+            try:
+                same = os.stat(path).st_ino == held.ino
+            except OSError:
+                same = False
+            if not same:
+                self._drop(path)
+
+    def retain(self, paths: set[str]) -> None:
+        """Lets go of every held job whose directory is not among ``paths`` (its source's
+        listing no longer has it: the job ended)."""
+        for path in [p for p in self._held if p not in paths]:
+            self._drop(path)
+        for path in [p for p in self._skip if p not in paths]:
+            del self._skip[path]
+
+    def close(self) -> None:
+        self._finalizer()
+        self._fds = 0

@@ -1,0 +1,140 @@
+"""Small job subtrees held open between reads (noded.jobs.heldsubtrees), over trees laid out
+under tmp_path (tmpfs and ext4 keep a directory's link count as cgroupfs does): a held read
+gives what the walk gives after any change to the tree, reads without a path walk while
+nothing changed, and its descriptors are bounded and let go."""
+
+import os
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from noded.jobs.cgroups import read_subtree_procs
+from noded.jobs.heldsubtrees import HOLD_CGROUPS, HeldSubtrees
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def cgroup(path: str, *pids: int) -> str:
+    os.makedirs(path, exist_ok=True)
+    write_pids(path, *pids)
+    return path
+
+
+def write_pids(path: str, *pids: int) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:  # in place, as the kernel's file is one inode
+        f.write("".join(f"{p}\n" for p in pids))
+
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("mkdir"), st.integers(0, 20), st.integers(1, 99999)),
+    st.tuples(st.just("rmtree"), st.integers(1, 20)),
+    st.tuples(st.just("pids"), st.integers(0, 20), st.lists(st.integers(1, 99999), max_size=4)),
+    st.tuples(st.just("rename"), st.integers(1, 20)),
+    st.tuples(st.just("chmod"), st.integers(0, 20), st.sampled_from([0o755, 0o700, 0o555])),
+), max_size=25)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops, hold_procs=st.booleans())
+def test_a_held_read_gives_what_the_walk_gives_after_any_change_to_the_tree(tmp_path, ops, hold_procs):
+    before = open_fds()
+    held = HeldSubtrees()
+    with tempfile.TemporaryDirectory(dir=tmp_path) as top:
+        cgroup(top, 1)
+        dirs = [top]
+        made = 0
+        for op in ops:
+            if op[0] == "mkdir":
+                made += 1
+                dirs.append(cgroup(os.path.join(dirs[op[1] % len(dirs)], f"c{made}"), op[2]))
+            elif len(dirs) > 1 and op[0] in ("rmtree", "rename"):
+                victim = dirs[1 + op[1] % (len(dirs) - 1)]
+                gone = [d for d in dirs if d == victim or d.startswith(victim + "/")]
+                dirs = [d for d in dirs if d not in gone]
+                if op[0] == "rmtree":
+                    for d in sorted(gone, key=len, reverse=True):
+                        os.remove(os.path.join(d, "cgroup.procs"))
+                        os.rmdir(d)
+                else:  # renamed in its parent (cgroupfs renames only there): its processes go with it
+                    made += 1
+                    new = os.path.join(os.path.dirname(victim), f"r{made}")
+                    os.rename(victim, new)
+                    dirs += [new + d[len(victim):] for d in gone]
+            elif op[0] == "pids":
+                write_pids(dirs[op[1] % len(dirs)], *op[2])
+            elif op[0] == "chmod":
+                os.chmod(dirs[op[1] % len(dirs)], op[2])
+            got = held.read(top, hold_procs=hold_procs)
+            assert got.pids == read_subtree_procs(top).pids, op
+            assert (got.partial, got.over_bound) == (None, False)
+        held.close()
+    assert open_fds() == before
+
+
+def test_an_unchanged_subtree_is_read_without_a_walk_and_a_change_is_walked_once(tmp_path):
+    top = cgroup(str(tmp_path / "job"), 10)
+    step = cgroup(str(tmp_path / "job" / "step_0"), 11)
+    held = HeldSubtrees()
+    assert held.read(top, hold_procs=True).pids == {10, 11}
+    assert (held.walked, held.held) == (1, 1)
+    write_pids(step, 11, 12)
+    for _ in range(3):
+        assert held.read(top, hold_procs=True).pids == {10, 11, 12}
+    assert held.walked == 1  # read through the held descriptors
+    cgroup(str(tmp_path / "job" / "step_1"), 13)
+    assert held.read(top, hold_procs=True).pids == {10, 11, 12, 13}
+    assert held.walked == 2  # a cgroup made: walked, and held again with it
+    assert held.read(top, hold_procs=True).pids == {10, 11, 12, 13} and held.walked == 2
+    os.chmod(step, 0o700)  # its owner changed what noded may open: the walk reads it as noded may
+    held.read(top, hold_procs=True)
+    assert held.walked == 3
+    held.close()
+
+
+def test_a_subtree_over_the_bound_is_walked_every_read_and_never_held(tmp_path):
+    top = cgroup(str(tmp_path / "job"), 1)
+    for i in range(HOLD_CGROUPS):
+        cgroup(os.path.join(top, f"c{i}"), 100 + i)
+    held = HeldSubtrees()
+    for n in range(1, 4):
+        assert len(held.read(top).pids) == HOLD_CGROUPS + 1
+        assert (held.walked, held.held) == (n, 0)
+
+
+def test_the_descriptors_are_held_within_the_budget_and_let_go_when_a_job_is_gone(tmp_path):
+    jobs = [cgroup(str(tmp_path / f"job{i}"), i + 1) for i in range(4)]
+    before = open_fds()
+    held = HeldSubtrees(budget=5)  # two jobs' directory and cgroup.procs, not three
+    for job in jobs:
+        held.read(job, hold_procs=True)
+    assert (held.held, held.descriptors) == (2, 4) and open_fds() == before + 4
+    held.retain(set(jobs[1:]))  # the first job's directory is no longer listed
+    assert (held.held, held.descriptors) == (1, 2) and open_fds() == before + 2
+    del held  # collected: nothing left open
+    assert open_fds() == before
+
+
+def test_a_directory_put_at_a_held_jobs_path_is_the_job_once_its_source_is_listed_again(tmp_path):
+    top = cgroup(str(tmp_path / "job"), 1)
+    held = HeldSubtrees()
+    held.read(top, hold_procs=True)
+    os.rename(top, str(tmp_path / "old"))
+    cgroup(top, 2)
+    held.verify([top])
+    assert held.read(top, hold_procs=True).pids == {2}
+    held.close()
+
+
+@pytest.mark.parametrize("hold_procs", [False, True])
+def test_a_job_ended_reads_as_no_process_and_lets_its_descriptors_go(tmp_path, hold_procs):
+    top = cgroup(str(tmp_path / "job"), 1)
+    held = HeldSubtrees()
+    held.read(top, hold_procs=hold_procs)
+    os.remove(os.path.join(top, "cgroup.procs"))
+    os.rmdir(top)
+    assert held.read(top, hold_procs=hold_procs).pids == frozenset()
+    assert held.held == 0
