@@ -86,13 +86,19 @@ class CgroupSource:
                 raise ValueError(f"job source pattern at {root}: {reason}")
         return cls(kind, os.path.normpath(root), pats, version)
 
-    @property
+    @functools.cached_property
     def mount(self) -> str:
-        """The cgroup filesystem mount the source's root lies in."""
+        """The cgroup filesystem mount the source's root lies in (found once: a new process's
+        placement asks for it, and each ``ismount`` is two stats)."""
         path = self.root
         while not os.path.ismount(path) and path != os.path.dirname(path):
             path = os.path.dirname(path)
         return path
+
+    @functools.cached_property
+    def _below_mount(self) -> tuple[str, ...]:
+        """The root's path components below its mount."""
+        return tuple(p for p in os.path.relpath(self.root, self.mount).split("/") if p not in ("", "."))
 
     @property
     def hierarchy(self) -> str:
@@ -123,9 +129,9 @@ class CgroupSource:
 
         ``cgroup_path`` is as /proc/PID/cgroup shows it: relative to the mount.
         """
-        below = [p for p in os.path.relpath(self.root, self.mount).split("/") if p not in ("", ".")]
+        below = self._below_mount
         parts = [p for p in cgroup_path.split("/") if p]
-        if parts[: len(below)] != below:
+        if tuple(parts[: len(below)]) != below:
             return None
         parts = parts[len(below):]
         for pattern in self.patterns:

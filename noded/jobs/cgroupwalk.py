@@ -276,6 +276,33 @@ def _reopen(node: Node) -> int:
     return fd
 
 
+#: A read into a larger buffer that returns fewer bytes than this got the whole file, for the
+#: files noded reads this way (``cgroup.procs``, a cpuset's CPU list): a kernfs seq_file read
+#: stops short of the buffer only at the file's end, or where its next record would overflow
+#: the seq_file's own buffer (a page at least, 4096 bytes), and a ``cgroup.procs`` record is
+#: at most 8 bytes ("4194303\n"); a one-record file is returned whole by its first read; a
+#: regular file's short read is its end. So the common cgroup costs one read, not two.
+WHOLE_BELOW = 2048
+
+
+def read_whole(fd: int, offset: int | None = None) -> bytes:
+    """A small kernel file, whole, from its descriptor: by ``read`` from where the descriptor
+    is, or by ``pread`` from ``offset`` (0: a kernfs seq_file lists afresh)."""
+    chunk = os.read(fd, 65536) if offset is None else os.pread(fd, 65536, offset)
+    if len(chunk) < WHOLE_BELOW:
+        return chunk
+    chunks = [chunk]
+    while True:
+        if offset is None:
+            chunk = os.read(fd, 65536)
+        else:
+            offset += len(chunk)
+            chunk = os.pread(fd, 65536, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
 def read_at(dir_fd: int | None, path: str, node: Node | str) -> bytes:
     """A small kernel file, whole: ``path`` relative to ``dir_fd`` (None: as it is);
     ``node``: the directory it is in, for an error's file name (a Node, or the top's path)."""
@@ -285,10 +312,7 @@ def read_at(dir_fd: int | None, path: str, node: Node | str) -> bytes:
         e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"
         raise
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_whole(fd)
     except OSError as e:
         # os.read's error names no file: the message must
         e.filename = f"{node if isinstance(node, str) else node.short()}/{path.rsplit('/', 1)[-1]}"

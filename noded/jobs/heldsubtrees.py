@@ -44,6 +44,7 @@ import weakref
 from collections.abc import Iterable
 
 from noded.jobs.cgroups import SubtreeProcs, read_subtree_procs
+from noded.jobs.cgroupwalk import read_whole
 
 #: a job's subtree is held open only where it has at most this many cgroups
 HOLD_CGROUPS = 8
@@ -65,13 +66,15 @@ class _Held:
     each one's cgroup.procs, and what each of those descriptors' fstat must say (link
     count, mode, owner, group): a directory's count is 2 + its children held."""
 
-    __slots__ = ("dirs", "procs", "expected", "ino")  # procs: empty where they are opened each read (v1)
+    __slots__ = ("dirs", "procs", "checks", "ino", "raw", "pids")  # procs: empty where opened each read (v1)
 
     def __init__(self, dirs: list[int], procs: list[int], expected: list[tuple[int, int, int, int]], ino: int):
         self.dirs = dirs
         self.procs = procs
-        self.expected = expected  # for dirs + procs, in that order
+        self.checks = tuple(zip(dirs + procs, expected))  # (descriptor, what its fstat must say)
         self.ino = ino
+        self.raw: list[bytes] | None = None  # what the last read read, and the processes it gave
+        self.pids: frozenset[int] = frozenset()
 
     def fds(self) -> list[int]:
         return self.dirs + self.procs
@@ -95,21 +98,9 @@ def _read_at(dir_fd: int) -> bytes:
     """A directory's cgroup.procs, whole, opened from its descriptor."""
     fd = os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_whole(fd)
     finally:
         os.close(fd)
-
-
-def _read_whole(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, 65536, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 class HeldSubtrees:
@@ -156,24 +147,29 @@ class HeldSubtrees:
 
     def _read_held(self, held: _Held) -> frozenset[int] | None:
         """The processes in the held cgroups, None where they may no longer be the job's
-        whole subtree (or one could not be read: the walk says why)."""
-        pids: set[int] = set()
+        whole subtree (or one could not be read: the walk says why). The same set as the
+        last read's where the files read the same (every job, every tick: nothing parsed)."""
         try:
             if held.procs:
-                for fd in held.procs:
-                    pids.update(map(int, _read_whole(fd).split()))
+                raw = [read_whole(fd, 0) for fd in held.procs]
             else:
-                for fd in held.dirs:
-                    pids.update(map(int, _read_at(fd).split()))
+                raw = [_read_at(fd) for fd in held.dirs]
             # after the reads: a cgroup made while they ran is seen (a process moved into it
             # was read where it was before)
-            for fd, expected in zip(held.dirs + held.procs, held.expected):
-                st = os.fstat(fd)
+            fstat = os.fstat
+            for fd, expected in held.checks:
+                st = fstat(fd)
                 if (st.st_nlink, st.st_mode, st.st_uid, st.st_gid) != expected:
                     return None
-        except (OSError, ValueError):
+        except OSError:
             return None
-        return frozenset(pids)
+        if raw != held.raw:
+            try:
+                held.pids = frozenset(int(p) for data in raw for p in data.split())
+            except ValueError:
+                return None
+            held.raw = raw
+        return held.pids
 
     def _hold(self, path: str, hold_procs: bool) -> bool:
         """Opens the job's subtree and holds it, where it is small, within the budget and
