@@ -198,6 +198,27 @@ def test_a_held_job_on_the_real_v1_hierarchy_sees_each_move_at_the_next_read_wit
     assert discovery.held.walked == 2
 
 
+def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy(v1_cpuset):
+    # A cgroup.procs read that comes back under 2048 bytes is taken as the whole file: the
+    # kernel's seq_file stops a read short of the buffer at a page's end too, so a longer
+    # listing must be read on to its end (800 processes: about 5 KB here).
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_12")
+    shell = subprocess.Popen(["sh", "-c", f"echo $$ > {job}/cgroup.procs; "
+                              "i=0; while [ $i -lt 799 ]; do sleep 300 & i=$((i+1)); done; exec sleep 300"])
+    try:
+        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 800, 60, what="800 processes")
+        with open(f"{job}/cgroup.procs", "rb") as f:
+            listed = f.read()
+        assert len(listed) > 4096
+        discovery = JobDiscovery([CgroupSource.create("slurm", base)])
+        for _ in range(2):  # walked, then held
+            assert discovery.discover()["slurm:12"].pids == {int(p) for p in listed.split()}
+        assert discovery.held.held == 1
+    finally:
+        shell.kill()
+
+
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
