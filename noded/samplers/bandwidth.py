@@ -206,19 +206,55 @@ class BandwidthSampler:
             calm = self._loud_at is None or self.clock() - self._loud_at >= quiet.calm_s
             if calm and by_totals is not None and all(r < quiet.below_bps for r in by_totals.values()):
                 return self._thin(groups, domains, by_totals, quiet)
+        return self._full(groups, domains, ctrl_paths, quiet, same or carried, totals_read, by_totals)
+
+    def _full(self, groups: Mapping[str, MonGroup], domains: tuple[int, ...], ctrl_paths: list[str],
+              quiet: QuietRead | None, totals_go_on: bool, totals_read: bool,
+              by_totals: dict[int, float | None] | None) -> BandwidthSample:
+        """A full tick: every job group's counters, then every control group's. The node's
+        rate is the jobs' and each control group's residual, or the totals' where they still
+        count every byte (``totals_go_on``) and every job's counters gave values on this tick
+        and the last; ``by_totals``: this tick's totals, where ``totals_read`` already."""
         # Job groups first, then their control groups (see residual()).
         started = self.clock()
         behind = bool(self._behind & groups.keys())  # some job's last reading is older than the last tick
         job_readings = self._read_all({job_id: g.path for job_id, g in groups.items()}, domains, started)
         ctrl_readings = self._read_all({p: p for p in ctrl_paths}, domains, self.clock())
         now = self.clock()
-        span = now - started
         node: dict[int, float | None] = dict.fromkeys(domains, 0.0)
         self._young.clear()  # every job read now: those read once before have their second read
         job_bps = self._job_rates(job_readings, domains, node)
         self._job_bps = job_bps
         self._job_read_at = {j: at for j, (_, at) in job_readings.items()}
         self._behind = set()
+        self._add_residuals(node, groups, job_readings, ctrl_readings, domains, now - started)
+        if not totals_read:
+            by_totals = self._node_from_totals(ctrl_readings, domains)
+        whole = all(_has_values(readings, domains) for readings, _ in job_readings.values())
+        if totals_go_on and by_totals is not None and whole and self._whole:
+            # the same counters summed at once: after thin ticks the jobs' and residuals'
+            # windows differ, the totals' is the last tick's (each held every group at both ends)
+            node = by_totals
+        self._whole = whole
+        missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
+        if quiet is not None and any(r is not None and r >= quiet.below_bps for r in node.values()):
+            self._loud_at = now
+        for job_id in [j for j in self._job_meters if j not in groups]:
+            del self._job_meters[job_id]
+        for path in self._own_meters.keys() - set(ctrl_paths):
+            del self._own_meters[path]
+        self._ctrl_paths = set(ctrl_paths)
+        self._last_read = now
+        return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind)
+
+    def _add_residuals(self, node: dict[int, float | None], groups: Mapping[str, MonGroup],
+                       job_readings: Mapping[str, tuple[MbmSample, float]],
+                       ctrl_readings: Mapping[str, tuple[MbmSample, float]], domains: tuple[int, ...],
+                       span: float) -> None:
+        """Adds into ``node`` each control group's own rate: its counters less its job groups'
+        (``span``: how long the reads took, the dip a residual may show for the jobs' bytes
+        moved meanwhile)."""
+        job_bps = self._job_bps
         in_ctrl: dict[str, list[str]] = {}  # control group path -> its job groups
         for job_id, g in groups.items():
             in_ctrl.setdefault(g.parent.path, []).append(job_id)
@@ -235,24 +271,6 @@ class BandwidthSampler:
                 meter = self._own_meters[path] = self._new_meter(domains, self._last_read if new else None,
                                                                  RESIDUAL_DIP_BYTES)
             _add_into(node, _every_domain(meter.update(own, at, tolerance), domains))
-        if not totals_read:
-            by_totals = self._node_from_totals(ctrl_readings, domains)
-        whole = all(_has_values(readings, domains) for readings, _ in job_readings.values())
-        if (same or carried) and by_totals is not None and whole and self._whole:
-            # the same counters summed at once: after thin ticks the jobs' and residuals'
-            # windows differ, the totals' is the last tick's (each held every group at both ends)
-            node = by_totals
-        self._whole = whole
-        missing = [f"node bandwidth on L3 domain {d}" for d, r in node.items() if r is None]
-        if quiet is not None and any(r is not None and r >= quiet.below_bps for r in node.values()):
-            self._loud_at = now
-        for job_id in [j for j in self._job_meters if j not in groups]:
-            del self._job_meters[job_id]
-        for path in self._own_meters.keys() - set(ctrl_paths):
-            del self._own_meters[path]
-        self._ctrl_paths = set(ctrl_paths)
-        self._last_read = now
-        return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind)
 
     def _totals_carry_over(self, layout: tuple, removed: tuple[tuple[str, str, MbmSample], ...],
                            domains: tuple[int, ...]) -> bool:
