@@ -72,7 +72,8 @@ class CgroupPlace(NamedTuple):
 
 
 def _listed(proc: str) -> list[int]:
-    return [int(n) for n in os.listdir(proc) if n.isdigit()]
+    """The processes under ``proc``, by pid (as the kernel lists them)."""
+    return sorted(int(n) for n in os.listdir(proc) if n.isdigit())
 
 
 def pids_below(cgroup_dir: str, proc: str = "/proc") -> set[int]:
@@ -105,6 +106,7 @@ class ProcRotation:
         self._dirs: dict[int, tuple[str, ...]] = {}  # pid -> its job directories, as last read
         self._by_dir: dict[str, set[int]] = {}
         self._cursor = -1  # the last pid read again in turn
+        self._listed: set[int] = set()  # the processes listed at the last step
         self.unread = 0  # processes listed but not read yet (after the last step)
         self.refused = 0  # files refused (not the kernel's grammar, unreadable), since the last reset
         self.read_last = 0  # files read in the last step
@@ -119,13 +121,14 @@ class ProcRotation:
         self._dirs.clear()
         self._by_dir.clear()
         self._cursor = -1
+        self._listed = set()
         self.unread = self.refused = self.read_last = 0
 
     def step(self) -> None:
         """One tick's reading: /proc listed (processes gone are dropped), then at most
         ``most`` files read. Raises OSError where /proc cannot be listed."""
         listed = _listed(self.proc)
-        present = set(listed)
+        present = self._listed = set(listed)
         for pid in [p for p in self._dirs if p not in present]:
             self._forget(pid)
         new = [p for p in listed if p not in self._dirs]
@@ -176,9 +179,10 @@ class ProcRotation:
         """The processes whose last reading puts them in ``job_dir`` (or below it)."""
         return frozenset(self._by_dir.get(job_dir, ()))
 
-    def was_read(self, pid: int) -> bool:
-        """Whether the process's cgroups have been read (since the last reset)."""
-        return pid in self._dirs
+    def not_read_yet(self, pid: int) -> bool:
+        """Whether the process was there at the last step but its cgroups not read yet
+        (since the last reset): where it is, is unknown."""
+        return pid in self._listed and pid not in self._dirs
 
     def describe(self) -> str:
         """How far it read: for a message."""

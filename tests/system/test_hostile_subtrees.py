@@ -98,6 +98,32 @@ def test_a_job_over_the_bound_is_what_its_first_cgroups_hold_and_a_new_process_t
     assert len(placed.cpusets) == 16 and "more than 16 cgroups" in cpus.partial["slurm:32"]
 
 
+def test_a_process_beyond_the_bound_is_found_within_a_round_of_ticks_each_bounded(v1_cpuset, sleeper):
+    # Before: over the bound the job was what its first 16 cgroups held, the same 16 every
+    # tick, so a process in the 30th (a step's task nested below the others) was never
+    # seen. Now the rest of its processes come from /proc/PID/cgroup, read 16 a tick in
+    # turn: each tick reads at most 16 cgroups and 16 files, and the process is found
+    # within a round of the host's processes.
+    base, mkcg = v1_cpuset
+    job, steps = over_the_bound(mkcg)
+    a, far = sleeper(), sleeper()
+    put(job, a.pid)
+    put(f"{job}/step_0/t29", far.pid)
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
+    listed = len([n for n in os.listdir("/proc") if n.isdigit()])
+    ticks, pids = 0, frozenset()
+    while far.pid not in pids and ticks < 2000:
+        ticks += 1
+        pids = discovery.discover()["slurm:32"].pids
+        assert discovery.rotation.read_last <= 16
+    assert pids == {a.pid, far.pid} and ticks <= listed // 16 + 3
+    assert "more than 16 cgroups" in discovery.partial["slurm:32"]
+    assert "/proc/PID/cgroup" in discovery.partial["slurm:32"]
+    far.kill()
+    far.wait()
+    assert discovery.discover()["slurm:32"].pids == {a.pid}  # gone from /proc: gone from the job at once
+
+
 @pytest.mark.fuse
 def test_a_new_process_in_an_over_the_bound_job_joins_its_monitoring_group_at_the_next_sample(
         v1_cpuset, sleeper, emulator, open_resctrl):
