@@ -129,6 +129,7 @@ def test_eacces_below_a_real_job_cgroup_leaves_the_rest_of_that_job_read_as_the_
 OWN_SHUT_SCRIPT = """
 import json, logging, os, sys
 from noded.jobs import CgroupSource, JobDiscovery
+from noded.samplers.cpus import CpuPlacementSampler
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
 base, job = sys.argv[1:]
 d = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
@@ -144,8 +145,11 @@ while ticks < 2000:
     if new in jobs.get("slurm:9", []):
         break
 listed = len([n for n in os.listdir("/proc") if n.isdigit()])
+cpus = CpuPlacementSampler()
+placed = cpus.sample(d.discover())
 print(json.dumps({"first": first, "found": jobs.get("slurm:9"), "ticks": ticks, "listed": listed,
-                  "partial": d.partial.get("slurm:9"), "unreadable": d.unreadable}), flush=True)
+                  "partial": d.partial.get("slurm:9"), "unreadable": d.unreadable,
+                  "placed": "slurm:9" in placed, "cpus_unreadable": cpus.unreadable.get("slurm:9")}), flush=True)
 sys.stdin.readline()  # every process of the job ended
 ticks = 0
 while ticks < 2000:
@@ -164,6 +168,8 @@ def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_t
     # /proc/PID/cgroup puts in it (16 files a tick here, new processes first), said in
     # ``partial``; and once they have all ended it is no job, said in ``unreadable``
     # (never "no processes" before /proc said so: until a process is read, it is held).
+    # Its CPUs are unknown, and said (before: its cpuset taken for none, its CPUs read as
+    # its processes' affinities).
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_9")
     a = sleeper()
@@ -195,6 +201,9 @@ def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_t
     assert got["ticks"] <= got["listed"] // 16 + 3  # within a round of /proc at 16 a tick
     assert "Permission denied" in got["partial"] and "/proc/PID/cgroup" in got["partial"] and job in got["partial"]
     assert got["unreadable"] == {}
+    # its CPUs cannot be read: unknown, never taken for a job without a cpuset (whose CPUs
+    # core halving would then set by its processes' affinities)
+    assert not got["placed"] and "Permission denied" in got["cpus_unreadable"]
     assert "job=slurm:9 cgroup partly read" in err and "Permission denied" in err
     assert ended["ticks"] <= got["listed"] // 16 + 3 and ended["partial"] == {}
     assert "Permission denied" in ended["unreadable"] and "puts no process in it" in ended["unreadable"]
