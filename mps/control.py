@@ -550,9 +550,9 @@ class MpsControl:
                     unsure.append(ident)
             except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
                 continue  # gone meanwhile, or not to be told
+        said, self._unsure_said = self._unsure_said, set(unsure)  # bounded by the servers there now
         for ident in unsure:
-            if ident not in self._unsure_said:
-                self._unsure_said.add(ident)
+            if ident not in said:
                 log.warning("mps: process %d is an MPS server in noded's cgroup that no daemon of noded's listed, and "
                             "its environment cannot be read (another user's): whether it serves %s cannot be told; "
                             "left running", ident[0], self.pipe_dir)
