@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping, NamedTuple
 
-from noded.jobs.cgroups import proc_cgroups
+from noded.jobs.cgroups import proc_cgroups, v1_hierarchy_key
 from noded.jobs.proccgroup import ProcCgroupError
 
 #: a process's cgroup paths (controller, '' for v2 -> path) -> the job directories it lies in
@@ -48,8 +48,7 @@ def hierarchy_key(mount: str) -> str:
     the first controller of a v1 mount named for them, ``name=systemd``)."""
     if os.path.exists(os.path.join(mount, "cgroup.controllers")):
         return ""
-    base = os.path.basename(mount)
-    return f"name={base}" if base == "systemd" else base.split(",")[0]
+    return v1_hierarchy_key(mount)
 
 
 class CgroupPlace(NamedTuple):

@@ -60,3 +60,17 @@ def test_a_place_holds_its_cgroup_and_those_below_only():
     place = CgroupPlace("cpuset", JOB)
     assert place.holds(JOB) and place.holds(JOB + "/step_0") and not place.holds(JOB + "0")
     assert not place.holds(None) and CgroupPlace("", "/").holds("/a")
+
+
+def test_a_v1_hierarchy_of_several_controllers_is_keyed_as_the_parser_keys_it():
+    # /proc/PID/cgroup's "4:cpu,cpuacct:/x" is parsed into one path per controller; a
+    # source on /sys/fs/cgroup/cpu,cpuacct looked its processes up as "cpu,cpuacct", found
+    # none, and neither an exec event nor /proc placed any process in its jobs.
+    from noded.jobs.cgroups import v1_hierarchy_key
+    from noded.jobs.proccgroup import parse_hierarchies, parse_proc_cgroup
+
+    data = b"4:cpu,cpuacct:/x\n1:name=systemd:/y\n"
+    paths = parse_proc_cgroup(data, parse_hierarchies(data, "t"), "t").paths
+    assert paths[v1_hierarchy_key("/sys/fs/cgroup/cpu,cpuacct")] == "/x"
+    assert paths[v1_hierarchy_key("/sys/fs/cgroup/systemd")] == "/y"
+    assert v1_hierarchy_key("/sys/fs/cgroup/cpuset") == "cpuset"
