@@ -116,6 +116,7 @@ def test_a_process_beyond_the_bound_is_found_within_a_round_of_ticks_each_bounde
         ticks += 1
         pids = discovery.discover()["slurm:32"].pids
         assert discovery.rotation.read_last <= 16
+    listed = max(listed, len([n for n in os.listdir("/proc") if n.isdigit()]))  # the processes a round reads
     assert pids == {a.pid, far.pid} and ticks <= listed // 16 + 3
     assert "more than 16 cgroups" in discovery.partial["slurm:32"]
     assert "/proc/PID/cgroup" in discovery.partial["slurm:32"]

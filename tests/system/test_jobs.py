@@ -138,13 +138,14 @@ os.chmod(job, 0)  # the job's owner shuts noded out of the job's own directory
 print("shut", flush=True)
 sys.stdin.readline()  # a new process was put in the shut directory meanwhile
 new = int(sys.stdin.readline())
+before = len([n for n in os.listdir("/proc") if n.isdigit()])
 ticks, jobs = 0, {}
 while ticks < 2000:
     ticks += 1
     jobs = {j: sorted(x.pids) for j, x in d.discover().items()}
     if new in jobs.get("slurm:9", []):
         break
-listed = len([n for n in os.listdir("/proc") if n.isdigit()])
+listed = max(before, len([n for n in os.listdir("/proc") if n.isdigit()]))  # the processes a round reads
 cpus = CpuPlacementSampler()
 placed = cpus.sample(d.discover())
 print(json.dumps({"first": first, "found": jobs.get("slurm:9"), "ticks": ticks, "listed": listed,
