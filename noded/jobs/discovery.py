@@ -418,8 +418,8 @@ class JobDiscovery:
             if pids:
                 partial[s.job_id] = f"{s.why}; the rest of its processes from /proc/PID/cgroup ({how})"
             else:
-                unreadable[s.job_id] = (f"{s.why}; /proc/PID/cgroup puts no process in it"
-                                        + (f" ({how})" if rot.unread else ""))
+                unreadable[s.job_id] = (f"{s.why}; no process of it found in /proc/PID/cgroup yet ({how})"
+                                        if rot.unread else f"{s.why}; /proc/PID/cgroup puts no process in it")
             self._read_job(s.poll, s.job_id, s.path, pids, labels, jobs)
 
     def _registered_jobs(self, labels: Mapping[str, JobMeta]) -> dict[str, Job]:
