@@ -29,6 +29,20 @@ A process is only ever signalled when it is ours: our own child, or the pid in t
 pid file whose environment names our pipe directory and whose command line is our
 control binary, checked again by its start time just before the signal (a pid
 file left by a crash may name a pid the kernel has given to someone else).
+
+Servers whose control daemon died (SIGKILL, a crash): the daemon starts each server as
+its child, and a server may outlive it (reparented to init; NVIDIA documents no server
+exiting with its daemon, so noded takes none to), keeping its GPU, in EXCLUSIVE_PROCESS
+mode, from the next daemon's servers. They are no longer any daemon's children, so every
+kill of a daemon (stop, a restart's reset, a start after a crash) also looks for them,
+where the pipe directory is noded's: the servers our daemon listed at its last health
+check (``get_server_list``, every few seconds; the same pid and start time), and any
+process of the server binary beside our control binary (``nvidia-cuda-mps-server``) in
+noded's own cgroups (the daemon noded started, and its servers, inherit them) whose
+environment names our pipe directory (a server inherits its daemon's). A server runs as
+its client's user, whose environment noded's unit may not read (it keeps no
+CAP_SYS_PTRACE): one of those the daemon never listed cannot be told from another MPS's
+server in the same cgroup, and is said and left running.
 """
 
 from __future__ import annotations
@@ -53,6 +67,8 @@ log = logging.getLogger(__name__)
 
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
+#: NVIDIA's server binary, beside its control binary (nvidia-cuda-mps-server(1))
+SERVER = "nvidia-cuda-mps-server"
 FAULT_MARK = "encountered a fatal exception"
 #: control.log read per health check at most; a log growing faster is read on the next check
 _LOG_READ_LIMIT = 1 << 20
@@ -83,6 +99,13 @@ def pipe_dir_problem(path: str, recorded: bool) -> str | None:
     what = "a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file"
     return (f"{path} exists ({what}) and noded did not make it: MPS's pipe directory is emptied at each start and "
             "removed at stop, so it must be one noded makes; give a path that does not exist")
+
+
+def server_name(control: str) -> str:
+    """The server binary's name for a control binary: ``nvidia-cuda-mps-server`` beside
+    ``nvidia-cuda-mps-control`` (a stand-in's ``…-control-standin``: ``…-server-standin``)."""
+    base = os.path.basename(control)
+    return base.replace("-mps-control", "-mps-server", 1) if "-mps-control" in base else SERVER
 
 
 @dataclass(frozen=True)
@@ -137,6 +160,9 @@ class MpsControl:
         self.extra_env = dict(extra_env or {})
         self._log_offset = 0
         self._daemon: tuple[int, bytes] | None = None  # (pid, start time) of the daemon we started
+        #: (pid -> start time) of the servers our daemon listed at its last answer to get_server_list
+        self._servers: dict[int, bytes] = {}
+        self._unsure_said: set[tuple[int, bytes]] = set()  # servers said to be of no telling whose, once each
         self._lock = threading.Lock()
         self._children: set[subprocess.Popen] = set()  # in flight, killed by interrupt()
         self._interrupted = False
@@ -317,13 +343,13 @@ class MpsControl:
                  self.gpus or "all", self.defaults.commands())
 
     def _remove_leftover(self) -> None:
-        """A daemon of ours from an earlier run (a crash) would make ``-d`` refuse to start."""
+        """A daemon of ours from an earlier run (a crash) would make ``-d`` refuse to start,
+        and servers an earlier daemon left hold their GPUs from the new one's."""
         ident = self._identify()
         if ident is not None and ident != self._daemon:
             log.warning("mps: killing control daemon %d left on %s by an earlier run", ident[0], self.pipe_dir)
             self._daemon = ident
-        if ident is not None:
-            self.kill_daemon()
+        self.kill_daemon()  # and the servers a daemon of ours that died left
         self._empty_pipe_dir()  # its stale socket and pid file
 
     # -- the pipe directory: noded's own, made and removed only by it
@@ -434,12 +460,22 @@ class MpsControl:
         if faults:
             return Problem("fault", f"server fault: {faults[0]}")
         try:
-            self.command("get_server_list", timeout=timeout)
+            listed = self.command("get_server_list", timeout=timeout)
         except MpsStopping:
             raise
         except MpsError as e:
             return Problem("silent", f"control daemon does not answer: {e}")
+        self._note_servers(listed)
         return None
+
+    def _note_servers(self, listed: str) -> None:
+        """The servers our daemon just listed (its answer to get_server_list), by pid and
+        start time: should it die, these are the servers it leaves, whoever runs them."""
+        seen = {}
+        for word in listed.split()[:4096]:
+            if word.isdigit() and (started := self._start_time(int(word))) is not None:
+                seen[int(word)] = started
+        self._servers = seen
 
     def _children_of(self, pid: int) -> list[tuple[int, bytes]]:
         """(pid, start time) of the live children of ``pid`` (its MPS servers)."""
@@ -467,22 +503,86 @@ class MpsControl:
             except ProcessLookupError:
                 pass
 
+    def _read(self, pid: int | str, name: str, limit: int = 1 << 16) -> bytes:
+        with open(f"{self.proc}/{pid}/{name}", "rb") as f:
+            return f.read(limit)
+
+    def orphaned_servers(self) -> list[tuple[int, bytes]]:
+        """(pid, start time) of the MPS servers of ours left by a daemon that died (see the
+        module's docstring); none where the pipe directory is not noded's. Ours are those
+        our daemon last listed (the same pid and start time), and any other process of the
+        server binary in noded's cgroups whose environment names our pipe directory; one
+        whose environment noded may not read (another user's, without CAP_SYS_PTRACE),
+        which the daemon never listed, cannot be told from another MPS's server in the
+        same cgroup: it is said, once, and left running."""
+        if not self._pipe_dir_ours():
+            return []
+        name = server_name(self.control).encode()
+        mark = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}".encode()
+        daemon = self._identify()
+        parent = str(daemon[0]).encode() if daemon is not None else None  # its servers are not orphans
+        try:
+            own = self._read("self", "cgroup")
+            entries = os.listdir(self.proc)
+        except OSError as e:
+            log.warning("mps: cannot look for servers left by a dead control daemon: %s", e)
+            return []
+        out, unsure = [], []
+        for entry in entries:
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            pid = int(entry)
+            try:
+                fields = self._read(entry, "stat", 4096).rsplit(b")", 1)[1].split()
+                if fields[0] == b"Z" or fields[1] == parent:
+                    continue
+                ident = (pid, fields[19])
+                if self._servers.get(pid) == ident[1]:
+                    out.append(ident)  # our daemon listed it: ours, whoever runs it
+                    continue
+                argv0 = self._read(entry, "cmdline", 4096).split(b"\0", 1)[0]
+                if os.path.basename(argv0) != name or self._read(entry, "cgroup") != own:
+                    continue
+                try:
+                    if mark in self._read(entry, "environ", 1 << 20).split(b"\0"):
+                        out.append(ident)
+                except PermissionError:
+                    unsure.append(ident)
+            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+                continue  # gone meanwhile, or not to be told
+        said, self._unsure_said = self._unsure_said, set(unsure)  # bounded by the servers there now
+        for ident in unsure:
+            if ident not in said:
+                log.warning("mps: process %d is an MPS server in noded's cgroup that no daemon of noded's listed, and "
+                            "its environment cannot be read (another user's): whether it serves %s cannot be told; "
+                            "left running", ident[0], self.pipe_dir)
+        return out
+
     def kill_daemon(self) -> None:
-        """SIGKILL our daemon and its servers (they would outlive it); bounded, and safe
-        when the daemon is stopped or wedged: nothing here asks it anything."""
+        """SIGKILL our daemon and its servers (they would outlive it), and the servers a
+        daemon of ours that died left behind; bounded, and safe when the daemon is stopped
+        or wedged: nothing here asks it anything."""
         ident = self._identify() or self._daemon
-        if ident is None:
-            return
-        self._signal(ident, signal.SIGSTOP)  # it starts no server while we list them
-        servers = self._children_of(ident[0])
+        servers: list[tuple[int, bytes]] = []
+        if ident is not None:
+            self._signal(ident, signal.SIGSTOP)  # it starts no server while we list them
+            servers = self._children_of(ident[0])
+        orphans = [s for s in self.orphaned_servers() if s not in servers]
+        if orphans:
+            log.warning("mps: killing server(s) %s left by a control daemon that died, on %s",
+                        ", ".join(str(p) for p, _ in orphans), self.pipe_dir)
+        servers += orphans
         for s in servers:
             self._signal(s, signal.SIGKILL)
-        self._signal(ident, signal.SIGKILL)
+        if ident is not None:
+            self._signal(ident, signal.SIGKILL)
+        waited = servers + ([ident] if ident is not None else [])
         deadline = self.clock() + self.kill_timeout
-        while any(self._start_time(p[0]) == p[1] for p in servers + [ident]) and self.clock() < deadline:
+        while any(self._start_time(p[0]) == p[1] for p in waited) and self.clock() < deadline:
             time.sleep(0.005)  # SIGKILL is delivered asynchronously; wait for it, against a deadline
-        if ident == self._daemon:
+        if ident is not None and ident == self._daemon:
             self._daemon = None
+        self._servers = {p: st for p, st in self._servers.items() if self._start_time(p) == st}
 
     def reset(self) -> None:
         """Between a failed daemon and its successor: kill it and its servers, clear its

@@ -21,16 +21,19 @@ from noded.actuators.cpurecords import WrittenValues
 from noded.actuators.cpurecords import cpus_of
 from noded.actuators.cpurecords import cpuset_key
 from noded.actuators.cpuview import CpuNode, JobCpus, alive, ours, parent_of
-from noded.jobs.cgroups import read_procs
+from noded.jobs.cgroups import read_subtree_procs
+from noded.jobs.cgroupwalk import NODED_SHORT_OF
 from noded.jobs.discovery import descendants
 from noded.jobs.discovery import read_ppids
+from noded.jobs.polling import DEFAULT_MAX_POLLED
+from noded.jobs.procscan import pids_below
 from noded.stores.originals import OriginalValues
 from noded.stores.originals import StateWriteError
 from noded.util.cputree import CpuSet
 from noded.util.cputree import cpuset_steps
 from noded.util.cputree import fitted
 from noded.util.halving import halvings
-from noded.util.journal import log_change
+from noded.util.journal import log_change, printable
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +47,12 @@ def forget_unrecorded_writes(originals: OriginalValues, written: WrittenValues) 
 class CpuRestore:
     """Every recorded original of jobs' CPUs put back (see the module's docstring)."""
 
-    def __init__(self, originals: OriginalValues, written: WrittenValues, proc: str = "/proc"):
+    def __init__(self, originals: OriginalValues, written: WrittenValues, proc: str = "/proc",
+                 most: int = DEFAULT_MAX_POLLED):
         self.originals = originals
         self.written = written
         self.proc = proc
+        self.most = most  # a job's cgroups walked at most, before its processes are taken from /proc
 
     def restore(self) -> dict[str, bool]:
         """Every record put back, but only where the value is still one noded set: a value
@@ -158,10 +163,27 @@ class CpuRestore:
         log_change("restored", None, pid=pid, cpus=format_cpu_list(sorted(original)), reason="sched_setaffinity back")
 
     def _job_pids(self, record: Mapping) -> set[int]:
-        """The processes of a job whose CPUs are set by affinity now: its cgroup's, else its tree's."""
+        """The processes of a job whose CPUs are set by affinity now: its cgroup's, else its
+        tree's. Its subtree is walked for at most ``most`` cgroups (the common job: one
+        cgroup read); where that is not all of it (a tenant's thousands of cgroups, names
+        past PATH_MAX, a part or the job's own directory shut to noded), every process of
+        it is taken from /proc/PID/cgroup instead, whose cost is the host's processes and
+        not the tenant's cgroups: what noded recorded is put back whole either way."""
         cgroup, root = record.get("cgroup"), record.get("root")
         if cgroup and os.path.isdir(cgroup):
-            return read_procs(cgroup)
+            try:
+                got = read_subtree_procs(cgroup, self.most)
+            except OSError as e:
+                if e.errno in NODED_SHORT_OF:
+                    raise
+                why = f"{e.filename or cgroup}: {e.strerror or e}"
+            else:
+                if got.partial is None:
+                    return set(got.pids)
+                why = got.partial
+            log.info("restoring the CPUs of the processes in %s: its subtree not read whole (%s); its processes "
+                     "taken from /proc/PID/cgroup", cgroup, printable(why))
+            return pids_below(cgroup, self.proc)
         if root and alive(self.proc, int(root[0]), str(root[1])):
             return descendants(int(root[0]), read_ppids(self.proc))
         return set()

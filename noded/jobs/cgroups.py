@@ -60,6 +60,14 @@ def check_pattern(pattern: str) -> str | None:
     return None
 
 
+def v1_hierarchy_key(mount: str) -> str:
+    """How a parsed /proc/PID/cgroup (``ProcCgroup.paths``) names the v1 hierarchy mounted
+    at ``mount``, by the mount's name: one of its controllers (the parser keys each one of
+    ``cpu,cpuacct`` alone: the first), or ``name=systemd``."""
+    base = os.path.basename(mount)
+    return f"name={base}" if base == "systemd" else base.split(",")[0]
+
+
 def cgroup_version(root: str) -> int:
     return 2 if os.path.exists(os.path.join(root, "cgroup.controllers")) else 1
 
@@ -102,11 +110,8 @@ class CgroupSource:
 
     @property
     def hierarchy(self) -> str:
-        """The controller list naming this hierarchy in /proc/PID/cgroup ('' for v2)."""
-        if self.version == 2:
-            return ""
-        base = os.path.basename(self.mount)
-        return f"name={base}" if base == "systemd" else base
+        """The key of this hierarchy in a process's parsed /proc/PID/cgroup ('' for v2)."""
+        return "" if self.version == 2 else v1_hierarchy_key(self.mount)
 
     def job_id(self, rel: str) -> str | None:
         """The id of the job in directory ``rel`` (relative to root), from its name; None

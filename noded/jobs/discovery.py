@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from noded.util.journal import printable
 from noded.util.procstat import PPID, stat_fields
@@ -21,12 +21,23 @@ from noded.jobs.proccgroup import ProcCgroupError
 from noded.jobs.kubepods import PodIdentities
 from noded.jobs.model import Job, JobMeta
 from noded.jobs.polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
+from noded.jobs.procscan import ProcRotation
 
 log = logging.getLogger(__name__)
 #: processes attributed to no job because their /proc/PID/cgroup was refused
 _UNATTRIBUTED = RateLimitedLog(log, interval_s=60.0)
 
 NO_LABELS = JobMeta()  # a job nobody labelled (frozen: one serves them all)
+
+
+class _Short(NamedTuple):
+    """A job whose subtree a walk could not read whole: what it read, and why."""
+
+    poll: SourcePoll
+    job_id: str
+    path: str
+    pids: frozenset[int]
+    why: str
 
 
 def read_ppids(proc: str) -> dict[int, int]:
@@ -224,6 +235,9 @@ class JobDiscovery:
         self.sources = sources
         self.clock = clock
         self._polls = [SourcePoll(CgroupScanner(src, relist_s), max_polled) for src in sources]
+        # the processes of jobs whose subtree a walk cannot read whole, from /proc/PID/cgroup
+        self._hierarchies: list[tuple[CgroupSource, str]] | None = None
+        self.rotation = ProcRotation(self._place, max_polled, proc)
         self._woken: set[str] = set()  # job ids a process was just placed in: read at the next discovery
         #: per source, what the last discovery read (noded_job_source_* metrics)
         self.cost: tuple[SourceCost, ...] = ()
@@ -237,10 +251,12 @@ class JobDiscovery:
         self._last: dict[str, Job] = {}  # the cgroup sources' jobs as last discovered
         #: small job subtrees held open between ticks (each job's cgroups read without a path)
         self.held = HeldSubtrees()
-        #: job id -> why its cgroup could not be read in the last discovery (held as last seen)
+        #: job id -> why its cgroup could not be read in the last discovery, where no process of
+        #: it was found (held as last seen), or which of its directories is the job cannot be told
         self.unreadable: dict[str, str] = {}
         #: job id -> why only part of its subtree was read in the last discovery (the processes
-        #: found there are the job's: a part it cannot read, or its size, never freezes it)
+        #: found there, and those /proc/PID/cgroup puts in it, are the job's: a part it cannot
+        #: read, its own directory shut, or its size, never freezes it)
         self.partial: dict[str, str] = {}
         #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
         self.unattributed = 0
@@ -279,6 +295,7 @@ class JobDiscovery:
         cost = []
         listed: set[str] = set()  # every job directory the sources list now, read or not
         paths: set[str] = set()  # the directories of those
+        short: list[_Short] = []  # jobs whose subtree was not read whole
         try:
             for poll in self._polls:
                 found = poll.scanner.scan()
@@ -286,17 +303,19 @@ class JobDiscovery:
                 paths.update(found.values())
                 if poll.scanner.listings.listed:  # listed again: each held job's directory checked against its path
                     self.held.verify(found.values())
-                cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable, partial))
+                cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable, partial, short))
                 self._hold_ambiguous(poll.scanner.ambiguous, jobs, unreadable)
                 listed.update(poll.scanner.ambiguous)
+            self._complete(short, labels, jobs, unreadable, partial)
         finally:
             self._pods.forget_unseen()
         self.held.retain(paths)
         for job_id in unreadable.keys() - self.unreadable.keys():
-            log.warning("job=%s cgroup unreadable, held as last seen: %s", job_id, printable(unreadable[job_id]))
+            log.warning("job=%s cgroup unreadable (said once): %s", job_id,
+                        printable(unreadable[job_id]))
         for job_id in partial.keys() - self.partial.keys():
-            log.warning("job=%s cgroup partly read, the processes found there are the job's (said once): %s",
-                        job_id, printable(partial[job_id]))
+            log.warning("job=%s cgroup partly read, the processes found there and by /proc/PID/cgroup are the "
+                        "job's (said once): %s", job_id, printable(partial[job_id]))
         for job_id in self.partial.keys() - partial.keys() - unreadable.keys():
             if job_id in listed:
                 log.info("job=%s cgroup read whole again", job_id)
@@ -315,17 +334,18 @@ class JobDiscovery:
         told, so none is read as it; held as last seen (if ever seen), and said."""
         for job_id, paths in ambiguous.items():
             unreadable[job_id] = (f"{len(paths)} directories with processes give this job id "
-                                  f"({', '.join(paths)}): which is the job cannot be told")
+                                  f"({', '.join(paths)}): which is the job cannot be told; held as last seen")
             if (held := self._last.get(job_id)) is not None:
                 jobs[job_id] = held
 
     def _read_listed(self, poll: SourcePoll, found: Mapping[str, str], woken: set[str],
                      labels: Mapping[str, JobMeta], jobs: dict[str, Job], unreadable: dict[str, str],
-                     partial: dict[str, str]) -> SourceCost:
-        """One source's jobs into ``jobs``: those its poll chooses this tick read (one that
-        cannot be read held as last seen, and said in ``unreadable``; one read in part, what
-        that part holds, said in ``partial``), the rest held as last seen. Returns the
-        poll's cost."""
+                     partial: dict[str, str], short: list[_Short]) -> SourceCost:
+        """One source's jobs into ``jobs``: those its poll chooses this tick read, the rest
+        held as last seen. A job whose subtree could not be read whole (its own directory
+        or a part of it shut to noded, more cgroups than the bound) goes to ``short``: its
+        processes are completed from /proc/PID/cgroup once every source is read
+        (``_complete``). Returns the poll's cost."""
         src = poll.scanner.source
         chosen = poll.choose(found, woken)
         for job_id in chosen:
@@ -335,32 +355,14 @@ class JobDiscovery:
             except OSError as e:
                 if e.errno in NODED_SHORT_OF:
                     raise
-                got = None
-                why = f"{e.filename or path}: {e.strerror or e}"
-            else:
-                why = None if got.partial is None else (
-                    f"{path}: {got.partial}" + (" (jobs.max_polled_per_source)" if got.over_bound else ""))
-                if why is not None and got.pids:
-                    partial[job_id] = why
-            if got is None or (why is not None and not got.pids):
-                # nothing of it could be read, or the part read holds no process: the rest may
-                unreadable[job_id] = why
-                held = self._last.get(job_id)
-                if held is not None:
-                    jobs[job_id] = held
-                poll.read(job_id, held is not None)  # to the back of its line, as any read
+                short.append(_Short(poll, job_id, path, frozenset(),
+                                    f"{e.filename or path}: {e.strerror or e} (its own directory)"))
                 continue
-            pids = got.pids
-            poll.read(job_id, bool(pids))
-            if pids:
-                pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
-                meta = labels.get(job_id, NO_LABELS)
-                last = self._last.get(job_id)
-                if (last is not None and last.pids == pids and last.cgroup == path and last.meta is meta
-                        and last.pod is pod):
-                    jobs[job_id] = last  # the same as read last tick: the same Job (what follows may compare by identity)
-                else:
-                    jobs[job_id] = Job(job_id, src.kind, pids, path, meta, pod)
+            if got.partial is not None:
+                short.append(_Short(poll, job_id, path, got.pids, f"{path}: {got.partial}"
+                                    + (" (jobs.max_polled_per_source)" if got.over_bound else "")))
+                continue
+            self._read_job(poll, job_id, path, got.pids, labels, jobs)
         read = set(chosen)
         for job_id, why in self.unreadable.items():  # not read this tick: as it was (logged once)
             if job_id in found and job_id not in read:
@@ -374,6 +376,59 @@ class JobDiscovery:
                 if held.pod is not None:
                     self._pods.identify(src.root, held.cgroup, held.pids)
         return poll.cost(len(found), len(chosen))
+
+    def _read_job(self, poll: SourcePoll, job_id: str, path: str, pids: frozenset[int],
+                  labels: Mapping[str, JobMeta], jobs: dict[str, Job]) -> None:
+        """A job read: its processes ``pids`` (none: no job now)."""
+        src = poll.scanner.source
+        poll.read(job_id, bool(pids))
+        if pids:
+            pod = self._pods.identify(src.root, path, pids) if src.kind == "kubernetes" else None
+            meta = labels.get(job_id, NO_LABELS)
+            last = self._last.get(job_id)
+            if (last is not None and last.pids == pids and last.cgroup == path and last.meta is meta
+                    and last.pod is pod):
+                jobs[job_id] = last  # the same as read last tick: the same Job (what follows may compare by identity)
+            else:
+                jobs[job_id] = Job(job_id, src.kind, pids, path, meta, pod)
+
+    def _place(self, paths: Mapping[str, str]) -> tuple[str, ...]:
+        """The job directories a process's cgroups (its /proc/PID/cgroup) put it in."""
+        if self._hierarchies is None:  # each source's mount found once
+            self._hierarchies = [(src, src.hierarchy) for src in self.sources]
+        out = []
+        for src, key in self._hierarchies:
+            where = paths.get(key)
+            rel = src.match(where) if where else None
+            if rel:
+                out.append(os.path.join(src.root, rel))
+        return tuple(out)
+
+    def _complete(self, short: list["_Short"], labels: Mapping[str, JobMeta], jobs: dict[str, Job],
+                  unreadable: dict[str, str], partial: dict[str, str]) -> None:
+        """The jobs whose subtree was read only in part, or not at all (their own directory
+        shut to noded): their processes are what the walk read and those the processes'
+        /proc/PID/cgroup put in them (``noded.jobs.procscan``: ``max_polled`` files a tick,
+        in turn), so the part noded cannot walk neither hides a process for long nor freezes
+        the job. A process of the job as last seen whose /proc/PID/cgroup is not read yet
+        is held. Where none is found the job has no process now, and is said unreadable."""
+        if not short:
+            self.rotation.reset()
+            return
+        self.rotation.step()
+        rot = self.rotation
+        for s in short:
+            found = rot.pids_in(s.path)
+            last = self._last.get(s.job_id)
+            held = frozenset(p for p in last.pids if rot.not_read_yet(p)) if last is not None else frozenset()
+            pids = s.pids | found | held
+            how = rot.describe() + (f"; {len(held)} process(es) as last seen, not read again yet" if held else "")
+            if pids:
+                partial[s.job_id] = f"{s.why}; the rest of its processes from /proc/PID/cgroup ({how})"
+            else:
+                unreadable[s.job_id] = (f"{s.why}; no process of it found in /proc/PID/cgroup yet ({how})"
+                                        if rot.unread else f"{s.why}; /proc/PID/cgroup puts no process in it")
+            self._read_job(s.poll, s.job_id, s.path, pids, labels, jobs)
 
     def _registered_jobs(self, labels: Mapping[str, JobMeta]) -> dict[str, Job]:
         """The jobs registered by their process tree, each with every process under its root;

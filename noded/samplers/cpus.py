@@ -65,7 +65,16 @@ def _read_at(dir_fd: int | None, path: str, node: Node) -> str:
 
 
 def has_cpuset(cgroup: str | None) -> bool:
-    return bool(cgroup) and os.path.exists(os.path.join(cgroup, "cpuset.cpus"))
+    """Whether a job's cgroup is a cpuset's. Raises OSError where that cannot be told (its
+    directory shut to noded: EACCES), rather than take it for a job without a cpuset and
+    plan its CPUs by its processes' affinities."""
+    if not cgroup:
+        return False
+    try:
+        os.stat(os.path.join(cgroup, "cpuset.cpus"))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -88,9 +88,9 @@ class Telemetry:
         facts = run("resctrl_groups", lambda: read_facts(self.session, rc)) if rc is not None else None
         jobs = run("jobs", self.discovery.discover)
         if jobs is not None:
-            unavailable += tuple(f"job {j}: cgroup unreadable, held as last seen ({why})"
+            unavailable += tuple(f"job {j}: cgroup unreadable ({why})"
                                  for j, why in sorted(self.discovery.unreadable.items()))
-            unavailable += tuple(f"job {j}: cgroup partly read, its processes there used ({why})"
+            unavailable += tuple(f"job {j}: cgroup partly read, its processes found there used ({why})"
                                  for j, why in sorted(self.discovery.partial.items()))
         report = None
         if jobs is not None:

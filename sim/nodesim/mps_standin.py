@@ -8,7 +8,10 @@ the foreground); without a flag it is a client that reads commands from stdin,
 one per line, prints the daemon's answers, and exits 1 when no daemon answers.
 The daemon writes ``nvidia-cuda-mps-control.pid`` and its control socket into
 ``CUDA_MPS_PIPE_DIRECTORY`` and ``control.log`` lines in NVIDIA's format into
-``CUDA_MPS_LOG_DIRECTORY``; servers are real child processes.
+``CUDA_MPS_LOG_DIRECTORY``; servers are real child processes (``nvidia-cuda-mps-server-standin``,
+as NVIDIA's are ``nvidia-cuda-mps-server``), which a daemon killed without a ``quit``
+leaves running (NVIDIA documents no server exiting with its daemon: the stand-in makes
+the harder case).
 
 It can be told to fail through ``NODED_MPS_STANDIN`` (a comma list, read by the
 daemon at start): ``no-start`` (refuse to start), ``hang-start`` (``-d`` never
@@ -33,6 +36,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 SOCKET = "control"
 #: The launcher's name: apart from NVIDIA's binary, so it can never be taken for the real one.
 LAUNCHER = "nvidia-cuda-mps-control-standin"
+#: Its servers' command name, as NVIDIA's ``nvidia-cuda-mps-server`` beside its control binary.
+SERVER = "nvidia-cuda-mps-server-standin"
 #: Where ``nodesim`` imports from, for the launcher (noded runs the control binary with
 #: a bare environment: no PYTHONPATH reaches it).
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +122,9 @@ class ControlDaemon:
                 if line.split()[0] == self.faults.get("hang"):
                     time.sleep(3600)
                 answer = self.command(line)
-                f.write((answer + "\n" if answer else "\n").encode())
+                lines = answer.split("\n") if answer else []
+                # the count first: an answer of several lines (get_server_list) reaches the client whole
+                f.write("".join(f"{x}\n" for x in [str(len(lines))] + lines).encode())
                 f.flush()
                 if line.split()[0] == "quit":
                     self.stop.set()
@@ -137,7 +144,13 @@ class ControlDaemon:
             if cmd == "get_server_list":
                 return "\n".join(str(p) for p in self.servers)
             if cmd == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
-                proc = subprocess.Popen(["sleep", "infinity"], start_new_session=True)
+                # a process of its own, named as NVIDIA's server is beside its control binary;
+                # the daemon's child (its environment and cgroups), and it outlives the
+                # daemon where that dies without a quit (reparented to init); run as the
+                # client's user, as NVIDIA's servers are (the daemon runs as root)
+                uid = int(args[1])
+                proc = subprocess.Popen([SERVER, "infinity"], executable="sleep", start_new_session=True,
+                                        user=uid if os.geteuid() == 0 and uid != os.geteuid() else None)
                 self.servers[proc.pid] = {"proc": proc, "uid": int(args[1]), "status": "ACTIVE",
                                           "started": time.monotonic(),
                                           "atp": self.default_atp, "mem": dict(self.default_mem)}
@@ -198,12 +211,14 @@ def client(pipe_dir: str) -> int:
                 continue
             f.write(line.encode() if line.endswith("\n") else (line + "\n").encode())
             f.flush()
-            answer = f.readline()
-            if not answer:
+            count = f.readline()
+            if not count.strip().isdigit():
                 return 1
-            text = answer.decode().rstrip("\n")
-            if text:
-                print(text, flush=True)
+            for _ in range(int(count)):
+                answer = f.readline()
+                if not answer:
+                    return 1
+                print(answer.decode().rstrip("\n"), flush=True)
     return 0
 
 

@@ -98,6 +98,33 @@ def test_a_job_over_the_bound_is_what_its_first_cgroups_hold_and_a_new_process_t
     assert len(placed.cpusets) == 16 and "more than 16 cgroups" in cpus.partial["slurm:32"]
 
 
+def test_a_process_beyond_the_bound_is_found_within_a_round_of_ticks_each_bounded(v1_cpuset, sleeper):
+    # Before: over the bound the job was what its first 16 cgroups held, the same 16 every
+    # tick, so a process in the 30th (a step's task nested below the others) was never
+    # seen. Now the rest of its processes come from /proc/PID/cgroup, read 16 a tick in
+    # turn: each tick reads at most 16 cgroups and 16 files, and the process is found
+    # within a round of the host's processes.
+    base, mkcg = v1_cpuset
+    job, steps = over_the_bound(mkcg)
+    a, far = sleeper(), sleeper()
+    put(job, a.pid)
+    put(f"{job}/step_0/t29", far.pid)
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
+    listed = len([n for n in os.listdir("/proc") if n.isdigit()])
+    ticks, pids = 0, frozenset()
+    while far.pid not in pids and ticks < 2000:
+        ticks += 1
+        pids = discovery.discover()["slurm:32"].pids
+        assert discovery.rotation.read_last <= 16
+    listed = max(listed, len([n for n in os.listdir("/proc") if n.isdigit()]))  # the processes a round reads
+    assert pids == {a.pid, far.pid} and ticks <= listed // 16 + 3
+    assert "more than 16 cgroups" in discovery.partial["slurm:32"]
+    assert "/proc/PID/cgroup" in discovery.partial["slurm:32"]
+    far.kill()
+    far.wait()
+    assert discovery.discover()["slurm:32"].pids == {a.pid}  # gone from /proc: gone from the job at once
+
+
 @pytest.mark.fuse
 def test_a_new_process_in_an_over_the_bound_job_joins_its_monitoring_group_at_the_next_sample(
         v1_cpuset, sleeper, emulator, open_resctrl):
@@ -149,3 +176,70 @@ def test_a_5000_deep_chain_is_read_whole_within_a_few_descriptors():
         assert out == [str(depth + 1), "1", str(depth + 1), "None"]
     finally:
         subprocess.run(["rm", "-rf", top], check=True, timeout=120)  # fts: any depth
+
+
+PIDS_V1 = "/sys/fs/cgroup/pids"
+
+RESTORE_SCRIPT = """
+import json, os, sys
+from noded.actuators.cpurecords import WrittenValues
+from noded.actuators.cpurestore import CpuRestore
+from noded.stores.originals import OriginalValues
+state, shut, pids = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3:]]
+os.chmod(shut, 0)  # the subtree's owner shuts noded out (CAP_FOWNER is kept here to do it)
+originals = OriginalValues(state)
+done = CpuRestore(originals, WrittenValues(originals.dir), most=16).restore()
+print(json.dumps({"done": done, "cpus": [sorted(os.sched_getaffinity(p)) for p in pids],
+                  "left": [k for k, _ in originals.items()]}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halving needs two CPUs")
+def test_restoring_a_jobs_affinities_reaches_every_process_of_a_shut_or_oversized_subtree(tmp_path, sleeper):
+    # A job without a cpuset (its CPUs set by affinity) whose owner made 40 cgroups below
+    # it (over a restore's walk of 16) and shut one with chmod 000, as noded's unit runs
+    # it (no CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH: setpriv drops them here). Before:
+    # the restore read the subtree whole with no bound, and the shut part failed it, so
+    # no process forked while its CPUs were halved got them back, and the record stayed.
+    # Now the walk stops at its bound and the job's processes are taken from
+    # /proc/PID/cgroup: every one gets its original back.
+    if not os.access(PIDS_V1, os.W_OK):
+        pytest.skip(f"{PIDS_V1} is not writable here")
+    import uuid
+    from noded.actuators.cpurecords import affinity_job_key
+    from noded.stores.originals import OriginalValues
+    from noded.util.procstat import STARTTIME, stat_fields
+    job = f"{PIDS_V1}/noded-test-{uuid.uuid4().hex[:8]}"
+    made = [job] + [f"{job}/c{i:02d}" for i in range(40)]
+    shut = f"{job}/c00"
+    procs = [sleeper(), sleeper(), sleeper()]
+    try:
+        for d in made:
+            os.mkdir(d)
+        for p, where in zip(procs, (job, shut, made[-1])):  # the job's own, the shut one, the 40th
+            put(where, p.pid)
+        original = sorted(os.sched_getaffinity(0))
+        for p in procs:
+            os.sched_setaffinity(p.pid, original[: len(original) // 2])  # what core halving left
+        originals = OriginalValues(str(tmp_path / "state"))
+        start = stat_fields("/proc", procs[0].pid)[STARTTIME].decode()
+        originals.record(affinity_job_key("cgroup:t"), {"original": original, "cgroup": job,
+                                                        "root": [procs[0].pid, start]})
+        os.chown(shut, 65534, 65534)
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", RESTORE_SCRIPT, str(tmp_path / "state"), shut,
+                              *[str(p.pid) for p in procs]],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        if os.path.isdir(shut):
+            os.chmod(shut, 0o755)
+        for p in procs:
+            p.kill()
+            p.wait()
+        for d in reversed(made):
+            if os.path.isdir(d):
+                os.rmdir(d)
+    import json
+    got = json.loads(out)
+    assert got["done"] == {"affinity_job:cgroup:t": True} and got["left"] == []
+    assert got["cpus"] == [original] * 3

@@ -102,8 +102,9 @@ def test_eacces_below_a_real_job_cgroup_leaves_the_rest_of_that_job_read_as_the_
     # (systemd/noded.service): a subtree's owner (a delegated user) can make their cgroups
     # unreadable to it; setpriv drops the same capabilities here, and the kernel answers
     # EACCES for real. The job is what noded can read (before: held as last seen, frozen,
-    # and a new process in its own cgroup unseen), its processes and its cpusets, and the
-    # part shut is said.
+    # and a new process in its own cgroup unseen), its processes and its cpusets, with the
+    # processes of the part shut taken from /proc/PID/cgroup (before this: left out), and
+    # the part shut is said.
     base, mkcg = v1_cpuset
     job, step = mkcg("slurm/uid_0/job_8"), mkcg("slurm/uid_0/job_8/step_0")
     a, b, c = sleeper(), sleeper(), sleeper()
@@ -119,10 +120,94 @@ def test_eacces_below_a_real_job_cgroup_leaves_the_rest_of_that_job_read_as_the_
         os.chown(step, 0, 0)
     got = json.loads(out)
     assert got["first"] == sorted({a.pid, b.pid})
-    assert got["second"] == [a.pid] and got["third"] == sorted({a.pid, c.pid})
+    assert got["second"] == sorted({a.pid, b.pid}) and got["third"] == sorted({a.pid, b.pid, c.pid})
     assert got["unreadable"] == {} and "Permission denied" in got["partial"]["slurm:8"]
     assert step in got["partial"]["slurm:8"]
     assert got["cpusets"] == [job] and "Permission denied" in got["cpus_partial"]["slurm:8"]
+
+
+OWN_SHUT_SCRIPT = """
+import json, logging, os, sys
+from noded.jobs import CgroupSource, JobDiscovery
+from noded.samplers.cpus import CpuPlacementSampler
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+base, job = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("slurm", base)], max_polled=16)
+first = sorted(d.discover()["slurm:9"].pids)
+os.chmod(job, 0)  # the job's owner shuts noded out of the job's own directory
+print("shut", flush=True)
+sys.stdin.readline()  # a new process was put in the shut directory meanwhile
+new = int(sys.stdin.readline())
+before = len([n for n in os.listdir("/proc") if n.isdigit()])
+ticks, jobs = 0, {}
+while ticks < 2000:
+    ticks += 1
+    jobs = {j: sorted(x.pids) for j, x in d.discover().items()}
+    if new in jobs.get("slurm:9", []):
+        break
+listed = max(before, len([n for n in os.listdir("/proc") if n.isdigit()]))  # the processes a round reads
+cpus = CpuPlacementSampler()
+placed = cpus.sample(d.discover())
+print(json.dumps({"first": first, "found": jobs.get("slurm:9"), "ticks": ticks, "listed": listed,
+                  "partial": d.partial.get("slurm:9"), "unreadable": d.unreadable,
+                  "placed": "slurm:9" in placed, "cpus_unreadable": cpus.unreadable.get("slurm:9")}), flush=True)
+sys.stdin.readline()  # every process of the job ended
+ticks = 0
+while ticks < 2000:
+    ticks += 1
+    if "slurm:9" not in d.discover():
+        break
+print(json.dumps({"ticks": ticks, "unreadable": d.unreadable.get("slurm:9"), "partial": d.partial}), flush=True)
+"""
+
+
+def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_there_is_found(v1_cpuset, sleeper):
+    # The job's owner shuts its own directory (chmod 000) to noded as its unit runs it
+    # (setpriv drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH). Before: the job was held as
+    # last seen for as long as the directory stayed shut, and a process started in it
+    # meanwhile was neither counted, monitored nor throttled. Now its processes are those
+    # /proc/PID/cgroup puts in it (16 files a tick here, new processes first), said in
+    # ``partial``; and once they have all ended it is no job, said in ``unreadable``
+    # (never "no processes" before /proc said so: until a process is read, it is held).
+    # Its CPUs are unknown, and said (before: its cpuset taken for none, its CPUs read as
+    # its processes' affinities).
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_9")
+    a = sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    os.chown(job, 65534, 65534)
+    script = subprocess.Popen(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                               sys.executable, "-c", OWN_SHUT_SCRIPT, base, job],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert script.stdout.readline().strip() == "shut"
+        c = sleeper()
+        write(f"{job}/cgroup.procs", str(c.pid))  # as root here, with every capability
+        script.stdin.write(f"\n{c.pid}\n")
+        script.stdin.flush()
+        got = json.loads(script.stdout.readline())
+        a.kill(), c.kill(), a.wait(), c.wait()
+        script.stdin.write("\n")
+        script.stdin.flush()
+        ended = json.loads(script.stdout.readline())
+        _, err = script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        os.chmod(job, 0o755)
+        os.chown(job, 0, 0)
+    assert got["first"] == [a.pid]
+    assert got["found"] == sorted({a.pid, c.pid}), got
+    assert got["ticks"] <= got["listed"] // 16 + 3  # within a round of /proc at 16 a tick
+    assert "Permission denied" in got["partial"] and "/proc/PID/cgroup" in got["partial"] and job in got["partial"]
+    assert got["unreadable"] == {}
+    # its CPUs cannot be read: unknown, never taken for a job without a cpuset (whose CPUs
+    # core halving would then set by its processes' affinities)
+    assert not got["placed"] and "Permission denied" in got["cpus_unreadable"]
+    assert "job=slurm:9 cgroup partly read" in err and "Permission denied" in err
+    assert ended["ticks"] <= got["listed"] // 16 + 3 and ended["partial"] == {}
+    assert "Permission denied" in ended["unreadable"] and "puts no process in it" in ended["unreadable"]
 
 
 def test_source_configuration_errors_are_clear(tmp_path):

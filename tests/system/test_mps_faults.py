@@ -4,9 +4,12 @@ MPS does. Each test ends with nothing left: no process serving the test's pipe
 directory, no zombie child, no pipe directory, compute modes back."""
 
 import dataclasses
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from types import MappingProxyType
@@ -18,7 +21,7 @@ from support.waiting import wait_for
 from mps.computemodes import ComputeModes
 from mps.control import MpsControl
 from mps.supervisor import MpsSupervisor
-from support.mps import STANDIN, control_log, gone, not_left_serving, processes_serving, zombie_children
+from support.mps import STANDIN, control_log, end_serving, gone, not_left_serving, processes_serving, zombie_children
 from noded.colocation.admission import ColocationRule
 from noded.colocation.profiles import JobProfile
 from noded.colocation.service import Colocation
@@ -150,6 +153,112 @@ def test_a_stopped_daemon_is_unhealthy_and_replaced_with_its_servers_gone(servic
     assert gone(daemon) and gone(server), "the stopped daemon or its server survived"
     assert control.pid() != daemon and control.command("get_server_list") == ""
     close_timed(s)
+
+
+def _command(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+@pytest.mark.parametrize("then", ["restart", "close"])
+def test_servers_left_by_a_sigkilled_daemon_are_stopped(service, then):
+    # The control daemon SIGKILLed (the OOM killer, an operator): its server lives on,
+    # reparented to init, holding its GPU in EXCLUSIVE_PROCESS mode. Before: only the
+    # daemon's children were killed, so the supervisor's restart and the service's close
+    # left it running (the fixture's teardown found it serving the pipe directory). Now
+    # each kill of a daemon also stops the servers of ours a dead daemon left.
+    s = service().start()
+    wait_for(lambda: s.mps_state == "ok", timeout=15, what="MPS up")
+    control = s.mps.control
+    control.command("start_server -uid 0")
+    daemon, server = control.pid(), int(control.command("get_server_list"))
+    wait_for(lambda: _command(server).startswith(b"nvidia-cuda-mps-server-standin\0"), timeout=5,
+             what="the server running under its daemon")
+    os.kill(daemon, signal.SIGKILL)
+    wait_for(lambda: gone(daemon), timeout=5, what="the daemon gone")
+    assert not gone(server)  # the daemon's death does not end it
+    if then == "restart":
+        wait_for(lambda: s.mps.restarts == 1 and s.mps_state == "ok", timeout=20, what="a replacement daemon")
+        assert gone(server), "a server left by the killed daemon survived its replacement's start"
+        assert control.command("get_server_list") == ""
+        close_timed(s)
+    else:
+        close_timed(s)
+        assert gone(server), "a server left by the killed daemon survived close()"
+
+
+AS_THE_UNIT = """
+import json, logging, os, signal, sys, time
+from mps.control import MpsControl
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+standin, pipe, logs = sys.argv[1:]
+
+
+def until(what, cond):
+    deadline = time.monotonic() + 10
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out waiting for " + what)
+        time.sleep(0.01)  # polling a condition, against a deadline
+
+
+def running(pid, name=b"nvidia-cuda-mps-server-standin"):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(name + b"\\0")
+    except FileNotFoundError:
+        return False
+
+
+c = MpsControl(standin, pipe, logs)
+c.start()
+c.command("start_server -uid 65534")  # as its client's user, as NVIDIA's servers run
+listed = int(c.command("get_server_list"))
+until("the first server", lambda: running(listed))
+assert c.check(2.0) is None  # a health check: the daemon lists it
+c.command("start_server -uid 65534")  # one more after the last check
+later = next(int(p) for p in c.command("get_server_list").split() if int(p) != listed)
+until("the second server", lambda: running(later))
+try:
+    open(f"/proc/{listed}/environ", "rb").read()
+    readable = True
+except PermissionError:
+    readable = False
+daemon = c.pid()
+os.kill(daemon, signal.SIGKILL)
+until("the daemon gone", lambda: not os.path.exists(f"/proc/{daemon}") or not running(daemon, b""))
+c.stop()
+print(json.dumps({"listed": listed, "later": later, "readable": readable,
+                  "listed_running": running(listed), "later_running": running(later)}))
+"""
+
+
+def test_a_server_of_another_user_left_by_a_sigkilled_daemon_is_stopped_as_the_unit_runs_noded(tmp_path):
+    # As noded's unit runs it (no CAP_SYS_PTRACE, nor CAP_DAC_*: setpriv drops them) a
+    # server running as its client's user (65534 here) has an environment noded may not
+    # read. The one the daemon listed at its last health check is stopped with it all
+    # the same (by its pid and start time); one it never listed cannot be told from
+    # another MPS's server in the same cgroup, and is said and left running (killed
+    # here by the test). Before: both survived the stop.
+    pipe = str(tmp_path / "pipe")
+    try:
+        got = subprocess.run(["setpriv", "--inh-caps=-all",
+                              "--bounding-set=-sys_ptrace,-dac_override,-dac_read_search",
+                              sys.executable, "-c", AS_THE_UNIT, STANDIN, pipe, str(tmp_path / "log")],
+                             capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        out = json.loads(got.stdout)
+        assert not out["readable"]  # as on a real host: another user's environment
+        assert not out["listed_running"], "the server the daemon listed survived the stop"
+        assert out["later_running"] and f"process {out['later']} is an MPS server" in got.stderr
+    finally:
+        end_serving(pipe)
 
 
 @pytest.mark.parametrize("wedge", ["sigstop", "quit-hangs"])
