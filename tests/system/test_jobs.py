@@ -289,10 +289,11 @@ def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy
     # listing must be read on to its end (800 processes: about 5 KB here).
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_12")
-    shell = subprocess.Popen(["sh", "-c", f"echo $$ > {job}/cgroup.procs; "
-                              "i=0; while [ $i -lt 799 ]; do sleep 300 & i=$((i+1)); done; exec sleep 300"])
+    # 800 processes by fork alone (no exec each: a loaded machine once took over 60 s to exec 800 sleeps)
+    shell = subprocess.Popen([sys.executable, "-c", f"import os, signal; open({job + '/cgroup.procs'!r}, 'w').write(str(os.getpid()))\n"
+                              "for _ in range(799):\n    if os.fork() == 0:\n        break\nsignal.pause()"])
     try:
-        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 800, 60, what="800 processes")
+        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 800, 120, what="800 processes")
         with open(f"{job}/cgroup.procs", "rb") as f:
             listed = f.read()
         assert len(listed) > 4096
