@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from noded.util import ages
 from noded.util.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
-from noded.util.journal import printable
+from noded.util.journal import escaped, printable
 from noded.server.client import NotThePeer, ReplyTooLarge, request_line
 from noded.admin.protocol import VERSION, encode
 from noded.admin.replyshape import SHAPES, MalformedReply, check_reply
@@ -113,10 +113,11 @@ def _socket_path(text: str) -> str:
 def shown(value: Any) -> Any:
     """An answer for text output: every string in it (job ids come from cgroup names, reasons
     from any operator, errors from noded) with its control characters escaped, so nothing
-    in it can move the cursor, retitle or clear the terminal, or forge a line. (--json
-    needs none of this: json.dumps escapes them.)"""
+    in it can move the cursor, retitle or clear the terminal, or forge a line; one to one
+    (``escaped``: a backslash doubled where it would read as an escape), so two jobs never
+    show as the same id. (--json needs none of this: json.dumps escapes them.)"""
     if isinstance(value, str):
-        return printable(value)
+        return escaped(value)
     if isinstance(value, dict):
         return {shown(k): shown(v) for k, v in value.items()}
     if isinstance(value, list):
