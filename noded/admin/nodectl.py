@@ -228,8 +228,21 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
     return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows)
 
 
+def _rate_read(read: dict[str, Any] | None) -> str:
+    """How old a job's rate is, in explain: read this tick, or carried from a read some
+    seconds ago (a quiet node read thin); and what it is a mean over, where known."""
+    if not read:  # no rate, or a noded that does not say
+        return ""
+    over = f", its mean over {ages.format_age(read['window_s'])}" if read.get("window_s") is not None else ""
+    if read["this_tick"]:
+        return f" (read this tick{over})"
+    return (f" (carried: read {ages.format_age(read['seconds_ago'])} ago{over}; a quiet node's jobs are read "
+            f"every resctrl.quiet_read_every ticks)")
+
+
 def format_explain(e: dict[str, Any]) -> str:
     lines = [f"{e['job']}: {e['kind']} job, throttle level {e['level']}, {_gbps(e['bandwidth_bytes_per_s'])} GB/s"
+             + _rate_read(e.get("bandwidth_read"))
              + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {_pct(e['threshold'], 100)}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
