@@ -125,32 +125,23 @@ def test_the_image_holds_the_product_only_not_the_simulations_dependencies(image
     assert p.stdout.split() == ["/opt/noded/bin/noded", "/opt/noded/bin/nodectl"], p
 
 
-def test_an_image_built_by_another_recipe_is_not_taken_for_this_ones(tmp_path):
+def test_an_image_built_by_another_recipe_or_base_is_not_taken_for_this_ones(tmp_path):
     """The content an image is labelled with (make image reuses one with the same label)
     covers the recipe too: before, only the sources, so after an edit of the Containerfile
     (or of the base's script) in a tree already dirty, make image said "built already" and
-    tagged the image of the old recipe. Run in a copy, with stand-ins for podman and
-    mmdebstrap (support.packaging)."""
-    checkout = checkout_copy(tmp_path / "checkout")
-    env = stand_ins(tmp_path / "bin")
-    build = [os.path.join(checkout, "packaging", "image", "build")]
-    first = built_content(build, env, checkout)
-    assert built_content(build, env, checkout) == first  # the same recipe and sources: the same content
-    with open(os.path.join(checkout, "packaging", "image", "Containerfile"), "a") as f:
-        f.write("LABEL a.recipe.change=1\n")
-    assert built_content(build, env, checkout) != first
-
-
-def test_an_image_built_on_another_base_is_not_taken_for_this_ones(tmp_path):
-    """The content an image is labelled with covers the base image it is built on (by its
-    ID): before, only the sources and the recipe, so after the base was made again (a later
-    mmdebstrap, the same recipe) make image said "built already" and kept the image on the
-    old base. Stand-ins as above; podman's names the base's ID from $STANDIN_BASE_ID."""
+    tagged the image of the old recipe. And the base image it is built on, by its ID: before,
+    after the base was made again (a later mmdebstrap, the same recipe) make image kept the
+    image on the old base. Run in a copy, with stand-ins for podman and mmdebstrap
+    (support.packaging); podman's names the base's ID from $STANDIN_BASE_ID."""
     checkout = checkout_copy(tmp_path / "checkout")
     env = stand_ins(tmp_path / "bin")
     with open(tmp_path / "bin" / "podman", "w") as f:
         f.write('#!/bin/sh\ncase "$*" in *"{{.Id}}"*) echo "$STANDIN_BASE_ID" ;; esac\nexit 0\n')
     build = [os.path.join(checkout, "packaging", "image", "build")]
-    first = built_content(build, {**env, "STANDIN_BASE_ID": "a" * 64}, checkout)
-    assert built_content(build, {**env, "STANDIN_BASE_ID": "a" * 64}, checkout) == first
-    assert built_content(build, {**env, "STANDIN_BASE_ID": "b" * 64}, checkout) != first
+    base_a, base_b = {**env, "STANDIN_BASE_ID": "a" * 64}, {**env, "STANDIN_BASE_ID": "b" * 64}
+    first = built_content(build, base_a, checkout)
+    assert built_content(build, base_a, checkout) == first  # the same recipe, sources and base: the same content
+    assert built_content(build, base_b, checkout) != first  # the base made again
+    with open(os.path.join(checkout, "packaging", "image", "Containerfile"), "a") as f:
+        f.write("LABEL a.recipe.change=1\n")
+    assert built_content(build, base_a, checkout) != first
