@@ -230,3 +230,12 @@ def test_the_escapes_noded_writes():
     assert nodectl.shown("a\nb\\nc\\\\d\\q") == "a\\nb\\\\nc\\\\\\d\\q"
     assert label_value(os.fsdecode(b"a\xff")) == "a\\udcff" and label_value("a\\udcff") == "a\\\\udcff"
     assert escaped("\\Uffffffff") == "\\Uffffffff"  # not a code point: not an escape, the text as it is
+
+
+@SETTINGS
+@given(st.text(st.sampled_from(list("\\xuUnr0a2d9cf \n")) | st.characters(), max_size=40))
+@pytest.mark.parametrize("sink", SINKS, ids=[s[0] for s in SINKS])
+def test_reading_back_any_text_never_raises(sink, text):
+    """unescaped is a parser of text an operator may paste: any text reads as some name."""
+    picks = sink[2] or (lambda c: _UNPRINTABLE.match(c) is not None)
+    assert isinstance(unescaped(text, picks), str)
