@@ -88,12 +88,13 @@ def _body_char(body: str) -> str | None:
 
 def _escape_at(text: str, i: int, escape: Callable[[str], bool]) -> str | None:
     """The character the escape at ``text[i]`` (a backslash) stands for, if it is one
-    noded writes under ``escape``; else None."""
+    noded writes under ``escape`` (the one form ``_form`` gives: ``\\x0a`` is not a newline's,
+    ``\\n`` is); else None."""
     m = _BODY.match(text, i + 1)
     if m is None:
         return None
     c = _body_char(m.group())
-    return c if c is not None and escape(c) else None
+    return c if c is not None and escape(c) and _form(c) == "\\" + m.group() else None
 
 
 def escaped(text: str, escape: Callable[[str], bool] = _unprintable) -> str:

@@ -230,6 +230,10 @@ def test_the_escapes_noded_writes():
     assert nodectl.shown("a\nb\\nc\\\\d\\q") == "a\\nb\\\\nc\\\\\\d\\q"
     assert label_value(os.fsdecode(b"a\xff")) == "a\\udcff" and label_value("a\\udcff") == "a\\\\udcff"
     assert escaped("\\Uffffffff") == "\\Uffffffff"  # not a code point: not an escape, the text as it is
+    # only the one form noded writes is an escape: a newline is \n, never \x0a or \u000a
+    for text in ("a\\x0ab", "a\\u000ab", "a\\u001bb", "a\\x0Ab"):
+        assert escaped(text) == text and unescaped(text) == text
+    assert unescaped("a\\nb\\x1bc") == "a\nb\x1bc"
 
 
 @SETTINGS
