@@ -115,7 +115,8 @@ cli-docs: $(STAMP)
 
 # The DaemonSet's image (integrations/kubernetes names IMAGE:VERSION): built from this
 # checkout on a base made from Debian's packages (packaging/image), tagged VERSION and
-# VERSION-REVISION; a build of the same files is not done again. Prints the second tag.
+# VERSION-REVISION; a build of the same files on the same base image (by its ID) is not done
+# again. Tests build IMAGE=localhost/noded-test-HASH, a name of their checkout's own. Prints the second tag.
 IMAGE ?= localhost/noded
 BASE_IMAGE ?= localhost/noded-base:bookworm
 image:

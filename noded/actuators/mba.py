@@ -45,7 +45,7 @@ from typing import Mapping
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, OutOfClosidsError, Resctrl, ResctrlError, normalize_mb
 
 from noded.samplers.mongroups import group_name, mon_group_at
-from noded.util.journal import log_change
+from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
 from noded.samplers.sample import Sample
 from noded.samplers.resctrl import ResctrlSession
 from noded.actuators.plan import CAPPED, UNKNOWN, UNSETTLED, LevelThrottle
@@ -246,11 +246,11 @@ class MbaThrottle(LevelThrottle):
         try:
             rc.ensure_ctrl_group(name).set_mb(value)
         except OutOfClosidsError as e:
-            log.debug("cap group of %s not made (it shares one): %s", job, e)
+            log.debug("cap group of %s not made (it shares one): %s", word(job), e)
             return False
         except (ResctrlError, OSError) as e:
             self._broken[CAPPED, job] = f"{what}: {e}"
-            log.warning("cap group of %s unusable this tick: %s: %s", job, what, e)
+            log.warning("cap group of %s unusable this tick: %s: %s", word(job), what, e)
             return True
         self._prepared[CAPPED, job] = what
         log.info("mba wrote: %s", what)

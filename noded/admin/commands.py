@@ -420,6 +420,11 @@ class AdminCommands:
         baseline, source = r.baselines.get(job, (None, None))
         return {
             "job": job, "kind": js.kind, "level": level, "bandwidth_bytes_per_s": js.bandwidth_bps,
+            # how old that rate is (None: no rate): read this tick, or carried on a quiet node's
+            # thin tick from a read seconds_ago; window_s: the seconds it is a mean over
+            "bandwidth_read": None if js.bandwidth_bps is None else {
+                "this_tick": js.bandwidth_age_s == 0.0, "seconds_ago": round(js.bandwidth_age_s, 1),
+                "window_s": None if js.bandwidth_window_s is None else round(js.bandwidth_window_s, 1)},
             "gpu_util": js.gpu_util, "baseline": baseline, "baseline_source": source,
             # what noded knows the job as (label file, or registered by its job manager's hook)
             "labels": _labels_json(js.meta),

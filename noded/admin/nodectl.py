@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from noded.util import ages
 from noded.util.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
-from noded.util.journal import printable
+from noded.util.journal import escaped, printable
 from noded.server.client import NotThePeer, ReplyTooLarge, request_line
 from noded.admin.protocol import VERSION, encode
 from noded.admin.replyshape import SHAPES, MalformedReply, check_reply
@@ -113,10 +113,11 @@ def _socket_path(text: str) -> str:
 def shown(value: Any) -> Any:
     """An answer for text output: every string in it (job ids come from cgroup names, reasons
     from any operator, errors from noded) with its control characters escaped, so nothing
-    in it can move the cursor, retitle or clear the terminal, or forge a line. (--json
-    needs none of this: json.dumps escapes them.)"""
+    in it can move the cursor, retitle or clear the terminal, or forge a line; one to one
+    (``escaped``: a backslash doubled where it would read as an escape), so two jobs never
+    show as the same id. (--json needs none of this: json.dumps escapes them.)"""
     if isinstance(value, str):
-        return printable(value)
+        return escaped(value)
     if isinstance(value, dict):
         return {shown(k): shown(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -227,8 +228,21 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
     return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows)
 
 
+def _rate_read(read: dict[str, Any] | None) -> str:
+    """How old a job's rate is, in explain: read this tick, or carried from a read some
+    seconds ago (a quiet node read thin); and what it is a mean over, where known."""
+    if not read:  # no rate, or a noded that does not say
+        return ""
+    over = f", its mean over {ages.format_age(read['window_s'])}" if read.get("window_s") is not None else ""
+    if read["this_tick"]:
+        return f" (read this tick{over})"
+    return (f" (carried: read {ages.format_age(read['seconds_ago'])} ago{over}; a quiet node's jobs are read "
+            f"every resctrl.quiet_read_every ticks)")
+
+
 def format_explain(e: dict[str, Any]) -> str:
     lines = [f"{e['job']}: {e['kind']} job, throttle level {e['level']}, {_gbps(e['bandwidth_bytes_per_s'])} GB/s"
+             + _rate_read(e.get("bandwidth_read"))
              + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {_pct(e['threshold'], 100)}; "
              f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]

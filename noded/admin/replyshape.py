@@ -169,7 +169,9 @@ EXPLAIN = obj({"job": STR, "kind": STR, "level": SCALAR, "bandwidth_bytes_per_s"
                "decisions": list_of(obj({"seconds_ago": NUMBER, "action": SCALAR, "from": SCALAR, "to": SCALAR,
                                          "cause": SCALAR, "reason": SCALAR}))},
               {"pod": maybe(obj({"uid": SCALAR, "qos": SCALAR, "driver": SCALAR, "containers": list_of(STR)})),
-               "held": list_of(STR), "sizing": maybe(_SIZING), "borrowed_cpus": maybe(list_of(INT))})
+               "held": list_of(STR), "sizing": maybe(_SIZING), "borrowed_cpus": maybe(list_of(INT)),
+               # a noded before it says nothing of its rate's age: nothing is shown
+               "bandwidth_read": maybe(obj({"this_tick": BOOL, "seconds_ago": NUMBER, "window_s": maybe(NUMBER)}))})
 
 OVERRIDE_SET = obj({"job": STR, "level": SCALAR, "level_now": SCALAR, "max_level": SCALAR,
                     "expires_in_s": maybe(SECONDS_LEFT), "reason": maybe(STR), "in_last_sample": SCALAR})

@@ -30,7 +30,7 @@ from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
 from noded.capping.threads import BusyThreads
-from noded.util.journal import log_change
+from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -158,11 +158,11 @@ class CapHolder:
             self._steer()
         except (ResctrlError, OSError) as e:
             # the group or the mount went away under us (an operator, an unmount): nothing to steer
-            log.warning("cap %s: stopped steering: %s", self.job, e)
+            log.warning("cap %s: stopped steering: %s", word(self.job), e)
         except Exception:
             # a fault of noded's own: said once, with where, in the journal rather than on a
             # thread's stderr; the service sees the holder not alive and starts it anew
-            log.exception("cap %s: stopped steering on an error of noded's", self.job)
+            log.exception("cap %s: stopped steering on an error of noded's", word(self.job))
 
     def _steer(self) -> None:
         start = self.clock()

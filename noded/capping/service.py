@@ -31,7 +31,7 @@ from noded.util.halving import kept_cpus
 from noded.capping.cores import kept, next_level
 from noded.capping.holder import NODED, CapHolder
 from noded.capping.plan import OVERRIDE, Cap, plan_caps
-from noded.util.journal import log_change
+from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
 from noded.jobs.model import Job
 from noded.samplers.sample import Sample
 
@@ -164,7 +164,7 @@ class CapService:
                 # its group or its mount went away (rmdir, an unmount, a remount): a new one
                 # on the mount now, once the throttle has put the job back in a cap group
                 log.warning("cap %s: its holder stopped steering (%s); started again on the mount as it is now",
-                            job, "resctrl was mounted again" if holder.alive else "its group or mount went away")
+                            word(job), "resctrl was mounted again" if holder.alive else "its group or mount went away")
                 self.holders.pop(job).stop(remove=False)
                 holder = None
             if place is not None and not place.steers:
@@ -188,7 +188,7 @@ class CapService:
                 self.holders[job] = CapHolder(rc, job, [], target[group], group_name=group).start()
             except Exception as e:  # noqa: BLE001 (one job's holder must not stop the tick)
                 self.notes[job] = f"no holder: {type(e).__name__}: {e}"
-                log.warning("cap %s: no holder this tick (tried again next tick): %s", job, e)
+                log.warning("cap %s: no holder this tick (tried again next tick): %s", word(job), e)
                 continue
             self.notes.pop(job, None)
 

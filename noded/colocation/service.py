@@ -22,7 +22,7 @@ from typing import Callable
 
 from mps.supervisor import MpsSupervisor
 
-from noded.util.journal import log_change
+from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
 from noded.samplers.sample import Sample
 from noded.colocation.admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from noded.colocation.outcomes import ModelError, Outcomes
@@ -147,10 +147,10 @@ class Colocation:
                     self.learned[key] = JobProfile(key[0], key[1], sum(sm) / len(sm) * window,
                                                    sum(mm) / len(mm) * window, window, f"nvml:{job_id}")
                 except ProfileError as e:
-                    log.warning("colocation: not learning a profile from %s: %s", job_id, e)
+                    log.warning("colocation: not learning a profile from %s: %s", word(job_id), e)
                     continue
                 log.info("colocation learned profile model=%s batch=%d from %s over %.0fs: C/W=%.1f%% M/W=%.1f%%",
-                         key[0], key[1], job_id, now - since, sum(sm) / len(sm), sum(mm) / len(mm))
+                         key[0], key[1], word(job_id), now - since, sum(sm) / len(sm), sum(mm) / len(mm))
 
     def report(self, job: str, seconds: float, sample: Sample | None) -> dict:
         """An iteration time from a job; returns whether it ran alone or with whom."""

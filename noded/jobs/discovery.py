@@ -218,7 +218,7 @@ class RegisteredLabels:
                 del self._absent_since[job_id]
         for job_id in gone:
             log.info("job=%s registered labels forgotten: no cgroup of it for %.0f s (its end hook never "
-                     "reached noded)", printable(job_id), ABSENT_FORGET_S)
+                     "reached noded)", job_id, ABSENT_FORGET_S)  # one word of its line by the handler
         return gone
 
 

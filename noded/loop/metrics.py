@@ -28,6 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from noded.util.buildinfo import revision as build_revision
 from noded.util.buildinfo import version as build_version
+from noded.util.journal import escaped
 
 from noded.loop.control import ControlSnapshot
 from noded.loop.daemon import JOB_ERROR_STAGES as _JOB_ERROR_STAGES
@@ -83,16 +84,26 @@ def _histogram(name: str, doc: str, label: str, known: Iterable[str],
     return family
 
 
+def _surrogate(c: str) -> bool:
+    return "\ud800" <= c <= "\udfff"
+
+
+def label_value(value: str) -> str:
+    """A label value the exposition can encode, one to one: a job id is a cgroup's name,
+    bytes that need not be UTF-8 (a lone surrogate in Python), and one such value would fail
+    the whole scrape; each lone surrogate is written as its escape (``\\udcff`` for the byte
+    0xff) and a backslash doubled only where it would read as one (``escaped``), so a
+    name holding the text ``\\udcff`` is not the label of the name with the byte."""
+    return escaped(value, _surrogate)
+
+
 def _text_labels(family):
-    """``family`` with every label value one the exposition can encode: a job id is a
-    cgroup's name, bytes that need not be UTF-8 (a lone surrogate in Python), and one such
-    value would fail the whole scrape; it is written as its escape instead."""
+    """``family`` with every label value one the exposition can encode (``label_value``)."""
     for i, sample in enumerate(family.samples):
-        if not all(v.isascii() for v in sample.labels.values()):
-            labels = {k: v.encode("utf-8", "backslashreplace").decode("utf-8") for k, v in sample.labels.items()}
+        if not all(v.isascii() and "\\" not in v for v in sample.labels.values()):
+            labels = {k: label_value(v) for k, v in sample.labels.items()}
             family.samples[i] = sample._replace(labels=labels)
     return family
-
 
 
 class NodedCollector:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
 from resctrl import BandwidthMeter, CounterReading, MonGroup, Resctrl
@@ -58,6 +58,12 @@ class BandwidthSample:
     #: every job's rate is over the last tick alone (False on a thin tick, where rates are
     #: means since each job's last read, and on the first tick after one)
     jobs_current: bool = True
+    #: job id -> seconds since its counters were last read, for each job whose rate is
+    #: carried (not read this tick, on a thin tick); a job not here was read this tick
+    job_age_s: Mapping[str, float] = field(default_factory=dict)
+    #: job id -> the seconds its rate is a mean over (its last read to the one before),
+    #: where both reads are known (not for a job's first rate, since its group's start)
+    job_window_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def residual(total: MbmSample, children: list[MbmSample], domains: tuple[int, ...]) -> MbmSample:
@@ -143,6 +149,7 @@ class BandwidthSampler:
         self._layout: tuple | None = None  # the groups as last read: which job's is where
         self._job_bps: dict[str, dict[int, float | None]] = {}  # each job's last rate (carried on thin ticks)
         self._job_read_at: dict[str, float] = {}  # when each job's counters were last read
+        self._job_window: dict[str, float] = {}  # the span of each job's last rate (carried with it)
         self._behind: set[str] = set()  # jobs not read on the last tick
         self._young: set[str] = set()  # jobs read once only: their next read is on the next tick
         self._loud_at: float | None = None  # when the node was last read at or over the quiet bound
@@ -176,6 +183,7 @@ class BandwidthSampler:
             self._ctrl_paths.clear()
             self._job_bps.clear()
             self._job_read_at.clear()
+            self._job_window = {}  # a new one: an earlier sample holds the old
             self._young.clear()
             self._layout = None
             self._last_read = None
@@ -225,7 +233,9 @@ class BandwidthSampler:
         self._young.clear()  # every job read now: those read once before have their second read
         job_bps = self._job_rates(job_readings, domains, node)
         self._job_bps = job_bps
+        before = self._job_read_at
         self._job_read_at = {j: at for j, (_, at) in job_readings.items()}
+        self._job_window = {j: at - before[j] for j, at in self._job_read_at.items() if j in before}
         self._behind = set()
         self._add_residuals(node, groups, job_readings, ctrl_readings, domains, now - started)
         if not totals_read:
@@ -245,7 +255,8 @@ class BandwidthSampler:
             del self._own_meters[path]
         self._ctrl_paths = set(ctrl_paths)
         self._last_read = now
-        return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind)
+        return BandwidthSample(domains, node, job_bps, tuple(missing), jobs_current=not behind,
+                               job_window_s=self._job_window)
 
     def _add_residuals(self, node: dict[int, float | None], groups: Mapping[str, MonGroup],
                        job_readings: Mapping[str, tuple[MbmSample, float]],
@@ -334,14 +345,19 @@ class BandwidthSampler:
         self._young.clear()
         job_readings = self._read_all({j: groups[j].path for j in due}, domains, self.clock())
         job_bps = {j: self._job_bps[j] for j in groups}
+        read_at, window = dict(self._job_read_at), dict(self._job_window)  # the last sample's stay as they were
         for job_id, (readings, at) in job_readings.items():
             job_bps[job_id] = _every_domain(self._job_meters[job_id].update(readings, at), domains)
-            self._job_read_at[job_id] = at
+            if job_id in read_at:
+                window[job_id] = at - read_at[job_id]
+            read_at[job_id] = at
             self._whole = self._whole and _has_values(readings, domains)
-        self._job_bps = job_bps
+        self._job_bps, self._job_read_at, self._job_window = job_bps, read_at, window
         self._behind = groups.keys() - job_readings.keys()
-        self._last_read = self.clock()
-        return BandwidthSample(domains, node, job_bps, (), jobs_current=False)
+        now = self._last_read = self.clock()
+        return BandwidthSample(domains, node, job_bps, (), jobs_current=False,
+                               job_age_s={j: now - read_at[j] for j in self._behind},
+                               job_window_s={j: window[j] for j in groups if j in window})
 
     def _read_all(self, paths: Mapping[str, str], domains: tuple[int, ...],
                   before: float) -> dict[str, tuple[MbmSample, float]]:

@@ -46,6 +46,11 @@ class JobSample:
     cpus: CpuPlacement | None = None  # where its CPUs are set now (hosts that halve cores)
     mon_parent: str | None = None  # the control group its own monitoring group is in ("" = the root)
     pod: PodIdentity | None = None  # a Kubernetes pod's identity, from its cgroup
+    # how old ``bandwidth_bps`` is: seconds since its counters were read (0.0: read this
+    # tick; more where a quiet node's thin tick carried it), and the seconds it is a mean
+    # over (None: not known, e.g. its first rate, since its group's start)
+    bandwidth_age_s: float = 0.0
+    bandwidth_window_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,8 @@ def build_sample(
     monitoring = monitor.monitoring if monitor else MappingProxyType({})
     groups = monitor.groups if monitor else MappingProxyType({})
     job_bps = bandwidth.job_bps if bandwidth is not None else {}
+    ages = bandwidth.job_age_s if bandwidth is not None else {}
+    windows = bandwidth.job_window_s if bandwidth is not None else {}
     cpus = cpus or {}
     no_gpu_kind = CPU if processes_known else UNKNOWN
     # each GPU's, once a tick (by the sample's identity: nothing here assumes indexes are unique)
@@ -191,7 +198,7 @@ def build_sample(
             monitoring.get(job.id, "none"), job.cgroup,
             _ctrl_groups(job, resctrl), cpus.get(job.id),
             group.parent.name if group is not None else None,
-            pod=job.pod,
+            pod=job.pod, bandwidth_age_s=ages.get(job.id, 0.0), bandwidth_window_s=windows.get(job.id),
         )
     return Sample(
         t, MappingProxyType(out), tuple(gpus), bool(nvml and nvml.available), nvml.reason if nvml else None,

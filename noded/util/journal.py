@@ -24,7 +24,7 @@ import os
 import re
 import socket
 import sys
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 #: the journal's native socket (systemd.journal-fields(7), "native protocol")
 DEFAULT_SOCKET = "/run/systemd/journal/socket"
@@ -52,21 +52,112 @@ _UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-
 
 def printable(text: str) -> str:
     """``text`` with each character a log line or a terminal must not take as it is
-    (newline included) written as its Python escape (``\\x1b``, ``\\n``, ``\\u2028``)."""
+    (newline included) written as its Python escape (``\\x1b``, ``\\n``, ``\\u2028``).
+
+    A safety net for prose (a message, an error's text), and the same on text already
+    escaped: it is NOT one-to-one (a literal backslash-n reads as an escaped newline).
+    A name whose identity matters (a job id) goes through ``escaped`` or ``word``."""
     return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
-def _escape(c: str) -> str:
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+def _unprintable(c: str) -> bool:
+    return _UNPRINTABLE.match(c) is not None
+
+
+def _form(c: str) -> str:
+    """The one escape noded writes for ``c``: ``\\n``, ``\\r``, else ``\\xNN``, ``\\uNNNN``
+    or ``\\UNNNNNNNN`` (lower-case hex), as Python writes them."""
+    if c == "\n":
+        return "\\n"
+    if c == "\r":
+        return "\\r"
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+#: what may follow a backslash in one of noded's escapes (lower-case hex only, as _form writes)
+_BODY = re.compile(r"x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|n|r")
+
+
+def _body_char(body: str) -> str | None:
+    if body in ("n", "r"):
+        return "\n" if body == "n" else "\r"
+    n = int(body[1:], 16)
+    return chr(n) if n <= 0x10FFFF else None
+
+
+def _escape_at(text: str, i: int, escape: Callable[[str], bool]) -> str | None:
+    """The character the escape at ``text[i]`` (a backslash) stands for, if it is one
+    noded writes under ``escape`` (the one form ``_form`` gives: ``\\x0a`` is not a newline's,
+    ``\\n`` is); else None."""
+    m = _BODY.match(text, i + 1)
+    if m is None:
+        return None
+    c = _body_char(m.group())
+    return c if c is not None and escape(c) and _form(c) == "\\" + m.group() else None
+
+
+def escaped(text: str, escape: Callable[[str], bool] = _unprintable) -> str:
+    """``text`` with each character ``escape`` picks written as its escape (``_form``), one
+    to one: ``unescaped`` gives ``text`` back, so two names never give the same text.
+
+    A backslash of ``text`` is written ``\\\\`` only where what follows it would otherwise
+    read as one of these escapes (the form of a character ``escape`` picks) or as a
+    backslash; every other backslash stays as it is. So a systemd unit's own escape reads
+    as systemctl shows it (``job\\x2d1.scope``: noded never escapes '-'), and a name that
+    holds the text of one of noded's escapes shows it with its backslash doubled
+    (``a\\\\nb`` for the five characters a, \\, n, b, and ``a\\nb`` for a, newline, b).
+    (The characters ``escape`` picks must not be backslashes, letters or digits.)"""
+    if "\\" not in text and not any(escape(c) for c in text):
+        return text
+    out = []
+    for i, c in enumerate(text):
+        if escape(c):
+            out.append(_form(c))
+        elif c == "\\":
+            after = text[i + 1:i + 2]
+            doubled = after == "\\" or (after and escape(after)) or _escape_at(text, i, escape) is not None
+            out.append("\\\\" if doubled else "\\")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def unescaped(text: str, escape: Callable[[str], bool] = _unprintable) -> str:
+    """The name ``escaped(name, escape)`` wrote ``text`` for (its inverse): at a backslash,
+    ``\\\\`` is a backslash, the form of a character ``escape`` picks is that character, and
+    anything else is the backslash itself."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+        elif text[i + 1:i + 2] == "\\":
+            out.append("\\")
+            i += 2
+        elif (e := _escape_at(text, i, escape)) is not None:
+            out.append(e)
+            i += len(_form(e))
+        else:
+            out.append("\\")
+            i += 1
+    return "".join(out)
+
+
+def in_word(c: str) -> bool:
+    """What ``word`` escapes: what ``printable`` does, any Unicode space, ``=`` and quotes."""
+    return c.isspace() or c in "=\"'" or _UNPRINTABLE.match(c) is not None
 
 
 def word(value: str) -> str:
     """``value`` as one word of a ``key=value`` line: printable, with each space (any
-    Unicode space), ``=`` and quote written as its escape (``\\x20``, ``\\x3d``, ``\\x22``).
+    Unicode space), ``=`` and quote written as its escape (``\\x20``, ``\\x3d``, ``\\x22``),
+    one to one (``escaped``; ``unescaped(text, in_word)`` reads it back).
     A tenant's cgroup named ``x job=slurm:42 level=0->3`` is then one word holding no
     ``=`` of its own: it adds no key of its own to the line, and a search for
-    ``job=slurm:42`` finds only slurm:42's lines."""
-    return "".join(_escape(c) if c.isspace() or c in "=\"'" else c for c in printable(value))
+    ``job=slurm:42`` finds only slurm:42's lines; and no two names give the same word."""
+    return escaped(value, in_word)
 
 
 #: a printf-style placeholder of a log message, as logging's %-formatting reads them

@@ -25,6 +25,7 @@ on how its members are compressed). The venv's 280 MB took 41 s of a core at 9 a
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -308,3 +309,34 @@ def test_a_package_built_by_another_recipe_is_not_taken_for_this_ones(tmp_path):
     with open(os.path.join(checkout, "packaging", "deb", "build"), "a") as f:
         f.write("# a change of the recipe\n")
     assert content("c") != first
+
+
+def test_the_package_names_no_path_it_was_built_in(packages):
+    """Two builds of one revision from two paths gave two packages (dpkg-deb -R trees
+    diffed): pyvenv.cfg's command, noded's direct_url.json and each .pyc ensurepip compiled
+    named the build's tree (build/packaging/deb-work.XXXXXX/...), and RECORD held the hashes
+    of bin/'s scripts before their first line was rewritten. None of it is in the package
+    now (packaging/debian/venv-independent-of-path), and every hash RECORD gives of a
+    script is the script's."""
+    data = dict(ar_members(packages[0]))["data.tar"]  # COMPRESSION_LEVEL 0: not compressed
+    records, files = [], {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            assert "__pycache__" not in member.name and not member.name.endswith("direct_url.json"), member.name
+            if member.isfile():
+                content = tar.extractfile(member).read()
+                assert b"/deb-work." not in content, member.name
+                files[os.path.normpath(member.name)] = content
+                if member.name.endswith(".dist-info/RECORD"):
+                    records.append(os.path.normpath(member.name))
+    checked = 0
+    for record in records:
+        site = os.path.dirname(os.path.dirname(record))
+        for line in files[record].decode().splitlines():
+            path, digest, _ = line.rsplit(",", 2)
+            if path.startswith("..") and digest:
+                content = files[os.path.normpath(os.path.join(site, path))]
+                assert digest == "sha256=" + base64.urlsafe_b64encode(
+                    hashlib.sha256(content).digest()).rstrip(b"=").decode(), (record, path)
+                checked += 1
+    assert checked >= 3  # bin/noded, bin/nodectl, numba's and numpy's scripts

@@ -8,8 +8,10 @@ dependencies from PyPI)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -25,6 +27,15 @@ from support.packaging import stand_ins
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/TIER/ up
 PODMAN = os.path.join(ROOT, "packaging", "image", "podman")
 KUBERNETES = os.path.join(ROOT, "integrations", "kubernetes")
+#: the image's name in this checkout's tests: the host has one IMAGE:VERSION tag, and another
+#: checkout building the default name at the same time would retag it under this one's tests
+TEST_IMAGE = f"localhost/noded-test-{hashlib.sha256(ROOT.encode()).hexdigest()[:12]}"
+
+
+def default_image() -> str:
+    """The name `make image` builds by default (the Makefile's IMAGE)."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        return re.search(r"^IMAGE \?= (\S+)$", f.read(), re.MULTILINE).group(1)
 
 
 def daemonset_config() -> str:
@@ -47,7 +58,8 @@ def image() -> str:
         pytest.skip(f"needs {', '.join(missing)} (make system-deps installs them)")
     if os.geteuid() != 0:
         pytest.skip("podman's rootful store and mmdebstrap's root mode need root")
-    p = subprocess.run(["make", "-s", "image"], cwd=ROOT, capture_output=True, text=True, timeout=1400)
+    p = subprocess.run(["make", "-s", "image", f"IMAGE={TEST_IMAGE}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=1400)
     assert p.returncode == 0, p.stderr[-4000:]
     return p.stdout.strip().splitlines()[-1]
 
@@ -62,15 +74,18 @@ def in_image(tag: str, *argv: str, volumes: tuple[str, ...] = ()) -> subprocess.
 
 def test_make_image_tags_the_version_and_the_revision_and_the_daemonset_names_that_image(image):
     name, tag = image.rsplit(":", 1)
-    assert tag == f"{version()}-{revision()}"
+    assert (name, tag) == (TEST_IMAGE, f"{version()}-{revision()}")
     with open(os.path.join(KUBERNETES, "base", "kustomization.yaml")) as f:
         (entry,) = [i for i in yaml.safe_load(f)["images"] if i["name"] == "noded"]
     # before: `noded:0.1.0`, an image nothing in the repository built
-    assert (entry["newName"], entry["newTag"]) == (name, version())
+    assert (entry["newName"], entry["newTag"]) == (default_image(), version())
     labels = json.loads(subprocess.run(["podman", "image", "inspect", f"{name}:{version()}"], capture_output=True,
                                        text=True, check=True).stdout)[0]["Labels"]
     assert labels["org.opencontainers.image.revision"] == revision()
     assert labels["org.opencontainers.image.version"] == version()
+    base = json.loads(subprocess.run(["podman", "image", "inspect", "localhost/noded-base:bookworm"],
+                                     capture_output=True, text=True, check=True).stdout)[0]
+    assert labels["noded.base-image-id"] == base["Id"]  # built FROM that very base, by its ID
 
 
 def test_noded_and_nodectl_in_the_image_name_the_revision_it_was_built_from(image):
@@ -110,17 +125,23 @@ def test_the_image_holds_the_product_only_not_the_simulations_dependencies(image
     assert p.stdout.split() == ["/opt/noded/bin/noded", "/opt/noded/bin/nodectl"], p
 
 
-def test_an_image_built_by_another_recipe_is_not_taken_for_this_ones(tmp_path):
+def test_an_image_built_by_another_recipe_or_base_is_not_taken_for_this_ones(tmp_path):
     """The content an image is labelled with (make image reuses one with the same label)
     covers the recipe too: before, only the sources, so after an edit of the Containerfile
     (or of the base's script) in a tree already dirty, make image said "built already" and
-    tagged the image of the old recipe. Run in a copy, with stand-ins for podman and
-    mmdebstrap (support.packaging)."""
+    tagged the image of the old recipe. And the base image it is built on, by its ID: before,
+    after the base was made again (a later mmdebstrap, the same recipe) make image kept the
+    image on the old base. Run in a copy, with stand-ins for podman and mmdebstrap
+    (support.packaging); podman's names the base's ID from $STANDIN_BASE_ID."""
     checkout = checkout_copy(tmp_path / "checkout")
     env = stand_ins(tmp_path / "bin")
+    with open(tmp_path / "bin" / "podman", "w") as f:
+        f.write('#!/bin/sh\ncase "$*" in *"{{.Id}}"*) echo "$STANDIN_BASE_ID" ;; esac\nexit 0\n')
     build = [os.path.join(checkout, "packaging", "image", "build")]
-    first = built_content(build, env, checkout)
-    assert built_content(build, env, checkout) == first  # the same recipe and sources: the same content
+    base_a, base_b = {**env, "STANDIN_BASE_ID": "a" * 64}, {**env, "STANDIN_BASE_ID": "b" * 64}
+    first = built_content(build, base_a, checkout)
+    assert built_content(build, base_a, checkout) == first  # the same recipe, sources and base: the same content
+    assert built_content(build, base_b, checkout) != first  # the base made again
     with open(os.path.join(checkout, "packaging", "image", "Containerfile"), "a") as f:
         f.write("LABEL a.recipe.change=1\n")
-    assert built_content(build, env, checkout) != first
+    assert built_content(build, base_a, checkout) != first

@@ -4,6 +4,7 @@ rate its mean since its last read; any tick that is not quiet, or whose groups c
 reads every counter. Counters here are a model the test drives (bytes per path), read
 through the sampler's own reader interface, so every rate it gives can be checked exactly."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -478,3 +479,62 @@ def test_a_new_jobs_second_read_is_on_the_next_tick_even_when_read_thin(node):
     s, read = node.tick(sampler)  # thin: n1 among the jobs read
     assert "n1" in read and len(read) == 5 and not s.jobs_current
     assert s.job_bps["n1"][0] == pytest.approx(8 * GB)
+
+
+def test_a_carried_rate_says_how_old_it_is_and_what_it_is_a_mean_over(node):
+    """On a thin tick a job's rate is its mean up to its last read, carried: the sample now
+    says, for each job not read this tick, how long ago it was read, and for each job the
+    span its rate is a mean over (before, nothing said a carried rate from a fresh one but
+    one flag for the whole node)."""
+    sampler = sampler_of(node)
+    warm(node, sampler, 2)  # every job read at 0 and 1
+    read_at = {j: 1.0 for j in node.rates}
+    window = {j: 1.0 for j in node.rates}
+    for _ in range(7):
+        node.advance(1.0)
+        s, read = node.tick(sampler)
+        for j in read:
+            window[j], read_at[j] = node.now - read_at[j], node.now
+        assert not s.jobs_current and s.job_age_s == {j: node.now - read_at[j] for j in node.rates if j not in read}
+        assert all(s.job_age_s[j] >= 1.0 for j in s.job_age_s)
+        assert dict(s.job_window_s) == window
+    assert max(window.values()) == 5.0  # each job read every fifth tick
+    node.rates["j0"] = 60 * GB  # past the quiet bound: every job read at once, over its own span
+    node.advance(1.0)
+    s, read = node.tick(sampler)
+    assert sorted(read) == sorted(node.rates) and s.job_age_s == {}
+    assert dict(s.job_window_s) == {j: node.now - read_at[j] for j in node.rates}
+
+
+def test_explain_says_how_old_each_jobs_rate_is(tmp_path, node):
+    """nodectl explain: a carried rate says when it was read and what it is a mean over; a
+    rate read this tick says so; an answer of a noded before it (no bandwidth_read) shows neither."""
+    from noded.admin import nodectl
+    from noded.admin.commands import AdminCommands
+    from noded.admin.replyshape import check_reply
+    from noded.jobs.model import Job
+    from noded.loop.control import ControlState
+    from noded.loop.daemon import TickResult
+    from noded.loop.overrides import OverrideStore
+    from noded.policy.contention import Decision
+    from noded.samplers.sample import build_sample
+
+    sampler = sampler_of(node)
+    warm(node, sampler, 2)
+    for _ in range(3):
+        node.advance(1.0)
+        bs, read = node.tick(sampler)
+    carried = sorted(bs.job_age_s)[0]
+    sample = build_sample(node.now, {j: Job(j, "registered", frozenset()) for j in node.rates}, None, None, bs)
+    assert sample.jobs[read[0]].bandwidth_age_s == 0.0 and sample.jobs[carried].bandwidth_age_s >= 1.0
+    result = TickResult(1, node.now, sample, Decision(MappingProxyType({}), (), False, 0.2, (), ""), (),
+                        MappingProxyType({}), "mba", MappingProxyType({}), config=Config(peak_gbps_per_domain=100))
+    commands = AdminCommands(ControlState(OverrideStore(str(tmp_path / "state"), lambda: 1000.0)), lambda: result)
+    for job, said in ((carried, f"(carried: read {bs.job_age_s[carried]:g}s ago, its mean over "
+                                f"{bs.job_window_s[carried]:g}s;"), (read[0], "(read this tick, its mean over 3s)")):
+        answer = json.loads(json.dumps(commands.explain(job)))  # as the socket carries it
+        check_reply("explain", answer)
+        assert said in nodectl.format_explain(nodectl.shown(answer)).splitlines()[0]
+        del answer["bandwidth_read"]  # as a noded before it answers
+        check_reply("explain", answer)
+        assert "read" not in nodectl.format_explain(nodectl.shown(answer)).splitlines()[0]

@@ -29,8 +29,9 @@ from noded.loop.daemon import TickResult
 from noded.jobs.discovery import RegisteredLabels
 from noded.jobs.model import JobMeta
 from noded.samplers.mongroups import group_name
-from noded.util.journal import LineHandler, _UNPRINTABLE, encode_native, log_change, printable, word
-from noded.loop.metrics import NodedCollector
+from noded.util.journal import (LineHandler, _UNPRINTABLE, encode_native, escaped, in_word, log_change, printable,
+                                unescaped, word)
+from noded.loop.metrics import NodedCollector, _surrogate, label_value
 from noded.policy.contention import Decision
 from noded.samplers.sample import CPU, JobSample, Sample
 from noded.stores.securedir import SecureDir
@@ -47,9 +48,9 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 
 def exposition_label(job_id: str) -> str:
-    """The one escaped form of a job id where text must be UTF-8 (metrics, logs, nodectl):
-    each lone surrogate as Python writes it, \\udcff for the byte 0xff."""
-    return job_id.encode("utf-8", "backslashreplace").decode()
+    """The one escaped form of a job id in a label value: each lone surrogate as Python
+    writes it, \\udcff for the byte 0xff, a backslash doubled where it would read as one."""
+    return label_value(job_id)
 
 
 @SETTINGS
@@ -87,6 +88,7 @@ def test_every_job_is_exported_with_its_id_escaped_and_the_scrape_parses(ids):
     levels = {s.labels["job_id"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
               if s.name == "noded_job_throttle_level"}
     assert levels == {exposition_label(j): 1.0 for j in ids}
+    assert {unescaped(label, _surrogate) for label in levels} == set(ids)  # one series per job, named back
 
 
 @SETTINGS
@@ -168,3 +170,76 @@ def test_state_files_keep_any_id_exactly_across_a_restart(ids):
         with SecureDir(state) as d:  # as the next run reads them
             assert set(RegisteredLabels(state=d).snapshot()) == set(ids)
             assert set(OverrideStore(d, lambda: 1000.0).current()) == set(ids)
+
+
+#: names built to collide under an escape that is not one to one: backslashes, the letters
+#: and digits of escapes, and the characters noded escapes (space, newline, '=', the byte 0xff)
+ESCAPE_LIKE = st.text(st.sampled_from(list("\\xuUnr0a2d9cf=- \n\t\udcff\x1b\u2028")), min_size=1, max_size=24)
+NAMES = st.one_of(JOB_ID, st.builds(lambda kind, t: kind + t, st.sampled_from(["cgroup:", "systemd:"]), ESCAPE_LIKE))
+#: each text a name reaches an operator as, and what it escapes
+SINKS = [("log word", word, in_word), ("nodectl", nodectl.shown, None), ("metric label", label_value, _surrogate)]
+
+
+def _reads_back(shown, picks, name):
+    text = shown(name)
+    if picks is None:  # nodectl's: printable's characters
+        picks = lambda c: _UNPRINTABLE.match(c) is not None  # noqa: E731
+        assert text == escaped(name)
+    assert not any(picks(c) for c in text)
+    return unescaped(text, picks)
+
+
+@SETTINGS
+@given(NAMES)
+@pytest.mark.parametrize("sink", SINKS, ids=[s[0] for s in SINKS])
+def test_every_escaped_name_reads_back_as_the_name_it_was(sink, name):
+    """One to one: the escaped text gives back the name, so no two names give one text."""
+    _, shown, picks = sink
+    assert _reads_back(shown, picks, name) == name
+
+
+#: pairs of names that read the same where a backslash was never doubled
+LOOKALIKES = [("cgroup:a b", "cgroup:a\\x20b", "log word"), ("cgroup:a=b", "cgroup:a\\x3db", "log word"),
+              ("cgroup:a\nb", "cgroup:a\\nb", "log word"), ("cgroup:a\nb", "cgroup:a\\nb", "nodectl"),
+              ("cgroup:a\x1b[2J", "cgroup:a\\x1b[2J", "nodectl"),
+              (os.fsdecode(b"cgroup:a\xff"), "cgroup:a\\udcff", "metric label"),
+              (os.fsdecode(b"cgroup:a\xff"), "cgroup:a\\udcff", "nodectl")]
+
+
+@pytest.mark.parametrize("one, other, sink", LOOKALIKES)
+def test_a_name_holding_an_escapes_text_does_not_pose_as_another(one, other, sink):
+    """Before: cgroup:a\\x20b (its own backslash) was written as cgroup:a b is, the same
+    job=cgroup:a\\x20b, and cgroup:a\\udcff as the label of the byte 0xff: a tenant could pose
+    as another job in the journal, nodectl and the metrics."""
+    shown = dict((s[0], s[1]) for s in SINKS)[sink]
+    assert shown(one) != shown(other)
+
+
+@pytest.mark.parametrize("name", ["systemd:job\\x2d1.scope", "systemd:run-u4\\x2dweb.service", "cgroup:C:\\data",
+                                  "slurm:4242", "k8s:default/web-0"])
+def test_common_names_and_systemds_own_escapes_read_as_they_are(name):
+    """A backslash is doubled only where it would read as one of noded's escapes: a unit
+    name keeps the \\x2d systemctl shows (noded never escapes '-')."""
+    assert word(name) == name and nodectl.shown(name) == name and label_value(name) == name
+
+
+def test_the_escapes_noded_writes():
+    assert word("a b\tc=d'e\"f") == "a\\x20b\\x09c\\x3dd\\x27e\\x22f"
+    assert word("a\\ b") == "a\\\\\\x20b"  # a backslash before an escaped character: doubled
+    assert word("a\\x20b") == "a\\\\x20b" and unescaped("a\\\\x20b", in_word) == "a\\x20b"
+    assert nodectl.shown("a\nb\\nc\\\\d\\q") == "a\\nb\\\\nc\\\\\\d\\q"
+    assert label_value(os.fsdecode(b"a\xff")) == "a\\udcff" and label_value("a\\udcff") == "a\\\\udcff"
+    assert escaped("\\Uffffffff") == "\\Uffffffff"  # not a code point: not an escape, the text as it is
+    # only the one form noded writes is an escape: a newline is \n, never \x0a or \u000a
+    for text in ("a\\x0ab", "a\\u000ab", "a\\u001bb", "a\\x0Ab"):
+        assert escaped(text) == text and unescaped(text) == text
+    assert unescaped("a\\nb\\x1bc") == "a\nb\x1bc"
+
+
+@SETTINGS
+@given(st.text(st.sampled_from(list("\\xuUnr0a2d9cf \n")) | st.characters(), max_size=40))
+@pytest.mark.parametrize("sink", SINKS, ids=[s[0] for s in SINKS])
+def test_reading_back_any_text_never_raises(sink, text):
+    """unescaped is a parser of text an operator may paste: any text reads as some name."""
+    picks = sink[2] or (lambda c: _UNPRINTABLE.match(c) is not None)
+    assert isinstance(unescaped(text, picks), str)

@@ -31,6 +31,7 @@ STATUS = {"paused": None, "tick_s": 1.0, "throttle_method": "mba", "threshold": 
           "jobs": [JOB, GPU_JOB], "overrides": [OVERRIDE, {**OVERRIDE, "cap_bytes_per_s": 6e9, "expires_in_s": None}],
           "missing": ["nvml"]}
 EXPLAIN = {"job": "sim:bert", "kind": "gpu", "level": 0, "bandwidth_bytes_per_s": 1e9, "gpu_util": 0.7,
+           "bandwidth_read": {"this_tick": False, "seconds_ago": 3.0, "window_s": 1.0},
            "baseline": 0.9, "node_share_of_peak": 0.8, "threshold": 0.75, "slowed_gpu_jobs": ["sim:bert"],
            "why": ["w"], "held": ["h"], "borrowed_cpus": [3, 4],
            "pod": {"uid": "u", "qos": "Guaranteed", "driver": "systemd", "containers": ["c"]},
