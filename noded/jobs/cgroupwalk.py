@@ -164,76 +164,101 @@ def walk_cgroups(top: str, visit: Callable[[int | None, str, Node], bool], most:
         if vanished(e):
             return walk
         raise
-    held = 1  # directory descriptors open now (root's is held to the end)
-    level: list[tuple[Node, str]] = []
-    parents: list[Node] = []  # the nodes holding descriptors for ``level``'s entries
-    try:
-        queued = _list(root, root.fd, level, 1, walk)  # queued: directories found so far, the top's included
-        while level:
-            nxt: list[tuple[Node, str]] = []
-            held_now: list[Node] = []
-            reopened: tuple[Node, int] | None = None  # a parent opened again from the top, while its children are read
-            try:
-                for parent, name in level:
-                    node = Node(parent, name)
-                    parent_fd = parent.fd
-                    if parent_fd < 0:
-                        if reopened is None or reopened[0] is not parent:
-                            if reopened is not None and reopened[1] >= 0:
-                                os.close(reopened[1])
-                            reopened = None
-                            try:
-                                reopened = (parent, _reopen(parent))
-                            except OSError as e:
-                                if not vanished(e):
-                                    walk._unreadable(parent, e)
-                                reopened = (parent, -1)  # its other children are passed over too
-                        parent_fd = reopened[1]
-                        if parent_fd < 0:
-                            continue
-                    # a leaf (most cgroups) costs a stat and its files' reads, by two-component
-                    # paths from its parent's descriptor; one with children is opened to list them
-                    try:
-                        links = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_nlink
-                        walk.read += 1
-                        if not visit(parent_fd, name + "/", node) or links == 2:
-                            continue
-                        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-                    except OSError as e:
-                        if not vanished(e):
-                            walk._unreadable(node, e)
-                        continue
-                    keep = False
-                    try:
-                        before = len(nxt)
-                        queued = _list(node, fd, nxt, queued, walk)
-                        if len(nxt) > before and held < WALK_FDS:
-                            node.fd, keep = fd, True
-                            held += 1
-                            held_now.append(node)
-                    except OSError as e:
-                        if not vanished(e):
-                            walk._unreadable(node, e)
-                    finally:
-                        if not keep:
-                            os.close(fd)
-            finally:
-                if reopened is not None and reopened[1] >= 0:
-                    os.close(reopened[1])
-                for p in parents:  # this level is read: its parents' descriptors are done with
-                    if p.fd >= 0:
-                        os.close(p.fd)
-                        p.fd = -1
-                        held -= 1
-                parents = held_now  # closed by the next level, or below where an error ends the walk
-            level = nxt
-    finally:
-        for p in parents:  # an error raised out of a level: the descriptors it kept
-            if p.fd >= 0:
-                os.close(p.fd)
-                p.fd = -1
-        os.close(root.fd)
+    _Below(walk, visit).run(root)
     return walk
+
+
+class _Below:
+    """The walk below the top, level by level: each level's cgroups read from their parents'
+    descriptors, at most ``WALK_FDS`` of them held open at once."""
+
+    def __init__(self, walk: Walk, visit: Callable[[int | None, str, Node], bool]):
+        self.walk = walk
+        self.visit = visit
+        self.held = 1  # directory descriptors open now (the top's is held to the end)
+        self.queued = 0  # directories found so far, the top's included
+
+    def run(self, root: Node) -> None:
+        """Reads every level below ``root`` (its descriptor open; closed here)."""
+        level: list[tuple[Node, str]] = []
+        parents: list[Node] = []  # the nodes holding descriptors for ``level``'s entries
+        try:
+            self.queued = _list(root, root.fd, level, 1, self.walk)
+            while level:
+                nxt: list[tuple[Node, str]] = []
+                held_now: list[Node] = []
+                try:
+                    self._level(level, nxt, held_now)
+                finally:
+                    for p in parents:  # this level is read: its parents' descriptors are done with
+                        if p.fd >= 0:
+                            os.close(p.fd)
+                            p.fd = -1
+                            self.held -= 1
+                    parents = held_now  # closed by the next level, or below where an error ends the walk
+                level = nxt
+        finally:
+            for p in parents:  # an error raised out of a level: the descriptors it kept
+                if p.fd >= 0:
+                    os.close(p.fd)
+                    p.fd = -1
+            os.close(root.fd)
+
+    def _level(self, level: list[tuple[Node, str]], nxt: list[tuple[Node, str]], held_now: list[Node]) -> None:
+        """Reads one level's cgroups, their subdirectories into ``nxt`` (the nodes that keep a
+        descriptor for them into ``held_now``)."""
+        reopened: tuple[Node, int] | None = None  # a parent opened again from the top, while its children are read
+        try:
+            for parent, name in level:
+                parent_fd = parent.fd
+                if parent_fd < 0:
+                    if reopened is None or reopened[0] is not parent:
+                        if reopened is not None and reopened[1] >= 0:
+                            os.close(reopened[1])
+                        reopened = None
+                        try:
+                            reopened = (parent, _reopen(parent))
+                        except OSError as e:
+                            if not vanished(e):
+                                self.walk._unreadable(parent, e)
+                            reopened = (parent, -1)  # its other children are passed over too
+                    parent_fd = reopened[1]
+                    if parent_fd < 0:
+                        continue
+                self._cgroup(Node(parent, name), parent_fd, nxt, held_now)
+        finally:
+            if reopened is not None and reopened[1] >= 0:
+                os.close(reopened[1])
+
+    def _cgroup(self, node: Node, parent_fd: int, nxt: list[tuple[Node, str]], held_now: list[Node]) -> None:
+        """One cgroup below the top: visited, and listed where it has subdirectories."""
+        walk, name = self.walk, node.name
+        # a leaf (most cgroups) costs a stat and its files' reads, by two-component
+        # paths from its parent's descriptor; one with children is opened to list them
+        try:
+            links = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_nlink
+            walk.read += 1
+            if not self.visit(parent_fd, name + "/", node) or links == 2:
+                return
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as e:
+            if not vanished(e):
+                walk._unreadable(node, e)
+            return
+        keep = False
+        try:
+            before = len(nxt)
+            self.queued = _list(node, fd, nxt, self.queued, walk)
+            if len(nxt) > before and self.held < WALK_FDS:
+                node.fd, keep = fd, True
+                self.held += 1
+                held_now.append(node)
+        except OSError as e:
+            if not vanished(e):
+                walk._unreadable(node, e)
+        finally:
+            if not keep:
+                os.close(fd)
 
 
 def _list(node: Node, fd: int, out: list[tuple[Node, str]], queued: int, walk: Walk) -> int:
