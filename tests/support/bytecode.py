@@ -69,6 +69,8 @@ def collect_once_for_workers(config) -> bool:
     once (so every module's rewrite is cached) where there are two workers or more and at
     least half the modules have no cached rewrite. Whether it collected."""
     workers = getattr(config.option, "numprocesses", None) or 0
+    if getattr(config.option, "collectonly", False):
+        return False  # xdist starts no worker for a collection alone
     if workers < 2 or sys.dont_write_bytecode or os.environ.get(PRIMING_ENV):
         return False
     paths = [str(config.invocation_params.dir / arg.split("::", 1)[0]) for arg in config.args]

@@ -31,11 +31,12 @@ def tiny_suite(top: Path) -> list[str]:
     return sorted(map(str, modules))
 
 
-def run_config(top: Path, workers: int | None, args=(".",)):
+def run_config(top: Path, workers: int | None, args=(".",), collect_only=False):
     """What collect_once_for_workers reads of pytest's config: a run of ``args`` from
     ``top`` with ``workers`` (xdist's -n; None: no xdist)."""
-    return types.SimpleNamespace(option=types.SimpleNamespace(numprocesses=workers), args=list(args),
-                                 invocation_params=types.SimpleNamespace(dir=top), rootpath=top, inipath=None)
+    return types.SimpleNamespace(option=types.SimpleNamespace(numprocesses=workers, collectonly=collect_only),
+                                 args=list(args), invocation_params=types.SimpleNamespace(dir=top), rootpath=top,
+                                 inipath=None)
 
 
 @pytest.fixture
@@ -66,6 +67,13 @@ def test_a_fresh_tree_is_collected_once_and_then_every_module_is_cached(tmp_path
 def test_a_run_without_two_workers_collects_nothing_first(tmp_path, writes_bytecode, workers):
     modules = tiny_suite(tmp_path)
     assert not bytecode.collect_once_for_workers(run_config(tmp_path, workers))
+    assert bytecode.stale(modules) == modules
+
+
+def test_a_collection_alone_collects_nothing_first(tmp_path, writes_bytecode):
+    """pytest -n 4 --collect-only: xdist starts no worker, the run collects once itself."""
+    modules = tiny_suite(tmp_path)
+    assert not bytecode.collect_once_for_workers(run_config(tmp_path, 4, collect_only=True))
     assert bytecode.stale(modules) == modules
 
 
