@@ -588,17 +588,15 @@ class Live:
 
 
 @contextlib.contextmanager
-def live(tmp_path, cfg: str, scenario: str, *, warm_kernels: bool = False):
+def live(tmp_path, cfg: str, scenario: str):
     """Starts noded (``--sim scenario --config cfg``: the simulated node and the daemon, 110 s at most), the dcgm stand-in and
     Prometheus; yields a Live. On a clean exit stops them in order and asserts each stopped
     cleanly, that the emulator's mount is gone and that no process noded started is left."""
     (tmp_path / "tmp").mkdir(mode=0o700)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}  # the emulator's mount and the sim's scratch
-    if warm_kernels:
-        # Compile the co-location kernels into numba's cache first: on a cold cache that takes
-        # about ten seconds, which would otherwise pass on the simulated node's clock.
-        subprocess.run([sys.executable, "-c", "from noded.colocation import kernels; kernels.warm_up()"], cwd=ROOT,
-                       env=env, check=True, timeout=120)
+    # the co-location kernels are in numba's cache before any test of this tier starts
+    # (support.plugin waits for the run's compile): on a cold cache they take about ten
+    # seconds, which would otherwise pass on the simulated node's clock
     out_path, err_path = tmp_path / "noded.out", tmp_path / "noded.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         noded = popen_noded(["run", "--sim", scenario, "--config", cfg,
@@ -768,7 +766,7 @@ def test_every_query_returns_data_from_a_real_prometheus_scraping_the_demo(tmp_p
     """Every query but right-sizing's (the demo runs without it; the next test runs them)."""
     cfg, scenario = demo_inputs(tmp_path)
     (tmp_path / "tiny.csv").write_text(NCU_TINY)
-    with live(tmp_path, cfg, scenario, warm_kernels=True) as d:
+    with live(tmp_path, cfg, scenario) as d:
         api = d.api
         # What an operator and a Slurm prolog would do: hold the quiet CPU job back, and
         # ask for co-location twice (one admitted with an ncu profile, one refused: no profile).

@@ -2,7 +2,7 @@
 plugin: tests/conftest.py and bench/tests/conftest.py both name it (``pytest_plugins``),
 so it is loaded once, whichever of the two folders a run collects. Its hooks see every
 item of the run: numba's cache warmed once before the tests that may compile its kernels,
-and the FUSE tests skipped with a reason where this machine has no FUSE."""
+the test modules' rewritten bytecode written once before the workers collect, and the FUSE tests skipped with a reason where this machine has no FUSE."""
 
 import os
 import shutil
@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 
 from nodesim.resctrl_emulator import MountedEmulator
 from resctrl import Resctrl
+from support import bytecode
 from support import numba_cache
 from support.ordering import builds_first
 from support.paths import REPO_ROOT
@@ -41,6 +42,8 @@ _STARTS_PROCESSES = tuple(os.path.join(REPO_ROOT, *tier) + os.sep
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the run's first process (a worker's comes from it)
         config._numba_warming = numba_cache.start_warming(REPO_ROOT)
+        # then the test modules rewritten once, beside that compile, before the workers start
+        bytecode.collect_once_for_workers(config)
 
 
 def pytest_unconfigure(config):
