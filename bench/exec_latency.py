@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 
+from nodesim.node import make_cpuset
 from noded.jobs import CgroupSource, JobDiscovery
 from noded.samplers.mongroups import JobMonitor
 from noded.samplers.resctrl import ResctrlSession
@@ -28,12 +29,6 @@ from nodesim.resctrl_emulator import MountedEmulator
 CPUSET = "/sys/fs/cgroup/cpuset"
 
 
-def make_cgroup(path: str) -> None:
-    os.mkdir(path)
-    parent = os.path.dirname(path)
-    for f in ("cpuset.cpus", "cpuset.mems"):
-        with open(f"{parent}/{f}") as src, open(f"{path}/{f}", "w") as dst:
-            dst.write(src.read())
 
 
 def measure(emu, rc, base: str, job_dir: str, mode: str, tick_s: float, trials: int) -> list[float]:
@@ -79,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"{CPUSET}/noded-bench-{uuid.uuid4().hex[:6]}"
     dirs = [base, f"{base}/slurm", f"{base}/slurm/uid_0", f"{base}/slurm/uid_0/job_1"]
     for d in dirs:
-        make_cgroup(d)
+        make_cpuset(d)
     results = {}
     try:
         with MountedEmulator("intel") as emu:

@@ -23,6 +23,7 @@ import subprocess
 import time
 import uuid
 
+from nodesim.node import make_cpuset
 from noded.jobs import CgroupSource, JobDiscovery
 from noded.jobs.cgroups import read_subtree_procs
 
@@ -46,23 +47,17 @@ class WalkEachTick:
         pass
 
 
-def make_cgroup(path: str) -> None:
-    os.mkdir(path)
-    parent = os.path.dirname(path)
-    for name in ("cpuset.cpus", "cpuset.mems"):
-        with open(f"{parent}/{name}") as src, open(f"{path}/{name}", "w") as dst:
-            dst.write(src.read())
 
 
 def lay_out(base: str, shape: str, jobs: int) -> tuple[list[str], list[subprocess.Popen]]:
     made, procs = [], []
     for rel in ("", "/slurm", "/slurm/uid_0"):
-        make_cgroup(base + rel)
+        make_cpuset(base + rel)
         made.append(base + rel)
     for i in range(jobs):
         job = f"{base}/slurm/uid_0/job_{i}"
         for rel in SHAPES[shape]:
-            make_cgroup(job + rel)
+            make_cpuset(job + rel)
             made.append(job + rel)
         for rel in PROCS_IN[shape]:
             p = subprocess.Popen(["sleep", "3600"])

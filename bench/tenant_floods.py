@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from nodesim.node import make_cpuset
 from bench.daemon_cost import histogram_ms, jobs_running
 from bench.measure import count_series, cpu_seconds, metric
 from nodesim.launch import DaemonProcess, node_and_daemon
@@ -96,13 +97,6 @@ def as_nobody():
     os.setuid(NOBODY)
 
 
-def make_cgroup(path: str) -> None:
-    """A v1 cpuset cgroup a process can join: its CPUs and memory nodes its parent's."""
-    os.mkdir(path)
-    parent = os.path.dirname(path)
-    for name in ("cpuset.cpus", "cpuset.mems"):
-        with open(f"{parent}/{name}") as src, open(f"{path}/{name}", "w") as dst:
-            dst.write(src.read())
 
 
 class EmptyCgroups:
@@ -149,7 +143,7 @@ class ReportFlood:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> dict:
-        make_cgroup(self.cgroup)
+        make_cpuset(self.cgroup)
         procs = f"{self.cgroup}/cgroup.procs"
 
         def join_then_become_nobody():

@@ -64,14 +64,20 @@ def job_id(sim_id: str) -> str:
     return f"sim:{sim_id}"
 
 
-def _make_cpuset(parent: str, name: str) -> str:
-    """A cpuset cgroup (v1) below ``parent`` with all of its parent's CPUs and memory nodes."""
-    path = os.path.join(parent, name)
+def make_cpuset(path: str) -> str:
+    """A cpuset cgroup (v1) at ``path`` with all of its parent's CPUs and memory nodes (one a
+    process can join); returns ``path``."""
+    parent = os.path.dirname(path)
     os.mkdir(path)
     for f in ("cpuset.cpus", "cpuset.mems"):
         with open(os.path.join(parent, f)) as src, open(os.path.join(path, f), "w") as dst:
             dst.write(src.read().strip() or "\n")
     return path
+
+
+def _make_cpuset(parent: str, name: str) -> str:
+    """A cpuset cgroup (v1) below ``parent`` with all of its parent's CPUs and memory nodes."""
+    return make_cpuset(os.path.join(parent, name))
 
 
 def _remove_cgroup(path: str) -> None:
