@@ -28,8 +28,14 @@ any job is the first time, and held again from what is there then:
   noded, say) is read by the walk, which reads only what the kernel lets noded open now:
   a descriptor opened before must not see more than a path would;
 * a cgroup renamed keeps its processes, and so the set still reads them;
-* the job's own directory is checked against its path (by inode) whenever its source is
-  listed again (``verify``): one renamed away and another put at the path is not the job.
+* on v1 the job's own directory is checked against its path (by inode) at each read, with
+  one ``stat`` of the path: v1 renames a cgroup in its parent, and one renamed away and
+  another renamed to its name is not the job, while those two renames move neither the
+  parent's link count nor its times (seen on this host), so its source is not listed again
+  for a while; a path noded may no longer reach (an ancestor shut to it) fails the ``stat``
+  too. v2 refuses to rename a cgroup (EPERM) and a removed one fails its held
+  ``cgroup.procs``' read, so there the path is checked only when the source is listed again
+  (``verify``: a listed directory's mode or owner changed moves its ctime, and lists it again).
 
 The descriptors are bounded: at most ``HOLD_CGROUPS`` a job (2 each), and all of them at
 most a quarter of the process's descriptor limit; beyond, jobs are read by the walk.
@@ -103,6 +109,14 @@ def _read_at(dir_fd: int) -> bytes:
         os.close(fd)
 
 
+def _at(path: str, ino: int) -> bool:
+    """Whether the directory at ``path`` is (still) the one of inode ``ino``."""
+    try:
+        return os.stat(path).st_ino == ino
+    except OSError:
+        return False
+
+
 class HeldSubtrees:
     """Reads jobs' processes (as ``read_subtree_procs``), holding small subtrees open
     between reads. ``budget``: the descriptors all held subtrees may take (None: a quarter
@@ -131,7 +145,9 @@ class HeldSubtrees:
         held open too (cgroup v2 only: see the module's doc)."""
         held = self._held.get(path)
         if held is not None:
-            pids = self._read_held(held)
+            # v1 only, the path's stat: v2 refuses to rename a cgroup (EPERM), and one of its
+            # removed fails its held cgroup.procs' read (ENODEV)
+            pids = self._read_held(held) if held.procs or _at(path, held.ino) else None
             if pids is not None:
                 return SubtreeProcs(pids)
             self._drop(path)

@@ -305,9 +305,6 @@ def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy
         shell.kill()
 
 
-@pytest.mark.xfail(strict=True, reason="a held job's directory is checked against its path only when its "
-                   "source is listed again; two renames in its parent (v1) move neither the parent's link "
-                   "count nor its times, so nothing is listed again for relist_s (10 s)")
 def test_a_held_job_whose_directory_is_replaced_by_renames_is_read_at_its_path_at_the_next_tick(v1_cpuset, sleeper):
     # The job's owner (who may write its parent: a Slurm uid_N directory is the user's)
     # renames the job's directory away and another one to its name. On v1 neither rename
