@@ -286,14 +286,15 @@ def test_a_held_job_on_the_real_v1_hierarchy_sees_each_move_at_the_next_read_wit
 def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy(v1_cpuset):
     # A cgroup.procs read that comes back under 2048 bytes is taken as the whole file: the
     # kernel's seq_file stops a read short of the buffer at a page's end too, so a longer
-    # listing must be read on to its end (800 processes: about 5 KB here).
+    # listing must be read on to its end (1100 processes: over 4 KB whatever their pids, each
+    # record at least 4 bytes, a pid at least 300; 800 were 4000 bytes where the pids had 4 digits).
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_12")
-    # 800 processes by fork alone (no exec each: a loaded machine once took over 60 s to exec 800 sleeps)
+    # 1100 processes by fork alone (no exec each: a loaded machine once took over 60 s to exec 800 sleeps)
     shell = subprocess.Popen([sys.executable, "-c", f"import os, signal; open({job + '/cgroup.procs'!r}, 'w').write(str(os.getpid()))\n"
-                              "for _ in range(799):\n    if os.fork() == 0:\n        break\nsignal.pause()"])
+                              "for _ in range(1099):\n    if os.fork() == 0:\n        break\nsignal.pause()"])
     try:
-        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 800, 120, what="800 processes")
+        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 1100, 120, what="1100 processes")
         with open(f"{job}/cgroup.procs", "rb") as f:
             listed = f.read()
         assert len(listed) > 4096
