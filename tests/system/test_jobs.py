@@ -334,6 +334,47 @@ def test_a_held_job_whose_directory_is_replaced_by_renames_is_read_at_its_path_a
             os.rmdir(old)
 
 
+def test_a_held_job_on_the_real_v2_hierarchy_sees_each_change_at_the_next_read(v2_unified, sleeper):
+    # On v2 a held cgroup.procs is read again with a pread from 0, which the kernel lists
+    # afresh (v1's pidlists keep the first read's list: see the v1 test above), and a held
+    # job is not checked against its path at each read: v2 refuses to rename a cgroup, and
+    # a removed one fails its held cgroup.procs' read. All of it on this host's real v2
+    # hierarchy (the unit tests' v2 trees are tmpfs): a process moved in, a cgroup removed and
+    # made again under the same name, one made threaded (its processes listed by its domain).
+    base, mkcg = v2_unified
+    job = mkcg("job_1")
+    a, b, c = sleeper(), sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    src = CgroupSource.create("cgroup", base, ["job_*"])
+    assert src.version == 2
+    discovery = JobDiscovery([src])
+    for _ in range(2):
+        assert discovery.discover()["cgroup:job_1"].pids == {a.pid}
+    assert (discovery.held.held, discovery.held.descriptors, discovery.held.walked) == (1, 2, 1)
+    write(f"{job}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid}
+    assert discovery.held.walked == 1  # read afresh through the held cgroup.procs
+    with pytest.raises(PermissionError):
+        os.rename(job, f"{base}/job_2")  # what lets v2's held reads go without a path stat
+    step = mkcg("job_1/step")
+    write(f"{step}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert (discovery.held.held, discovery.held.walked) == (1, 2)
+    write(f"{base}/cgroup.procs", str(c.pid))  # out, the step removed and made again, c in the new one
+    os.rmdir(step)
+    os.mkdir(step)
+    write(f"{step}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert (discovery.held.held, discovery.held.walked) == (1, 3)
+    write(f"{base}/cgroup.procs", str(c.pid))  # a cgroup with processes may not be made threaded
+    write(f"{step}/cgroup.type", "threaded")  # no link count moves: its held cgroup.procs fails (EOPNOTSUPP)
+    write(f"{step}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert discovery.held.walked == 4 and discovery.partial == {} and discovery.unreadable == {}
+    write(f"{base}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, c.pid}
+
+
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
