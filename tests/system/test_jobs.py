@@ -375,6 +375,56 @@ def test_a_held_job_on_the_real_v2_hierarchy_sees_each_change_at_the_next_read(v
     assert discovery.discover()["cgroup:job_1"].pids == {a.pid, c.pid}
 
 
+ANCESTOR_SHUT_SCRIPT = """
+import json, sys
+from noded.jobs import CgroupSource, JobDiscovery
+base, job_id = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("cgroup", base, ["u/job_*"])])
+for _ in range(2):  # walked, then held
+    first = d.discover()
+print(json.dumps({"first": sorted(first[job_id].pids), "held": d.held.held}), flush=True)
+sys.stdin.readline()  # its parent shut to noded
+got = d.discover()
+print(json.dumps({"pids": sorted(got[job_id].pids) if job_id in got else None, "held": d.held.held,
+                  "partial": d.partial.get(job_id), "unreadable": d.unreadable.get(job_id)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_held_job_whose_parent_is_shut_to_noded_is_read_as_a_path_reaches_it(version, v1_cpuset, v2_unified,
+                                                                                sleeper):
+    # The job's parent is its owner's (a Slurm uid_N directory, a delegated user slice), who
+    # takes noded's search permission away (others r--: it can still be listed) as the unit
+    # runs noded (no CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH). The held descriptors reach the
+    # job's cgroup.procs without the parent's search permission; a path does not. The next
+    # tick reads the job as a path reaches it: its own directory refused, its processes from
+    # /proc/PID/cgroup, said in ``partial`` (v1: the path's stat at each read; v2: the parent's
+    # ctime moved, so it is listed again, and the job's path checked).
+    base, mkcg = v1_cpuset if version == 1 else v2_unified
+    parent, job = mkcg("u"), mkcg("u/job_1")
+    a = sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    os.chown(parent, 65534, 65534)
+    script = subprocess.Popen(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                               sys.executable, "-c", ANCESTOR_SHUT_SCRIPT, base, "cgroup:u/job_1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(script.stdout.readline()) == {"first": [a.pid], "held": 1}
+        os.chmod(parent, 0o704)
+        script.stdin.write("\n")
+        script.stdin.flush()
+        got = json.loads(script.stdout.readline())
+        script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        os.chmod(parent, 0o755)
+        os.chown(parent, 0, 0)
+    assert got["held"] == 0 and got["pids"] == [a.pid], got
+    assert "Permission denied" in got["partial"] and "/proc/PID/cgroup" in got["partial"], got
+
+
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     code = "import os,time\nfor _ in range(2):\n  if os.fork()==0: time.sleep(300)\nprint('up',flush=True)\ntime.sleep(300)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
