@@ -95,6 +95,28 @@ def test_an_unchanged_subtree_is_read_without_a_walk_and_a_change_is_walked_once
     held.close()
 
 
+@pytest.mark.xfail(strict=True, reason="a subtree that changes at every read is held again after every walk: "
+                   "each read costs the held reads, the walk and a hold (about 2.5 walks, measured on v1)")
+def test_a_subtree_that_changes_at_every_read_is_not_held_again_at_every_read(tmp_path):
+    # Its owner makes and removes a cgroup in it every tick: each held read fails its check,
+    # and the walk follows. Held again after each walk (its directories opened and listed,
+    # fstat'ed and read once more), a read cost about 2.5 walks (real v1 cpuset hierarchy,
+    # 50 jobs of 3 cgroups: 17.8 ms against 7.0 walked); its holding must back off.
+    top = cgroup(str(tmp_path / "job"), 1)
+    held = HeldSubtrees()
+    rehold = 0
+    for i in range(40):
+        if i % 2 == 0:
+            cgroup(str(tmp_path / "job" / "x"), 2)
+        else:
+            os.remove(str(tmp_path / "job" / "x" / "cgroup.procs"))
+            os.rmdir(str(tmp_path / "job" / "x"))
+        assert held.read(top).pids == ({1, 2} if i % 2 == 0 else {1})
+        rehold += held.held
+    assert held.walked == 40 and rehold <= 3, rehold
+    held.close()
+
+
 def test_a_subtree_over_the_bound_is_walked_every_read_and_never_held(tmp_path):
     top = cgroup(str(tmp_path / "job"), 1)
     for i in range(HOLD_CGROUPS):
