@@ -38,7 +38,11 @@ any job is the first time, and held again from what is there then:
   (``verify``: a listed directory's mode or owner changed moves its ctime, and lists it again).
 
 The descriptors are bounded: at most ``HOLD_CGROUPS`` a job (2 each), and all of them at
-most a quarter of the process's descriptor limit; beyond, jobs are read by the walk.
+most a quarter of the process's descriptor limit; beyond, jobs are read by the walk. So is
+the cost: a job whose subtree changed before it gave one read held (its owner making and
+removing a cgroup every tick) is walked ``RETRY_AFTER_READS`` reads before it is held again
+(held again after each walk, a read cost the held reads, the walk and the hold: about 2.5
+walks).
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ from noded.jobs.cgroupwalk import read_whole
 #: a job's subtree is held open only where it has at most this many cgroups
 HOLD_CGROUPS = 8
 
-#: a job whose subtree could not be held is walked this many reads before it is tried again
+#: a job whose subtree could not be held, or changed before its first read held, is walked
+#: this many reads before it is held again
 RETRY_AFTER_READS = 30
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -72,7 +77,7 @@ class _Held:
     each one's cgroup.procs, and what each of those descriptors' fstat must say (link
     count, mode, owner, group): a directory's count is 2 + its children held."""
 
-    __slots__ = ("dirs", "procs", "checks", "ino", "raw", "pids")  # procs: empty where opened each read (v1)
+    __slots__ = ("dirs", "procs", "checks", "ino", "raw", "pids", "reads")  # procs: empty where opened each read (v1)
 
     def __init__(self, dirs: list[int], procs: list[int], expected: list[tuple[int, int, int, int]], ino: int):
         self.dirs = dirs
@@ -81,6 +86,7 @@ class _Held:
         self.ino = ino
         self.raw: list[bytes] | None = None  # what the last read read, and the processes it gave
         self.pids: frozenset[int] = frozenset()
+        self.reads = 0  # reads it gave since it was held
 
     def fds(self) -> list[int]:
         return self.dirs + self.procs
@@ -149,8 +155,11 @@ class HeldSubtrees:
             # removed fails its held cgroup.procs' read (ENODEV)
             pids = self._read_held(held) if held.procs or _at(path, held.ino) else None
             if pids is not None:
+                held.reads += 1
                 return SubtreeProcs(pids)
             self._drop(path)
+            if held.reads == 0:  # changed before it gave one read: a subtree that churns is walked a while
+                self._skip[path] = RETRY_AFTER_READS
         got = read_subtree_procs(path, most)
         self.walked += 1
         if got.partial is None and got.cgroups <= HOLD_CGROUPS and (most is None or got.cgroups <= most):

@@ -95,8 +95,6 @@ def test_an_unchanged_subtree_is_read_without_a_walk_and_a_change_is_walked_once
     held.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a subtree that changes at every read is held again after every walk: "
-                   "each read costs the held reads, the walk and a hold (about 2.5 walks, measured on v1)")
 def test_a_subtree_that_changes_at_every_read_is_not_held_again_at_every_read(tmp_path):
     # Its owner makes and removes a cgroup in it every tick: each held read fails its check,
     # and the walk follows. Held again after each walk (its directories opened and listed,
