@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
 from support.eliminator import Harness
-from support.host import CPUSET
+from support.host import CPUSET, UNIFIED
 from support.waiting import wait_for
 
 # the hooks and fixtures bench's tests share (numba's warm cache, the FUSE skip, the emulator)
@@ -151,9 +151,6 @@ def v1_cpuset():
                     pass
         wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
         os.rmdir(path)
-
-
-UNIFIED = "/sys/fs/cgroup/unified"  # a hybrid host's cgroup v2 hierarchy (no controllers in it)
 
 
 @pytest.fixture
