@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
 from support.eliminator import Harness
-from support.host import CPUSET
+from support.host import CPUSET, UNIFIED
 from support.waiting import wait_for
 
 # the hooks and fixtures bench's tests share (numba's warm cache, the FUSE skip, the emulator)
@@ -151,6 +151,45 @@ def v1_cpuset():
                     pass
         wait_for(lambda: open(f"{path}/cgroup.procs").read() == "", what=f"{path} to empty")
         os.rmdir(path)
+
+
+@pytest.fixture
+def v2_unified():
+    """A private subtree of this machine's real cgroup v2 hierarchy, where it has one (a hybrid
+    host's unified mount): ``(base, mkcg)``, ``mkcg(rel)`` making the cgroup ``base/rel``."""
+    if not (os.path.exists(f"{UNIFIED}/cgroup.controllers") and os.access(UNIFIED, os.W_OK)):
+        pytest.skip(f"no writable cgroup v2 hierarchy at {UNIFIED}")
+    base = f"{UNIFIED}/noded-test-{uuid.uuid4().hex[:8]}"
+    made = [base]
+    os.mkdir(base)
+
+    def mkcg(rel):
+        path = os.path.join(base, rel)
+        os.mkdir(path)
+        made.append(path)
+        return path
+
+    yield base, mkcg
+    for path in reversed(made):  # children first; a threaded child's processes are its domain's too
+        if not os.path.isdir(path):
+            continue  # the test removed it
+        try:
+            with open(f"{path}/cgroup.procs") as f:
+                pids = f.read().split()
+        except OSError:  # a threaded cgroup (EOPNOTSUPP): its domain lists them
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not _populated(path), what=f"{path} to empty")
+        os.rmdir(path)
+
+
+def _populated(path: str) -> bool:
+    with open(f"{path}/cgroup.events") as f:
+        return "populated 1" in f.read()
 
 
 @pytest.fixture

@@ -28,11 +28,21 @@ any job is the first time, and held again from what is there then:
   noded, say) is read by the walk, which reads only what the kernel lets noded open now:
   a descriptor opened before must not see more than a path would;
 * a cgroup renamed keeps its processes, and so the set still reads them;
-* the job's own directory is checked against its path (by inode) whenever its source is
-  listed again (``verify``): one renamed away and another put at the path is not the job.
+* on v1 the job's own directory is checked against its path (by inode) at each read, with
+  one ``stat`` of the path: v1 renames a cgroup in its parent, and one renamed away and
+  another renamed to its name is not the job, while those two renames move neither the
+  parent's link count nor its times (seen on this host), so its source is not listed again
+  for a while; a path noded may no longer reach (an ancestor shut to it) fails the ``stat``
+  too. v2 refuses to rename a cgroup (EPERM) and a removed one fails its held
+  ``cgroup.procs``' read, so there the path is checked only when the source is listed again
+  (``verify``: a listed directory's mode or owner changed moves its ctime, and lists it again).
 
 The descriptors are bounded: at most ``HOLD_CGROUPS`` a job (2 each), and all of them at
-most a quarter of the process's descriptor limit; beyond, jobs are read by the walk.
+most a quarter of the process's descriptor limit; beyond, jobs are read by the walk. So is
+the cost: a job whose subtree changed before it gave one read held (its owner making and
+removing a cgroup every tick) is walked ``RETRY_AFTER_READS`` reads before it is held again
+(held again after each walk, a read cost the held reads, the walk and the hold: about 2.5
+walks).
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ from noded.jobs.cgroupwalk import read_whole
 #: a job's subtree is held open only where it has at most this many cgroups
 HOLD_CGROUPS = 8
 
-#: a job whose subtree could not be held is walked this many reads before it is tried again
+#: a job whose subtree could not be held, or changed before its first read held, is walked
+#: this many reads before it is held again
 RETRY_AFTER_READS = 30
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -66,7 +77,7 @@ class _Held:
     each one's cgroup.procs, and what each of those descriptors' fstat must say (link
     count, mode, owner, group): a directory's count is 2 + its children held."""
 
-    __slots__ = ("dirs", "procs", "checks", "ino", "raw", "pids")  # procs: empty where opened each read (v1)
+    __slots__ = ("dirs", "procs", "checks", "ino", "raw", "pids", "reads")  # procs: empty where opened each read (v1)
 
     def __init__(self, dirs: list[int], procs: list[int], expected: list[tuple[int, int, int, int]], ino: int):
         self.dirs = dirs
@@ -75,6 +86,7 @@ class _Held:
         self.ino = ino
         self.raw: list[bytes] | None = None  # what the last read read, and the processes it gave
         self.pids: frozenset[int] = frozenset()
+        self.reads = 0  # reads it gave since it was held
 
     def fds(self) -> list[int]:
         return self.dirs + self.procs
@@ -101,6 +113,14 @@ def _read_at(dir_fd: int) -> bytes:
         return read_whole(fd)
     finally:
         os.close(fd)
+
+
+def _at(path: str, ino: int) -> bool:
+    """Whether the directory at ``path`` is (still) the one of inode ``ino``."""
+    try:
+        return os.stat(path).st_ino == ino
+    except OSError:
+        return False
 
 
 class HeldSubtrees:
@@ -131,10 +151,15 @@ class HeldSubtrees:
         held open too (cgroup v2 only: see the module's doc)."""
         held = self._held.get(path)
         if held is not None:
-            pids = self._read_held(held)
+            # v1 only, the path's stat: v2 refuses to rename a cgroup (EPERM), and one of its
+            # removed fails its held cgroup.procs' read (ENODEV)
+            pids = self._read_held(held) if held.procs or _at(path, held.ino) else None
             if pids is not None:
+                held.reads += 1
                 return SubtreeProcs(pids)
             self._drop(path)
+            if held.reads == 0:  # changed before it gave one read: a subtree that churns is walked a while
+                self._skip[path] = RETRY_AFTER_READS
         got = read_subtree_procs(path, most)
         self.walked += 1
         if got.partial is None and got.cgroups <= HOLD_CGROUPS and (most is None or got.cgroups <= most):

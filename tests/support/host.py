@@ -1,5 +1,6 @@
-"""What the tests share with everything else on this host: its cgroup v1 cpuset hierarchy
-and the host-wide lock every noded takes on what it acts on."""
+"""What the tests share with everything else on this host: its cgroup v1 cpuset hierarchy,
+its cgroup v2 hierarchy where it is a hybrid host, and the host-wide lock every noded takes
+on what it acts on."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import pytest
 
 CPUSET = "/sys/fs/cgroup/cpuset"
+UNIFIED = "/sys/fs/cgroup/unified"  # a hybrid host's cgroup v2 hierarchy (no controllers in it)
 
 
 def noded_lock_holder(*paths: str) -> str | None:

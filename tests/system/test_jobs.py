@@ -290,14 +290,15 @@ def test_a_held_job_on_the_real_v1_hierarchy_sees_each_move_at_the_next_read_wit
 def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy(v1_cpuset):
     # A cgroup.procs read that comes back under 2048 bytes is taken as the whole file: the
     # kernel's seq_file stops a read short of the buffer at a page's end too, so a longer
-    # listing must be read on to its end (800 processes: about 5 KB here).
+    # listing must be read on to its end (1100 processes: over 4 KB whatever their pids, each
+    # record at least 4 bytes, a pid at least 300; 800 were 4000 bytes where the pids had 4 digits).
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_12")
-    # 800 processes by fork alone (no exec each: a loaded machine once took over 60 s to exec 800 sleeps)
+    # 1100 processes by fork alone (no exec each: a loaded machine once took over 60 s to exec 800 sleeps)
     shell = subprocess.Popen([sys.executable, "-c", f"import os, signal; open({job + '/cgroup.procs'!r}, 'w').write(str(os.getpid()))\n"
-                              "for _ in range(799):\n    if os.fork() == 0:\n        break\nsignal.pause()"])
+                              "for _ in range(1099):\n    if os.fork() == 0:\n        break\nsignal.pause()"])
     try:
-        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 800, 120, what="800 processes")
+        wait_for(lambda: len(open(f"{job}/cgroup.procs").read().split()) == 1100, 120, what="1100 processes")
         with open(f"{job}/cgroup.procs", "rb") as f:
             listed = f.read()
         assert len(listed) > 4096
@@ -307,6 +308,127 @@ def test_a_cgroup_listing_longer_than_a_page_is_read_whole_on_the_real_hierarchy
         assert discovery.held.held == 1
     finally:
         shell.kill()
+
+
+def test_a_held_job_whose_directory_is_replaced_by_renames_is_read_at_its_path_at_the_next_tick(v1_cpuset, sleeper):
+    # The job's owner (who may write its parent: a Slurm uid_N directory is the user's)
+    # renames the job's directory away and another one to its name. On v1 neither rename
+    # moves the parent's link count, mtime or ctime (checked on this host), so the scanner
+    # lists nothing again for relist_s. Held by descriptor, the job read the directory
+    # renamed away (its processes taken for the job's, those at the job's path missed)
+    # until then; a walk by path reads the one at the path at once.
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_21")
+    spare = mkcg("slurm/uid_0/spare")  # not a job: the pattern is job_*
+    old = f"{base}/slurm/uid_0/old"
+    a, c = sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    write(f"{spare}/cgroup.procs", str(c.pid))
+    discovery = JobDiscovery([CgroupSource.create("slurm", base)], relist_s=3600)
+    for _ in range(2):  # walked, then held
+        assert discovery.discover()["slurm:21"].pids == {a.pid}
+    assert discovery.held.held == 1
+    try:
+        os.rename(job, old)
+        os.rename(spare, job)
+        assert discovery.discover()["slurm:21"].pids == {c.pid}
+    finally:
+        if os.path.isdir(old):
+            write(f"{base}/cgroup.procs", str(a.pid))
+            os.rmdir(old)
+
+
+def test_a_held_job_on_the_real_v2_hierarchy_sees_each_change_at_the_next_read(v2_unified, sleeper):
+    # On v2 a held cgroup.procs is read again with a pread from 0, which the kernel lists
+    # afresh (v1's pidlists keep the first read's list: see the v1 test above), and a held
+    # job is not checked against its path at each read: v2 refuses to rename a cgroup, and
+    # a removed one fails its held cgroup.procs' read. All of it on this host's real v2
+    # hierarchy (the unit tests' v2 trees are tmpfs): a process moved in, a cgroup removed and
+    # made again under the same name, one made threaded (its processes listed by its domain).
+    base, mkcg = v2_unified
+    job = mkcg("job_1")
+    a, b, c = sleeper(), sleeper(), sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    src = CgroupSource.create("cgroup", base, ["job_*"])
+    assert src.version == 2
+    discovery = JobDiscovery([src])
+    for _ in range(2):
+        assert discovery.discover()["cgroup:job_1"].pids == {a.pid}
+    assert (discovery.held.held, discovery.held.descriptors, discovery.held.walked) == (1, 2, 1)
+    write(f"{job}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid}
+    assert discovery.held.walked == 1  # read afresh through the held cgroup.procs
+    with pytest.raises(PermissionError):
+        os.rename(job, f"{base}/job_2")  # what lets v2's held reads go without a path stat
+    step = mkcg("job_1/step")
+    write(f"{step}/cgroup.procs", str(c.pid))
+    for _ in range(2):  # walked, held again, then read held (a change before that would walk it a while)
+        assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert (discovery.held.held, discovery.held.walked) == (1, 2)
+    write(f"{base}/cgroup.procs", str(c.pid))  # out, the step removed and made again, c in the new one
+    os.rmdir(step)
+    os.mkdir(step)
+    write(f"{step}/cgroup.procs", str(c.pid))
+    for _ in range(2):
+        assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert (discovery.held.held, discovery.held.walked) == (1, 3)
+    write(f"{base}/cgroup.procs", str(c.pid))  # a cgroup with processes may not be made threaded
+    write(f"{step}/cgroup.type", "threaded")  # no link count moves: its held cgroup.procs fails (EOPNOTSUPP)
+    write(f"{step}/cgroup.procs", str(c.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, b.pid, c.pid}
+    assert discovery.held.walked == 4 and discovery.partial == {} and discovery.unreadable == {}
+    write(f"{base}/cgroup.procs", str(b.pid))
+    assert discovery.discover()["cgroup:job_1"].pids == {a.pid, c.pid}
+
+
+ANCESTOR_SHUT_SCRIPT = """
+import json, sys
+from noded.jobs import CgroupSource, JobDiscovery
+base, job_id = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("cgroup", base, ["u/job_*"])])
+for _ in range(2):  # walked, then held
+    first = d.discover()
+print(json.dumps({"first": sorted(first[job_id].pids), "held": d.held.held}), flush=True)
+sys.stdin.readline()  # its parent shut to noded
+got = d.discover()
+print(json.dumps({"pids": sorted(got[job_id].pids) if job_id in got else None, "held": d.held.held,
+                  "partial": d.partial.get(job_id), "unreadable": d.unreadable.get(job_id)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_held_job_whose_parent_is_shut_to_noded_is_read_as_a_path_reaches_it(version, v1_cpuset, v2_unified,
+                                                                                sleeper):
+    # The job's parent is its owner's (a Slurm uid_N directory, a delegated user slice), who
+    # takes noded's search permission away (others r--: it can still be listed) as the unit
+    # runs noded (no CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH). The held descriptors reach the
+    # job's cgroup.procs without the parent's search permission; a path does not. The next
+    # tick reads the job as a path reaches it: its own directory refused, its processes from
+    # /proc/PID/cgroup, said in ``partial`` (v1: the path's stat at each read; v2: the parent's
+    # ctime moved, so it is listed again, and the job's path checked).
+    base, mkcg = v1_cpuset if version == 1 else v2_unified
+    parent, job = mkcg("u"), mkcg("u/job_1")
+    a = sleeper()
+    write(f"{job}/cgroup.procs", str(a.pid))
+    os.chown(parent, 65534, 65534)
+    script = subprocess.Popen(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                               sys.executable, "-c", ANCESTOR_SHUT_SCRIPT, base, "cgroup:u/job_1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(script.stdout.readline()) == {"first": [a.pid], "held": 1}
+        os.chmod(parent, 0o704)
+        script.stdin.write("\n")
+        script.stdin.flush()
+        got = json.loads(script.stdout.readline())
+        script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        os.chmod(parent, 0o755)
+        os.chown(parent, 0, 0)
+    assert got["held"] == 0 and got["pids"] == [a.pid], got
+    assert "Permission denied" in got["partial"] and "/proc/PID/cgroup" in got["partial"], got
 
 
 def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
