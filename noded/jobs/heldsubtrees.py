@@ -115,14 +115,6 @@ def _read_at(dir_fd: int) -> bytes:
         os.close(fd)
 
 
-def _at(path: str, ino: int) -> bool:
-    """Whether the directory at ``path`` is (still) the one of inode ``ino``."""
-    try:
-        return os.stat(path).st_ino == ino
-    except OSError:
-        return False
-
-
 class HeldSubtrees:
     """Reads jobs' processes (as ``read_subtree_procs``), holding small subtrees open
     between reads. ``budget``: the descriptors all held subtrees may take (None: a quarter
@@ -153,7 +145,7 @@ class HeldSubtrees:
         if held is not None:
             # v1 only, the path's stat: v2 refuses to rename a cgroup (EPERM), and one of its
             # removed fails its held cgroup.procs' read (ENODEV)
-            pids = self._read_held(held) if held.procs or _at(path, held.ino) else None
+            pids = self._read_held(held, None if held.procs else path)
             if pids is not None:
                 held.reads += 1
                 return SubtreeProcs(pids)
@@ -170,10 +162,12 @@ class HeldSubtrees:
                 self._skip[path] = RETRY_AFTER_READS
         return got
 
-    def _read_held(self, held: _Held) -> frozenset[int] | None:
+    def _read_held(self, held: _Held, path: str | None) -> frozenset[int] | None:
         """The processes in the held cgroups, None where they may no longer be the job's
         whole subtree (or one could not be read: the walk says why). The same set as the
-        last read's where the files read the same (every job, every tick: nothing parsed)."""
+        last read's where the files read the same (every job, every tick: nothing parsed).
+        ``path``: the job's directory, whose stat (its inode the held one's) stands for its
+        descriptor's fstat (v1: see the module's doc)."""
         try:
             if held.procs:
                 raw = [read_whole(fd, 0) for fd in held.procs]
@@ -183,7 +177,12 @@ class HeldSubtrees:
             # was read where it was before)
             fstat = os.fstat
             for fd, expected in held.checks:
-                st = fstat(fd)
+                if path is None:
+                    st = fstat(fd)
+                else:  # the job's own directory, first, through its path
+                    st, path = os.stat(path), None
+                    if st.st_ino != held.ino:
+                        return None
                 if (st.st_nlink, st.st_mode, st.st_uid, st.st_gid) != expected:
                     return None
         except OSError:
@@ -227,7 +226,7 @@ class HeldSubtrees:
             for i, n in enumerate(children):
                 expected[i] = (2 + n,) + expected[i][1:]
             held = _Held(dirs, procs, expected, ino)
-            if self._read_held(held) is None:  # a threaded cgroup, one gone meanwhile, a count moved
+            if self._read_held(held, None) is None:  # a threaded cgroup, one gone meanwhile, a count moved
                 raise OSError(errno.EAGAIN, "subtree changed while held")
         except OSError:
             _close(dirs + procs)
