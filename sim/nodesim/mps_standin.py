@@ -205,20 +205,24 @@ def client(pipe_dir: str) -> int:
     except OSError:
         print("Cannot find MPS control daemon process", file=sys.stderr)
         return 1
-    with s, s.makefile("rwb") as f:
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            f.write(line.encode() if line.endswith("\n") else (line + "\n").encode())
-            f.flush()
-            count = f.readline()
-            if not count.strip().isdigit():
-                return 1
-            for _ in range(int(count)):
-                answer = f.readline()
-                if not answer:
+    try:
+        with s, s.makefile("rwb") as f:
+            for line in sys.stdin:
+                if not line.strip():
+                    continue
+                f.write(line.encode() if line.endswith("\n") else (line + "\n").encode())
+                f.flush()
+                count = f.readline()
+                if not count.strip().isdigit():
                     return 1
-                print(answer.decode().rstrip("\n"), flush=True)
+                for _ in range(int(count)):
+                    answer = f.readline()
+                    if not answer:
+                        return 1
+                    print(answer.decode().rstrip("\n"), flush=True)
+    except OSError:  # the daemon went away mid-answer (shutting down): as NVIDIA's client, a status, no trace
+        print("Cannot find MPS control daemon process", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -175,7 +175,9 @@ def test_client_limits_by_architecture(gpus):
 
 
 def test_the_supervisor_restarts_after_a_server_fault(mps):
-    m = mps("fault-after=0.2")
+    # the fault 1.5 s after the server starts: the test's two commands come before it, even on a loaded machine
+    # (at 0.2 s, a loaded run's get_server_list met the daemon shutting down)
+    m = mps("fault-after=1.5")
     with MpsSupervisor(m, health_interval_s=0.1, health_timeout_s=5.0, backoff_s=(0.0, 0.2)) as sup:
         wait_for(lambda: sup.state == "ok", timeout=15, what="MPS up")
         m.command("start_server -uid 0")
