@@ -172,7 +172,10 @@ def test_sigterm_with_100_jobs_is_quick_and_leaves_nothing(tmp_path, procs):
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=20) == 0
     elapsed = time.monotonic() - t0
-    assert elapsed < 2.0, f"took {elapsed:.2f}s to stop with 100 jobs"
+    # idle it takes about 0.1 s (bench.shutdown: 0.11 s median, 20 of 20 under 2 s); the bound
+    # is for a stop that waits on a timeout (a thread join, a hung call), not for a loaded
+    # machine's slowness: a fresh-clone run at load 10-13 took 2.14 s
+    assert elapsed < 5.0, f"took {elapsed:.2f}s to stop with 100 jobs"
     assert own_mount not in fuse_resctrl_mounts()  # the run's own emulator is unmounted
 
 

@@ -85,7 +85,7 @@ def test_a_tiny_contention_run_writes_its_table_json_and_plot_and_leaves_nothing
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_noded_halves_the_stressors_real_cpuset_and_gives_it_back():
-    with CpusetNode("tokenise", 5.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=2, size_mib=64) as node:
+    with CpusetNode("tokenise", 3.0, victim_cpus="1", stressor_cpus="0-1", stressor_threads=2, size_mib=64) as node:
         # One second alone is enough: the solo rate only scales the GPU utilisation the
         # victim's pace is fed as, its baseline (learnt in the next cell's warmup) and its
         # contended value alike.
