@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple
 
-from noded.jobs.cgroupwalk import Node, read_at, vanished, walk_cgroups
+from noded.jobs.cgroupwalk import NODED_SHORT_OF, Node, read_at, vanished, walk_cgroups
 from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
 
@@ -210,7 +210,8 @@ Matches = dict[tuple[str, str], tuple[list[str], list[str]]]
 
 
 def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | None = None,
-               matched: Matches | None = None, matched_now: Matches | None = None) -> list[str]:
+               matched: Matches | None = None, matched_now: Matches | None = None,
+               unlisted: dict[str, str] | None = None) -> list[str]:
     """Directories below ``root`` matching a relative glob ``pattern``, component by
     component (fnmatch rules; ``*`` skips names starting with a dot, as glob does).
 
@@ -222,8 +223,20 @@ def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | No
     gives the very listing kept there (a ``DirListings`` gives the same list while the
     directory is unchanged); ``matched_now`` gets this call's (those not asked for again
     are so forgotten, as their listings are).
+
+    ``unlisted``: where given, a directory below ``root`` that cannot be looked into (EACCES:
+    whoever owns it shut it) is passed over and put there with why, not raised: one
+    directory's owner must not make every job unknown. Errors at ``root`` itself, and those
+    that say noded is short of descriptors or memory, are raised.
     """
     subdirs = subdirs or list_subdirs
+
+    def shut(base: str, e: OSError) -> bool:
+        if unlisted is None or base == root or e.errno in NODED_SHORT_OF:
+            return False
+        unlisted[base] = e.strerror or str(e)
+        return True
+
     paths = [root]
     for part in pattern.split("/"):
         found: list[str] = []
@@ -235,10 +248,17 @@ def match_dirs(root: str, pattern: str, subdirs: Callable[[str], list[str]] | No
                         found.append(path)
                 except (FileNotFoundError, NotADirectoryError):
                     pass
+                except OSError as e:
+                    if not shut(base, e):
+                        raise
                 continue
             try:
                 names = subdirs(base)
             except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as e:
+                if not shut(base, e):
+                    raise
                 continue
             kept = matched.get((base, part)) if matched is not None else None
             if kept is not None and kept[0] is names:
@@ -331,6 +351,8 @@ class CgroupScanner:
         self._resolved: dict[str, str] = {}  # what the last scan returned
         #: job id -> its directories with processes, where more than one has them: no job
         self.ambiguous: dict[str, tuple[str, ...]] = {}
+        #: directories below the root the last scan could not look into -> why (EACCES)
+        self.unlisted: dict[str, str] = {}
 
     def scan(self) -> dict[str, str]:
         """job id -> absolute job directory (as ``CgroupSource.scan``)."""
@@ -340,9 +362,19 @@ class CgroupScanner:
         self.listings.begin()
         # each listing's matches kept while its listing is: a scan matches only what changed
         matched, self._matched = self._matched, {}
+        unlisted: dict[str, str] = {}
         paths = [p for pattern in self.source.patterns
-                 for p in match_dirs(root, pattern, self.listings, matched, self._matched)]
+                 for p in match_dirs(root, pattern, self.listings, matched, self._matched, unlisted)]
         self.listings.end()
+        if unlisted:
+            # a directory shut to noded below the root: the job directories last found below it
+            # are read still, by their paths (noded.jobs.discovery reads a job it cannot walk
+            # through /proc), and new ones there are not seen until it opens again
+            below = tuple(d.rstrip("/") + "/" for d in unlisted)
+            last = {p for ps in ({j: [p] for j, p in self._found.items()} | self._shared).values() for p in ps}
+            paths += sorted(p for p in last if p.startswith(below) and p not in paths)
+            self.listings.changed = True  # what is kept of them is not a listing's: matched again next scan
+        self.unlisted = unlisted
         if self.listings.changed or len(paths) != self._matched_paths:
             self._matched_paths = len(paths)
             by_id = self.source.directories_by_id(paths)

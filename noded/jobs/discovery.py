@@ -258,6 +258,9 @@ class JobDiscovery:
         #: found there, and those /proc/PID/cgroup puts in it, are the job's: a part it cannot
         #: read, its own directory shut, or its size, never freezes it)
         self.partial: dict[str, str] = {}
+        #: directories below a source's root the last discovery could not look into -> why
+        #: (shut by whoever owns them): the jobs last found below them are still read
+        self.unlisted: dict[str, str] = {}
         #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
         self.unattributed = 0
 
@@ -310,6 +313,14 @@ class JobDiscovery:
         finally:
             self._pods.forget_unseen()
         self.held.retain(paths)
+        unlisted = {path: why for poll in self._polls for path, why in poll.scanner.unlisted.items()}
+        for path in unlisted.keys() - self.unlisted.keys():
+            log.warning("job source directory %s cannot be looked into (said once): %s; the jobs last found "
+                        "below it are read by their paths, new ones there are not seen", printable(path),
+                        printable(unlisted[path]))
+        for path in self.unlisted.keys() - unlisted.keys():
+            log.info("job source directory %s can be looked into again", printable(path))
+        self.unlisted = unlisted
         for job_id in unreadable.keys() - self.unreadable.keys():
             log.warning("job=%s cgroup unreadable (said once): %s", job_id,
                         printable(unreadable[job_id]))

@@ -92,6 +92,8 @@ class Telemetry:
                                  for j, why in sorted(self.discovery.unreadable.items()))
             unavailable += tuple(f"job {j}: cgroup partly read, its processes found there used ({why})"
                                  for j, why in sorted(self.discovery.partial.items()))
+            unavailable += tuple(f"job source directory {d}: cannot be looked into ({why}): jobs new below it unseen"
+                                 for d, why in sorted(self.discovery.unlisted.items()))
         report = None
         if jobs is not None:
             with self._lock:

@@ -214,6 +214,49 @@ def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_t
     assert "Permission denied" in ended["unreadable"] and "puts no process in it" in ended["unreadable"]
 
 
+SHUT_LISTING_SCRIPT = """
+import json, os, sys
+from noded.jobs import CgroupSource, JobDiscovery
+base, shut = sys.argv[1:]
+d = JobDiscovery([CgroupSource.create("slurm", base)])
+first = {j: sorted(x.pids) for j, x in d.discover().items()}
+os.chmod(shut, 0)  # the owner of a user's directory of jobs shuts noded out of it (CAP_FOWNER kept here)
+try:
+    second = {j: sorted(x.pids) for j, x in d.discover().items()}
+    error = None
+except OSError as e:
+    second, error = None, str(e)
+print(json.dumps({"first": first, "second": second, "error": error, "unlisted": getattr(d, "unlisted", None)}), flush=True)
+"""
+
+
+def test_a_directory_of_jobs_shut_by_its_owner_blinds_noded_to_no_other_job(v1_cpuset, sleeper):
+    # A source's pattern walks directories between its root and the jobs (Slurm's uid_N): one
+    # whose owner shuts it to noded (chmod 000; the unit keeps no CAP_DAC_*) must cost noded
+    # only what is below it. Before: the scan raised EACCES and every job on the node was
+    # unknown that tick, and every tick after, while it stayed shut.
+    base, mkcg = v1_cpuset
+    mine, theirs = mkcg("slurm/uid_0/job_31"), mkcg("slurm/uid_65534/job_32")
+    a, b = sleeper(), sleeper()
+    write(f"{mine}/cgroup.procs", str(a.pid))
+    write(f"{theirs}/cgroup.procs", str(b.pid))
+    user_dir = os.path.dirname(theirs)
+    os.chown(user_dir, 65534, 65534)
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", SHUT_LISTING_SCRIPT, base, user_dir],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        os.chmod(user_dir, 0o755)
+        os.chown(user_dir, 0, 0)
+    got = json.loads(out)
+    assert got["first"] == {"slurm:31": [a.pid], "slurm:32": [b.pid]}
+    assert got["error"] is None, got["error"]
+    # the other user's job is read as before; the shut one's processes are found through /proc
+    assert got["second"]["slurm:31"] == [a.pid] and got["second"]["slurm:32"] == [b.pid]
+    assert list(got["unlisted"]) == [user_dir] and "Permission denied" in got["unlisted"][user_dir]
+
+
 def test_source_configuration_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="job source 'systemd' at .* needs explicit patterns"):
         CgroupSource.create("systemd", str(tmp_path))
