@@ -30,7 +30,7 @@ from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.settled import SETTLE_S, Unsettled
 from noded.util.signalflag import SignalFlag
-from noded.util.journal import NOTICE, log_change, printable
+from noded.util.journal import NOTICE, log_change, words
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
 from noded.loop.parts import Parts
@@ -459,7 +459,7 @@ class Daemon:
         held = sorted({job for _, job, _ in result.sample.job_errors} | set(acted.result.job_errors))
         if held:  # NodedJobsHeld
             states["jobs_held"] = (f"{len(held)} job(s) held by an error of their own, the others go on: "
-                                   f"{', '.join(printable(j) for j in held[:5])}{' ...' if len(held) > 5 else ''}")
+                                   f"{words(held[:5])}{' ...' if len(held) > 5 else ''}")
         overran = self._overrun_marks[-1] - self._overrun_marks[0]
         if len(self._overrun_marks) == self._overrun_marks.maxlen and overran > OVERRUN_SHARE * (len(self._overrun_marks) - 1):
             states["ticks_overrunning"] = (f"{overran} of the last {len(self._overrun_marks) - 1} ticks took longer "

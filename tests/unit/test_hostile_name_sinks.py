@@ -253,3 +253,15 @@ def test_reading_back_any_text_never_raises(sink, text):
     """unescaped is a parser of text an operator may paste: any text reads as some name."""
     picks = sink[2] or (lambda c: _UNPRINTABLE.match(c) is not None)
     assert isinstance(unescaped(text, picks), str)
+
+
+@SETTINGS
+@given(st.lists(JOB_ID, min_size=1, max_size=8))
+def test_a_list_of_job_ids_in_prose_reads_back_as_the_list_it_was(ids):
+    # the held jobs of a lasting state, the jobs co-located, those sharing a CLOSID: a
+    # tenant's cgroup named "a, b" or "x job=y" is one item, never two, and adds no key
+    from noded.util.journal import words
+
+    text = words(ids)
+    assert "=" not in text and printable(text) == text
+    assert [unescaped(w, in_word) for w in text.split(", ")] == ids
