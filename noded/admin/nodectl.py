@@ -249,7 +249,7 @@ def format_explain(e: dict[str, Any]) -> str:
     pod = e.get("pod")
     if pod:
         lines.append(f"pod uid {pod['uid']}, QoS {pod['qos']} (kubelet's {pod['driver']} cgroup driver), "
-                     f"containers: {', '.join(pod['containers']) or 'none'}")
+                     f"containers: {words(pod['containers']) or 'none'}")
     lines += [f"  - {w}" for w in e["why"]]
     lines += format_sizing(e)
     if e.get("held"):

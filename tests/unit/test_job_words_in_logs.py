@@ -54,9 +54,10 @@ def test_the_check_sees_a_bare_id(tmp_path):
     assert bare_job_ids(str(source)) == [f"{os.path.relpath(str(source), REPO_ROOT)}:1"]
 
 
-#: what names a list of job ids in noded's code (the join's argument names one of these)
+#: what names a list of job ids in noded's code (the join's argument names one of these), or of
+#: other names a tenant chooses: cgroup paths, a pod's containers
 JOB_LISTS = JOB_NAMES | {"jobs", "job_ids", "held", "slowed", "slowed_gpu_jobs", "peers", "shared_with",
-                         "steered_for", "sized", "known", "beyond", "twice"}
+                         "steered_for", "sized", "known", "beyond", "twice", "paths", "unread", "containers"}
 #: what makes each name of a list one to one: ``word`` (no space of its own), or Python's repr
 QUOTERS = {"word", "repr", "_name"}  # noded.rightsize.split._name is repr
 
@@ -79,9 +80,15 @@ def _each_quoted(arg: ast.expr) -> str | None:
         if isinstance(elt, ast.Call):
             return _quoter(elt.func)
         if isinstance(elt, ast.JoinedStr):  # f"{_name(c.job_id)}: {c.gpus}": each id in it quoted
+            # the name each item of a list of names is bound to: `for p, why in unread` binds p
+            named = {t.id for g in arg.generators if _mentions_a_job_list(g.iter)
+                     for t in ([g.target.elts[0]] if isinstance(g.target, ast.Tuple) else [g.target])
+                     if isinstance(t, ast.Name)}
             quoters = set()
             for part in elt.values:
-                if isinstance(part, ast.FormattedValue) and _mentions_a_job_list(part.value):
+                if isinstance(part, ast.FormattedValue) and (
+                        _mentions_a_job_list(part.value) or any(isinstance(n, ast.Name) and n.id in named
+                                                                for n in ast.walk(part.value))):
                     quoters.add("repr" if part.conversion == ord("r") else
                                 _quoter(part.value.func) if isinstance(part.value, ast.Call) else None)
             return quoters.pop() if len(quoters) == 1 else None
@@ -118,6 +125,8 @@ def test_the_check_sees_a_list_of_bare_ids(tmp_path):
     source = tmp_path / "m.py"
     source.write_text('a = ", ".join(held)\nb = ",".join(record.jobs)\nc = ",".join(map(word, jobs))\n'
                       'd = ", ".join(map(word, jobs))\ne = ", ".join(f"{_name(c.job_id)}: {c.gpus}" for c in x)\n'
-                      'f = ", ".join(f"{c.job_id}: {c.gpus}" for c in x)\ng = words(jobs)\nh = ", ".join(levels)\n')
+                      'f = ", ".join(f"{c.job_id}: {c.gpus}" for c in x)\ng = words(jobs)\nh = ", ".join(levels)\n'
+                      'i = "; ".join(f"{p}: {why}" for p, why in self.unread)\n'
+                      'j = "; ".join(f"{word(p)}: {why}" for p, why in self.unread)\n')
     where = os.path.relpath(str(source), REPO_ROOT)
-    assert joined_job_ids(str(source)) == [f"{where}:1", f"{where}:2", f"{where}:3", f"{where}:6"]
+    assert joined_job_ids(str(source)) == [f"{where}:{n}" for n in (1, 2, 3, 6, 9)]
