@@ -541,10 +541,10 @@ class Daemon:
             try:
                 left = self.parts.throttle.release_all()
                 if left:
-                    log.error("at stop, could not release: %s", ", ".join(left))
+                    log.error("at stop, could not release: %s", words(left))
                 for job, level in sorted((self.last.levels if self.last else {}).items()):
                     log_change("release", job, level_from=level, level_to=0, cause="stopping",
-                               reason="noded is stopping" + (f"; not released: {', '.join(left)}" if left else ""),
+                               reason="noded is stopping" + (f"; not released: {words(left)}" if left else ""),
                                severity=logging.WARNING if left else NOTICE)
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
@@ -552,14 +552,14 @@ class Daemon:
             try:  # right-sizing on an MBA host: the owner's records are not the throttle's
                 left = self.parts.cpu_owner.release_all()
                 if left:
-                    log.error("at stop, could not restore the CPUs of: %s", ", ".join(left))
+                    log.error("at stop, could not restore the CPUs of: %s", words(left))
             except Exception:
                 log.exception("restoring jobs' CPUs at shutdown failed")
         if self.parts.memory is not None:
             try:
                 left = self.parts.memory.release_all()
                 if left:
-                    log.error("at stop, could not restore the memory soft limits of: %s", ", ".join(left))
+                    log.error("at stop, could not restore the memory soft limits of: %s", words(left))
             except Exception:
                 log.exception("restoring jobs' memory soft limits at shutdown failed")
         try:

@@ -57,7 +57,8 @@ def test_the_check_sees_a_bare_id(tmp_path):
 #: what names a list of job ids in noded's code (the join's argument names one of these), or of
 #: other names a tenant chooses: cgroup paths, a pod's containers
 JOB_LISTS = JOB_NAMES | {"jobs", "job_ids", "held", "slowed", "slowed_gpu_jobs", "peers", "shared_with",
-                         "steered_for", "sized", "known", "beyond", "twice", "paths", "unread", "containers"}
+                         "steered_for", "sized", "known", "beyond", "twice", "paths", "unread", "containers",
+                         "left"}  # left: what a stop could not put back (cgroup paths, records named by them)
 #: what makes each name of a list one to one: ``word`` (no space of its own), or Python's repr
 QUOTERS = {"word", "repr", "_name"}  # noded.rightsize.split._name is repr
 
