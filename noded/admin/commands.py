@@ -226,7 +226,7 @@ class AdminCommands:
         except NotSized as e:
             sized = sorted(service.view().jobs)
             listed = words(sized[:KNOWN_SHOWN]) + (f" and {len(sized) - KNOWN_SHOWN} more"
-                                                       if len(sized) > KNOWN_SHOWN else "")
+                                                   if len(sized) > KNOWN_SHOWN else "")
             raise RequestError(f"{e}; the jobs sized now are " + (listed if sized else "none")
                                + " (`nodectl explain JOB` shows a job's sizing)") from None
         except ValueError as e:
@@ -256,7 +256,7 @@ class AdminCommands:
             return f"no job {job!r}: noded does not know its jobs now (discovery failed at the last tick)"
         known = sorted(last.sample.jobs)
         listed = words(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more"
-                                                   if len(known) > KNOWN_SHOWN else "")
+                                               if len(known) > KNOWN_SHOWN else "")
         return (f"no job {job!r} at noded's last tick: " + (f"the jobs are {listed} (nodectl jobs lists them)" if known
                 else "noded sees no jobs at all (nodectl jobs lists them; `nodectl status` says what it watches)"))
 
