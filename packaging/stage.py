@@ -28,7 +28,7 @@ import tomllib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from noded.util.buildinfo import revision  # noqa: E402  (the checkout's, by path above)
+from noded.util.buildinfo import revision, source_date_epoch  # noqa: E402  (the checkout's, by path above)
 
 REVISION_MODULE = os.path.join("noded", "util", "_revision.py")
 
@@ -63,7 +63,9 @@ def revision_module(rev: str) -> str:
             f"REVISION = {rev!r}\n")
 
 
-def stage(dest: str, files: list[str], rev: str) -> None:
+def stage(dest: str, files: list[str], rev: str, epoch: int | None = None) -> None:
+    """``files`` copied into ``dest`` (emptied first) with the revision module; each file's
+    time ``epoch`` where given (0 or None: as copied)."""
     if os.path.isdir(dest):
         shutil.rmtree(dest)
     for name in files:
@@ -73,7 +75,7 @@ def stage(dest: str, files: list[str], rev: str) -> None:
     with open(os.path.join(dest, REVISION_MODULE), "w") as f:
         f.write(revision_module(rev))
     # a fixed time on everything, so the build's archives do not depend on when it was staged
-    epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0")) or None
+    # (0 as unset: a wheel's zip cannot hold a time before 1980)
     if epoch:
         for dirpath, _, names in os.walk(dest):
             for n in names:
@@ -90,7 +92,12 @@ def main(argv: list[str]) -> int:
         print(version(), rev, content_hash(files, rev))
         return 0
     dest, paths = argv[1], argv[2:]
-    stage(dest, source_files(paths), rev)
+    try:  # read before anything is staged: a bad value leaves DEST as it was
+        epoch = source_date_epoch()
+    except ValueError as e:
+        print(f"stage.py: {e}", file=sys.stderr)
+        return 2
+    stage(dest, source_files(paths), rev, epoch)
     return 0
 
 

@@ -8,6 +8,7 @@ the job forked while its CPUs were changed get the job's original too."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from typing import Any, Mapping
@@ -29,6 +30,7 @@ from noded.jobs.polling import DEFAULT_MAX_POLLED
 from noded.jobs.procscan import pids_below
 from noded.stores.originals import OriginalValues
 from noded.stores.originals import StateWriteError
+from noded.util import paths
 from noded.util.cputree import CpuSet
 from noded.util.cputree import cpuset_steps
 from noded.util.cputree import fitted
@@ -36,6 +38,10 @@ from noded.util.halving import halvings
 from noded.util.journal import log_change, printable
 
 log = logging.getLogger(__name__)
+
+#: what reading a recorded cgroup's cpuset.cpus answers where it is no cpuset: no such file,
+#: no directory on the way, a link (never followed)
+NOT_A_CPUSET = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
 
 
 def forget_unrecorded_writes(originals: OriginalValues, written: WrittenValues) -> None:
@@ -107,12 +113,23 @@ class CpuRestore:
         nodes: list[CpuNode] = []
         for d in tree:
             key = cpuset_key(d)
-            if not os.path.isdir(d):
+            try:
+                if not paths.isdir(d):
+                    done[key] = True  # gone: nothing is left to restore
+                    continue
+                now = frozenset(parse_cpu_list(read_cpuset(d)))
+            except OSError as e:
+                if e.errno not in NOT_A_CPUSET:
+                    # shut to noded (a tenant's chmod: EACCES), an I/O error: it is there, and
+                    # noded's value may be in it; an error is not "gone" (the record stays)
+                    log.warning("not restoring %s now: %s; noded's record kept, tried again at the next stop or "
+                                "start", d, printable(str(e)))
+                    done[key] = False
+                    continue
+                log.warning("not restoring %s: not a cpuset (%s); forgetting noded's record", d, e)
                 done[key] = True
                 continue
-            try:
-                now = frozenset(parse_cpu_list(read_cpuset(d)))
-            except (OSError, ValueError) as e:
+            except ValueError as e:
                 log.warning("not restoring %s: not a cpuset (%s); forgetting noded's record", d, e)
                 done[key] = True
                 continue
@@ -170,17 +187,19 @@ class CpuRestore:
         it is taken from /proc/PID/cgroup instead, whose cost is the host's processes and
         not the tenant's cgroups: what noded recorded is put back whole either way."""
         cgroup, root = record.get("cgroup"), record.get("root")
-        if cgroup and os.path.isdir(cgroup):
-            try:
-                got = read_subtree_procs(cgroup, self.most)
+        why = None
+        if cgroup:
+            try:  # a directory above it shut to noded is an error here, not its cgroup gone
+                got = read_subtree_procs(cgroup, self.most) if paths.isdir(cgroup) else None
             except OSError as e:
                 if e.errno in NODED_SHORT_OF:
                     raise
                 why = f"{e.filename or cgroup}: {e.strerror or e}"
             else:
-                if got.partial is None:
+                if got is not None and got.partial is None:
                     return set(got.pids)
-                why = got.partial
+                why = got.partial if got is not None else None
+        if why is not None:
             log.info("restoring the CPUs of the processes in %s: its subtree not read whole (%s); its processes "
                      "taken from /proc/PID/cgroup", cgroup, printable(why))
             return pids_below(cgroup, self.proc)

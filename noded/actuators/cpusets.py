@@ -43,7 +43,6 @@ it, and ``CpuSetOwner`` carries it out with the same rules for every one of them
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping
@@ -63,6 +62,7 @@ from noded.samplers.sample import JobSample
 from noded.samplers.sample import Sample
 from noded.stores.originals import OriginalValues
 from noded.stores.originals import StateWriteError
+from noded.util import paths
 from noded.util.cputree import CpuSet
 from noded.util.cputree import cpuset_steps
 from noded.util.cputree import derived
@@ -241,7 +241,10 @@ class CpuSetOwner:
         for key, _value in self.originals.items():
             kind, _, where = key.partition(":")
             if kind == "cpuset":
-                gone = not os.path.isdir(where)
+                try:
+                    gone = not paths.isdir(where)
+                except OSError:
+                    gone = False  # shut to noded (a tenant's chmod): there, maybe with noded's value: kept
             elif kind == "affinity_job":
                 gone = where not in sample.jobs
             elif kind == "affinity":

@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping
 from noded.rightsize.memquantum import QUANTUM
 from noded.samplers.memcgroups import KEY, V1_FILE, V2_FILE, MemoryCgroup, NotACgroupFile, cgroup_devices
 from noded.samplers.memcgroups import open_cgroup_file, read_cgroup_file
+from noded.util import paths
 from noded.util.journal import log_change
 from noded.stores.securedir import SecureDir
 from noded.stores.originals import OriginalValues, StateWriteError
@@ -244,7 +245,7 @@ class MemorySoftLimits:
                 c = self._restore(key, rec)
                 if c is not None:
                     changes.append(c)
-            elif not self.dry_run and not os.path.lexists(self._file(key, rec)):
+            elif not self.dry_run and not self._there(key, rec):
                 self._drop(key, "gone")  # held, but nothing is left to hold
         return changes
 
@@ -272,6 +273,14 @@ class MemorySoftLimits:
             self._forget(key)
         except StateWriteError as e:
             log.warning("forgetting the memory record of %s (%s) failed: %s", key[len(KEY):], why, e)
+
+    def _there(self, key: str, rec: Mapping[str, Any]) -> bool:
+        """Whether a record's file is still there; one shut to noded (a tenant's chmod:
+        EACCES) or unreadable is: its record is kept (an error is not "gone")."""
+        try:
+            return paths.lexists(self._file(key, rec))
+        except OSError:
+            return True
 
     @staticmethod
     def _file(key: str, rec: Mapping[str, Any]) -> str:

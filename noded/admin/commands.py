@@ -18,7 +18,7 @@ from noded.util.halving import max_level as max_core_level
 from noded.capping.units import format_bandwidth
 from noded.loop.control import ControlState
 from noded.loop.daemon import TickFailure, TickResult
-from noded.util.journal import log_change
+from noded.util.journal import log_change, words
 from noded.server.stream import Peer
 from noded.loop.overrides import Override, OverrideStore
 from noded.admin.protocol import RequestError
@@ -225,8 +225,8 @@ class AdminCommands:
             return service.reprobe(job, uid, reason)
         except NotSized as e:
             sized = sorted(service.view().jobs)
-            listed = ", ".join(sized[:KNOWN_SHOWN]) + (f" and {len(sized) - KNOWN_SHOWN} more"
-                                                       if len(sized) > KNOWN_SHOWN else "")
+            listed = words(sized[:KNOWN_SHOWN]) + (f" and {len(sized) - KNOWN_SHOWN} more"
+                                                   if len(sized) > KNOWN_SHOWN else "")
             raise RequestError(f"{e}; the jobs sized now are " + (listed if sized else "none")
                                + " (`nodectl explain JOB` shows a job's sizing)") from None
         except ValueError as e:
@@ -255,8 +255,8 @@ class AdminCommands:
         if not last.sample.jobs_known:
             return f"no job {job!r}: noded does not know its jobs now (discovery failed at the last tick)"
         known = sorted(last.sample.jobs)
-        listed = ", ".join(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more"
-                                                   if len(known) > KNOWN_SHOWN else "")
+        listed = words(known[:KNOWN_SHOWN]) + (f" and {len(known) - KNOWN_SHOWN} more"
+                                               if len(known) > KNOWN_SHOWN else "")
         return (f"no job {job!r} at noded's last tick: " + (f"the jobs are {listed} (nodectl jobs lists them)" if known
                 else "noded sees no jobs at all (nodectl jobs lists them; `nodectl status` says what it watches)"))
 
@@ -502,7 +502,7 @@ def _cap_why(c) -> str:
     if c.busy_threads is not None:
         text += f", {c.busy_threads} busy thread{'s' * (c.busy_threads != 1)}"
     if c.steered_for:
-        text += (f"; shares its CLOSID with {', '.join(c.steered_for)} (no CLOSID of their own): its holder holds "
+        text += (f"; shares its CLOSID with {words(c.steered_for)} (no CLOSID of their own): its holder holds "
                  "their sum within the strictest cap among them")
     if c.cpus is not None:
         text += f"; below what MBA's lowest value lets it move: held on fewer cores ({c.cpus})"

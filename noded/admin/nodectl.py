@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from noded.util import ages
 from noded.util.cliopts import EXIT_INTERRUPTED, HelpFormatter, broken_pipe, option_parents, subparsers
-from noded.util.journal import escaped, printable
+from noded.util.journal import escaped, printable, words
 from noded.server.client import NotThePeer, ReplyTooLarge, request_line
 from noded.admin.protocol import VERSION, encode
 from noded.admin.replyshape import SHAPES, MalformedReply, check_reply
@@ -245,11 +245,11 @@ def format_explain(e: dict[str, Any]) -> str:
              + _rate_read(e.get("bandwidth_read"))
              + (f", GPU {_pct(e['gpu_util'])} (baseline {_pct(e['baseline'])})" if e["kind"] == "gpu" else ""),
              f"node at {_pct(e['node_share_of_peak'], 100)} of peak, threshold {_pct(e['threshold'], 100)}; "
-             f"slowed GPU jobs: {', '.join(e['slowed_gpu_jobs']) or 'none'}"]
+             f"slowed GPU jobs: {words(e['slowed_gpu_jobs']) or 'none'}"]
     pod = e.get("pod")
     if pod:
         lines.append(f"pod uid {pod['uid']}, QoS {pod['qos']} (kubelet's {pod['driver']} cgroup driver), "
-                     f"containers: {', '.join(pod['containers']) or 'none'}")
+                     f"containers: {words(pod['containers']) or 'none'}")
     lines += [f"  - {w}" for w in e["why"]]
     lines += format_sizing(e)
     if e.get("held"):
@@ -682,7 +682,7 @@ def _print_result(cmd: str, result: dict[str, Any]) -> None:
     elif cmd == "release":
         held = result.get("overrides", [])
         print(f"{result['job']}: " + ("override removed" if result["override_cleared"] else
-                                      "had no override; " + (f"overrides are on {', '.join(held)}" if held else
+                                      "had no override; " + (f"overrides are on {words(held)}" if held else
                                                              "no job has one")))
         if result.get("not_saved"):
             print(f"nodectl: warning: in force, but not saved ({result['not_saved']}): a restart of noded before "

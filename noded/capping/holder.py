@@ -30,6 +30,7 @@ from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
 from noded.capping.threads import BusyThreads
+from noded.samplers.mongroups import group_name as cap_group_name
 from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class CapHolder:
         self.scale = scale_of(rc) if self.mode == NODED else []
         # group_name: where its caller moved the job already (the daemon's throttle: one
         # writer of where a job is); else the holder makes the group and moves ``pids``
-        self.group: CtrlGroup = rc.ensure_ctrl_group(group_name or f"{rc.prefix}cap-{job}")
+        # (else named as noded names a capped job's group: a job id holds a tenant's cgroup
+        # path, and as it is its '/' was no group name: no group, no cap)
+        self.group: CtrlGroup = rc.ensure_ctrl_group(group_name or cap_group_name(f"{rc.prefix}cap-", job))
         for pid in pids:
             self.group.add_process(pid)
         # the job's busy threads, read from its group's tasks (noded.capping.threads)

@@ -31,7 +31,7 @@ from noded.util.halving import kept_cpus
 from noded.capping.cores import kept, next_level
 from noded.capping.holder import NODED, CapHolder
 from noded.capping.plan import OVERRIDE, Cap, plan_caps
-from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
+from noded.util.journal import log_change, word, words  # a job named in a message: one word, one to one
 from noded.jobs.model import Job
 from noded.samplers.sample import Sample
 
@@ -320,7 +320,7 @@ class CapService:
 
 def _shared_words(job: str, place, caps: Mapping[str, Cap], held: str | None = None) -> str:
     """What a job gets that shares a group for want of a CLOSID, in words."""
-    others = ", ".join(place.shared_with) or "no other job now"
+    others = words(place.shared_with) or "no other job now"
     if place.group == "":
         return ("no CLOSID left for its own cap group and no group of noded's to share (other owners hold every "
                 "CLOSID): NOT held, it runs unlimited")

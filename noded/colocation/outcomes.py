@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from noded.util.journal import words
 from noded.util.ratelimit import RateLimitedLog
 from noded.colocation import kernels
 
@@ -147,7 +148,7 @@ class Outcomes:
             except OSError as e:
                 # at most a line per interval: every report of the group tries again
                 self._log.log(logging.ERROR, "record", "%s: recording the co-location of %s failed (tried again "
-                              "at the next report): %s", self.records_path, ",".join(rec.jobs), e)
+                              "at the next report): %s", self.records_path, words(rec.jobs), e)
                 return None
             self._recorded.add(group)
         return rec

@@ -22,7 +22,7 @@ from typing import Callable
 
 from mps.supervisor import MpsSupervisor
 
-from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
+from noded.util.journal import log_change, word, words  # a job named in a message: one word, one to one
 from noded.samplers.sample import Sample
 from noded.colocation.admission import ColocationRule, Decision, Reservation, decide, gpu_loads
 from noded.colocation.outcomes import ModelError, Outcomes
@@ -168,7 +168,7 @@ class Colocation:
         self.outcomes.report(job, seconds, peers)
         record = self.outcomes.observe(peers | {job}, features) if peers else None
         if record is not None:
-            log.info("colocation observed jobs=%s speedup=%.2f", ",".join(record.jobs), record.delta)
+            log.info("colocation observed speedup=%.2f of jobs %s", record.delta, words(record.jobs))
         return {"job": job, "alone": not peers, "peers": sorted(peers),
                 "observed_speedup": None if record is None else record.delta}
 

@@ -18,6 +18,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from noded.util.buildinfo import source_date_epoch
+
 
 @dataclass(frozen=True)
 class Option:
@@ -172,8 +174,9 @@ def _option_item(o: Option) -> list[str]:
 
 
 def man_page(p: Program, section: str = "1", date: str | None = None) -> str:
-    date = date or os.environ.get("SOURCE_DATE_EPOCH") and datetime.datetime.fromtimestamp(
-        int(os.environ["SOURCE_DATE_EPOCH"]), datetime.timezone.utc).strftime("%Y-%m-%d") or "2026-11-26"
+    epoch = source_date_epoch() if date is None else None  # ValueError: named, before anything is written
+    date = date or (datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d")
+                    if epoch is not None else "2026-11-26")
     out = [f'.TH {p.prog.upper()} {section} "{date}" "noded" "noded manual"',
            ".SH NAME", f"{p.prog} \\- {_roff(p.description or p.prog)}",
            ".SH SYNOPSIS", f"\\fB{p.prog}\\fR [\\fIOPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]",
@@ -218,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m noded.commands.clidoc OUTDIR", file=sys.stderr)
+        return 2
+    try:
+        source_date_epoch()  # a malformed value fails here, before any file is written
+    except ValueError as e:
+        print(f"clidoc: {e}", file=sys.stderr)
         return 2
     for path in write_all(args[0]):
         print(path)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from noded.config import Config, ConfigError
 from noded.stores.securedir import DirectoryMissing, SecureDir, SecureDirError, StateFileError, StateReadError
 from noded.stores.trustedfile import untrusted_reason
+from noded.util import paths as fs_paths  # (paths: a name its functions use)
 
 CGROUP_FILESYSTEMS = ("cgroup", "cgroup2")
 #: filesystems whose directories and files are the kernel's: noded makes nothing of its own there
@@ -159,7 +160,12 @@ def start_check(config: Config, *, path: str | None = None, reloading: bool = Fa
     if not running:
         out += listener_problems(config)
     for i, source in enumerate(config.jobs.sources):
-        if not os.path.isdir(source.root):
+        try:
+            is_dir = fs_paths.isdir(source.root)
+        except OSError as e:  # shut to noded (EACCES), a loop: that, not "no directory"
+            out.append((f"jobs.sources[{i}].root", f"{source.root}: {e.strerror or e}"))
+            continue
+        if not is_dir:
             out.append((f"jobs.sources[{i}].root", f"{source.root} is not a directory"))
             continue
         fstype = filesystem_type(source.root)

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, NamedTuple
 from noded.jobs.cgroupwalk import NODED_SHORT_OF, Node, read_at, vanished, walk_cgroups
 from noded.jobs.kubepods import pod_uid
 from noded.jobs.proccgroup import ProcCgroups
+from noded.util import paths as fs_paths  # (paths: a name its functions use)
 
 KINDS = ("slurm", "kubernetes", "systemd", "cgroup")
 
@@ -151,7 +152,7 @@ class CgroupSource:
         Raises OSError where the tree cannot be read (EMFILE, EACCES, …): an unreadable
         hierarchy means the jobs are unknown, never that there are none.
         """
-        if not os.path.isdir(self.root):
+        if not fs_paths.isdir(self.root):  # an error (EACCES) raised as it is, not taken for "no directory"
             raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", self.root)
         paths = [p for pattern in self.patterns for p in match_dirs(self.root, pattern)]
         return one_directory_each(self.directories_by_id(paths))[0]
@@ -357,7 +358,7 @@ class CgroupScanner:
     def scan(self) -> dict[str, str]:
         """job id -> absolute job directory (as ``CgroupSource.scan``)."""
         root = self.source.root
-        if not os.path.isdir(root):
+        if not fs_paths.isdir(root):  # an error (EACCES) raised as it is, not taken for "no directory"
             raise FileNotFoundError(errno.ENOENT, "job source root is not a directory", root)
         self.listings.begin()
         # each listing's matches kept while its listing is: a scan matches only what changed

@@ -32,6 +32,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from noded.util.journal import word
+
 #: errors that say noded itself is short of something: every job's reading would fail alike
 NODED_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
@@ -110,7 +112,7 @@ class Walk:
             parts.append(f"more than {self.most} cgroups in it and below it: the first {self.most} read, "
                          "breadth first")
         if self.unread_count:
-            named = "; ".join(f"{p}: {why}" for p, why in self.unread)
+            named = "; ".join(f"{word(p)}: {why}" for p, why in self.unread)  # a path a tenant named: one word
             extra = self.unread_count - len(self.unread)
             parts.append(f"{self.unread_count} part(s) unreadable, each with its subtree ({named}"
                          + (f"; {extra} more" if extra > 0 else "") + ")")

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Callable, Mapping, NamedTuple
 
-from noded.util.journal import printable
+from noded.util.journal import printable, words
 from noded.util.procstat import PPID, stat_fields
 from noded.util.ratelimit import RateLimitedLog
 from noded.stores.securedir import SecureDir, StateWriteError
@@ -345,7 +345,7 @@ class JobDiscovery:
         told, so none is read as it; held as last seen (if ever seen), and said."""
         for job_id, paths in ambiguous.items():
             unreadable[job_id] = (f"{len(paths)} directories with processes give this job id "
-                                  f"({', '.join(paths)}): which is the job cannot be told; held as last seen")
+                                  f"({words(paths)}): which is the job cannot be told; held as last seen")
             if (held := self._last.get(job_id)) is not None:
                 jobs[job_id] = held
 

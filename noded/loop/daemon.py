@@ -30,7 +30,7 @@ from noded.loop.applying import Appliers
 from noded.loop.control import ControlSnapshot, ControlState
 from noded.util.settled import SETTLE_S, Unsettled
 from noded.util.signalflag import SignalFlag
-from noded.util.journal import NOTICE, log_change, printable
+from noded.util.journal import NOTICE, log_change, words
 from noded.loop.health import Liveness
 from noded.loop.lasting import LastingStates
 from noded.loop.parts import Parts
@@ -459,7 +459,7 @@ class Daemon:
         held = sorted({job for _, job, _ in result.sample.job_errors} | set(acted.result.job_errors))
         if held:  # NodedJobsHeld
             states["jobs_held"] = (f"{len(held)} job(s) held by an error of their own, the others go on: "
-                                   f"{', '.join(printable(j) for j in held[:5])}{' ...' if len(held) > 5 else ''}")
+                                   f"{words(held[:5])}{' ...' if len(held) > 5 else ''}")
         overran = self._overrun_marks[-1] - self._overrun_marks[0]
         if len(self._overrun_marks) == self._overrun_marks.maxlen and overran > OVERRUN_SHARE * (len(self._overrun_marks) - 1):
             states["ticks_overrunning"] = (f"{overran} of the last {len(self._overrun_marks) - 1} ticks took longer "
@@ -541,10 +541,10 @@ class Daemon:
             try:
                 left = self.parts.throttle.release_all()
                 if left:
-                    log.error("at stop, could not release: %s", ", ".join(left))
+                    log.error("at stop, could not release: %s", words(left))
                 for job, level in sorted((self.last.levels if self.last else {}).items()):
                     log_change("release", job, level_from=level, level_to=0, cause="stopping",
-                               reason="noded is stopping" + (f"; not released: {', '.join(left)}" if left else ""),
+                               reason="noded is stopping" + (f"; not released: {words(left)}" if left else ""),
                                severity=logging.WARNING if left else NOTICE)
             except Exception:
                 log.exception("releasing throttles at shutdown failed")
@@ -552,14 +552,14 @@ class Daemon:
             try:  # right-sizing on an MBA host: the owner's records are not the throttle's
                 left = self.parts.cpu_owner.release_all()
                 if left:
-                    log.error("at stop, could not restore the CPUs of: %s", ", ".join(left))
+                    log.error("at stop, could not restore the CPUs of: %s", words(left))
             except Exception:
                 log.exception("restoring jobs' CPUs at shutdown failed")
         if self.parts.memory is not None:
             try:
                 left = self.parts.memory.release_all()
                 if left:
-                    log.error("at stop, could not restore the memory soft limits of: %s", ", ".join(left))
+                    log.error("at stop, could not restore the memory soft limits of: %s", words(left))
             except Exception:
                 log.exception("restoring jobs' memory soft limits at shutdown failed")
         try:

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from noded.rightsize.history import HistoryView
 from noded.util.halving import kept_cpus
+from noded.util.journal import words
 
 if TYPE_CHECKING:
     from noded.rightsize.sizing import Probe, Sized
@@ -179,7 +180,7 @@ class NodeView:
         ids = [j.job for j in (*self.gpu_jobs, *self.cpu_jobs)]
         if len(set(ids)) != len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})
-            raise PlanError(f"job ids appear more than once: {', '.join(twice)}")
+            raise PlanError(f"job ids appear more than once: {words(twice)}")
         asked = sum(j.gpus for j in self.gpu_jobs)
         if asked > self.node_gpus:
             raise PlanError(f"the GPU jobs hold {asked} GPUs together; the node has {self.node_gpus}")

@@ -197,8 +197,8 @@ def curve_for(name: str) -> CoreCurve:
     for table in (MODEL_CURVES, BENCH_CURVES, CATEGORY_CURVES):
         if name in table:
             return table[name]
-    known = sorted({*MODEL_CURVES, *BENCH_CURVES, *CATEGORY_CURVES})
-    raise KeyError(f"no curve named {name!r}; known: {', '.join(known)}")
+    curve_names = sorted({*MODEL_CURVES, *BENCH_CURVES, *CATEGORY_CURVES})  # ours, not a tenant's
+    raise KeyError(f"no curve named {name!r}; known: {', '.join(curve_names)}")
 
 
 def cache_for(category: str) -> CacheCurve:

@@ -197,9 +197,9 @@ def _why_infeasible(curves, progress, avail_c: int, avail_m: int) -> str:
     other), and which part of the capacity they overrun."""
     head = f"the floors cannot all be met with {avail_c} cores and {avail_m} memory units available:"
     within = [np.argwhere(progress[j, :avail_c + 1, :avail_m + 1] > -np.inf) for j in range(len(curves))]
-    beyond = [_name(curve.job_id) for curve, meets in zip(curves, within) if not meets.size]
+    beyond = [curve.job_id for curve, meets in zip(curves, within) if not meets.size]
     if beyond:
-        return (f"{head} {'job ' if len(beyond) == 1 else 'jobs '}{', '.join(beyond)} reach"
+        return (f"{head} {'job ' if len(beyond) == 1 else 'jobs '}{', '.join(map(_name, beyond))} reach"
                 f"{'es' if len(beyond) == 1 else ''} the GPU-proportional progress only with more than "
                 f"{avail_c} cores or {avail_m} memory units")
     needs, total_c, total_m = [], 0, 0

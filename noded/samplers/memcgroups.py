@@ -24,6 +24,7 @@ from resctrl.mounts import parse_mounts
 
 from noded.jobs.cgroups import read_process_cgroups
 from noded.jobs.proccgroup import ProcCgroupError
+from noded.util import paths
 
 #: the key of a memory cgroup's record in originals.json
 KEY = "memory:"
@@ -136,6 +137,18 @@ def _mount_of(path: str) -> str:
     return path
 
 
+def _filesystem(mounts: str, path: str) -> str | None:
+    """The type of the filesystem ``path`` is on, as ``mounts`` lists its mount (None: not
+    listed, or ``mounts`` unreadable)."""
+    top = _mount_of(path)
+    try:
+        with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
+            types = [m.fstype for m in parse_mounts(f.read()) if m.target == top]
+    except OSError:
+        return None
+    return types[-1] if types else None
+
+
 def _in_cgroup(proc: str, pid: int, controller: str, mount_rel: str) -> bool:
     """Whether the process's cgroup in ``controller``'s hierarchy is ``mount_rel`` or below
     it. A /proc/PID/cgroup the parser refuses (a forged record in a cgroup name) is not."""
@@ -152,7 +165,16 @@ def find_memory_cgroup(js: JobPlace, *, proc: str = "/proc", mounts: str = "/pro
     read from ``mounts`` when not given). Raises MemoryCgroupError."""
     if js.cgroup is None:
         raise MemoryCgroupError("the job has no cgroup of its own (a registered process tree)")
-    if os.path.exists(os.path.join(js.cgroup, V2_FILE)):
+    try:
+        v2 = paths.exists(os.path.join(js.cgroup, V2_FILE))
+    except OSError as e:
+        # Its directory shut to noded (EACCES): not a cgroup without memory.high. On a v1
+        # hierarchy none has it (its memory is the memory hierarchy's, read there); on v2
+        # which it is cannot be told, and the error is the answer.
+        if _filesystem(mounts, js.cgroup) != "cgroup":
+            raise MemoryCgroupError(f"{e.filename or js.cgroup}: {e.strerror or e}") from None
+        v2 = False
+    if v2:
         version, path, controller = 2, js.cgroup, ""
     else:
         try:

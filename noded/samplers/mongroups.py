@@ -36,18 +36,29 @@ SHARED = "shared"  # out of RMIDs: counted only in its control group's total
 NONE = "none"  # no monitoring on this host
 
 
+#: bits of SHA-256 in a group's name: finding another id with a given job's name (a second
+#: preimage) takes about 2**128 hashes, out of any tenant's reach (32 bits, SHA-1's first 8
+#: hex digits until 2026-11, took minutes; two ids of one tenant with one name, under a second)
+DIGEST_BITS = 128
+
+
 @functools.lru_cache(maxsize=8192)  # asked for every job every tick; bounded, as jobs come and go
 def group_name(prefix: str, job_id: str) -> str:
-    """A stable, valid, collision-free resctrl directory name for a job id.
+    """A stable, valid resctrl directory name for a job id, which no other id can be made
+    to share: the id's first 40 characters made safe (for people to read; lossy) and 128
+    bits of the SHA-256 of the whole id (what tells ids apart).
 
-    A job id holds a cgroup's name, any bytes but '/' and NUL: one that is not UTF-8
-    reaches Python as lone surrogates (os.fsdecode), and a registered id may hold any
-    code point. The digest is of the id's UTF-8 with surrogates passed through, which
-    every str has, which no two ids share, and which is the plain UTF-8 of any other id
-    (so the names of groups made by earlier runs are the same, across restarts too).
+    Tenants choose job ids (a cgroup source's id is the cgroup's path; a delegated subtree
+    names its own), and two ids with one name would be one group to noded: one job's
+    traffic read and steered as the other's. A job id holds a cgroup's name, any bytes
+    but '/' and NUL: one that is not UTF-8 reaches Python as lone surrogates
+    (os.fsdecode), and a registered id may hold any code point. The digest is of the id's
+    UTF-8 with surrogates passed through, which every str has and no two ids share. The
+    name is a pure function of the id, the same across restarts; at most 113 bytes (a
+    32-character prefix, ``cap-``), far under the 255 of a kernfs name.
     """
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:40]
-    digest = hashlib.sha1(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    digest = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_BITS // 4]
     return f"{prefix}job-{safe}-{digest}"
 
 

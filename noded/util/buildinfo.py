@@ -87,3 +87,23 @@ def _baked_revision() -> str | None:
     if not isinstance(REVISION, str) or not REVISION or set(REVISION) - _REVISION_ALPHABET or len(REVISION) > 80:
         return None
     return REVISION
+
+
+#: the latest SOURCE_DATE_EPOCH taken (9999-12-31 23:59:59 UTC): past it no date prints in 4 digits
+SOURCE_DATE_EPOCH_MAX = 253402300799
+
+
+def source_date_epoch(environ=os.environ) -> int | None:
+    """``SOURCE_DATE_EPOCH`` as reproducible-builds.org's specification reads it: unset or
+    empty, None (the build chooses its own time: the specification says a missing or empty
+    value is one not following it); else seconds since 1970-01-01 UTC in ASCII digits, as
+    ``date +%s`` prints them. Raises ValueError naming the variable and its value for
+    anything else (the specification: a malformed value SHOULD fail the build)."""
+    text = environ.get("SOURCE_DATE_EPOCH")
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > SOURCE_DATE_EPOCH_MAX:
+        raise ValueError(f"SOURCE_DATE_EPOCH={text!r} is not a time: it must be seconds since 1970-01-01 UTC, "
+                         f"digits only (as `date +%s` prints them), at most {SOURCE_DATE_EPOCH_MAX}; unset it "
+                         "or leave it empty for no fixed time")
+    return int(text)

@@ -160,6 +160,13 @@ def word(value: str) -> str:
     return escaped(value, in_word)
 
 
+def words(values: Iterable[str]) -> str:
+    """Names (job ids) listed in prose: each one ``word``, joined by ", ". A word holds no
+    space, so ", " only ever separates two of them: one to one whatever the names hold (a
+    tenant's cgroup named ``a, b=c`` is listed as ``a,\\x20b\\x3dc``, never as two jobs)."""
+    return ", ".join(map(word, values))
+
+
 #: a printf-style placeholder of a log message, as logging's %-formatting reads them
 _PLACEHOLDER = re.compile(r"%(?:\([^)]*\))?[#0 +-]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[diouxXeEfFgGcrsa%]")
 

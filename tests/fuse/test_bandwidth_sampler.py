@@ -79,3 +79,44 @@ def monitor_name(rc, job):
     from noded.samplers.mongroups import group_name
 
     return group_name(rc.prefix, job)
+
+
+def test_a_job_group_named_as_before_2026_11_is_replaced_whole_and_the_first_rate_is_the_jobs(
+        emulator, open_resctrl, sleeper):
+    # noded before 2026-11 named a job's group with SHA-1's first 32 bits; a group it left
+    # (a stop whose rmdir failed, a dry run's) is no job's under the new names: sync reads
+    # its counters, removes it and makes the job's new group with the job's threads in it,
+    # in one tick, leaving nothing of noded's behind; the job's first rate is its own (over
+    # the time the new group counted), not the old group's count since its mkdir
+    import hashlib
+    import re
+
+    from noded.jobs.model import Job
+    from noded.samplers.mongroups import JobMonitor
+    from noded.samplers.resctrl import ResctrlSession, read_groups
+
+    emu = emulator("intel")
+    rc = open_resctrl(emu)
+    job = "cgroup:/tenant/train.scope"
+    old_name = "noded-job-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job)[:40] + "-" + hashlib.sha1(job.encode()).hexdigest()[:8]
+    p = sleeper()
+    emu.control.set_demand(p.pid, 2 * GB, domain=0)
+    old = rc.root_group().create_mon_group(old_name)
+    old.add_process(p.pid)
+    time.sleep(1.0)  # a measurement window: the old group counts about 2 GB
+    monitor = JobMonitor(ResctrlSession.of(rc), clock=time.monotonic, retry_s=3600)
+    sampler = BandwidthSampler(monitor)
+    report = monitor.sync({job: Job(job, "registered", frozenset({p.pid}))}, read_groups(rc))
+    ((path, parent, last),) = report.removed
+    assert path == old.path and parent == rc.root and last[0]["mbm_total_bytes"].value > 1.5 * GB  # read before rmdir
+    new = report.groups[job]
+    assert new.name == monitor_name(rc, job) != old_name and report.monitoring[job] == "own"
+    assert [g.path for g in rc.owned_groups()] == [new.path]  # nothing of noded's orphaned
+    with open(f"{new.path}/tasks") as f:
+        assert str(p.pid) in f.read().split()
+    sampler.sample(rc, 1, report.groups, None, report.removed)
+    time.sleep(0.5)  # a measurement window, not a synchronisation
+    report = monitor.sync({job: Job(job, "registered", frozenset({p.pid}))}, read_groups(rc))
+    assert not report.removed and report.groups[job].path == new.path
+    rate = sampler.sample(rc, 1, report.groups, None, report.removed).job_bps[job][0]
+    assert rate is not None and 1.5 * GB < rate < 2.5 * GB, rate / GB  # its 2 GB/s, not 2 GB in one window

@@ -46,7 +46,7 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
     holder = CapHolder(rc, "j1", [job.pid], cap, busy_threads=periods).start()
     try:
         assert holder.mode == NODED
-        group = f"{rc.prefix}cap-j1"
+        group = holder.group.name
         # Within SETTLE_PERIODS of the holder's, the job moves within 5 % of its cap over
         # WINDOW_PERIODS: bounded in the periods the holder took (and the rate in the bounds
         # a starved reader's clock allows), so a loaded host slows the test, never fails it.
@@ -65,7 +65,7 @@ def test_a_job_is_held_at_its_cap_within_a_second_or_two(emulator, open_resctrl,
                                  f"{WINDOW_PERIODS} periods in {SETTLE_PERIODS}; GB/s by window: {seen}")
     finally:
         holder.stop()
-    assert f"{rc.prefix}cap-j1" not in [g.name for g in rc.list_ctrl_groups()]
+    assert holder.group.name not in [g.name for g in rc.list_ctrl_groups()]
 
 
 def test_where_the_kernels_mba_mbps_is_mounted_it_steers_and_noded_only_sets_the_target(
@@ -82,7 +82,7 @@ def test_where_the_kernels_mba_mbps_is_mounted_it_steers_and_noded_only_sets_the
         assert len(said) == 1 and said[0].levelno == NOTICE and said[0].noded_job == "j2", caplog.text
         assert said[0].noded_event == "mbm_total_bytes" and "the kernel's controller owns the MB value" in \
             said[0].getMessage()
-        path = f"{rc.root}/{rc.prefix}cap-j2"
+        path = holder.group.path
         assert open(f"{path}/schemata").read().splitlines()[-1] == f"MB:0={int(6e9 / 2**20)};1={int(6e9 / 2**20)}"
         assert open(f"{path}/mba_MBps_event").read() == "mbm_total_bytes\n"  # its total, not local only
     finally:
@@ -95,7 +95,7 @@ def test_a_group_removed_under_the_holder_stops_it_without_a_traceback(emulator,
     job = sleeper()
     emu.control.set_demand(job.pid, 20 * GB, domain=0)
     holder = CapHolder(rc, "j3", [job.pid], 5 * GB).start()
-    rc.ctrl_group(f"{rc.prefix}cap-j3").remove()  # an operator's rmdir
+    holder.group.remove()  # an operator's rmdir
     wait_for(lambda: not holder._thread.is_alive(), timeout=5, what="the holder's thread to stop")
     assert "cap j3: stopped steering" in caplog.text
     holder.stop()  # and stop() still returns cleanly
@@ -122,4 +122,24 @@ def test_an_error_of_nodeds_own_in_the_holder_is_logged_with_its_traceback_and_t
             assert said[0].levelno == logging.ERROR and said[0].exc_info is not None
         finally:
             holder.stop()
-    assert f"{rc.prefix}cap-j4" not in [g.name for g in rc.list_ctrl_groups()]
+    assert holder.group.name not in [g.name for g in rc.list_ctrl_groups()]
+
+
+def test_a_holder_names_its_group_as_noded_names_a_capped_jobs_whatever_the_id(emulator, open_resctrl, sleeper):
+    # Before: the group a holder made by itself was "noded-cap-" and the job id as it is: a
+    # cgroup source's id holds the cgroup's path, and a name with '/' is refused by the
+    # resctrl library (ValueError: not one path component): no group, no cap
+    from noded.samplers.mongroups import group_name
+
+    emu = emulator("intel-linear", "--peak-gbps", "1000")
+    rc = open_resctrl(emu)
+    job = sleeper()
+    job_id = "cgroup:/tenant/../../info"
+    holder = CapHolder(rc, job_id, [job.pid], 5 * GB).start()
+    try:
+        assert holder.group.name == group_name(f"{rc.prefix}cap-", job_id)
+        assert holder.group.path == f"{rc.root}/{holder.group.name}" and "/" not in holder.group.name
+        assert holder.group.name in [g.name for g in rc.list_ctrl_groups()]
+    finally:
+        holder.stop()
+    assert holder.group.name not in [g.name for g in rc.list_ctrl_groups()]

@@ -268,3 +268,55 @@ def test_where_other_tools_hold_every_closid_a_capped_job_is_said_unheld_once_th
         assert r.caps["sim:c"].shared_group is None
     finally:
         h.stop()
+
+
+def test_a_capped_jobs_groups_left_under_names_before_2026_11_give_way_to_the_new_ones_and_none_is_left(tmp_path):
+    # Noded before 2026-11 named groups with SHA-1's first 32 bits. A capped job's groups
+    # left under those names (its stop's rmdir failed, and so did the start's orphan
+    # removal) are no job's to this noded: the old monitoring group is read and removed,
+    # the job goes to its cap group under the new name (its processes with it, from the
+    # old one, in the first tick), the old cap group is removed once empty, and nothing of
+    # noded's is left under an old name. Its first rate reads low (its new group counted
+    # nothing yet), never a spike; then its own again.
+    import hashlib
+    import re
+
+    from noded.samplers.mongroups import group_name
+    from support.eliminator import Harness
+
+    h = Harness(tmp_path, "  - {at: 0, start: {id: a, cpu: hog}}\n", profile="intel", peak=1000, gpus=1)
+    try:
+        h.sim.step()  # the hog started, not yet seen by noded
+        job = "sim:a"
+        pids = h.sim.discovery.discover()[job].pids
+        rc = h.rc()
+        old = f"job-{re.sub(r'[^A-Za-z0-9_.-]', '_', job)[:40]}-{hashlib.sha1(job.encode()).hexdigest()[:8]}"
+        old_cap = rc.create_ctrl_group(f"{rc.prefix}cap-{old}")
+        old_mon = old_cap.create_mon_group(f"{rc.prefix}{old}")
+        for pid in sorted(pids):
+            old_cap.add_process(pid)
+            old_mon.add_process(pid)
+        clock = WallClock()
+        h.daemon.control.overrides = store = OverrideStore(h.config.state_dir, clock)
+        store.set(Override(job, 0, 0, "test", clock(), None, 0.5e9))
+        new_cap, new_mon = h.daemon.parts.throttle.cap_name(job), group_name(rc.prefix, job)
+        assert new_cap != old_cap.name and new_mon != old_mon.name
+
+        def settled(r):
+            groups = {g.path.removeprefix(rc.root) for g in rc.owned_groups()}
+            return r.caps.get(job) is not None and groups == {f"/{new_cap}", f"/{new_cap}/mon_groups/{new_mon}"}
+
+        h.until(settled, 15, "a in its cap group under the new names, the old groups gone")
+        owned = sorted(g.name for g in rc.owned_groups())
+        assert old_cap.name not in owned and old_mon.name not in owned, owned
+        with open(f"{rc.root}/{new_cap}/tasks") as f:
+            assert pids <= {int(t) for t in f.read().split()}
+        for _ in range(8):  # its processes counted in its own group again (they joined it)
+            h.tick()
+        rates = [bandwidth(x, "a") for x in h.results]
+        assert rates[-1] is not None and rates[-1] > 0.1e9, rates
+        assert all(r is None or r <= 1.1 * 16e9 for r in rates), rates  # a hog demands 16 GB/s: no spike
+        h.daemon.shutdown()  # nothing of noded's left behind
+        assert not [g.name for g in h.rc().owned_groups()]
+    finally:
+        h.stop()

@@ -312,3 +312,15 @@ def test_a_directory_noded_cannot_make_on_a_read_only_filesystem_is_refused_by_c
     assert f"cannot create {read_only_dir}/noded: {read_only_dir} is on a read-only filesystem" in check.stderr
     start = noded("run", "--config", str(cfg))
     assert start.returncode == 1 and f"cannot create {read_only_dir}/noded" in start.stderr, start.stderr
+
+
+def test_a_source_root_that_cannot_be_looked_at_is_said_with_its_error_not_as_no_directory(tmp_path):
+    # Before: os.path.isdir answered False for any error, and check-config said "is not a
+    # directory" of a root it could not look at (shut to noded: EACCES; here a symlink loop,
+    # which the kernel answers ELOOP to for root too): the operator looked for a missing one.
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    cfg = write_config(tmp_path, jobs=f"{{sources: [{{kind: cgroup, root: {tmp_path}/loop/slurm, patterns: ['*']}}]}}")
+    check = noded_in_process("check-config", str(cfg))
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert f"jobs.sources[0].root: {tmp_path}/loop/slurm: Too many levels of symbolic links" in check.stderr, \
+        check.stderr

@@ -243,3 +243,62 @@ def test_restoring_a_jobs_affinities_reaches_every_process_of_a_shut_or_oversize
     got = json.loads(out)
     assert got["done"] == {"affinity_job:cgroup:t": True} and got["left"] == []
     assert got["cpus"] == [original] * 3
+
+
+SHUT_CPUSET_SCRIPT = """
+import json, os, sys
+from types import SimpleNamespace
+from noded.actuators.cpusets import CpuSetOwner
+from noded.stores.originals import OriginalValues
+state, shut = sys.argv[1], sys.argv[2]
+os.chmod(shut, 0)  # the subtree's owner shuts noded out (CAP_FOWNER is kept here to do it)
+owner = CpuSetOwner(OriginalValues(state))
+prepared = owner.prepare(SimpleNamespace(jobs={}), {})  # a tick's first step: records of what is gone go
+after_tick = sorted(k for k, _ in OriginalValues(state).items())
+left = owner.release_all()  # at stop: every record put back
+print(json.dumps({"prepared": prepared, "after_tick": after_tick, "left": left,
+                  "after_stop": sorted(k for k, _ in OriginalValues(state).items())}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="halving needs two CPUs")
+def test_a_cpuset_below_a_directory_shut_to_noded_keeps_its_record_until_it_can_be_put_back(
+        v1_cpuset, tmp_path):
+    # A job's cgroup below a directory its owner shut (chmod 000), as noded's unit runs it
+    # (no CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH: setpriv drops them here), holding the
+    # CPUs noded halved. Before: os.path.isdir answered False for EACCES, so a tick took
+    # the cgroup for gone and forgot its original (and a stop took it as restored): its
+    # CPUs stayed halved for good. Now the record stays, and the stop after the owner
+    # opens it again puts the CPUs back.
+    from noded.actuators.cpurecords import cpuset_key
+    from noded.actuators.cpusets import CpuSetOwner
+    from noded.stores.originals import OriginalValues
+
+    base, mkcg = v1_cpuset
+    job = mkcg("slurm/uid_0/job_41")
+    inner = mkcg("slurm/uid_0/job_41/step_0")
+    with open(f"{inner}/cpuset.cpus") as f:
+        original = f.read().strip()
+    halved = original.split(",")[0].split("-")[0]  # the first CPU alone
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    OriginalValues(str(state)).record(cpuset_key(inner), original)
+    with open(f"{inner}/cpuset.cpus", "w") as f:
+        f.write(halved)
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", SHUT_CPUSET_SCRIPT, str(state), job],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        os.chmod(job, 0o755)
+    import json
+    got = json.loads(out)
+    key = cpuset_key(inner)
+    assert got["prepared"] == [] and got["after_tick"] == [key]  # not taken for gone
+    assert got["left"] == [key] and got["after_stop"] == [key]  # not taken for restored
+    with open(f"{inner}/cpuset.cpus") as f:
+        assert f.read().strip() == halved
+    assert CpuSetOwner(OriginalValues(str(state))).release_all() == []  # open again: put back
+    with open(f"{inner}/cpuset.cpus") as f:
+        assert f.read().strip() == original
+    assert list(OriginalValues(str(state)).items()) == []

@@ -519,3 +519,85 @@ def test_a_tick_without_cpu_placements_keeps_the_operators_controls(tmp_path):
     assert SizeControls(state).get("g") is not None
     v = rs.view().jobs["g"]  # the sizing is held too, pin and all
     assert (v.state, v.target, v.control.kind) == ("pinned", 3, "pin")
+
+
+# -- a job's directory shut to noded (its owner's chmod; noded's unit has no CAP_DAC_OVERRIDE)
+
+SHUT_SCRIPT = """
+import json, os, sys
+from noded.actuators.memsoft import MemorySoftLimits
+from noded.samplers.memcgroups import MemoryCgroupSampler
+from noded.stores.originals import OriginalValues
+from noded.samplers.sample import GPU, JobSample
+from noded.jobs.model import JobMeta
+state, cgroup, shut, pid, want = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+os.chmod(shut, 0)  # the owner shuts noded out (CAP_FOWNER is kept here to do it)
+js = JobSample("slurm:1", "slurm", frozenset([pid]), JobMeta(), GPU, (), None, None, "none", cgroup=cgroup)
+owner = MemorySoftLimits(OriginalValues(state))
+r = MemoryCgroupSampler().sample({js.id: js})
+cgroups, unplaced = dict(r.cgroups), dict(r.unplaced)
+result = owner.apply({js.id: want} if want else {}, cgroups, unplaced)
+print(json.dumps({"found": {j: c.path for j, c in cgroups.items()}, "unplaced": unplaced,
+                  "records": sorted(k for k, _ in OriginalValues(state).items())}))
+"""
+
+
+def _as_the_unit(state, cgroup, shut, pid, want=0) -> dict:
+    """SHUT_SCRIPT as noded's unit runs: root without CAP_DAC_OVERRIDE nor CAP_DAC_READ_SEARCH."""
+    try:
+        out = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search",
+                              sys.executable, "-c", SHUT_SCRIPT, str(state), cgroup, shut, str(pid), str(want)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+    finally:
+        os.chmod(shut, 0o755)
+    return json.loads(out)
+
+
+def test_a_held_jobs_memory_cgroup_shut_to_noded_keeps_its_record(v1_job):
+    # Before: a job whose memory cgroup its owner shut was held (not read this tick), and
+    # os.path.lexists answered False for EACCES on its limit file: noded took the file for
+    # gone and forgot the original its own write had replaced, never to put it back.
+    owner = _owner(v1_job.state)
+    _tick(owner, v1_job.js, 2 * QUANTUM)
+    key = f"memory:{v1_job.mem}"
+    assert key in _records(v1_job.state)[0]
+    got = _as_the_unit(v1_job.state, v1_job.cs, v1_job.mem, v1_job.pid, 3 * QUANTUM)
+    assert "Permission denied" in got["unplaced"][v1_job.js.id] and got["records"] == [key]  # held, kept
+    assert _read(f"{v1_job.mem}/{SOFT}") == str(2 * QUANTUM)
+    assert _owner(v1_job.state).apply({}, {}, {}).changes[0].limit == UNLIMITED_V1  # put back at its end
+    assert _read(f"{v1_job.mem}/{SOFT}") == UNLIMITED_V1 and _records(v1_job.state) == ({}, {})
+
+
+def test_a_v1_jobs_cgroup_shut_to_noded_still_has_its_memory_cgroup(v1_job):
+    # On v1 the job's memory is the memory hierarchy's (no memory.high in any cgroup): its
+    # cpuset directory shut changes nothing of where its memory cgroup is
+    got = _as_the_unit(v1_job.state, v1_job.cs, v1_job.cs, v1_job.pid)
+    assert got["found"] == {v1_job.js.id: v1_job.mem} and got["unplaced"] == {}
+
+
+UNIFIED = "/sys/fs/cgroup/unified"
+
+
+def test_a_v2_jobs_cgroup_shut_to_noded_is_said_as_shut_not_taken_for_v1(sleeper, tmp_path):
+    # Before: os.path.exists(JOB/memory.high) answered False for EACCES, so a v2 job whose
+    # owner shut its directory was looked for in the v1 memory hierarchy and said to be
+    # "none of the job's processes is in the memory cgroup /sys/fs/cgroup/memory/...".
+    with open("/proc/mounts") as f:
+        if not any(line.split()[1:3] == [UNIFIED, "cgroup2"] for line in f):
+            pytest.skip(f"no cgroup2 mount at {UNIFIED}")
+    job = f"{UNIFIED}/noded-test-{uuid.uuid4().hex[:8]}"
+    os.mkdir(job)
+    p = sleeper()
+    try:
+        _write(f"{job}/cgroup.procs", p.pid)
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700)
+        got = _as_the_unit(state, job, job, p.pid)
+    finally:
+        p.kill()
+        p.wait()
+        from support.waiting import wait_for
+        wait_for(lambda: _read(f"{job}/cgroup.procs") == "", what=f"{job} to empty")
+        os.rmdir(job)
+    assert got["found"] == {}
+    assert got["unplaced"]["slurm:1"] == f"{job}/memory.high: Permission denied", got

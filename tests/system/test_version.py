@@ -88,3 +88,26 @@ def test_build_info_carries_the_revision_and_the_runs_settings_are_gauges_of_the
     assert value(values, "noded_throttle_method", method="mba") == 1
     assert value(values, "noded_dry_run") == 0
     assert types["noded_throttle_method"] == "gauge" and types["noded_dry_run"] == "gauge"
+
+
+def stage_tree(dest, source_date_epoch: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(ROOT, "packaging", "stage.py"), "tree", str(dest),
+                           "noded/util", "pyproject.toml"], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env={**os.environ, "SOURCE_DATE_EPOCH": source_date_epoch})
+
+
+def test_an_empty_source_date_epoch_is_unset_and_a_malformed_one_fails_the_staging_by_name(tmp_path):
+    # Before: an empty SOURCE_DATE_EPOCH (a CI's `SOURCE_DATE_EPOCH=$(git log ... )` in a
+    # shallow checkout) crashed stage.py with int('')'s traceback; reproducible-builds.org's
+    # specification: empty is not following it (the build's own choice), malformed fails.
+    p = stage_tree(tmp_path / "empty", "")
+    assert p.returncode == 0 and p.stderr == "", p
+    assert (tmp_path / "empty" / "pyproject.toml").exists()
+    p = stage_tree(tmp_path / "fixed", "1700000000")
+    assert p.returncode == 0 and os.stat(tmp_path / "fixed" / "pyproject.toml").st_mtime == 1700000000
+    before = tmp_path / "fixed"
+    for bad in ("abc", "1.5", "-1", " 12", "١٢"):
+        p = stage_tree(before, bad)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p
+        assert p.stderr.startswith(f"stage.py: SOURCE_DATE_EPOCH={bad!r} is not a time"), p.stderr
+        assert os.stat(before / "pyproject.toml").st_mtime == 1700000000  # nothing half-done: the tree as it was

@@ -58,15 +58,25 @@ def exposition_label(job_id: str) -> str:
 def test_resctrl_group_names_are_valid_stable_and_distinct(ids):
     names = [group_name("noded-", j) for j in ids]
     for j, name in zip(ids, names):
-        assert re.fullmatch(r"noded-job-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{8}", name), name
+        assert re.fullmatch(r"noded-job-[A-Za-z0-9_.-]{0,40}-[0-9a-f]{32}", name), name
         group_name.cache_clear()
         assert group_name("noded-", j) == name  # a pure function of the id: the same after a restart
-        try:
-            old = hashlib.sha1(j.encode()).hexdigest()[:8]  # what noded named it before: kept
-        except UnicodeEncodeError:
-            continue
-        assert name.endswith("-" + old)
+        digest = hashlib.sha256(j.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        assert name.endswith("-" + digest)  # 128 bits of SHA-256 of the whole id
+        assert len(group_name("n" * 32 + "cap-", j).encode()) <= 113 < 255  # the longest prefix: a kernfs name
     assert len(set(names)) == len(names)
+
+
+def test_two_ids_a_tenant_chose_to_share_a_name_under_32_bits_have_two_groups():
+    # Found in half a second by the birthday search over SHA-1's first 32 bits (the names
+    # before 2026-11): one sanitised 40-character prefix, one 8-digit digest (f515e72d).
+    # Under those names sync mapped both jobs to one group: one tenant's job read and
+    # steered as the other's. With 128 bits of SHA-256 no search reaches another's name.
+    a = "cgroup:/sys/fs/cgroup/tenant/delegated/job49267"
+    b = "cgroup:/sys/fs/cgroup/tenant/delegated/job150425"
+    assert hashlib.sha1(a.encode()).hexdigest()[:8] == hashlib.sha1(b.encode()).hexdigest()[:8]
+    assert group_name("noded-", a) != group_name("noded-", b)
+    assert group_name("noded-cap-", a) != group_name("noded-cap-", b)  # the cap control groups' names too
 
 
 def tick_with(job_ids) -> TickResult:
@@ -243,3 +253,15 @@ def test_reading_back_any_text_never_raises(sink, text):
     """unescaped is a parser of text an operator may paste: any text reads as some name."""
     picks = sink[2] or (lambda c: _UNPRINTABLE.match(c) is not None)
     assert isinstance(unescaped(text, picks), str)
+
+
+@SETTINGS
+@given(st.lists(JOB_ID, min_size=1, max_size=8))
+def test_a_list_of_job_ids_in_prose_reads_back_as_the_list_it_was(ids):
+    # the held jobs of a lasting state, the jobs co-located, those sharing a CLOSID: a
+    # tenant's cgroup named "a, b" or "x job=y" is one item, never two, and adds no key
+    from noded.util.journal import words
+
+    text = words(ids)
+    assert "=" not in text and printable(text) == text
+    assert [unescaped(w, in_word) for w in text.split(", ")] == ids

@@ -35,3 +35,20 @@ def test_matches_follow_each_listing_as_it_changes_under_two_patterns_sharing_a_
     os.rename(tmp_path / "a" / "task_1", tmp_path / "a" / "task_9")  # the count stays: seen at the relisting
     clock.t = 11.0
     assert sorted(scanner.scan().values()) == [str(tmp_path / d) for d in ("a/job_1", "a/job_3", "a/task_9")]
+
+
+def test_a_source_root_that_cannot_be_looked_at_is_that_error_not_no_directory(tmp_path):
+    # Before: os.path.isdir answered False for any error, and the scan said "job source root
+    # is not a directory" (ENOENT) for a root behind a loop (or shut: EACCES, as noded's unit
+    # runs): the operator was sent looking for a missing directory. The kernel's error now.
+    import errno
+
+    import pytest
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for root in (str(tmp_path / "loop" / "slurm"), str(tmp_path / "absent")):
+        source = CgroupSource.create("cgroup", root, ["job_*"])
+        for scan in (source.scan, CgroupScanner(source, 10.0, lambda: 0.0).scan):
+            with pytest.raises(OSError) as e:
+                scan()
+            assert e.value.errno == (errno.ELOOP if "loop" in root else errno.ENOENT), e.value
