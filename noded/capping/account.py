@@ -32,6 +32,13 @@ from __future__ import annotations
 MAX_CREDIT_SHARE = 0.5
 #: the most of an overrun remembered and paid back, in periods' bytes at the cap
 MAX_DEBT_PERIODS = 2.0
+#: a shortfall within this share of the cap is not made up: a holder at the cap, starved
+#: now and then at its higher value, goes over it for a while; one held a little below
+#: has that much room
+UNDER_FREE_SHARE = 0.02
+#: a period this many times its length or longer stalled (its holder starved): what it fell
+#: short is not made up
+STALL_PERIODS = 2.0
 #: what is owed is taken out over so many periods (in each, this share of what is left)
 PAYBACK_PERIODS = 2.0
 #: what is paid back in one period at most, as a share of the cap: the target stays at
@@ -58,7 +65,16 @@ class ByteAccount:
         is the job's own: nothing is owed to it)."""
         if seconds <= 0:
             return
-        balance = self.balance + moved_bytes - self.cap * seconds
+        over = moved_bytes - self.cap * seconds
+        if over < 0:
+            # a shortfall within UNDER_FREE_SHARE of the cap is not owed; nor one of a
+            # period that stalled (a stall is as likely at the higher value, and there it
+            # goes over: made up when under and paid back when over, stalls would average
+            # to the cap, and a second with two of them at the higher value well over it)
+            over = min(0.0, moved_bytes - (1 - UNDER_FREE_SHARE) * self.cap * seconds)
+            if seconds > STALL_PERIODS * self.period:
+                over = max(over, -max(0.0, self.balance))
+        balance = self.balance + over
         floor = -MAX_CREDIT_SHARE * self.cap * self.period if held_back else 0.0
         self.balance = max(floor, min(MAX_DEBT_PERIODS * self.cap * self.period, balance))
 

@@ -240,7 +240,9 @@ class CapController:
         known_low = max((v for v, b in curve.points.items() if b <= target), default=None)
         if known_low is None:
             low = self.values[0]
-            return Hold(low, low, unreachable=low in curve.points)  # nothing lower to try
+            # nothing lower to try; unreachable where even that passes more than the cap (not
+            # merely more than a target lowered to pay back an overrun)
+            return Hold(low, low, unreachable=low in curve.points and curve.points[low] > self.cap + self.integral)
         # The largest value that cannot pass more than the target, measured or not.
         guess = max((v for v in self._candidates(curve) if bound(v) <= target), default=known_low)
         if guess > known_low and guess not in curve.points:
