@@ -14,11 +14,12 @@ reads' spans however many periods it covers.
 What is owed either way is bounded, and the two ways differently, because over the cap is
 the worse error (a cap is a promise to the other tenants):
 
-* under (``credit``): at most ``MAX_CREDIT_SHARE`` of a period at the cap, and only while
+* under (``credit``): at most ``MAX_CREDIT_SHARE`` of a period at the cap, only while
   the job was held back (a job under its cap at the top value wanted no more: nothing is
-  owed to it);
-* over (``debt``): up to ``MAX_DEBT_PERIODS`` whole periods at the cap, paid back by
-  holding lower values.
+  owed to it), only below ``UNDER_FREE_SHARE`` of the cap, and not for a stalled period;
+* over (``debt``): up to ``MAX_DEBT_PERIODS`` whole periods at the cap (more is where
+  even the lowest value passes more than the cap: nothing the holder can pay back), paid
+  back by lower targets and, past ``OVER_ALONE_SHARE``, by the lower value alone.
 
 So over any span of periods the group moves at most ``cap x seconds + debt at its end +
 the credit at its start`` (plus the reads' spans): the credit is the most a make-up can

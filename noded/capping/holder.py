@@ -22,10 +22,12 @@ not what was held. So each counter read and each write is timed: a period is mea
 from the middle of one read to the middle of the next, the controller learns from the
 time each value was really in force (``noded.capping.in_force``; a period whose reads and
 writes took too much of it is not learned from), and what the group moved against its cap
-is kept in bytes from the counters (``noded.capping.account``): a shortfall is made up in
-the next periods, bounded to half a period's bytes at the cap, and an overrun paid back
-whole. So a holder that can only switch when its quota refills still averages to the cap,
-by whole periods at one value or the other, and never more than that half period above it.
+is kept in bytes from the counters (``noded.capping.account``): an overrun is paid back
+(over by a tenth of a period's bytes, the next period holds the lower value alone), a
+shortfall made up by at most half a period's bytes at the cap, and not at all within 2 %
+of the cap or from a stalled period. So a holder that can only switch when its quota
+refills averages to the cap, by whole periods at one value or the other, and one starved
+at random sits a little below it rather than over it.
 """
 
 from __future__ import annotations
