@@ -24,6 +24,11 @@ How it chooses (one concept each):
   ramps); a higher value found to pass no more than the lower one says the lower point is
   wrong: the next period holds the lower value alone to measure it (below the cap, never
   above it).
+* What a period held is what the holder's writes really held where it says so
+  (``in_force``: a starved holder switches late), not the plan: each value's share as it
+  was in force, a value of the last plan still in force at the start taken out at its
+  point. A period not held as planned feeds no integral: its error is the timing's, which
+  the holder pays back itself (noded.capping.owed).
 * On AMD the value is an absolute limit per thread (1/8 GB/s): the first guess is the cap
   divided over the busy threads, then MBM corrects it like any other point.
 * Below the lowest value's bandwidth nothing here can meet the cap: ``Hold.unreachable``
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Mapping
 
 from noded.capping.curve import LevelCurve
 
@@ -41,6 +47,8 @@ DEFAULT_PERIOD_S = 0.1
 MIN_PROBE_SHARE = 0.1  # of a period, on a value never measured: less says too little through noisy counters
 AMD_UNIT_BYTES = 125_000_000  # 1/8 GB/s, AMD's MB unit
 MIX_DAMP_WITHIN = 0.05  # a point's correction from a mixed period this small is taken by half
+#: a period whose higher value was in force within this share of its plan was held as planned
+AS_PLANNED_WITHIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,14 @@ class Hold:
         return [(self.high, self.high_share), (self.low, 1.0 - self.high_share)]
 
 
+def _high_share(hold: Hold) -> float:
+    """The share of a period ``hold`` holds its higher value."""
+    parts = hold.values
+    if len(parts) == 2:
+        return parts[0][1]
+    return 1.0 if parts[0][0] == hold.high != hold.low else 0.0
+
+
 class CapController:
     """Steers one job's MB value so its bandwidth holds at ``cap_bps``."""
 
@@ -81,6 +97,7 @@ class CapController:
         self.threads = 0
         self._remeasure = False  # the last period contradicted the curve: hold the lower value alone
         self._last: Hold | None = None
+        self._target = cap_bps  # what the last hold was chosen for
 
     def set_cap(self, cap_bps: float) -> None:
         if cap_bps <= 0:
@@ -99,20 +116,54 @@ class CapController:
         self.threads = threads
         return curve
 
-    def update(self, measured_bps: float, busy_threads: int, held: Hold) -> Hold:
-        """The job moved ``measured_bps`` over the period it held ``held``: what next."""
+    def update(self, measured_bps: float, busy_threads: int, held: Hold,
+               in_force: Mapping[int, float] | None = None, *, learn: bool = True,
+               makeup_bps: float = 0.0) -> Hold:
+        """The job moved ``measured_bps`` over the period it held ``held``: what next.
+        ``in_force``: each MB value's share of that period as the holder's writes really
+        landed (noded.capping.in_force), where it knows them; else the plan's shares.
+        ``learn=False``: the period is not learned from (when its values changed is too
+        little known), only the next hold chosen. ``makeup_bps``: added to the target for
+        the next period (the holder's account of the bytes its job moved against the cap,
+        noded.capping.account: negative pays back what went over)."""
         curve = self._curve(busy_threads)
-        moved = self._learn(curve, measured_bps, held, busy_threads)
+        learnt = self._as_held(curve, measured_bps, held, in_force) if learn else None
+        moved = learnt is not None and self._learn(curve, learnt[1], learnt[0], busy_threads)
         pinned = (held.low == held.high == self.values[0] and measured_bps > self.cap) or \
                  (held.low == self.values[-1] and measured_bps < self.cap)
         if moved or pinned:
             self.integral = 0.0  # anti-windup: the curve took the change, or the scale ran out
         elif abs(self.cap - measured_bps) > 0.1 * self.cap:
             pass  # far from the cap: the curve's error to learn, not a bias to integrate
+        elif learnt is None or abs(_high_share(learnt[0]) - _high_share(held)) > AS_PLANNED_WITHIN:
+            # not held as planned (a starved holder's late switch, or what it paid back of
+            # one): the error is the timing's, which the holder pays back itself
+            # (noded.capping.owed); integrated, the periods that overran would count and
+            # those that paid back (far below the cap) would not
+            pass
         else:
             self.integral = max(-self.limit, min(self.limit, self.integral + self.gain * (self.cap - measured_bps)))
-        self._last = self._choose(curve, self.cap + self.integral)
+        self._target = max(0.0, self.cap + self.integral + makeup_bps)
+        self._last = self._choose(curve, self._target)
         return self._last
+
+    def _as_held(self, curve: LevelCurve, measured: float, held: Hold,
+                 in_force: Mapping[int, float] | None) -> tuple[Hold, float] | None:
+        """The period as it really was: ``held``'s two values at the shares they were in force,
+        and what the job moved at them. A value of another plan in force for part of it (the
+        last period's, until this one's first write landed) is taken out at what its curve
+        says; where the curve has no point for it, the period teaches nothing (None)."""
+        if in_force is None:
+            return held, measured
+        others = {v: s for v, s in in_force.items() if v not in (held.low, held.high) and s > 0}
+        if any(v not in curve.points for v in others):
+            return None
+        rest = 1.0 - sum(others.values())
+        if rest < MIN_PROBE_SHARE:
+            return None  # the plan was barely in force: its values' shares say too little
+        measured = max(0.0, (measured - sum(s * curve.points[v] for v, s in others.items())) / rest)
+        high_share = in_force.get(held.high, 0.0) / rest if held.high != held.low else 0.0
+        return Hold(held.low, held.high, min(1.0, high_share), held.unreachable), measured
 
     def _learn(self, curve: LevelCurve, measured: float, held: Hold, threads: int) -> bool:
         """Fold the period into the curve; True where the curve moved by more than noise."""
@@ -148,6 +199,11 @@ class CapController:
                     return False
                 learned = min(max(at_low, raw), 1.25 * max(top, measured))
             else:
+                if 1 - share < MIN_PROBE_SHARE:
+                    # the lower value barely in force (a starved holder's late switch back):
+                    # the counters' noise and the higher value's error, magnified, would be all
+                    # it learned
+                    return False
                 value = low
                 learned = min(max(0.0, (measured - share * at_high) / (1 - share)), at_high)
         before = curve.points.get(value)
@@ -184,7 +240,9 @@ class CapController:
         known_low = max((v for v, b in curve.points.items() if b <= target), default=None)
         if known_low is None:
             low = self.values[0]
-            return Hold(low, low, unreachable=low in curve.points)  # nothing lower to try
+            # nothing lower to try; unreachable where even that passes more than the cap (not
+            # merely more than a target lowered to pay back an overrun)
+            return Hold(low, low, unreachable=low in curve.points and curve.points[low] > self.cap + self.integral)
         # The largest value that cannot pass more than the target, measured or not.
         guess = max((v for v in self._candidates(curve) if bound(v) <= target), default=known_low)
         if guess > known_low and guess not in curve.points:
@@ -199,6 +257,11 @@ class CapController:
         at_high = curve.points.get(high)
         if at_high is None:  # unmeasured: assume the most this job has been seen to move
             at_high = max(max(curve.points.values()), at_low)
+            if at_high <= at_low and not self.absolute_unit and bound(high) < float("inf"):
+                # nothing higher seen (a curve cleared or first learned at its lowest value):
+                # the most a concave throttle lets it pass there, so it is tried from below
+                # rather than never
+                at_high = bound(high)
         if at_high <= at_low:
             return Hold(known_low, known_low)
         share = max(0.0, min(1.0, (target - at_low) / (at_high - at_low)))
@@ -215,8 +278,8 @@ class CapController:
         picks = set(xs) | {self.values[0]}
         for a, b in zip(xs, xs[1:]):
             ya, yb = curve.points[a], curve.points[b]
-            if ya < self.cap + self.integral <= yb and yb > ya:
-                guess = a + (self.cap + self.integral - ya) * (b - a) / (yb - ya)
+            if ya < self._target <= yb and yb > ya:
+                guess = a + (self._target - ya) * (b - a) / (yb - ya)
                 i = bisect.bisect_right(self.values, guess) - 1
                 picks.add(self.values[max(0, i)])
         return sorted(picks)

@@ -16,6 +16,18 @@ is the slow one: one 10 % step a second, by local traffic unless the group's
 
 The MB value is the same on every domain; the cap is on the job's traffic summed over
 them (MBM counts each domain's L3; a job's threads may run on several).
+
+A holder starved of CPU (a quota, a loaded host) wakes late and writes late: the plan is
+not what was held. So each counter read and each write is timed: a period is measured
+from the middle of one read to the middle of the next, the controller learns from the
+time each value was really in force (``noded.capping.in_force``; a period whose reads and
+writes took too much of it is not learned from), and what the group moved against its cap
+is kept in bytes from the counters (``noded.capping.account``): an overrun is paid back
+(over by a tenth of a period's bytes, the next period holds the lower value alone), a
+shortfall made up by at most half a period's bytes at the cap, and not at all within 2 %
+of the cap or from a stalled period. So a holder that can only switch when its quota
+refills averages to the cap, by whole periods at one value or the other, and one starved
+at random sits a little below it rather than over it.
 """
 
 from __future__ import annotations
@@ -28,7 +40,9 @@ from typing import Callable
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, read_mbm
 
+from noded.capping.account import ByteAccount
 from noded.capping.controller import AMD_UNIT_BYTES, DEFAULT_PERIOD_S, CapController, Hold
+from noded.capping.in_force import WriteRecord
 from noded.capping.threads import BusyThreads
 from noded.samplers.mongroups import group_name as cap_group_name
 from noded.util.journal import log_change, word  # a job named in a message: one word, one to one
@@ -37,6 +51,9 @@ log = logging.getLogger(__name__)
 MIB = 1 << 20
 KERNEL_MBPS = "kernel mba_MBps"
 NODED = "noded"
+#: a period whose reads and writes took more than this share of it (a starved holder: the
+#: times its values changed are that uncertain) is not learned from (its bytes are counted)
+UNCERTAIN_SHARE = 0.2
 
 
 def scale_of(rc: Resctrl) -> list[int]:
@@ -53,7 +70,8 @@ class CapHolder:
 
     def __init__(self, rc: Resctrl, job: str, pids: list[int], cap_bps: float, *,
                  busy_threads: Callable[[], int] | None = None, period_s: float = DEFAULT_PERIOD_S,
-                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None):
+                 clock: Callable[[], float] = time.monotonic, group_name: str | None = None,
+                 wait: Callable[[float], bool] | None = None):
         self.rc = rc
         self.job = job
         self.cap = cap_bps
@@ -85,8 +103,18 @@ class CapHolder:
         #: least measured passes more); None: nothing measured yet. Written by the holder's
         #: thread after each period, read by the daemon's.
         self.lowest_bound: float | None = None
+        #: the MB values written and when (noded.capping.in_force): what each period really held
+        self.written = WriteRecord(self.held.low if self.held else 0)
+        #: the group's bytes against its cap (noded.capping.account): made up or paid back
+        self.account = ByteAccount(cap_bps, period_s)
+        self._last_read: tuple[float, float] | None = None  # (clock before, after) the last counter read
+        #: periods not learned from: a read or a write took too much of them (a starved holder)
+        self.uncertain_periods = 0
+        self._steered = False  # whether a period held a value the controller chose
         self._reset = threading.Event()  # the job's CPUs changed: what was learned is of other cores
         self._stop = threading.Event()
+        # waits up to so many seconds of ``clock``'s; True where the holder was stopped meanwhile
+        self._wait = wait or self._stop.wait
         self._thread: threading.Thread | None = None
 
     def start(self) -> "CapHolder":
@@ -117,6 +145,7 @@ class CapHolder:
         self.cap = cap_bps
         if self.controller is not None:
             self.controller.set_cap(cap_bps)
+            self.account.set_cap(cap_bps)
         else:
             self.group.set_mb(max(1, int(cap_bps / MIB)))
 
@@ -142,12 +171,43 @@ class CapHolder:
             self.controller.integral = 0.0
             self.unreachable_since = self.lowest_bound = None
             self.meter = BandwidthMeter(MBM_TOTAL)  # the next period is measured from now
-        rates = self.meter.update(read_mbm(self.group.path, (MBM_TOTAL,)), now)
-        if not rates or any(r is None for r in rates.values()):
+            self._last_read = None
+        sample = read_mbm(self.group.path, (MBM_TOTAL,))
+        read = (now, self.clock())
+        last_read, self._last_read = self._last_read, read
+        # The counters were read somewhere within each read's span: a period is measured
+        # from the middle of one read to the middle of the next, so that the periods' seconds
+        # add up to the time between their ends, off by half of two spans at most.
+        rates = self.meter.update(sample, sum(read) / 2)
+        if not rates or any(r is None for r in rates.values()) or last_read is None:
+            self.written.over(read[0], read[0])  # what is in force from here on
             return None  # a first reading or a reset: the next period measures
+        start, end = sum(last_read) / 2, sum(read) / 2
+        if end - start <= 0:
+            return None
         self.last_rate = sum(r for r in rates.values() if r is not None)
+        in_force = self.written.over(start, end)
         self.threads = self.busy_threads()
-        self.held = self.controller.update(self.last_rate, self.threads, self.held)
+        if self.account.cap != self.controller.cap:
+            self.account.set_cap(self.controller.cap)  # set_cap (another thread's): a new account
+        if self._steered:  # (the first period held what was there before the cap: nothing owed for it)
+            self.account.add(self.last_rate * (end - start), end - start,
+                             held_back=any(v < self.scale[-1] for v in in_force.seconds))
+        self._steered = True
+        # starved in a read or a write: when the values changed is too little known to
+        # learn from; its bytes are in the account all the same
+        # (a period that held one value throughout is learned from all the same: which value
+        # was in force is certain, and a curve must have a first point)
+        uncertain = in_force.uncertain_s + (last_read[1] - last_read[0] + read[1] - read[0]) / 2
+        learn = uncertain <= UNCERTAIN_SHARE * in_force.span or len(in_force.seconds) == 1
+        if not learn:
+            self.uncertain_periods += 1
+        self.held = self.controller.update(self.last_rate, self.threads, self.held, in_force.shares(), learn=learn,
+                                           makeup_bps=self.account.makeup_bps)
+        if self.account.over and self.held.high_share > 0:
+            # over the cap: no higher value until it is paid back (a starved holder may hold
+            # any share of one for the whole period)
+            self.held = Hold(self.held.low, self.held.low, unreachable=self.held.unreachable)
         curve = self.controller.curves.get(self.controller.threads)
         self.lowest_bound = min(curve.points.values()) if curve is not None and curve.points else None
         if not self.held.unreachable:
@@ -167,23 +227,49 @@ class CapHolder:
             # thread's stderr; the service sees the holder not alive and starts it anew
             log.exception("cap %s: stopped steering on an error of noded's", word(self.job))
 
+    def _write(self, value: int) -> tuple[float, float]:
+        """Write ``value``; (clock before, after): it took effect somewhere between."""
+        began = self.clock()
+        self.group.set_mb(value)
+        returned = self.clock()
+        self.written.wrote(value, began, returned)
+        return began, returned
+
+    def _wait_until(self, when: float) -> bool:
+        """True where the holder was stopped meanwhile."""
+        return self._wait(max(0.0, when - self.clock()))
+
     def _steer(self) -> None:
         start = self.clock()
         k = 0
         while not self._stop.is_set():
+            if self.clock() >= start + (k + 1) * self.period:
+                # a whole period behind (starved): the schedule starts again from now, or
+                # every period to come would end before its higher value was held
+                start, k = self.clock(), 0
             hold = self.step()
-            parts = hold.values if hold is not None else [(self.held.low, 1.0)]
-            offset = 0.0
-            for value, share in parts:
-                self.group.set_mb(value)
-                offset += share * self.period
-                if len(parts) > 1 and share < 1.0 and self._stop.wait(max(0.0, start + k * self.period + offset
-                                                                           - self.clock())):
-                    return
+            if self._hold(hold.values if hold is not None else [(self.held.low, 1.0)],
+                          start + (k + 1) * self.period):
+                return
             k += 1
             # the next period starts on the schedule, not after this one's work
-            if self._stop.wait(max(0.0, start + k * self.period - self.clock())):
+            if self._wait_until(start + k * self.period):
                 return
+
+    def _hold(self, parts: list[tuple[int, float]], period_end: float) -> bool:
+        """Hold one period's values (the higher first); True where stopped meanwhile."""
+        if len(parts) == 1:
+            self._write(parts[0][0])
+            return False
+        (high, share), (low, _) = parts
+        # the higher value's time counted from when its write returned, not from the
+        # schedule (a late wake-up or write would take it out of the period's share), never
+        # past the period's end; what a late switch back adds is paid back by the account
+        high_from = self._write(high)[1]
+        if self._wait_until(min(period_end, high_from + share * self.period)):
+            return True
+        self._write(low)
+        return False
 
     def stop(self, *, remove: bool = True) -> None:
         """Stop steering and remove the group: the kernel puts the job's tasks back in the root.
