@@ -40,10 +40,16 @@ def bare_job_ids(path: str) -> list[str]:
     return out
 
 
-def test_every_log_message_puts_a_job_id_in_as_one_word():
+def in_noded(check) -> list[str]:
+    """What ``check(path)`` finds in every module of noded/."""
     found = []
     for dirpath, _, names in os.walk(os.path.join(REPO_ROOT, "noded")):
-        found += [hit for n in sorted(names) if n.endswith(".py") for hit in bare_job_ids(os.path.join(dirpath, n))]
+        found += [hit for n in sorted(names) if n.endswith(".py") for hit in check(os.path.join(dirpath, n))]
+    return found
+
+
+def test_every_log_message_puts_a_job_id_in_as_one_word():
+    found = in_noded(bare_job_ids)
     assert not found, f"a job id put in a log message as it is (write job=%s, or word(job)): {found}"
 
 
@@ -116,9 +122,7 @@ def joined_job_ids(path: str) -> list[str]:
 
 
 def test_every_list_of_job_ids_in_text_is_a_list_of_words():
-    found = []
-    for dirpath, _, names in os.walk(os.path.join(REPO_ROOT, "noded")):
-        found += [hit for n in sorted(names) if n.endswith(".py") for hit in joined_job_ids(os.path.join(dirpath, n))]
+    found = in_noded(joined_job_ids)
     assert not found, f"job ids joined into text as they are (write words(jobs), from noded.util.journal): {found}"
 
 
