@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-files install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
+.PHONY: demo test test-thorough test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-files install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -84,6 +84,11 @@ test: test-deps
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
 	$(PYTEST) -m "slurm and not bench" --basetemp=$$base/s; slurm=$$?; \
 	[ $$others = 0 ] && { [ $$slurm = 0 ] || [ $$slurm = 5 ]; } && rm -rf $$base
+
+# `make test` with every property test drawing the examples its @settings write (`make test`
+# draws half of the heaviest ones': tests/support/examples.py).
+test-thorough:
+	NODED_EXAMPLES_SCALE=1 $(MAKE) test
 
 # The unit tier alone (the suite's and bench's): pure code, no root, in seconds (two workers:
 # its hypothesis tests compute).

@@ -83,9 +83,14 @@ class PlanError(ValueError):
     """A view no plan can satisfy, or a malformed one; the message names the job."""
 
 
+_INT = frozenset({int})
+
+
 def _cpu_set(values: Iterable[int], where: str) -> frozenset[int]:
-    out = frozenset(values)
-    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in out):
+    # every plan checks every job's CPUs, every tick: the check in C (map, min), not a
+    # generator; a bool is no CPU id (its type is bool, not int)
+    out = values if type(values) is frozenset else frozenset(values)
+    if out and (not _INT.issuperset(map(type, out)) or min(out) < 0):
         raise PlanError(f"{where}: CPU ids must be whole numbers >= 0")
     return out
 

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.colocation import kernels, reference
 from noded.colocation.profiles import ProfileError, load_profiles, parse_ncu_csv
 
@@ -25,7 +27,7 @@ def placements(draw):
             draw(st.integers(1, 4)), draw(st.floats(0, 300, allow_nan=False)), coef)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(placements())
 def test_placement_matches_the_reference(args):
     got_assign, got_delta = kernels.place(*args)

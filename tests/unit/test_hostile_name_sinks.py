@@ -19,6 +19,8 @@ from types import MappingProxyType
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from support.examples import examples
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,7 +46,7 @@ FROM_CGROUPS = st.builds(lambda kind, name: kind + os.fsdecode(name), st.sampled
 #: a registered job id (nodectl label, the admin socket's JSON): any code point, lone surrogates too
 REGISTERED = st.text(st.characters(min_codepoint=1, exclude_categories=()), min_size=1, max_size=60)
 JOB_ID = st.one_of(FROM_CGROUPS, REGISTERED)
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def exposition_label(job_id: str) -> str:

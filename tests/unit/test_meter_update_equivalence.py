@@ -10,6 +10,8 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from resctrl.mbm import MBM_TOTAL, BandwidthMeter, CounterReading, rate_between
 
 
@@ -57,7 +59,7 @@ def _at(value):
     return {0: {MBM_TOTAL: CounterReading(value)}}
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @example(steps=[("update", _at(5), 1.0, None), ("update", _at(3), 1.0, None)], tolerance=2, max_rate=1e12)  # dip at it
 @example(steps=[("update", _at(5), 1.0, None), ("update", _at(2), 1.0, None)], tolerance=2, max_rate=1e12)  # past it
 @example(steps=[("update", _at(5), 1.0, None), ("update", _at(4), 1.0, {0: 0})], tolerance=2, max_rate=1e12)

@@ -5,6 +5,8 @@ from types import MappingProxyType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.config import ContentionConfig
 from noded.jobs.model import JobMeta
 from noded.policy.contention import PolicyState, decide
@@ -127,7 +129,7 @@ def test_a_per_job_cap_acts_only_on_one_ticks_rates():
     assert ds[0].actions == () and ds[1].actions == () and "was_big" not in state.throttles
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.tuples(st.one_of(st.none(), st.floats(0, 12)),  # node GB/s
                           st.floats(0, 100), st.floats(0, 10), st.floats(0, 10), st.booleans()),
                 min_size=1, max_size=40))

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.jobs.cgroups import CgroupSource, read_process_cgroups
 from noded.jobs.discovery import JobDiscovery
 from noded.jobs.proccgroup import (AmbiguousProcCgroup, ProcCgroupError, ProcCgroups, parse_hierarchies,
@@ -158,7 +160,7 @@ def forges_a_record(path: bytes) -> bool:
     return any(any(line.startswith(p) for p in PREFIXES) for line in path.split(b"\n")[1:])
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=600))
 def test_arbitrary_bytes_raise_nothing_but_the_typed_error(data):
     for hierarchies in (PREFIXES, frozenset({b"0::"})):
@@ -174,7 +176,7 @@ def test_arbitrary_bytes_raise_nothing_but_the_typed_error(data):
         pass
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(HOST), PATH, max_size=4), st.randoms(use_true_random=False))
 def test_any_legal_name_maps_back_to_exactly_its_path_or_is_refused_when_it_forges(paths, random):
     order = list(HOST)
@@ -193,7 +195,7 @@ def test_any_legal_name_maps_back_to_exactly_its_path_or_is_refused_when_it_forg
             assert parsed.paths[controller.decode()] == os.fsdecode(paths.get(h, b"/"))
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(NAME)
 def test_a_name_that_forges_nothing_is_read_back_in_every_hierarchy(name):
     assume(not forges_a_record(b"/" + name))

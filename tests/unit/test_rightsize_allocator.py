@@ -11,6 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.rightsize import allocator as al
 from noded.rightsize.jobsizing import JobSizing
 from noded.rightsize.sizing import (CODA, SYNERGY, AllocatorConfig, HintError, JobSpec, NotProbing, OutOfRange, Probe,
@@ -392,7 +394,7 @@ def jobs(draw):
     return spec, values, history
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 # a ceiling of 1 set after the second (last) probe: 2 cores measured faster, out of reach (hypothesis found it)
 @example(job=(JobSpec("j", max_cores=3, owner="alice", model="m"), [1.0, 2.0, 1.0],
               HistoryView({}, {("alice", None): (1.0,)})), method=CODA, fewer_if_equal=False, max_steps=3, cut=(2, 1))

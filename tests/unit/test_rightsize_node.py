@@ -10,6 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.util.halving import kept_cpus
 from noded.rightsize.sizing import PINNED as PINNED_REASON
 from noded.rightsize.sizing import Probe, Sized
@@ -221,14 +223,14 @@ def check_invariants(view: NodeView, config: PlanConfig, p):
             assert all(len(p.cpus_of(job)) >= min(asked[job], shares[job]) for job in asked)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(views(), configs)
 def test_property_no_overlap_no_borrower_on_gpu_cpus_everyone_at_least_one_cpu(view, config):
     assume(len(view.gpu_jobs) <= len(view.cpus))
     check_invariants(view, config, plan(view, config))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(views(), configs, st.randoms(use_true_random=False))
 def test_property_the_plan_depends_on_the_view_alone_not_on_the_order_of_its_jobs(view, config, rnd):
     gpu, cpu = list(view.gpu_jobs), list(view.cpu_jobs)
@@ -239,7 +241,7 @@ def test_property_the_plan_depends_on_the_view_alone_not_on_the_order_of_its_job
     assert dict(first.jobs) == dict(again.jobs) and first == plan(view, config)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(views(), configs, st.integers(1, 4), st.integers(1, 8), st.data())
 def test_property_a_gpu_job_arriving_or_growing_only_takes_back(view, config, gpus, target, data):
     """From one plan to the next (GPU jobs keep their CPUs), a new GPU job or a larger target
@@ -270,7 +272,7 @@ def test_property_a_gpu_job_arriving_or_growing_only_takes_back(view, config, gp
             assert TAKEN_BACK in new.reasons
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(views(), configs, st.integers(0, 6))
 def test_property_halving_is_a_function_of_what_was_granted_at_level_zero(view, config, level):
     at_zero = plan(NodeView(view.cpus, view.node_gpus, view.gpu_jobs,

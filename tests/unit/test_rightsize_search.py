@@ -17,6 +17,8 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from nodesim import curvegen
 from noded.rightsize import allocator as al
 from noded.rightsize.jobsizing import JobSizing, begin_job
@@ -283,7 +285,7 @@ def test_a_gap_that_the_lines_on_either_side_bound_below_the_top_is_not_searched
     assert not decision.answer and decision.cores < 8
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(lines=st.lists(st.tuples(st.floats(-0.3, 0.3), st.floats(0.1, 3.0)), min_size=1, max_size=4),
        cores=st.lists(st.integers(1, 16), min_size=4, max_size=10, unique=True))
 def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lines, cores):
@@ -300,7 +302,7 @@ def test_a_gap_said_bounded_holds_nothing_above_the_top_on_any_concave_curve(lin
             assert all(f(c) <= top.mean * (1 + 1e-9) for c in range(left + 1, right))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(bound=st.integers(2, 16), below=st.integers(1, 15), top=st.floats(0.1, 10.0), ratio=st.floats(0.1, 1.5))
 @example(bound=2, below=1, top=1.0, ratio=0.9765625)  # the draw that found the overclaim
 def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_near_the_margin(bound, below, top,
@@ -320,7 +322,7 @@ def test_at_two_points_the_top_is_measured_again_exactly_when_the_other_lies_nea
     assert not started.recheck or topsearch.is_tie(other, best, MARGIN, topsearch.between_error(measured))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.lists(st.tuples(st.integers(1, 16), st.floats(0.1, 1.0)), min_size=2, max_size=10))
 def test_a_peak_past_a_plateau_is_looked_for_only_in_an_unmeasured_gap_above_a_point_within_the_margin(data):
     from noded.rightsize import topsearch
@@ -345,7 +347,7 @@ def test_the_last_core_of_a_two_core_bracket_is_not_measured_below_an_answer_off
     assert topsearch.decide(peak, (0.01,) * 8, 16, MARGIN, rechecked=1) == topsearch.Decision(7, False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(bound=st.integers(2, 16),
        data=st.lists(st.tuples(st.integers(1, 16), st.floats(0.1, 1.0), st.floats(0.0, 0.6)), min_size=1,
                      max_size=12),
@@ -372,7 +374,7 @@ def test_any_points_give_a_probe_in_range_or_an_answer_within_the_margin_with_no
             assert topsearch.is_tie(wider[c], wider[top.cores], MARGIN, error)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(bound=st.integers(3, 16), hint=st.integers(1, 15), top=st.floats(0.1, 10.0), ratio=st.floats(0.5, 1.5),
        expected=st.floats(0.05, 20.0), widths=st.tuples(st.floats(0.0, 0.6), st.floats(0.0, 0.6)))
 @example(bound=3, hint=1, top=1.0, ratio=1.0, expected=20.0, widths=(0.0, 0.0))  # a remembered 1 core

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.examples import examples
+
 from noded.rightsize import split_kernels, split_reference
 from noded.rightsize.split import JobCurve, SplitError, normalised_progress, solve_split
 
@@ -36,7 +38,7 @@ def progress_tables(draw, exact: bool):
     return table, draw(st.integers(0, cores)), draw(st.integers(0, memory))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(progress_tables(exact=True))
 def test_kernel_python_dp_and_brute_force_agree(case):
     table, cores, memory = case
@@ -46,7 +48,7 @@ def test_kernel_python_dp_and_brute_force_agree(case):
     assert (got_c.tolist(), got_m.tolist(), got) == dp == brute
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(progress_tables(exact=False))
 def test_kernel_and_python_dp_agree_bit_for_bit_on_any_floats(case):
     table, cores, memory = case
@@ -91,7 +93,7 @@ def independent_progress(curves, cores, memory, node_gpus):
     return tables
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(nodes())
 def test_split_is_optimal_keeps_every_floor_and_fits(node):
     curves, cores, memory, node_gpus, (avail_c, avail_m) = node
@@ -114,7 +116,7 @@ def test_split_is_optimal_keeps_every_floor_and_fits(node):
         assert split.progress[curve.job_id] >= 1.0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(nodes())
 def test_tune_keeps_every_floor_and_never_beats_the_optimum(node):
     curves, cores, memory, node_gpus, (avail_c, avail_m) = node

@@ -60,10 +60,12 @@ def test_cpu_only_node():
 
 from hypothesis import given, settings, strategies as st
 
+from support.examples import examples
+
 _pids = st.frozensets(st.integers(1, 30), max_size=6)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_pids, min_size=1, max_size=6), st.lists(_pids, max_size=5))
 def test_each_job_holds_exactly_the_gpus_one_of_its_processes_is_on_in_gpu_order(job_pids, gpu_pids):
     """A GPU is a job's when any of its processes is on it; processes shared between jobs
