@@ -232,7 +232,17 @@ except PermissionError:
     readable = False
 daemon = c.pid()
 os.kill(daemon, signal.SIGKILL)
-until("the daemon gone", lambda: not os.path.exists(f"/proc/{daemon}") or not running(daemon, b""))
+
+
+def exited(pid):  # a zombie or reaped: a process still exiting (its cmdline already empty) has its children yet
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+until("the daemon gone", lambda: exited(daemon))
 c.stop()
 print(json.dumps({"listed": listed, "later": later, "readable": readable,
                   "listed_running": running(listed), "later_running": running(later)}))
