@@ -109,9 +109,10 @@ class CgroupSource:
         """The root's path components below its mount."""
         return tuple(p for p in os.path.relpath(self.root, self.mount).split("/") if p not in ("", "."))
 
-    @property
+    @functools.cached_property
     def hierarchy(self) -> str:
-        """The key of this hierarchy in a process's parsed /proc/PID/cgroup ('' for v2)."""
+        """The key of this hierarchy in a process's parsed /proc/PID/cgroup ('' for v2; found
+        once, as the mount is)."""
         return "" if self.version == 2 else v1_hierarchy_key(self.mount)
 
     def job_id(self, rel: str) -> str | None:

@@ -236,7 +236,6 @@ class JobDiscovery:
         self.clock = clock
         self._polls = [SourcePoll(CgroupScanner(src, relist_s), max_polled) for src in sources]
         # the processes of jobs whose subtree a walk cannot read whole, from /proc/PID/cgroup
-        self._hierarchies: list[tuple[CgroupSource, str]] | None = None
         self.rotation = ProcRotation(self._place, max_polled, proc)
         self._woken: set[str] = set()  # job ids a process was just placed in: read at the next discovery
         #: per source, what the last discovery read (noded_job_source_* metrics)
@@ -304,7 +303,9 @@ class JobDiscovery:
                 found = poll.scanner.scan()
                 listed.update(found)
                 paths.update(found.values())
-                if poll.scanner.listings.listed:  # listed again: each held job's directory checked against its path
+                if poll.scanner.listings.listed and poll.scanner.source.version == 2:
+                    # listed again: each held job's directory checked against its path (v1's
+                    # are, at each read: noded.jobs.heldsubtrees)
                     self.held.verify(found.values())
                 cost.append(self._read_listed(poll, found, woken, labels, jobs, unreadable, partial, short))
                 self._hold_ambiguous(poll.scanner.ambiguous, jobs, unreadable)
@@ -405,11 +406,9 @@ class JobDiscovery:
 
     def _place(self, paths: Mapping[str, str]) -> tuple[str, ...]:
         """The job directories a process's cgroups (its /proc/PID/cgroup) put it in."""
-        if self._hierarchies is None:  # each source's mount found once
-            self._hierarchies = [(src, src.hierarchy) for src in self.sources]
         out = []
-        for src, key in self._hierarchies:
-            where = paths.get(key)
+        for src in self.sources:
+            where = paths.get(src.hierarchy)
             rel = src.match(where) if where else None
             if rel:
                 out.append(os.path.join(src.root, rel))

@@ -17,31 +17,29 @@ import stat
 ABSENT = (FileNotFoundError, NotADirectoryError)
 
 
+def stat_or_none(path: str, *, follow: bool = True) -> os.stat_result | None:
+    """``path``'s stat (``follow``: a link followed), None where the kernel says nothing is
+    there. Raises OSError where that cannot be told."""
+    try:
+        return os.stat(path, follow_symlinks=follow)
+    except ABSENT:
+        return None
+
+
 def exists(path: str) -> bool:
     """Whether ``path`` names something (a link followed; a dangling one: False). Raises
     OSError where that cannot be told."""
-    try:
-        os.stat(path)
-    except ABSENT:
-        return False
-    return True
+    return stat_or_none(path) is not None
 
 
 def lexists(path: str) -> bool:
     """Whether ``path`` names something, a link itself included. Raises OSError where
     that cannot be told."""
-    try:
-        os.lstat(path)
-    except ABSENT:
-        return False
-    return True
+    return stat_or_none(path, follow=False) is not None
 
 
 def isdir(path: str) -> bool:
     """Whether ``path`` names a directory (a link followed). Raises OSError where that
     cannot be told."""
-    try:
-        st = os.stat(path)
-    except ABSENT:
-        return False
-    return stat.S_ISDIR(st.st_mode)
+    st = stat_or_none(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
