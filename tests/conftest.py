@@ -13,6 +13,7 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slu
 
 from support.eliminator import Harness
 from support.host import CPUSET, UNIFIED
+from support.nvml import published_gpus
 from support.waiting import wait_for
 
 # the hooks and fixtures bench's tests share (numba's warm cache, the FUSE skip, the emulator)
@@ -256,3 +257,11 @@ def tmpfs(tmp_path):
     for where in mounted:
         if subprocess.run(["umount", str(where)], capture_output=True, text=True).returncode != 0:
             subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+@pytest.fixture
+def nvml_node(tmp_path, monkeypatch):
+    """Three simulated GPUs published in shared memory; pynvml in this process loads the
+    stand-in library (``support.nvml.load`` loads another build of it)."""
+    yield from published_gpus(str(tmp_path / "nvml.shm"), monkeypatch)
+

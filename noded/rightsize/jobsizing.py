@@ -90,8 +90,8 @@ def feed(sizing: JobSizing, samples: Iterable[tuple[float, float]], now: float,
     for t, value in samples:
         window = window.add(t, value, config.signal)
     measured = window.result(now, config.signal)
-    if measured is None:
-        return None, replace(sizing, window=window), None
+    if measured is None:  # the common case, once per report: the constructor is the cheaper
+        return None, JobSizing(sizing.spec, sizing.state, window, sizing.watch), None
     if sizing.watch is not None:
         return (*_watched(sizing, measured, now, config), measured)
     out, state = advance(sizing.state, measured.mean, config, measured.rel_half_width, measured.elapsed_s)

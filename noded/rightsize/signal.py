@@ -30,8 +30,9 @@ Everything here is pure: samples come with their time ``t`` and the caller's ``n
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -68,13 +69,18 @@ class SignalConfig:
             raise ValueError(f"warmup_s ({self.warmup_s}) must be shorter than max_window_s ({self.max_window_s})")
 
 
+@functools.lru_cache(maxsize=16)
+def _normal_quantile(p: float) -> float:
+    return NormalDist().inv_cdf(p)
+
+
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile by the Cornish-Fisher expansion in 1/df around the normal
     quantile (Abramowitz & Stegun 26.7.5); within 0.5 % of the exact value from df = 4 up to
     p = 0.995 (a two-sided 99 % interval)."""
     if df < 1:
         raise ValueError(f"df must be >= 1, not {df}")
-    z = NormalDist().inv_cdf(p)
+    z = _normal_quantile(p)
     g1 = (z ** 3 + z) / 4
     g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
     g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
@@ -123,12 +129,14 @@ class Window:
         _check(self.kind, value)
         if t < self.opened_at + config.warmup_s or (self.last_t is not None and t < self.last_t):
             return self
+        # the constructor, not dataclasses.replace: this runs for every report of every job,
+        # and replace costs five times as much
         if self.skipped < config.warmup_samples:
-            return replace(self, skipped=self.skipped + 1, last_t=t)
+            return Window(self.kind, self.cores, self.opened_at, self.skipped + 1, self.n, self.mean, self.m2, t)
         n = self.n + 1
         delta = value - self.mean
         mean = self.mean + delta / n
-        return replace(self, n=n, mean=mean, m2=self.m2 + delta * (value - mean), last_t=t)
+        return Window(self.kind, self.cores, self.opened_at, self.skipped, n, mean, self.m2 + delta * (value - mean), t)
 
     def rel_half_width(self, config: SignalConfig) -> float:
         """The confidence interval's half-width as a share of the mean (inf below 2 samples)."""

@@ -242,6 +242,7 @@ def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: Alloc
     unsized: list[str] = []
     current: dict[str, tuple[int, ...]] = {}
     default_per_gpu = cores // GPUS
+    last_inputs = None
     for t in range(end):
         for r in starts.get(t, ()):
             share = proportional_share(r.gpus, GPUS, cores, 0)[0]
@@ -258,12 +259,18 @@ def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: Alloc
                 unsized.append(name)
             del running[name]
             current.pop(name, None)
-        view = NodeView(cpus, GPUS,
-                        tuple(GpuJob.from_allocator(n, j.run.gpus, j.out, current.get(n, ()))
-                              for n, j in running.items()),
-                        (CpuJob("cpu:batch", BORROWER, everything), CpuJob("cpu:etl", NOT_BORROWER, everything)))
         reserve = reserve_from_history(history.view(), GPUS, cores, default_per_gpu)
-        p = plan(view, PlanConfig(reserve_cores=reserve, lend_to=frozenset({BORROWER})))
+        # the plan is a pure function of what it is shown: a tick that shows it what the last
+        # one did (most ticks of a run, once its jobs are placed) gets the last plan
+        inputs = (reserve, [(n, j.run.gpus, j.out, current.get(n, ())) for n, j in running.items()])
+        if inputs != last_inputs:
+            view = NodeView(cpus, GPUS, tuple(GpuJob.from_allocator(n, gpus, out, mine)
+                                              for n, gpus, out, mine in inputs[1]),
+                            (CpuJob("cpu:batch", BORROWER, everything), CpuJob("cpu:etl", NOT_BORROWER, everything)))
+            p = plan(view, PlanConfig(reserve_cores=reserve, lend_to=frozenset({BORROWER})))
+            last_inputs = inputs
+            cpu_only = (set(p.cpus_of("cpu:batch")) | set(p.cpus_of("cpu:etl"))) - set(p.gpu_cpus)
+            lent = cpu_only & set(p.gpu_array)
         for name, job in running.items():
             mine = p.cpus_of(name)
             current[name] = mine
@@ -280,10 +287,8 @@ def run_noded(runs: list[GpuRun], end: int, cores: int, seed: int, config: Alloc
                     _sized(job, step, float(t), history, answers)
             if isinstance(job.out, Probe):
                 _measure(job, len(mine), t, config, history, answers)
-        gpu = set(p.gpu_cpus)
-        cpu = set(p.cpus_of("cpu:batch")) | set(p.cpus_of("cpu:etl"))
-        tally.cpu_core_s += len(cpu - gpu)
-        tally.lent_core_s += len((cpu - gpu) & set(p.gpu_array))
+        tally.cpu_core_s += len(cpu_only)
+        tally.lent_core_s += len(lent)
     return tally, answers, unsized
 
 

@@ -272,7 +272,8 @@ def exporter_source() -> str:
     return "\n".join(texts)
 
 
-def exported_families() -> set[str]:
+@functools.cache
+def exported_families() -> frozenset[str]:
     """The families noded exports, as a reader names them: from the exporter's own source
     (a counter with _total, info with _info, a histogram by its base name) and the golden
     exposition (client_python's process_* series)."""
@@ -285,21 +286,24 @@ def exported_families() -> set[str]:
         m = re.match(r"# TYPE (\w+) (\w+)", line)
         if m:
             out.add(m.group(1))
-    return out
+    return frozenset(out)
 
 
-def histogram_families() -> set[str]:
-    return set(re.findall(r"_histogram\(\s*\"(noded_\w+)\"", exporter_source()))
+@functools.cache
+def histogram_families() -> frozenset[str]:
+    return frozenset(re.findall(r"_histogram\(\s*\"(noded_\w+)\"", exporter_source()))
 
 
-def rules() -> tuple[set[str], set[str]]:
+@functools.cache
+def rules() -> tuple[frozenset[str], frozenset[str]]:
     groups = yaml.safe_load(read(RULES))["groups"]
-    records = {r["record"] for g in groups for r in g["rules"] if "record" in r}
-    alerts = {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+    records = frozenset(r["record"] for g in groups for r in g["rules"] if "record" in r)
+    alerts = frozenset(r["alert"] for g in groups for r in g["rules"] if "alert" in r)
     return records, alerts
 
 
-def known_series() -> set[str]:
+@functools.cache
+def known_series() -> frozenset[str]:
     names = exported_families()
     names |= {f"{h}{suffix}" for h in histogram_families() for suffix in ("_bucket", "_sum", "_count")}
     return names | rules()[0]

@@ -51,6 +51,11 @@ def _type_checking(node: ast.If) -> bool:
 
 
 @functools.cache
+def _tree(path: pathlib.Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+@functools.cache
 def imports(path: pathlib.Path, *, top_level_only: bool) -> frozenset[str]:
     """Every module a file imports (``from a.b import c`` counts a.b and a.b.c); blocks under
     ``if TYPE_CHECKING`` are annotations, not arrows, and are skipped."""
@@ -69,7 +74,7 @@ def imports(path: pathlib.Path, *, top_level_only: bool) -> frozenset[str]:
                 found.update(alias.name for alias in child.names)
             visit(child, inner)
 
-    visit(ast.parse(path.read_text()), 0)
+    visit(_tree(path), 0)
     return frozenset(found)
 
 
