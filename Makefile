@@ -74,11 +74,13 @@ PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 # Every tier of tests/ and of bench/tests/ (pyproject's testpaths; tests/README.md) but the
 # benchmarks' own end-to-end runs (marker bench: make test-bench). In TEST_WORKERS workers:
-# the tests wait on processes far more than they compute. Then the Slurm tests alone: their noded watches the whole cpuset
-# hierarchy, which no simulated node's noded may share.
+# the tests wait on processes far more than they compute. Five on this 2-core machine (warm
+# runs at 4b991c6, one after another: 4 workers 320 s, 5 285 s, 6 289 s; with four the two
+# cores stood idle a sixth of the run, every worker waiting at once). Then the Slurm tests
+# alone: their noded watches the whole cpuset hierarchy, which no simulated node's noded may share.
 # A short base for the tests' directories: each worker adds popen-gwN/ to every path, and
 # the simulated node's Unix sockets have 108 bytes for theirs. Kept where a test failed.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 test: test-deps
 	base=$$(mktemp -d /tmp/nt-XXXXXX); \
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not bench and not slurm" --basetemp=$$base/w; others=$$?; \
