@@ -40,7 +40,7 @@ import yaml
 
 from bench.measure import cpu_seconds, metric
 from nodesim.launch import node_and_daemon, tail
-from noded.admin import nodectl
+from noded.admin.request import request
 from noded.colocation.client import report_iteration
 
 NOBODY = 65534
@@ -153,7 +153,7 @@ def phase(noded: Noded, seconds: float, calls: int) -> dict:
     errors: dict[str, list[str]] = {k: [] for k in lat}
     period = seconds / calls
     for i in range(calls):
-        for name, call in (("status", lambda: nodectl.request(noded.admin_socket, "status", timeout=10)),
+        for name, call in (("status", lambda: request(noded.admin_socket, "status", timeout=10)),
                            ("scrape", lambda: urllib.request.urlopen(noded.url, timeout=10).read()),
                            ("report", lambda: report_request(noded.report_socket))):
             took, err = timed(call)

@@ -160,7 +160,7 @@ STATUS = when("tick_s", obj({**_STATUS_PARTS, **_SETTINGS}, _STATUS_EXTRAS), obj
               present=True)
 
 _SIZING = obj({"state": SCALAR, "phase": SCALAR, "target": SCALAR, "max_cores": SCALAR, "optimal": SCALAR,
-               "allocated": SCALAR, "signal": SCALAR, "points": list_of(pair(SCALAR, NUMBER)),
+               "allocated": SCALAR, "signal": SCALAR, "points": list_of(pair(INT, NUMBER)),
                "plan_note": maybe(STR)})
 
 EXPLAIN = obj({"job": STR, "kind": STR, "level": SCALAR, "bandwidth_bytes_per_s": maybe(NUMBER),

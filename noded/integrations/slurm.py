@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
-from noded.admin.nodectl import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
+from noded.admin.request import DEFAULT_SOCKET, NodectlError, RefusedByNoded, request
 from noded.jobs.labelwords import MAX_COMMENT_BYTES, LabelWordError, comment_words, parse_label_words
 
 ON_REFUSAL = {"hold": "requeuehold", "requeue": "requeue"}

@@ -30,7 +30,7 @@ def parse_duration(text: str) -> float:
 def format_age(seconds: float) -> str:
     """An age or a duration as kubectl prints one: the two largest units (``9m30s``,
     ``2h5m``, ``3d4h``); under ten seconds with a tenth (``0.4s``, ``9.5s``), else whole."""
-    if math.isnan(seconds):
+    if isinstance(seconds, float) and not math.isfinite(seconds):  # NaN, or an Infinity json read
         return "unknown"
     if seconds < 0:
         return "-" + format_age(-seconds)

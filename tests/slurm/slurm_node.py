@@ -177,7 +177,7 @@ class SlurmNode:
             raise AssertionError(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr}")
 
     def ask(self, command: str, **args):
-        from noded.admin.nodectl import request
+        from noded.admin.request import request
 
         return request(self.socket, command, args, timeout=10)
 

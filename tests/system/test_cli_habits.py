@@ -24,7 +24,8 @@ from support.admin import nodectl_run
 from support.clocks import WallClock
 from support.in_process import noded_in_process
 from support.waiting import ended, read_until, stop_reading, wait_for
-from noded.admin import nodectl
+from noded.admin import answertext, nodectl
+from noded.admin.request import DEFAULT_TIMEOUT_S
 from noded.admin.commands import KNOWN_SHOWN, AdminCommands
 from noded.loop.overrides import OverrideStore
 from noded.admin.protocol import RequestError
@@ -66,7 +67,7 @@ def test_global_options_go_before_or_after_every_command(command):
     # Given twice, the one after the command wins; not given, the default stands.
     assert parse(["--socket", "/a", command, *COMMANDS[command], "--socket", "/b"]).socket == "/b"
     plain = parse([command, *COMMANDS[command]])
-    assert (plain.json, plain.timeout) == (False, nodectl.DEFAULT_TIMEOUT_S)
+    assert (plain.json, plain.timeout) == (False, DEFAULT_TIMEOUT_S)
 
 
 def subcommands(parser):
@@ -335,7 +336,7 @@ def test_explain_of_a_held_job_says_why_it_is_still_held(tmp_path, capsys):
     e = commands(tmp_path, result).explain("hog")
     assert e["held"] == reasons
     assert "held at level 1, not released because:\n" + "".join(f"  - {r}\n" for r in reasons) \
-        in nodectl.format_explain(e)
+        in answertext.format_explain(e)
 
 
 def js_(jid, kind, util, bw):
@@ -541,7 +542,7 @@ def test_explain_of_a_job_noded_does_not_know_lists_the_known_ones(served, capsy
 
 
 def test_ages_in_explain_and_status_print_as_kubectl_prints_them():
-    from noded.admin.nodectl import format_explain, format_status
+    from noded.admin.answertext import format_explain, format_status
 
     e = {"job": "cgroup:hog", "kind": "cpu", "level": 1, "bandwidth_bytes_per_s": 16e9, "node_share_of_peak": 0.9,
          "threshold": 0.75, "slowed_gpu_jobs": [], "why": [], "decisions": [

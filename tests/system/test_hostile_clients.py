@@ -30,6 +30,7 @@ from nodesim.scrapers import SCRAPE_FLOOD
 from support.sockets import unix_exchange
 from support.waiting import ended, wait_for
 from noded.admin import nodectl
+from noded.admin.request import NodectlError, request
 from noded.loop.overrides import OverrideStore
 from noded.admin.server import AdminServer
 from noded.config import Config
@@ -275,8 +276,8 @@ def test_a_burst_of_nodectl_calls_is_answered_in_full(admin_servers):
     def call():
         barrier.wait(10)
         try:
-            results.append(nodectl.request(admin.path, "status", timeout=20))
-        except nodectl.NodectlError as e:
+            results.append(request(admin.path, "status", timeout=20))
+        except NodectlError as e:
             errors.append(str(e))
 
     threads = [threading.Thread(target=call) for _ in range(100)]
@@ -334,7 +335,7 @@ def test_nodectl_waits_its_turn_in_a_full_backlog_within_its_deadline(tmp_path, 
         before_a_tick = {"paused": None, "node": None, "gpus": [], "jobs": [], "overrides": [], "missing": []}
         server = serve_after_the_flood(busy, queued, json.dumps({"ok": True, "result": before_a_tick,
                                                                  "version": 1}).encode())
-        assert nodectl.request(path, "status", timeout=10) == before_a_tick
+        assert request(path, "status", timeout=10) == before_a_tick
         server.join(10)
         for q in queued:
             q.close()

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from hypothesis import given, strategies as st
 
-from noded.admin import nodectl
+from noded.admin import answertext
 from noded.jobs import CgroupSource, JobDiscovery
 from noded.jobs.cgroups import CgroupScanner
 from noded.jobs.kubepods import (QOS_CLASSES, PodCgroup, PodIdentities, PodIdentity, container_id,
@@ -186,12 +186,12 @@ def test_pod_identity_reaches_nodectl_jobs_and_explain():
     pod = PodIdentity("0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0", "burstable", "systemd", ("containerd://" + "ab" * 32,))
     row = {"job": "k8s:" + pod.uid, "kind": "cpu", "bandwidth_bytes_per_s": 1e9, "gpu_util": None, "level": 0,
            "override": False, "exempt": False, "monitoring": "own", "pod": pod.as_dict()}
-    assert "pod burstable" in nodectl.format_jobs([row])
+    assert "pod burstable" in answertext.format_jobs([row])
     explain = {"job": row["job"], "kind": "cpu", "level": 0, "bandwidth_bytes_per_s": 1e9, "gpu_util": None,
                "baseline": None, "node_share_of_peak": 0.5, "threshold": 0.75, "slowed_gpu_jobs": [], "why": [],
                "held": [], "decisions": [], "sizing": None, "borrowed_cpus": None, "memory": None,
                "pod": pod.as_dict()}
-    text = nodectl.format_explain(explain)
+    text = answertext.format_explain(explain)
     assert f"pod uid {pod.uid}, QoS burstable (kubelet's systemd cgroup driver), containers: containerd://{'ab' * 32}" in text
 
 

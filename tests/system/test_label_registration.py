@@ -146,7 +146,7 @@ def test_nodectl_label_and_forget(labelled_socket, capsys):
 
 
 def test_the_socket_checks_labels_sent_past_nodectl(labelled_socket):
-    from noded.admin.nodectl import NodectlError, request
+    from noded.admin.request import NodectlError, request
 
     with pytest.raises(NodectlError, match=r"\['priority'\] cannot be registered"):
         request(labelled_socket.path, "label", {"job": "slurm:1", "labels": {"priority": 5}})

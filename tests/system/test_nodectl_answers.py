@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from noded.admin import nodectl
+from noded.admin import answertext, nodectl
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="nodectl talks only to a socket served by root")
@@ -23,13 +23,15 @@ JOB = {"job": "slurm:日本-\x1b[2J", "kind": "cpu", "bandwidth_bytes_per_s": 1e
 
 
 class OneAnswer:
-    """A socket that answers one request with ``result`` (ok), as noded would."""
+    """A socket that answers one request with ``result`` (ok), as noded would, or with the
+    bytes ``line`` as they are."""
 
-    def __init__(self, path: str, result):
+    def __init__(self, path: str, result=None, line: bytes | None = None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(path)
         self.sock.listen(1)
-        line = json.dumps({"version": 1, "ok": True, "result": result}).encode() + b"\n"
+        if line is None:
+            line = json.dumps({"version": 1, "ok": True, "result": result}).encode() + b"\n"
         self.thread = threading.Thread(target=self._serve, args=(line,), daemon=True)
         self.thread.start()
 
@@ -80,7 +82,7 @@ def test_an_error_of_nodectls_own_is_not_blamed_on_noded(tmp_path, capsys, monke
     def broken(jobs):
         raise ValueError("nodectl's own mistake")
 
-    monkeypatch.setattr(nodectl, "format_jobs", broken)
+    monkeypatch.setattr(answertext, "format_jobs", broken)
     path = str(tmp_path / "noded.sock")
     served = OneAnswer(path, [JOB])
     code = nodectl.main(["--socket", path, "jobs"])
@@ -91,3 +93,36 @@ def test_an_error_of_nodectls_own_is_not_blamed_on_noded(tmp_path, capsys, monke
     assert err.splitlines()[-1] == ("nodectl: ValueError in nodectl itself, not in noded's answer: nodectl's own "
                                     "mistake (a bug in nodectl; with --json it prints noded's answer as it came)")
     assert "Traceback" in err  # for the bug report
+
+
+@AS_ROOT
+def test_an_answer_nested_past_pythons_recursion_limit_is_not_nodeds_not_a_traceback(tmp_path, capsys):
+    """An answer nested 100 000 deep (well under the reply's size bound) was a RecursionError
+    from json.loads that nodectl reported as a bug of its own, with a traceback."""
+    path = str(tmp_path / "noded.sock")
+    served = OneAnswer(path, line=b'{"version": 1, "ok": true, "result": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    code = nodectl.main(["--socket", path, "jobs"])
+    served.close()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"nodectl: {path}: not an answer from noded: nested deeper than") and "Traceback" not in err
+
+
+@AS_ROOT
+def test_an_age_json_spells_as_infinity_is_shown_unknown_not_a_traceback(tmp_path, capsys):
+    """Python's json reads Infinity, which the standard lacks: an explain whose decision was
+    Infinity seconds ago was an OverflowError in nodectl's formatting."""
+    path = str(tmp_path / "noded.sock")
+    explain = {"job": "a", "kind": "cpu", "level": 0, "bandwidth_bytes_per_s": None, "gpu_util": None,
+               "baseline": None, "node_share_of_peak": None, "threshold": None, "slowed_gpu_jobs": [], "why": [],
+               "decisions": [{"seconds_ago": 1, "action": "throttle", "from": 0, "to": 1, "cause": "c",
+                              "reason": "r"}]}
+    line = json.dumps({"version": 1, "ok": True, "result": explain}).encode().replace(b'"seconds_ago": 1',
+                                                                                      b'"seconds_ago": Infinity')
+    served = OneAnswer(path, line=line + b"\n")
+    code = nodectl.main(["--socket", path, "explain", "a"])
+    served.close()
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    assert "  unknown ago  throttle 0->1 (c): r" in out
+

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from noded.admin import nodectl
+from noded.admin.request import DEFAULT_SOCKET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,4 +53,4 @@ def test_an_empty_noded_socket_variable_is_taken_as_unset(tmp_path):
     out = subprocess.run([sys.executable, "-m", "noded.admin.nodectl", "--timeout", "5", "status"],
                          capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert out.returncode == 1 and "Invalid argument" not in out.stderr, out.stderr
-    assert f"{nodectl.DEFAULT_SOCKET}" in out.stderr, out.stderr
+    assert f"{DEFAULT_SOCKET}" in out.stderr, out.stderr

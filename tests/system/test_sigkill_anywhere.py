@@ -121,7 +121,7 @@ def asking(node: SimulatedNode, command: str, args_of, period: float):
     """What a thread does while the daemon lives and dies (``while_running``): ``command``
     to the admin socket every ``period`` seconds, the nth with ``args_of(n)``; a request
     refused or unanswered is expected (the daemon starting, or killed meanwhile)."""
-    from noded.admin.nodectl import request
+    from noded.admin.request import request
 
     def run(stop: threading.Event) -> None:
         n = 0
@@ -282,7 +282,7 @@ def test_sigkill_while_throttling_releasing_and_overriding_then_a_restart_is_a_c
             assert re.search(r'noded_override_active{job_id="cgroup:etl",kind="throttle"[^}]*} 1', scrape(url))
 
         def override_set(url: str) -> None:  # by the first restart, before the kills that write it
-            from noded.admin.nodectl import request
+            from noded.admin.request import request
 
             request(node.admin, "throttle", {"job": "cgroup:etl", "level": 1, "ttl_s": 3600, "reason": "system test"})
             override_whole(url)

@@ -654,7 +654,7 @@ def test_mps_not_up_within_the_budget_goes_as_the_site_chose(noded, on_not_ready
     still there when NODED_SLURM_RETRY_S is spent goes as NODED_SLURM_ON_NOT_READY says, a
     final one as NODED_SLURM_ON_REFUSAL, at once."""
     from mps.supervisor import MpsSupervisor
-    from noded.admin.nodectl import request
+    from noded.admin.request import request
 
     n = noded(mps=MpsSupervisor(MpsStartingUntilLetGo(), health_interval_s=0.1), retry_s=0.6)
     first = request(n.server.path, "admit", {"job": "probe", "model": "BiDAF", "batch_size": 32})

@@ -509,7 +509,7 @@ def test_a_carried_rate_says_how_old_it_is_and_what_it_is_a_mean_over(node):
 def test_explain_says_how_old_each_jobs_rate_is(tmp_path, node):
     """nodectl explain: a carried rate says when it was read and what it is a mean over; a
     rate read this tick says so; an answer of a noded before it (no bandwidth_read) shows neither."""
-    from noded.admin import nodectl
+    from noded.admin import answertext
     from noded.admin.commands import AdminCommands
     from noded.admin.replyshape import check_reply
     from noded.jobs.model import Job
@@ -534,7 +534,7 @@ def test_explain_says_how_old_each_jobs_rate_is(tmp_path, node):
                                 f"{bs.job_window_s[carried]:g}s;"), (read[0], "(read this tick, its mean over 3s)")):
         answer = json.loads(json.dumps(commands.explain(job)))  # as the socket carries it
         check_reply("explain", answer)
-        assert said in nodectl.format_explain(nodectl.shown(answer)).splitlines()[0]
+        assert said in answertext.format_explain(answertext.shown(answer)).splitlines()[0]
         del answer["bandwidth_read"]  # as a noded before it answers
         check_reply("explain", answer)
-        assert "read" not in nodectl.format_explain(nodectl.shown(answer)).splitlines()[0]
+        assert "read" not in answertext.format_explain(answertext.shown(answer)).splitlines()[0]

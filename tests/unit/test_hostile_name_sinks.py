@@ -24,7 +24,7 @@ from support.examples import examples
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from noded.admin import nodectl
+from noded.admin import answertext
 from noded.loop.overrides import Override, OverrideStore
 from noded.config import Config
 from noded.loop.daemon import TickResult
@@ -120,7 +120,7 @@ def test_log_lines_and_nodectl_text_take_any_id_and_show_it_escaped(job_id):
     assert " " not in word(job_id) and "=" not in word(job_id)
     # nodectl's text output: every string of an answer through shown(), then a strict stdout
     answer = json.loads(json.dumps({"job": job_id, "labels": {"model": "x"}}))  # as the socket carries it
-    nodectl.shown(answer)["job"].encode("utf-8")
+    answertext.shown(answer)["job"].encode("utf-8")
 
 
 FORGERS = ["cgroup:x job=slurm:42 level=0->3 cause=operator", "cgroup:x\tjob=slurm:42", "cgroup:x\u3000job=slurm:42",
@@ -189,7 +189,7 @@ def test_state_files_keep_any_id_exactly_across_a_restart(ids):
 ESCAPE_LIKE = st.text(st.sampled_from(list("\\xuUnr0a2d9cf=- \n\t\udcff\x1b\u2028")), min_size=1, max_size=24)
 NAMES = st.one_of(JOB_ID, st.builds(lambda kind, t: kind + t, st.sampled_from(["cgroup:", "systemd:"]), ESCAPE_LIKE))
 #: each text a name reaches an operator as, and what it escapes
-SINKS = [("log word", word, in_word), ("nodectl", nodectl.shown, None), ("metric label", label_value, _surrogate)]
+SINKS = [("log word", word, in_word), ("nodectl", answertext.shown, None), ("metric label", label_value, _surrogate)]
 
 
 def _reads_back(shown, picks, name):
@@ -232,14 +232,14 @@ def test_a_name_holding_an_escapes_text_does_not_pose_as_another(one, other, sin
 def test_common_names_and_systemds_own_escapes_read_as_they_are(name):
     """A backslash is doubled only where it would read as one of noded's escapes: a unit
     name keeps the \\x2d systemctl shows (noded never escapes '-')."""
-    assert word(name) == name and nodectl.shown(name) == name and label_value(name) == name
+    assert word(name) == name and answertext.shown(name) == name and label_value(name) == name
 
 
 def test_the_escapes_noded_writes():
     assert word("a b\tc=d'e\"f") == "a\\x20b\\x09c\\x3dd\\x27e\\x22f"
     assert word("a\\ b") == "a\\\\\\x20b"  # a backslash before an escaped character: doubled
     assert word("a\\x20b") == "a\\\\x20b" and unescaped("a\\\\x20b", in_word) == "a\\x20b"
-    assert nodectl.shown("a\nb\\nc\\\\d\\q") == "a\\nb\\\\nc\\\\\\d\\q"
+    assert answertext.shown("a\nb\\nc\\\\d\\q") == "a\\nb\\\\nc\\\\\\d\\q"
     assert label_value(os.fsdecode(b"a\xff")) == "a\\udcff" and label_value("a\\udcff") == "a\\\\udcff"
     assert escaped("\\Uffffffff") == "\\Uffffffff"  # not a code point: not an escape, the text as it is
     # only the one form noded writes is an escape: a newline is \n, never \x0a or \u000a
