@@ -147,6 +147,12 @@ def admin_servers(daemon, rundir):
         s.stop()
 
 
+#: a request that had to wait for a flooder's connection to be dropped would take its deadline
+#: (5 s: noded.server.budget); one answered beside the flood takes milliseconds idle, and 2.5 s
+#: was seen beside stress-ng --cpu 2, a looping make demo and the suite's five workers
+ANSWERED_BEFORE_EVICTION_S = 0.8 * min(ADMIN.deadline_s, REPORTS.deadline_s)
+
+
 def ask(path, payload=STATUS, timeout=5.0):
     return json.loads(unix_exchange(path, payload, timeout))
 
@@ -198,7 +204,7 @@ def test_a_flood_on_the_report_socket_by_one_user_does_not_stop_another_users_re
         reply = ask(reports.path)  # root's request: answered (this socket takes only reports)
         assert reply == {"ok": False, "version": 1,
                          "error": "this socket takes only 'report'; 'status' goes to the admin socket"}
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < ANSWERED_BEFORE_EVICTION_S
     assert reports.server.stats.open <= REPORTS.max_per_peer + 1  # nobody holds its share, no more
     stats = flood.done()
     assert stats["dropped"] >= got["opened"] - REPORTS.max_per_peer, stats
@@ -213,7 +219,7 @@ def test_an_admin_group_member_flooding_the_admin_socket_does_not_lock_out_nodec
     for _ in range(5):
         t0 = time.monotonic()
         assert nodectl.main(["--socket", admin.path, "--timeout", "5", "--json", "status"]) == 0
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < ANSWERED_BEFORE_EVICTION_S
         assert json.loads(capsys.readouterr().out)["paused"] is None
     assert admin.server.stats.open <= ADMIN.max_per_peer + 1
     flood.done()

@@ -211,7 +211,12 @@ def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_t
     assert not got["placed"] and "Permission denied" in got["cpus_unreadable"]
     assert "job=slurm:9 cgroup partly read" in err and "Permission denied" in err
     assert ended["ticks"] <= ended["listed"] // 16 + 3 and ended["partial"] == {}
-    assert "Permission denied" in ended["unreadable"] and "puts no process in it" in ended["unreadable"]
+    # said either way: no process left in it (a round of /proc read whole), or none found in
+    # the part of a round read so far (where the host makes processes all the time, as beside
+    # stress-ng and a looping make demo, a round is rarely whole at the tick the job goes)
+    assert "Permission denied" in ended["unreadable"] and (
+        "puts no process in it" in ended["unreadable"]
+        or "no process of it found in /proc/PID/cgroup yet" in ended["unreadable"]), ended["unreadable"]
 
 
 SHUT_LISTING_SCRIPT = """

@@ -34,9 +34,12 @@ def test_holds_a_target_and_reports_each_second_in_json():
     assert summary["kernel"] == "triad" and summary["mean_gbps"] == pytest.approx(1.0, rel=0.25)
 
 
-def test_full_speed_has_no_target_and_beats_a_low_target():
+def test_full_speed_has_no_target_and_never_paces():
+    # Never pacing, not a rate: what full speed moves depends on what else the machine runs
+    # (0.96 GB/s beside stress-ng --cpu 2 and the suite, where a bound of 1.5 stood)
     samples, summary = run("--duration", "2", "--kernel", "copy")
-    assert all(s["target_gbps"] is None for s in samples) and summary["mean_gbps"] > 1.5
+    assert samples and all(s["target_gbps"] is None and s["busy"] == 1.0 for s in samples), samples
+    assert summary["mean_gbps"] > 0
 
 
 def children_cpu_s(*args) -> float:
