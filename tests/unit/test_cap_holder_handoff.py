@@ -11,7 +11,11 @@ import types
 
 import pytest
 
-from noded.capping.holder import KERNEL_MBPS, MIB, NODED, CapHolder
+from noded.capping.controller import Hold
+from noded.capping.holder import KERNEL_MBPS, MIB, NODED, CapHolder, Steering
+from noded.capping.plan import OVERRIDE, Cap
+from noded.capping.service import CapService
+from noded.util.halving import kept_cpus
 from resctrl.schemata import MbFlavour, MbLimits
 
 GB = 1e9
@@ -176,3 +180,46 @@ def test_what_the_daemon_reads_of_a_holder_is_one_periods_whole(tmp_path):
     s = node.holder.steering
     assert (s.last_rate, s.held, s.threads, s.lowest_bound, s.unreachable_since) == after[-1]
     assert s.last_rate == pytest.approx(10 * GB, rel=0.01) and s.held is node.holder.held
+
+
+class Publishing:
+    """A holder whose thread publishes its next period while the daemon reads it: the last
+    period's lowest value passed the cap since 1.0 (its clock), the next one's does not."""
+
+    mode, alive = NODED, True
+
+    def __init__(self):
+        self.steering = Steering(Hold(10, 10, unreachable=True), 9 * GB, 4, lowest_bound=6 * GB,
+                                 unreachable_since=1.0)
+        self.reads = 0
+
+    def clock(self) -> float:
+        return 3.0
+
+    def _publish_next(self) -> None:
+        self.reads += 1
+        if self.reads == 2:
+            self.steering = Steering(Hold(10, 20, 0.5), 3 * GB, 4, lowest_bound=2 * GB, unreachable_since=None)
+
+    @property
+    def unreachable_since(self):
+        self._publish_next()
+        return self.steering.unreachable_since
+
+    @property
+    def lowest_bound(self):
+        self._publish_next()
+        return self.steering.lowest_bound
+
+
+def test_the_daemon_decides_a_jobs_cores_from_one_period_of_its_holder_whatever_it_publishes_meanwhile():
+    # before: cpu_wishes read unreachable_since twice (set, then None: TypeError in the tick)
+    # and lowest_bound beside it, each of whichever period was published when it was read
+    service = CapService(lambda: None, lambda job: f"noded-cap-{job}")
+    service.caps["j1"] = Cap(4 * GB, OVERRIDE, "an operator's")
+    service.holders["j1"] = Publishing()
+    owner = types.SimpleNamespace(view=lambda job, js: types.SimpleNamespace(original=list(range(8))))
+    wishes = service.cpu_wishes(types.SimpleNamespace(jobs={"j1": object()}), owner, {})
+    # the period it read: the lowest value over the cap for 2 s of the holder's clock, so halved
+    assert wishes["j1"] == kept_cpus(list(range(8)), 1)
+    assert service.core_levels["j1"] == (1, 8)
