@@ -28,6 +28,14 @@ shortfall made up by at most half a period's bytes at the cap, and not at all wi
 of the cap or from a stalled period. So a holder that can only switch when its quota
 refills averages to the cap, by whole periods at one value or the other, and one starved
 at random sits a little below it rather than over it.
+
+Two threads: the holder's own steps its job once a period, and the daemon's sets its cap,
+tells it the job's CPUs changed and reads what it measured. Everything the holder steers
+with (its controller, account, record of writes, meter) is its own thread's alone: the
+daemon's hands it a new cap (``set_cap``) or a reset (``cores_changed``), which it takes at
+the start of its next period, and reads what it made of its job as one object that each
+period publishes whole (``steering``), never one field of a period beside another's of the
+next.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from resctrl import CtrlGroup, GroupNotFoundError, MbFlavour, Resctrl, ResctrlError
@@ -54,6 +63,26 @@ NODED = "noded"
 #: a period whose reads and writes took more than this share of it (a starved holder: the
 #: times its values changed are that uncertain) is not learned from (its bytes are counted)
 UNCERTAIN_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What a holder's thread last made of its job, published whole after each period (a
+    reader in another thread reads this once and has one period's, all of it)."""
+
+    #: the MB values held this period (None where the kernel steers: no thread, no values)
+    held: Hold | None
+    #: the job's bandwidth over the last period; None: nothing measured yet
+    last_rate: float | None = None
+    #: the busy threads the last period was steered for
+    threads: int = 0
+    #: at most what the lowest MB value lets the job move at its busy threads now, from what
+    #: was measured since its CPUs last changed (the curve is monotone: no value below the
+    #: least measured passes more); None: nothing measured yet
+    lowest_bound: float | None = None
+    #: since when (the holder's clock) the lowest MB value has passed more than the cap;
+    #: None: it has not
+    unreachable_since: float | None = None
 
 
 def scale_of(rc: Resctrl) -> list[int]:
@@ -89,22 +118,16 @@ class CapHolder:
             self.group.add_process(pid)
         # the job's busy threads, read from its group's tasks (noded.capping.threads)
         self.busy_threads = busy_threads or BusyThreads(f"{self.group.path}/tasks", proc=rc.proc)
-        self.threads = 0  # the busy threads the last period was steered for
         self.controller = CapController(
             self.scale, cap_bps, absolute_unit_bytes=AMD_UNIT_BYTES if flavour is MbFlavour.AMD_UNITS else None
         ) if self.mode == NODED else None
         self.meter = BandwidthMeter(MBM_TOTAL)
-        self.held = Hold(self.scale[-1], self.scale[-1]) if self.scale else None
-        self.last_rate: float | None = None
-        #: since when (clock) the lowest MB value has passed more than the cap; None: it has not
-        self.unreachable_since: float | None = None
-        #: at most what the lowest MB value lets the job move at its busy threads now, from what
-        #: was measured since its CPUs last changed (the curve is monotone: no value below the
-        #: least measured passes more); None: nothing measured yet. Written by the holder's
-        #: thread after each period, read by the daemon's.
-        self.lowest_bound: float | None = None
+        #: what the holder's thread made of its job, published whole after each period: the
+        #: one thing of the holder's state another thread reads (its fields are also
+        #: properties of the holder, for a reader of one)
+        self.steering = Steering(Hold(self.scale[-1], self.scale[-1]) if self.scale else None)
         #: the MB values written and when (noded.capping.in_force): what each period really held
-        self.written = WriteRecord(self.held.low if self.held else 0)
+        self.written = WriteRecord(self.steering.held.low if self.steering.held else 0)
         #: the group's bytes against its cap (noded.capping.account): made up or paid back
         self.account = ByteAccount(cap_bps, period_s)
         self._last_read: tuple[float, float] | None = None  # (clock before, after) the last counter read
@@ -142,12 +165,37 @@ class CapHolder:
                              else ""))
 
     def set_cap(self, cap_bps: float) -> None:
-        self.cap = cap_bps
-        if self.controller is not None:
-            self.controller.set_cap(cap_bps)
-            self.account.set_cap(cap_bps)
-        else:
+        """Hold ``cap_bps`` from now on. Where noded steers, the holder's thread takes it at
+        the start of its next period (a new cap set before then replaces it: the last one
+        set is held); where the kernel does, its target is written at once. ``cap`` says the
+        cap set once it is (a write the kernel refused leaves it as it was)."""
+        if not cap_bps > 0:
+            raise ValueError(f"cap {word(self.job)}: a cap must be a positive bandwidth, got {cap_bps!r} bytes/s")
+        if self.controller is None:
             self.group.set_mb(max(1, int(cap_bps / MIB)))
+        # one attribute, written by this thread alone: the holder's thread reads it once a period
+        self.cap = cap_bps
+
+    # One period's whole, for a reader of one field (a reader of two reads ``steering`` once).
+    @property
+    def held(self) -> Hold | None:
+        return self.steering.held
+
+    @property
+    def last_rate(self) -> float | None:
+        return self.steering.last_rate
+
+    @property
+    def threads(self) -> int:
+        return self.steering.threads
+
+    @property
+    def lowest_bound(self) -> float | None:
+        return self.steering.lowest_bound
+
+    @property
+    def unreachable_since(self) -> float | None:
+        return self.steering.unreachable_since
 
     @property
     def alive(self) -> bool:
@@ -161,15 +209,26 @@ class CapHolder:
         the period that spans the change is not learned from."""
         self._reset.set()
 
+    def _take_cap(self) -> None:
+        """The cap set since the last period (``set_cap``, another thread's): the controller
+        steers to it from this period on, and a new account starts (what was owed was
+        against the old cap; so is the period that ends now, which was held for it)."""
+        cap = self.cap  # read once: the last set
+        if cap != self.controller.cap:
+            self.controller.set_cap(cap)
+            self.account.set_cap(cap)
+            self._steered = False
+
     def step(self) -> Hold | None:
         """One period: measure what the job moved under the last hold, write the next."""
-        assert self.controller is not None and self.held is not None
+        assert self.controller is not None and self.steering.held is not None
+        self._take_cap()
         now = self.clock()
         if self._reset.is_set():
             self._reset.clear()
             self.controller.curves.clear()
             self.controller.integral = 0.0
-            self.unreachable_since = self.lowest_bound = None
+            self.steering = replace(self.steering, unreachable_since=None, lowest_bound=None)
             self.meter = BandwidthMeter(MBM_TOTAL)  # the next period is measured from now
             self._last_read = None
         sample = read_mbm(self.group.path, (MBM_TOTAL,))
@@ -185,13 +244,12 @@ class CapHolder:
         start, end = sum(last_read) / 2, sum(read) / 2
         if end - start <= 0:
             return None
-        self.last_rate = sum(r for r in rates.values() if r is not None)
+        # what this period made of the job, in locals until it is published whole at its end
+        last_rate = sum(r for r in rates.values() if r is not None)
         in_force = self.written.over(start, end)
-        self.threads = self.busy_threads()
-        if self.account.cap != self.controller.cap:
-            self.account.set_cap(self.controller.cap)  # set_cap (another thread's): a new account
+        threads = self.busy_threads()
         if self._steered:  # (the first period held what was there before the cap: nothing owed for it)
-            self.account.add(self.last_rate * (end - start), end - start,
+            self.account.add(last_rate * (end - start), end - start,
                              held_back=any(v < self.scale[-1] for v in in_force.seconds))
         self._steered = True
         # starved in a read or a write: when the values changed is too little known to
@@ -202,19 +260,19 @@ class CapHolder:
         learn = uncertain <= UNCERTAIN_SHARE * in_force.span or len(in_force.seconds) == 1
         if not learn:
             self.uncertain_periods += 1
-        self.held = self.controller.update(self.last_rate, self.threads, self.held, in_force.shares(), learn=learn,
-                                           makeup_bps=self.account.makeup_bps)
-        if self.account.over and self.held.high_share > 0:
+        held = self.controller.update(last_rate, threads, self.steering.held, in_force.shares(), learn=learn,
+                                      makeup_bps=self.account.makeup_bps)
+        if self.account.over and held.high_share > 0:
             # over the cap: no higher value until it is paid back (a starved holder may hold
             # any share of one for the whole period)
-            self.held = Hold(self.held.low, self.held.low, unreachable=self.held.unreachable)
+            held = Hold(held.low, held.low, unreachable=held.unreachable)
         curve = self.controller.curves.get(self.controller.threads)
-        self.lowest_bound = min(curve.points.values()) if curve is not None and curve.points else None
-        if not self.held.unreachable:
-            self.unreachable_since = None
-        elif self.unreachable_since is None:
-            self.unreachable_since = now
-        return self.held
+        since = self.steering.unreachable_since
+        self.steering = Steering(
+            held, last_rate, threads,
+            lowest_bound=min(curve.points.values()) if curve is not None and curve.points else None,
+            unreachable_since=None if not held.unreachable else now if since is None else since)
+        return held
 
     def _loop(self) -> None:
         try:
@@ -248,7 +306,7 @@ class CapHolder:
                 # every period to come would end before its higher value was held
                 start, k = self.clock(), 0
             hold = self.step()
-            if self._hold(hold.values if hold is not None else [(self.held.low, 1.0)],
+            if self._hold(hold.values if hold is not None else [(self.steering.held.low, 1.0)],
                           start + (k + 1) * self.period):
                 return
             k += 1

@@ -214,11 +214,15 @@ class CapService:
             own = sorted(base.get(job) or v.original)
             level, _ = self.core_levels.get(job, (0, len(own)))
             if h is not None and h.mode == NODED and h.alive and not self.dry_run:
-                now = h.clock()
+                # one period's pair, read once (the holder's thread publishes each period whole:
+                # read as two attributes, a period's bound came beside the next's "since", or a
+                # "since" seen set was gone when read again)
+                seen, now = h.steering, h.clock()
+                since = seen.unreachable_since
                 changed = self._cores_changed_at.get(job)
                 step = next_level(level, len(own), cap.bps,
-                                  unreachable_for_s=None if h.unreachable_since is None else now - h.unreachable_since,
-                                  lowest_bound_bps=h.lowest_bound,
+                                  unreachable_for_s=None if since is None else now - since,
+                                  lowest_bound_bps=seen.lowest_bound,
                                   since_change_s=None if changed is None else now - changed)
                 if step.level != level:
                     self._pending[job] = (level, step.level, step.why or "", len(own))
@@ -287,15 +291,16 @@ class CapService:
             place = places.get(job)
             shared = self.shared.get(job)
             h = self.holders.get(job)
-            hold = h.held if h is not None else None
+            seen = h.steering if h is not None else None  # one period's whole (read once)
+            hold = seen.held if seen is not None else None
             held = None if hold is None else (str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else
                                               f"{hold.low}..{hold.high} ({hold.high_share:.0%} at {hold.high})")
             level, ncpus = self.core_levels.get(job, (0, 0))
             out[job] = CapState(cap.bps, cap.source, cap.why, h.mode if h is not None else None,
-                                h.last_rate if h is not None else None, held,
+                                seen.last_rate if seen is not None else None, held,
                                 bool(hold is not None and hold.unreachable), self.notes.get(job),
                                 f"{kept(ncpus, level)} of {ncpus} CPUs" if level else None,
-                                h.threads or None if h is not None else None,
+                                seen.threads or None if seen is not None else None,
                                 shared.group if shared is not None else None,
                                 shared.shared_with if shared is not None else (),
                                 place.shared_with if place is not None and place.steers else ())
@@ -307,8 +312,8 @@ class CapService:
     def _held_in(self, group: str) -> str | None:
         """The MB value the holder steering ``group`` held last."""
         for h in self.holders.values():
-            if h.group.name == group and h.held is not None:
-                hold = h.held
+            hold = h.steering.held
+            if h.group.name == group and hold is not None:
                 return str(hold.low) if hold.high_share <= 0 or hold.high == hold.low else \
                     f"{hold.low}..{hold.high} ({hold.high_share:.0%} at {hold.high})"
         return None
