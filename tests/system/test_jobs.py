@@ -289,7 +289,7 @@ def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):
 
 def test_processes_in_child_cgroups_on_the_real_hierarchy_count_from_the_tick_their_cgroup_appears(
         v1_cpuset, sleeper):
-    # read_procs lists a cgroup only where its link count says it has children: the
+    # read_subtree_procs lists a cgroup only where its link count says it has children: the
     # kernel's count must be what makes a new step's processes part of the job.
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_7")
