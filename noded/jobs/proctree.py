@@ -15,7 +15,8 @@ process when it exits, and a process whose parent exits leaves the tree (it is r
 to init or a subreaper, as ``stat`` then says too). Both read one process after another, so
 a process forked while they read may be seen at the next read, not this one.
 
-Bounded: at most ``most`` files a read (the listings and children files of every tree read
+A root that is a thread's id, not a process's (its status's ``Tgid`` another), is no tree,
+as the scan, which lists processes only, said. Bounded: at most ``most`` files a read (the listings and children files of every tree read
 together); past that, or where the kernel has no children files, the trees are read from the
 whole scan, as before: what it costs is then at most the scan's.
 """
@@ -85,9 +86,18 @@ def tree_of(root: int, proc: str = "/proc", most: int = TREE_READS) -> Tree:
     read_ppids(proc))`` gives them, from the children files. Raises TreeOverBound past
     ``most`` files, or where the kernel has no children files; OSError where /proc cannot
     be read (never an empty tree)."""
+    # a thread's id is no tree: /proc/TID is there (not listed) and lists its process's
+    # tasks, where the scan never listed it (only a process's children are processes)
+    try:
+        status = _read(f"{proc}/{root}/status")
+    except (FileNotFoundError, ProcessLookupError):
+        return Tree(set(), 1)
+    tgid = next((line[5:].strip() for line in status.split(b"\n") if line.startswith(b"Tgid:")), b"")
+    if tgid != str(root).encode():
+        return Tree(set(), 1)
     pids: set[int] = set()
     stack = [root]
-    reads = 0
+    reads = 1
     while stack:
         pid = stack.pop()
         if pid in pids:

@@ -26,6 +26,8 @@ def lay_out(proc: str, parents: dict[int, tuple[int, int]], threads: dict[int, i
             listed.setdefault((ppid, tids[ppid][thread % len(tids[ppid])]), []).append(pid)
     for pid, (ppid, _) in parents.items():
         os.makedirs(f"{proc}/{pid}/task")
+        with open(f"{proc}/{pid}/status", "w") as f:
+            f.write(f"Name:\tx\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{pid}\n")
         with open(f"{proc}/{pid}/stat", "w") as f:
             f.write(f"{pid} (a (b) c) S {ppid} {pid} {pid} 0 -1\n")  # a name with ')' and spaces, as a tenant may choose
         for tid in tids[pid]:
@@ -52,22 +54,35 @@ def test_the_children_files_give_the_tree_the_whole_scan_gives(tmp_path, forest,
         tree = tree_of(root, proc)
         assert tree.pids == descendants(root, read_ppids(proc))
         # what it read follows the tree's processes and threads, not the others
-        assert tree.reads == sum(1 + threads[p] for p in tree.pids) + (root not in parents)  # its failed listing
+        assert tree.reads == 1 + sum(1 + threads[p] for p in tree.pids)  # its root's status, then the tree's
 
 
 def test_past_its_bound_a_tree_says_so(tmp_path):
     proc = str(tmp_path / "proc")
     lay_out(proc, {2: (1, 0), 3: (2, 0), 4: (3, 0)}, {2: 1, 3: 1, 4: 1})
-    assert tree_of(2, proc, most=6).pids == {2, 3, 4}
-    with pytest.raises(TreeOverBound, match="more than 5 files") as e:
-        tree_of(2, proc, most=5)
-    assert e.value.reads == 5
+    assert tree_of(2, proc, most=7).pids == {2, 3, 4}
+    with pytest.raises(TreeOverBound, match="more than 6 files") as e:
+        tree_of(2, proc, most=6)
+    assert e.value.reads == 6
 
 
 def test_a_gone_root_is_no_tree(tmp_path):
     proc = str(tmp_path / "proc")
     lay_out(proc, {2: (1, 0)}, {})
     assert tree_of(9, proc) == (set(), 1)
+
+
+def test_a_thread_s_id_is_no_tree(tmp_path):
+    # /proc/TID of a thread that is not its process's first is there, unlisted, and lists
+    # its process's tasks; the whole scan never listed it: no tree, the job ended
+    proc = str(tmp_path / "proc")
+    lay_out(proc, {2: (1, 0), 3: (2, 0)}, {2: 2})
+    os.makedirs(f"{proc}/201/task/2")
+    os.rename(f"{proc}/2/task/201", f"{proc}/201/task/201")
+    with open(f"{proc}/201/status", "w") as f:
+        f.write("Name:\tx\nTgid:\t2\nPid:\t201\n")
+    assert tree_of(201, proc) == (set(), 1)
+    assert descendants(201, read_ppids(proc)) == set()
 
 
 def test_without_children_files_the_tree_is_read_from_the_whole_scan(tmp_path):
@@ -80,7 +95,7 @@ def test_without_children_files_the_tree_is_read_from_the_whole_scan(tmp_path):
     d = JobDiscovery([], proc=proc)
     d.register(2, "tree")
     assert d.discover()["tree"].pids == {2, 3, 4}
-    assert d.tree_reads == 2 + 4  # its root's listing and first children file, then 4 stats
+    assert d.tree_reads == 3 + 4  # its root's status, listing and first children file, then 4 stats
 
 
 def test_discovery_reads_each_registered_tree_from_its_children(tmp_path):
@@ -92,4 +107,4 @@ def test_discovery_reads_each_registered_tree_from_its_children(tmp_path):
     d.register(5, "b")
     jobs = d.discover()
     assert (jobs["a"].pids, jobs["b"].pids) == ({2, 3, 4}, {5})
-    assert d.tree_reads == (1 + 2) + (1 + 1) + (1 + 1) + (1 + 1)
+    assert d.tree_reads == 1 + (1 + 2) + (1 + 1) + (1 + 1) + 1 + (1 + 1)
