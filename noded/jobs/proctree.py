@@ -6,8 +6,8 @@ task's children (``/proc/PID/task/TID/children``, ``CONFIG_PROC_CHILDREN``, on i
 distributions' kernels): what it costs follows the tree's processes and threads (one
 listing of a process's tasks, one small read per task), not the host's processes. The whole
 ``/proc/*/stat`` scan (``read_ppids``, each process's parent from its ``stat``) cost a read
-for every process of the host each tick (2000 processes: about 30 ms a tick here), where
-registered jobs are a handful of processes.
+for every process of the host each tick (2156 processes: 66 ms of CPU a tick on a busy
+2-core VM, ``bench.registered_trees``), where registered jobs are a handful of processes.
 
 The two say the same: a child is listed by the thread that forked it (its ``real_parent``,
 whose process ``stat`` names as the parent), a thread's children go to another thread of its
