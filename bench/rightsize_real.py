@@ -60,7 +60,7 @@ from bench.victims import VICTIMS
 from noded.admin.server import AdminServer
 from noded.config import (Config, ContentionConfig, JobsConfig, JobSourceConfig, MetricsConfig, ResctrlConfig,
                           RightsizeConfig)
-from noded.jobs.discovery import descendants, read_ppids
+from noded.jobs.proctree import descendants, read_ppids
 from noded.util.journal import CHANGES
 from noded.util.procstat import stat_fields
 from nodesim.gpus import SimGpus, SimProcess, make_gpus

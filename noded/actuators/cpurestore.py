@@ -24,8 +24,8 @@ from noded.actuators.cpurecords import cpuset_key
 from noded.actuators.cpuview import CpuNode, JobCpus, alive, ours, parent_of
 from noded.jobs.cgroups import read_subtree_procs
 from noded.jobs.cgroupwalk import NODED_SHORT_OF
-from noded.jobs.discovery import descendants
-from noded.jobs.discovery import read_ppids
+from noded.jobs.proctree import descendants
+from noded.jobs.proctree import read_ppids
 from noded.jobs.polling import DEFAULT_MAX_POLLED
 from noded.jobs.procscan import pids_below
 from noded.stores.originals import OriginalValues

@@ -411,10 +411,6 @@ class CgroupScanner:
         return uid
 
 
-class SubtreeTooLarge(OSError):
-    """A job's cgroup has more cgroups below it than one read takes (``read_procs``'s ``most``)."""
-
-
 class SubtreeProcs(NamedTuple):  # a tuple: made for every job every tick, at a tenth of a frozen dataclass's cost
     """The processes in the part of a job's subtree one walk read (``noded.jobs.cgroupwalk``),
     and why that was only part of it (None: the whole subtree)."""
@@ -476,18 +472,6 @@ def read_subtree_procs(cgroup_dir: str, most: int | None = None) -> SubtreeProcs
     if not (walk.more or walk.unread_count):
         return SubtreeProcs(frozenset(pids), cgroups=walk.read)
     return SubtreeProcs(frozenset(pids), walk.partial, walk.more > 0, walk.first_errno, walk.read)
-
-
-def read_procs(cgroup_dir: str, most: int | None = None) -> set[int]:
-    """``read_subtree_procs``'s processes, where it read the whole subtree: SubtreeTooLarge
-    (E2BIG) once more than ``most`` cgroups are in it, and OSError (EACCES, ...) where a part
-    could not be read, for whoever needs all of a job's processes or none."""
-    got = read_subtree_procs(cgroup_dir, most)
-    if got.partial is not None:
-        if got.over_bound:
-            raise SubtreeTooLarge(errno.E2BIG, got.partial, cgroup_dir)
-        raise OSError(got.errno or errno.EIO, got.partial, cgroup_dir)
-    return set(got.pids)
 
 
 @functools.lru_cache(maxsize=16)

@@ -9,7 +9,6 @@ import time
 from typing import Callable, Mapping, NamedTuple
 
 from noded.util.journal import printable, words
-from noded.util.procstat import PPID, stat_fields
 from noded.util.ratelimit import RateLimitedLog
 from noded.stores.securedir import SecureDir, StateWriteError
 from noded.jobs.labelwords import REGISTRABLE
@@ -22,6 +21,7 @@ from noded.jobs.kubepods import PodIdentities
 from noded.jobs.model import Job, JobMeta
 from noded.jobs.polling import DEFAULT_MAX_POLLED, SourceCost, SourcePoll
 from noded.jobs.procscan import ProcRotation
+from noded.jobs.proctree import TREE_READS, TreeOverBound, descendants, read_ppids, tree_of
 
 log = logging.getLogger(__name__)
 #: processes attributed to no job because their /proc/PID/cgroup was refused
@@ -38,28 +38,6 @@ class _Short(NamedTuple):
     path: str
     pids: frozenset[int]
     why: str
-
-
-def read_ppids(proc: str) -> dict[int, int]:
-    """pid -> parent pid for every process now."""
-    out = {}
-    for name in os.listdir(proc):
-        if name.isdigit() and (fields := stat_fields(proc, int(name))) is not None:
-            out[int(name)] = int(fields[PPID])
-    return out
-
-
-def descendants(root: int, ppids: dict[int, int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, ppid in ppids.items():
-        children.setdefault(ppid, []).append(pid)
-    out, stack = set(), [root] if root in ppids else []
-    while stack:
-        pid = stack.pop()
-        if pid not in out:
-            out.add(pid)
-            stack.extend(children.get(pid, ()))
-    return out
 
 
 class LabelFile:
@@ -262,6 +240,8 @@ class JobDiscovery:
         self.unlisted: dict[str, str] = {}
         #: new processes whose /proc/PID/cgroup was refused (not the kernel's grammar): no job's
         self.unattributed = 0
+        #: the /proc files the last discovery read for the registered process trees
+        self.tree_reads = 0
 
     def register(self, pid: int, job_id: str | None = None, meta: JobMeta | None = None) -> str:
         """A process tree as a job (e.g. from a prolog or the admin socket)."""
@@ -446,16 +426,29 @@ class JobDiscovery:
         jobs: dict[str, Job] = {}
         with self._lock:
             registered = dict(self._registered)
+        ppids: dict[int, int] | None = None
+        reads = 0
         if registered:
-            ppids = read_ppids(self.proc)
             for job_id, (root, meta) in registered.items():
-                pids = descendants(root, ppids)
+                # each tree from its processes' children lists (noded.jobs.proctree), within
+                # TREE_READS files for them all; past that, the whole /proc scan, read once
+                pids = None
+                if ppids is None:
+                    try:
+                        tree = tree_of(root, self.proc, TREE_READS - reads)
+                        pids, reads = tree.pids, reads + tree.reads
+                    except TreeOverBound as e:
+                        ppids = read_ppids(self.proc)
+                        reads += e.reads + len(ppids)
+                if pids is None:
+                    pids = descendants(root, ppids)
                 if not pids:
                     with self._lock:  # the tree is gone: the job ended
                         self._registered.pop(job_id, None)
                     continue
                 meta = labels.get(job_id, meta)
                 jobs[job_id] = Job(job_id, "registered", frozenset(pids), None, meta)
+        self.tree_reads = reads
         return jobs
 
     def job_of_new_process(self, pid: int, known: dict[str, Job]) -> Job | None:

@@ -38,7 +38,11 @@ any job is the first time, and held again from what is there then:
   (``verify``: a listed directory's mode or owner changed moves its ctime, and lists it again).
 
 The descriptors are bounded: at most ``HOLD_CGROUPS`` a job (2 each), and all of them at
-most a quarter of the process's descriptor limit; beyond, jobs are read by the walk. So is
+most a quarter of the process's descriptor limit; beyond, jobs are read by the walk. What a
+hold would take is known before it opens anything (the walk just counted the subtree's
+cgroups), so a job it would put over the budget opens nothing, and is held at its first
+read once the room is there (a job's that ended, say); a subtree grown since the walk stops
+its hold at the budget's edge. So is
 the cost: a job whose subtree changed before it gave one read held (its owner making and
 removing a cgroup every tick) is walked ``RETRY_AFTER_READS`` reads before it is held again
 (held again after each walk, a read cost the held reads, the walk and the hold: about 2.5
@@ -126,6 +130,7 @@ class HeldSubtrees:
         self._fds = 0
         self._skip: dict[str, int] = {}  # job directory -> reads left before holding it is tried again
         self.walked = 0  # reads that walked the subtree (for tests and the curious)
+        self.opened = 0  # descriptors opened to hold subtrees (likewise)
         self._finalizer = weakref.finalize(self, _close_all, self._held)
 
     @property
@@ -154,7 +159,9 @@ class HeldSubtrees:
                 self._skip[path] = RETRY_AFTER_READS
         got = read_subtree_procs(path, most)
         self.walked += 1
-        if got.partial is None and got.cgroups <= HOLD_CGROUPS and (most is None or got.cgroups <= most):
+        if (got.partial is None and got.cgroups <= HOLD_CGROUPS and (most is None or got.cgroups <= most)
+                and self._fds + got.cgroups * (2 if hold_procs else 1) <= self.budget):
+            # over the budget: nothing opened, and it costs nothing to ask again at the next read
             left = self._skip.get(path, 0)
             if left > 0:
                 self._skip[path] = left - 1
@@ -201,24 +208,34 @@ class HeldSubtrees:
         dirs: list[int] = []
         procs: list[int] = []
         children: list[int] = []
+        per_dir = 2 if hold_procs else 1
+        room = self.budget - self._fds  # the caller checked the walk's count against it; the
+        # subtree may have grown since: each directory's descriptors are counted before they open
+
+        def opened(fd: int) -> int:
+            self.opened += 1
+            return fd
+
         try:
-            dirs.append(os.open(path, _DIR_FLAGS))
+            if room < per_dir:
+                raise OSError(errno.EMFILE, "over the held subtrees' budget")
+            dirs.append(opened(os.open(path, _DIR_FLAGS)))
             ino = os.fstat(dirs[0]).st_ino
             i = 0
             while i < len(dirs):
                 fd = dirs[i]
                 if hold_procs:
-                    procs.append(os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd))
+                    procs.append(opened(os.open("cgroup.procs", os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd)))
                 with os.scandir(fd) as entries:
                     names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
                 if len(dirs) + len(names) > HOLD_CGROUPS:
                     raise OSError(errno.E2BIG, "subtree too large to hold")
+                if (len(dirs) + len(names)) * per_dir > room:
+                    raise OSError(errno.EMFILE, "over the held subtrees' budget")
                 for name in names:
-                    dirs.append(os.open(name, _DIR_FLAGS, dir_fd=fd))
+                    dirs.append(opened(os.open(name, _DIR_FLAGS, dir_fd=fd)))
                 children.append(len(names))
                 i += 1
-            if self._fds + len(dirs) + len(procs) > self.budget:
-                raise OSError(errno.EMFILE, "over the held subtrees' budget")
             expected = []
             for fd in dirs + procs:
                 st = os.fstat(fd)

@@ -12,6 +12,7 @@ import pytest
 
 from support.waiting import wait_for
 from noded.jobs import CgroupSource, JobDiscovery, JobMeta, LabelFile, ProcessEvents, cgroup_version
+from noded.jobs.proctree import descendants, read_ppids
 
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -294,7 +295,7 @@ def test_real_v1_cpuset_hierarchy(v1_cpuset, sleeper):
 
 def test_processes_in_child_cgroups_on_the_real_hierarchy_count_from_the_tick_their_cgroup_appears(
         v1_cpuset, sleeper):
-    # read_procs lists a cgroup only where its link count says it has children: the
+    # read_subtree_procs lists a cgroup only where its link count says it has children: the
     # kernel's count must be what makes a new step's processes part of the job.
     base, mkcg = v1_cpuset
     job = mkcg("slurm/uid_0/job_7")
@@ -495,6 +496,54 @@ def test_registered_process_tree_follows_forks_and_ends_with_the_tree():
     wait_for(lambda: "train-1" not in d.discover(), what="the job to end with its tree")
     with pytest.raises(ValueError, match="no such process"):
         d.register(p.pid)
+
+
+TREE = """
+import os, subprocess, sys, threading
+kept = threading.Event()
+by_thread = []
+def fork_and_stay():  # its child is listed by this thread's children file, not the main one's
+    by_thread.append(subprocess.Popen(["sleep", "300"]).pid)
+    kept.wait()
+threading.Thread(target=fork_and_stay, daemon=True).start()
+while not by_thread:
+    threading.Event().wait(0.01)
+sh = subprocess.Popen(["sh", "-c", "sleep 300 & wait"])  # a grandchild below it
+orphan = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+print(by_thread[0], sh.pid, orphan.stdout.strip(), flush=True)  # the orphan's parent exited: not the job's
+sys.stdin.read()
+"""
+
+
+def test_a_registered_tree_is_read_from_its_processes_not_from_every_process_on_the_host(sleeper):
+    # Before: every /proc/PID/stat of the host read at each discovery (here the 200 others;
+    # 66 ms a tick at 2156 processes, bench.registered_trees); now its processes' task
+    # listings and children files (tree_reads did not exist: AttributeError; the pids were
+    # the same).
+    others = [sleeper() for _ in range(200)]
+    p = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    orphan = None
+    try:
+        by_thread, sh, orphan = map(int, p.stdout.readline().split())
+        d = JobDiscovery([])
+        d.register(p.pid, "tree")
+        sh_child = wait_for(lambda: next(iter(descendants(sh, read_ppids("/proc")) - {sh}), None),
+                            what="sh's sleep")
+        job = d.discover()["tree"]
+        assert job.pids == {p.pid, by_thread, sh, sh_child} == descendants(p.pid, read_ppids("/proc"))
+        assert orphan not in job.pids and others[0].pid not in job.pids
+        threads = len(os.listdir(f"/proc/{p.pid}/task"))
+        assert d.tree_reads == 1 + (1 + threads) + 3 * (1 + 1), d.tree_reads  # its status, then the tree
+        assert len(os.listdir("/proc")) > 200 > d.tree_reads
+    finally:
+        for pid in [orphan] + sorted(descendants(p.pid, read_ppids("/proc")) - {p.pid}):
+            if pid:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+        p.kill()
+        p.wait()
 
 
 def test_label_file_applies_and_a_broken_one_keeps_the_last_good(tmp_path, sleeper):

@@ -3,6 +3,7 @@
 within the bound, the first ``most`` cgroups breadth first past it, any depth, the
 descriptors it holds bounded whatever the shape."""
 
+import errno
 import os
 import tempfile
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 import pytest
 
 from support.cgtree import make_chain, remove_tree, write_at
-from noded.jobs.cgroups import SubtreeTooLarge, read_procs, read_subtree_procs
+from noded.jobs.cgroups import read_subtree_procs
 from noded.jobs.cgroupwalk import WALK_FDS, walk_cgroups
 
 
@@ -56,8 +57,6 @@ def test_the_walk_reads_every_process_within_the_bound_and_the_first_cgroups_bre
         # cgroup read has its parent read
         assert all(i in read for i in paths if depth(paths, i) < deepest)
         assert all(i == 0 or parents[i - 1] in read for i in read)
-        with pytest.raises(SubtreeTooLarge):
-            read_procs(top, most)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -141,8 +140,7 @@ def test_a_part_that_cannot_be_read_is_passed_over_with_its_subtree_and_said(tmp
     got = read_subtree_procs(top)
     assert got.pids == {1000, 1002} and not got.over_bound
     assert "Is a directory" in got.partial and paths[1] in got.partial
-    with pytest.raises(OSError, match="Is a directory"):
-        read_procs(top)
+    assert got.errno == errno.EISDIR  # the first unreadable part's error, for whoever needs it
 
 
 def test_the_job_s_own_cgroup_unreadable_is_an_error_and_gone_is_no_processes(tmp_path):

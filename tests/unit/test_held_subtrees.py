@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from noded.jobs.cgroups import read_subtree_procs
-from noded.jobs.heldsubtrees import HOLD_CGROUPS, HeldSubtrees
+from noded.jobs.heldsubtrees import HOLD_CGROUPS, RETRY_AFTER_READS, HeldSubtrees
 
 
 def open_fds() -> int:
@@ -136,6 +136,46 @@ def test_the_descriptors_are_held_within_the_budget_and_let_go_when_a_job_is_gon
     assert (held.held, held.descriptors) == (1, 2) and open_fds() == before + 2
     del held  # collected: nothing left open
     assert open_fds() == before
+
+
+def test_a_job_over_the_budget_opens_nothing_and_is_held_once_there_is_room(tmp_path):
+    # Before: its hold opened its directories and cgroup.procs, found itself over the budget
+    # after the opens, closed them, and was not tried again for RETRY_AFTER_READS reads (so
+    # it paid that failed hold every 30 reads, and waited 30 reads once there was room:
+    # failed here on (0, 0) == (1, 4) after the retain).
+    small = cgroup(str(tmp_path / "small"), 1)
+    big = cgroup(str(tmp_path / "big"), 2)
+    cgroup(str(tmp_path / "big" / "step_0"), 3)
+    held = HeldSubtrees(budget=4)  # small's 2 descriptors, not big's 4 beside them
+    held.read(small, hold_procs=True)
+    assert (held.held, held.descriptors, held.opened) == (1, 2, 2)
+    before = open_fds()
+    for _ in range(RETRY_AFTER_READS + 5):
+        assert held.read(big, hold_procs=True).pids == {2, 3}
+    assert (held.held, held.opened) == (1, 2)  # not one open of big's cgroups
+    assert open_fds() == before
+    held.retain({big})  # small ended: room for big, held at its next read
+    held.read(big, hold_procs=True)
+    assert (held.held, held.descriptors) == (1, 4)
+    assert held.opened == 6
+    walked = held.walked
+    assert held.read(big, hold_procs=True).pids == {2, 3} and held.walked == walked
+    held.close()
+
+
+def test_a_subtree_grown_past_the_budget_since_its_walk_stops_its_hold_at_the_budget(tmp_path):
+    # The walk's count said it fits; a cgroup made after the walk is counted before any of
+    # its descriptors is opened, and the hold stops there, within the budget (a race with
+    # the walk: the hold is called here as read calls it after a walk of one cgroup).
+    top = cgroup(str(tmp_path / "job"), 1)
+    held = HeldSubtrees(budget=2)
+    assert held.read(top).cgroups == 1 and (held.held, held.opened) == (1, 1)
+    held.retain(set())
+    cgroup(os.path.join(top, "a"), 2)
+    cgroup(os.path.join(top, "b"), 3)
+    assert held._hold(top, False) is False  # 3 directories, 2 allowed: only the job's own opened
+    assert (held.opened, held.descriptors) == (2, 0)
+    held.close()
 
 
 def test_a_directory_put_at_a_held_jobs_path_is_the_job_once_its_source_is_listed_again(tmp_path):
