@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := tests/kubernetes/node_modules/.installed
 
-.PHONY: demo test test-thorough test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-files install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
+.PHONY: demo lock test test-thorough test-unit test-bench bench bench-deps deps test-deps system-deps k8s-test-deps clean install install-files install-config uninstall install-remote-scrape verify-unit nvml cli-docs image deb wheel
 
 # libfuse3 for the resctrl emulator (mfusepy loads it through ctypes); promtool
 # (Debian package prometheus) for the metrics lint test; a C compiler for the simulated
@@ -49,10 +49,26 @@ $(NPM_STAMP): tests/kubernetes/package.json tests/kubernetes/package-lock.json |
 	npm ci --prefix tests/kubernetes --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(STAMP): pyproject.toml sim/pyproject.toml
+# The runtime dependencies first, from the lock (packaging/requirements.lock: exact versions,
+# each file's hash checked), then noded, the simulation and the extras beside them (pip keeps
+# the locked versions they accept): the tests run against the versions the package ships.
+$(STAMP): pyproject.toml sim/pyproject.toml packaging/requirements.lock
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r packaging/requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,bench]' -e ./sim
 	touch $@
+
+# packaging/requirements.lock again, from pyproject.toml's runtime dependencies (not the
+# simulation's): each with all it pulls in at the version installed in .venv (what the
+# tests ran against; never a fresh resolution), and the sha256 of each of that version's
+# files a Linux host can install, from the package index (PIP_INDEX_URL, or PyPI). To move
+# a pin: pip install the version into .venv (within pyproject.toml's range), make lock, make
+# test, commit both (docs/development.md). Written whole or not at all.
+lock:
+	@test -x $(PY) || { echo "noded: make lock reads the versions installed in $(VENV): make deps first" >&2; exit 1; }
+	$(PY) packaging/requirements.py --lock pyproject.toml > packaging/requirements.lock.new \
+	  || { rm -f packaging/requirements.lock.new; exit 1; }
+	mv packaging/requirements.lock.new packaging/requirements.lock
 
 # The stand-in NVML library, both builds, into build/nvml/ (again when its source changes).
 nvml: $(STAMP)
@@ -151,7 +167,9 @@ wheel:
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/out build/nvml build/cli build/packaging tests/kubernetes/node_modules
 
-# Install on a host: a private virtualenv in $(APPDIR), the two commands on PATH,
+# Install on a host: a private virtualenv in $(APPDIR) (the dependencies at the lock's
+# versions, packaging/requirements.lock, each file's hash checked; noded then with --no-deps,
+# and pip check that the locked versions meet its ranges), the two commands on PATH,
 # the systemd unit, a commented default config (kept if one exists), the documentation
 # the unit points at (README, LICENSE, the remote-scrape drop-in) in $(DOCDIR), the
 # admin group, and Slurm's hooks for noded in $(SLURMHOOKDIR) (their settings in
@@ -180,7 +198,9 @@ install:
 	mkdir -p build/packaging && src=$$(mktemp -d build/packaging/install-src.XXXXXX) \
 	  && trap 'rm -rf "$$src"' EXIT \
 	  && $(INSTALL_PYTHON) packaging/stage.py tree "$$src" pyproject.toml README.md LICENSE noded resctrl mps \
-	  && $(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check "$$src"
+	  && $(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check --require-hashes -r packaging/requirements.lock \
+	  && $(DESTDIR)$(APPDIR)/bin/python -m pip install -q --disable-pip-version-check --no-deps "$$src" \
+	  && { broken=$$($(DESTDIR)$(APPDIR)/bin/python -m pip check --disable-pip-version-check) || { echo "$$broken" >&2; exit 1; }; }
 	$(DESTDIR)$(APPDIR)/bin/python -m noded.commands.clidoc $(DESTDIR)$(SHAREDIR) >/dev/null
 	@$(MAKE) --no-print-directory install-files
 
