@@ -11,9 +11,7 @@ import pytest
 # bench/slurm_latency.py finds it; its tests, in tests/integration/, import it from there.
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm"))
 
-from support.eliminator import Harness
 from support.host import CPUSET, UNIFIED
-from support.nvml import published_gpus
 from support.waiting import wait_for
 
 # the hooks and fixtures bench's tests share (numba's warm cache, the FUSE skip, the emulator)
@@ -44,6 +42,8 @@ def pytest_runtest_makereport(item, call):
 def harness(tmp_path):
     """Factory: harness(events, **kw) -> a support.eliminator.Harness (a simulated node and
     a daemon on it, ticked by the test); both stopped after the test."""
+    from support.eliminator import Harness  # here: it imports the whole daemon (0.4 s a process)
+
     made = []
 
     def make(events, **kw):
@@ -64,7 +64,7 @@ def admin(tmp_path):
     from noded.loop.overrides import OverrideStore
     from noded.admin.server import AdminServer
     from support.clocks import WallClock
-    from support.eliminator import NLP_AND_HOG
+    from support.eliminator import NLP_AND_HOG, Harness
 
     h = Harness(tmp_path, NLP_AND_HOG)
     clock = WallClock()
@@ -263,5 +263,7 @@ def tmpfs(tmp_path):
 def nvml_node(tmp_path, monkeypatch):
     """Three simulated GPUs published in shared memory; pynvml in this process loads the
     stand-in library (``support.nvml.load`` loads another build of it)."""
+    from support.nvml import published_gpus
+
     yield from published_gpus(str(tmp_path / "nvml.shm"), monkeypatch)
 

@@ -468,7 +468,7 @@ def test_flat_curves_with_iteration_jitter_end_at_two_cores_at_most():
     assert sum(c <= 2 for c in ends) >= 0.95 * len(ends) and max(ends) <= 8, ends
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(seed=st.integers(0, 10 ** 6), cores=st.sampled_from((8, 16)))
 @example(seed=20848, cores=16)
 @example(seed=23223, cores=8)  # a false alarm at rest, from a reference that came out high
