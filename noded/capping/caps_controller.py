@@ -45,7 +45,8 @@ class Caps:
         caps = self.service.plan(reading.sample, reading.overrides,
                                  {s.kind: s.cap_gbps * GB for s in c.jobs.sources if s.cap_gbps is not None},
                                  None if c.contention.gpu_reserve_gbps is None else c.contention.gpu_reserve_gbps * GB,
-                                 c.peak_bytes_per_domain, automatic=not reading.paused)
+                                 c.peak_bytes_per_domain, automatic=not reading.paused,
+                                 blind_hold_s=c.contention.missing_release_s)
         if reading.unwritable:
             caps = {j: cap for j, cap in caps.items() if j in reading.capped_in_force}
         return Proposals(capped=caps, fewer_cores=_FewerCores(self.service, reading.sample))

@@ -33,7 +33,7 @@ from noded.capping.holder import NODED, CapHolder
 from noded.capping.plan import OVERRIDE, Cap, plan_caps
 from noded.util.journal import log_change, word, words  # a job named in a message: one word, one to one
 from noded.jobs.model import Job
-from noded.samplers.sample import Sample
+from noded.samplers.sample import UNKNOWN, Sample
 
 if TYPE_CHECKING:  # what the owner of CPUs hands back: a type, not an arrow up
     from noded.actuators.cpusets import CpuSetResult
@@ -84,10 +84,14 @@ class CapService:
         self.core_levels: dict[str, tuple[int, int]] = {}
         self._cores_changed_at: dict[str, float] = {}  # job -> when (its holder's clock) they last changed
         self._pending: dict[str, tuple[int, int, str, int]] = {}  # this tick's: job -> (from, to, why, of CPUs)
+        self._blind_since: dict[str, float] = {}  # job -> since when (sample.t) its kind is unknown
+        self._end_why: dict[str, str] = {}  # this tick's plan: job -> why its cap in force ends
 
     def plan(self, sample: Sample, overrides: Mapping, source_caps: Mapping[str, float], reserve_bps: float | None,
-             peak_bytes_per_domain: float, automatic: bool = True) -> dict[str, Cap]:
-        """This tick's caps. ``automatic=False`` (paused): only operators' caps."""
+             peak_bytes_per_domain: float, automatic: bool = True, blind_hold_s: float = 30.0) -> dict[str, Cap]:
+        """This tick's caps. ``automatic=False`` (paused): only operators' caps.
+        ``blind_hold_s``: how long a capped job whose kind noded cannot tell keeps its cap
+        (``_held_blind``)."""
         override_caps = {j: o.cap_bps for j, o in overrides.items() if o.cap_bps is not None}
         level_owned = frozenset(j for j, o in overrides.items() if o.cap_bps is None)
         domains = len(sample.node_bandwidth_bps)
@@ -99,7 +103,42 @@ class CapService:
         reserve = reserve_bps if automatic and sample.job_bandwidth_current else None
         caps = plan_caps(sample.jobs, override_caps, level_owned, source_caps if automatic else {},
                          reserve, peak, {j: c.bps for j, c in self.caps.items()})
-        return caps if automatic else {j: c for j, c in caps.items() if c.source == OVERRIDE}
+        if not automatic:
+            caps = {j: c for j, c in caps.items() if c.source == OVERRIDE}
+        return self._held_blind(sample, caps, override_caps, level_owned, automatic, blind_hold_s)
+
+    def _held_blind(self, sample: Sample, caps: dict[str, Cap], override_caps: Mapping[str, float],
+                    level_owned: frozenset[str], automatic: bool, hold_s: float) -> dict[str, Cap]:
+        """``caps`` with the cap in force kept for each capped job whose kind this tick cannot
+        tell (NVML unanswered: which processes hold a GPU is unknown, so plan_caps caps no
+        job of it): an operator's for as long as the operator's cap stands, any other for at
+        most ``hold_s`` seconds of not knowing (contention.missing_release_s, the time a
+        throttle level holds while data is missing). Nothing is newly capped blind, and past
+        that time the cap goes, as the levels do: noded holds no throttle blind. (Before,
+        one tick of NVML late released every cap, an operator's too, and made it again at
+        the next: the job ran uncapped in between.)"""
+        blind = {j for j, js in sample.jobs.items() if js.kind == UNKNOWN}
+        self._blind_since = {j: self._blind_since.get(j, sample.t) for j in blind}
+        out = dict(caps)
+        for job in sorted(blind & set(self.caps) - set(caps) - level_owned):
+            was = self.caps[job]
+            if was.source == OVERRIDE:
+                if job in override_caps:
+                    out[job] = replace(was, bps=override_caps[job])
+            elif automatic and sample.t - self._blind_since[job] < hold_s:
+                out[job] = was
+        # why each cap in force now ends, for its cap-ended line (before_apply)
+        self._end_why = {}
+        for job in set(self.caps) - set(out):
+            self._end_why[job] = (
+                "the job ended" if job not in sample.jobs else
+                "an operator holds it at a level or exempts it" if job in level_owned else
+                "the operator's cap was released" if self.caps[job].source == OVERRIDE else
+                "paused: only operators' caps hold" if not automatic else
+                f"its kind has been unknown for {hold_s:g}s (contention.missing_release_s: NVML unanswered, which "
+                "processes hold a GPU is not known), and noded holds no throttle blind" if job in blind else
+                "the plan caps it no more (no default cap of its source, no share of the GPU reserve due)")
+        return out
 
     def before_apply(self, caps: Mapping[str, Cap]) -> None:
         """Stop the holders of jobs no longer capped: the throttle moves them out next."""
@@ -108,7 +147,7 @@ class CapService:
         for job in sorted(set(self.caps) - set(caps)):
             was = self.caps.pop(job)
             log_change("cap-ended", job, cap_bps=round(was.bps), source=was.source,
-                       reason="the job is at a level again" if job not in caps else None)
+                       reason=self._end_why.get(job, "the job is at a level again"))
         for job in sorted(set(self.shared) - set(caps)):
             log_change("cap-unshared", job, group=self.shared.pop(job).group, reason="its cap ended")
         self.notes = {j: n for j, n in self.notes.items() if j in caps}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from noded.capping.plan import MIN_RESERVE_CAP_BPS, OVERRIDE, RESERVE, SOURCE, plan_caps, reserve_share
 from noded.config import ConfigError, parse_config
 from noded.jobs.model import JobMeta
-from noded.samplers.sample import CPU, GPU, JobSample
+from noded.samplers.sample import CPU, GPU, UNKNOWN, JobSample
 
 GB = 1e9
 
@@ -111,3 +111,50 @@ def test_where_only_caps_change_cpus_the_capped_jobs_and_the_recorded_ones_are_r
                "cpuset:/elsewhere", "affinity:notapid:1", "affinity_job:gone"]
     # a record below a job's cgroup is its ("/cg/ab" is not below "/cg/a"); a process's by pid
     assert caps.placements_wanted(jobs, records) == {"a", "b", "p", "q"}
+
+
+def _tick(t, hog_kind, gpu_kind=GPU):
+    """A sample of two domains: a GPU job and a CPU hog (their kinds as NVML told them, or
+    UNKNOWN where it did not answer), the hog at 12 GB/s."""
+    from noded.samplers.sample import Sample
+
+    jobs = {"bert": job("bert", gpu_kind, 1), "hog": job("hog", hog_kind, 12)}
+    return Sample(t, jobs, (), hog_kind != UNKNOWN, None if hog_kind != UNKNOWN else "NVML has not answered",
+                  (0, 1), {0: 7 * GB, 1: 6 * GB}, (), ())
+
+
+def test_a_cap_holds_while_nvml_cannot_tell_the_jobs_kinds_then_goes_as_a_level_does():
+    """One tick of NVML late (its deadline missed on a loaded host) made every job's kind
+    unknown: the reserve's cap of the hog was released and made again a tick later, the
+    hog uncapped in between (tests/system/test_caps.py's reserve test, once in a fresh
+    clone's run), and an operator's cap was released alike. Now a cap in force holds
+    while kinds are unknown (an operator's as long as it stands, any other for
+    contention.missing_release_s) and nothing is newly capped blind."""
+    from noded.capping.plan import Cap
+    from noded.capping.service import CapService
+    from noded.loop.overrides import Override
+
+    caps = CapService(lambda: None, lambda j: j)
+    plan = caps.plan(_tick(0.0, CPU), {}, {}, 9 * GB, 8 * GB, blind_hold_s=30)
+    assert set(plan) == {"hog"} and plan["hog"].source == RESERVE
+    caps.caps = dict(plan)
+    for t in (1.0, 10.0, 30.9):  # blind: held as it was, for up to 30 s of it
+        assert caps.plan(_tick(t, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB, blind_hold_s=30) == plan
+    caps.before_apply(plan)
+    ended = caps.plan(_tick(31.0, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB, blind_hold_s=30)
+    assert ended == {} and "noded holds no throttle blind" in caps._end_why["hog"]
+    # sight again, then blind again: the time is counted afresh
+    assert caps.plan(_tick(32.0, CPU), {}, {}, 9 * GB, 8 * GB, blind_hold_s=30) == plan
+    assert caps.plan(_tick(33.0, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB, blind_hold_s=30) == plan
+    # paused: a held reserve cap goes; a job never capped is not capped blind
+    assert caps.plan(_tick(34.0, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB, automatic=False) == {}
+    caps.caps = {}
+    assert caps.plan(_tick(35.0, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB) == {}
+    # an operator's cap holds as long as the operator's cap stands, at its current value
+    operator = {"hog": Override("hog", 0, 0, "", 0.0, None, 6 * GB)}
+    caps.caps = {"hog": Cap(6 * GB, OVERRIDE, "an operator's cap (nodectl cap)")}
+    for t in (36.0, 500.0):
+        held = caps.plan(_tick(t, UNKNOWN, UNKNOWN), operator, {}, 9 * GB, 8 * GB, automatic=t < 100)
+        assert held == {"hog": caps.caps["hog"]}
+    assert caps.plan(_tick(501.0, UNKNOWN, UNKNOWN), {}, {}, 9 * GB, 8 * GB) == {}
+    assert caps._end_why["hog"] == "the operator's cap was released"
