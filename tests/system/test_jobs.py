@@ -127,6 +127,16 @@ def test_eacces_below_a_real_job_cgroup_leaves_the_rest_of_that_job_read_as_the_
     assert got["cpusets"] == [job] and "Permission denied" in got["cpus_partial"]["slurm:8"]
 
 
+def _end_and_reopen(script: subprocess.Popen, shut: str) -> None:
+    """A shut-directory test's end: its script stopped where it still runs, and the
+    directory it shut given back to root, open as before."""
+    if script.poll() is None:
+        script.kill()
+        script.wait()
+    os.chmod(shut, 0o755)
+    os.chown(shut, 0, 0)
+
+
 OWN_SHUT_SCRIPT = """
 import json, logging, os, sys
 from noded.jobs import CgroupSource, JobDiscovery
@@ -197,11 +207,7 @@ def test_a_job_whose_own_directory_is_shut_is_read_from_proc_and_a_new_process_t
         ended = json.loads(script.stdout.readline())
         _, err = script.communicate(timeout=60)
     finally:
-        if script.poll() is None:
-            script.kill()
-            script.wait()
-        os.chmod(job, 0o755)
-        os.chown(job, 0, 0)
+        _end_and_reopen(script, job)
     assert got["first"] == [a.pid]
     assert got["found"] == sorted({a.pid, c.pid}), got
     assert got["ticks"] <= got["listed"] // 16 + 3  # within a round of /proc at 16 a tick
@@ -471,11 +477,7 @@ def test_a_held_job_whose_parent_is_shut_to_noded_is_read_as_a_path_reaches_it(v
         got = json.loads(script.stdout.readline())
         script.communicate(timeout=60)
     finally:
-        if script.poll() is None:
-            script.kill()
-            script.wait()
-        os.chmod(parent, 0o755)
-        os.chown(parent, 0, 0)
+        _end_and_reopen(script, parent)
     assert got["held"] == 0 and got["pids"] == [a.pid], got
     assert "Permission denied" in got["partial"] and "/proc/PID/cgroup" in got["partial"], got
 
